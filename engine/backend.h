@@ -1,0 +1,65 @@
+// The seam between engine/ and kernels/: one forward step over a batch of sequences that
+// read and write K/V through block tables. Both kernels/cpu and kernels/cuda implement it.
+//
+// A backend owns the weights and the KV storage for `num_blocks()` blocks, allocated once at
+// construction from a byte budget and never grown. Block ids are the ones cache/ hands out.
+// Sampling is the engine's; a backend only returns logits.
+#ifndef PREFIXD_ENGINE_BACKEND_H_
+#define PREFIXD_ENGINE_BACKEND_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "cache/block_copy.h"
+#include "engine/dtype.h"
+
+namespace prefixd {
+
+// One sequence's part of a step: a prefill chunk or a single decode token.
+struct SequenceStep {
+  // New tokens, at absolute positions [start_pos, start_pos + token_ids.size()).
+  absl::Span<const uint32_t> token_ids;
+  int32_t start_pos = 0;
+  // Block ids covering positions [0, start_pos + token_ids.size()): position p lives in
+  // block_table[p / block_size] at row p % block_size. Rows below start_pos must already
+  // hold K/V of this exact prefix; the step writes the rows of the new tokens.
+  absl::Span<const int32_t> block_table;
+  // Return the logits of the last new token.
+  bool want_logits = false;
+};
+
+struct MemoryUsage {
+  int64_t weights_bytes = 0;
+  int64_t kv_pool_bytes = 0;
+  int64_t workspace_bytes = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string device_name() const = 0;  // "cpu" | "cuda:0"
+  virtual DType dtype() const = 0;              // of weights and KV storage
+  virtual int64_t num_blocks() const = 0;
+  virtual int32_t block_size() const = 0;
+  virtual int64_t kv_bytes_per_token() const = 0;  // cache/kv_layout.h's formula
+  virtual MemoryUsage memory_usage() const = 0;
+
+  // Executes the copies in order; later Forward() calls see their result.
+  virtual absl::Status CopyBlocks(absl::Span<const BlockCopy> copies) = 0;
+
+  // Runs one step over `steps` (prefill chunks and decode tokens mixed, each sequence at most
+  // once). Writes K/V of every new token into its row, and appends to `logits` one row of
+  // vocab_size floats per step with want_logits, in step order. Each logit depends only on
+  // the model and the sequence's tokens, never on the rest of the batch (the CPU backend is
+  // bit-exact in this; CUDA within a stated tolerance).
+  virtual absl::Status Forward(absl::Span<const SequenceStep> steps,
+                               std::vector<float>* logits) = 0;
+};
+
+}  // namespace prefixd
+
+#endif  // PREFIXD_ENGINE_BACKEND_H_

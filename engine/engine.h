@@ -1,0 +1,140 @@
+// The serving engine: one thread owns the KV pool (cache/) and the backend, and runs
+// continuous batching. Callers Submit() requests and read their tokens from a thread-safe
+// RequestStream; no caller thread ever touches the pool.
+#ifndef PREFIXD_ENGINE_ENGINE_H_
+#define PREFIXD_ENGINE_ENGINE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "engine/backend.h"
+#include "engine/model_config.h"
+
+namespace prefixd {
+
+struct SamplingParams {
+  float temperature = 0.0f;  // 0 = greedy
+  uint32_t top_k = 0;        // 0 = off
+  float top_p = 1.0f;        // (0, 1]
+  uint64_t seed = 0;         // the server picks one when the client gives none
+};
+
+struct EngineRequest {
+  std::string request_id;
+  std::vector<uint32_t> prompt;
+  // Opaque cache namespace, derived by the caller from the authenticated tenant and the
+  // request's cache salt. Requests in different namespaces never share a block.
+  std::string cache_namespace;
+  uint32_t max_new_tokens = 16;
+  SamplingParams sampling;
+  std::vector<uint32_t> stop_token_ids;
+  bool ignore_eos = false;
+  uint32_t num_samples = 1;
+  uint32_t top_logprobs = 0;  // 0..20
+};
+
+enum class FinishReason { kNone, kLength, kStop };
+
+struct TokenLogprob {
+  uint32_t token_id = 0;
+  float logprob = 0.0f;
+};
+
+struct Usage {
+  uint32_t prompt_tokens = 0;
+  uint32_t cached_prompt_tokens = 0;  // min(matched prefix, prompt - 1) at first admission
+  uint32_t completion_tokens = 0;     // all samples; stop/EOS tokens not counted
+};
+
+// What a request's stream yields, in order: kToken events (any interleaving of samples),
+// one kSampleFinished per sample, then exactly one kDone (status OK, or the error that ended
+// the request: CANCELLED, UNAVAILABLE while shutting down, INTERNAL on a backend failure).
+struct RequestEvent {
+  enum class Kind { kToken, kSampleFinished, kDone };
+  Kind kind = Kind::kToken;
+  uint32_t sample_index = 0;
+  TokenLogprob token;               // kToken: the token and its log-probability
+  std::vector<TokenLogprob> top;    // kToken: top_logprobs entries, descending, ties by id
+  FinishReason finish_reason = FinishReason::kNone;  // kSampleFinished
+  Usage usage;                      // kDone
+  absl::Status status;              // kDone
+};
+
+class RequestStream {
+ public:
+  virtual ~RequestStream() = default;
+  // Non-blocking: appends the pending events to *out; false if there were none.
+  virtual bool Poll(std::vector<RequestEvent>* out) = 0;
+  // Blocks until an event is available (true) or `deadline` passes (false).
+  virtual bool Wait(RequestEvent* out, absl::Time deadline = absl::InfiniteFuture()) = 0;
+  // Called from the engine thread whenever events become available; must not block.
+  // Set it before the first event can matter (right after Submit); it may fire at once.
+  virtual void SetNotify(std::function<void()> notify) = 0;
+  // Idempotent. The sequence's blocks are released before the engine's next step and the
+  // stream ends with kDone(CANCELLED).
+  virtual void Cancel() = 0;
+};
+
+struct EngineOptions {
+  Backend* backend = nullptr;   // not owned; used only from the engine thread
+  ModelConfig model_config;
+  std::string manifest_sha256;  // part of every cache block's identity
+  int32_t max_batch_tokens = 512;
+  int32_t max_queue = 1024;
+  int32_t max_samples = 16;
+  bool enable_prefix_cache = true;
+  // Injected for tests (TTFT/TPOT measurements); defaults to absl::Now.
+  std::function<absl::Time()> clock;
+};
+
+struct EngineStats {
+  // Cache (tokens and blocks).
+  uint64_t queried_tokens = 0;  // prompt tokens of first admissions
+  uint64_t hit_tokens = 0;      // their cached_prompt_tokens
+  uint64_t blocks_total = 0, blocks_free = 0, blocks_active = 0, blocks_cached = 0;
+  uint64_t evictions = 0;
+  uint64_t cow_copies = 0;
+  uint64_t pool_bytes = 0;
+  uint64_t bytes_per_token = 0;
+  // Engine.
+  uint64_t waiting_requests = 0;
+  uint64_t running_requests = 0;
+  uint64_t prefill_tokens = 0;    // computed, not served from the cache
+  uint64_t generated_tokens = 0;
+  uint64_t preemptions = 0;
+};
+
+class Engine {
+ public:
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options);
+  virtual ~Engine() = default;
+
+  // Validates and queues. INVALID_ARGUMENT for a request that could never run (message says
+  // what to change), RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE once Shutdown began.
+  virtual absl::StatusOr<std::shared_ptr<RequestStream>> Submit(EngineRequest request) = 0;
+
+  // Refuses new requests; queued and running ones go on until `grace` ends, the rest end
+  // with UNAVAILABLE. Returns when the engine thread has stopped.
+  virtual void Shutdown(absl::Duration grace) = 0;
+
+  virtual EngineStats Stats() const = 0;
+
+  // Latency observations (seconds) since the last call, for histograms: time to first token
+  // and time per output token.
+  struct Latencies {
+    std::vector<double> ttft;
+    std::vector<double> tpot;
+  };
+  virtual Latencies DrainLatencies() = 0;
+};
+
+}  // namespace prefixd
+
+#endif  // PREFIXD_ENGINE_ENGINE_H_
