@@ -9,6 +9,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -71,6 +73,10 @@ class Model {
   DType dtype_ = DType::kF32;
   int64_t num_parameters_ = 0;
   std::unique_ptr<Tokenizer> tokenizer_;
+  // By canonical name; the data pointers stay valid while `mapping_` (which owns the mmap)
+  // lives. Subclasses (test fakes) may fill both.
+  std::map<std::string, Tensor, std::less<>> tensors_;
+  std::shared_ptr<const void> mapping_;
 };
 
 }  // namespace prefixd

@@ -4,6 +4,10 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace prefixd {
 
@@ -20,6 +24,19 @@ struct ModelConfig {
 
   int32_t head_dim() const { return n_head > 0 ? n_embd / n_head : 0; }
 };
+
+// Every size present and positive (and small enough that byte counts cannot overflow),
+// n_embd % n_head == 0, epsilon positive, bos/eos < vocab_size, activation "gelu_new".
+absl::Status ValidateModelConfig(const ModelConfig& config);
+
+// Parses and validates a Hugging Face GPT-2 config.json. Refuses settings that change the
+// computation in ways prefixd does not implement (n_inner != 4 * n_embd, attention scaling
+// options). Errors are INVALID_ARGUMENT and start with `file_label`.
+absl::StatusOr<ModelConfig> ParseModelConfigJson(std::string_view json_text,
+                                                 std::string_view file_label);
+
+// config.json as transformers writes it for GPT2LMHeadModel; `torch_dtype` is e.g. "float16".
+std::string ModelConfigToJson(const ModelConfig& config, std::string_view torch_dtype);
 
 }  // namespace prefixd
 

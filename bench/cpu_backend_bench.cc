@@ -1,0 +1,210 @@
+// CPU backend throughput on full-size GPT-2 (124M, fp32): prefill, decode at several context
+// lengths, batched decode, and a cached decode step against recomputing the prefix.
+//
+//   cpu_backend_bench [--model DIR] [--threads 2] [--reps 5]
+//
+// Without --model, writes a random GPT-2 (tools/random_model.h) into a temp dir first. Each
+// figure is the best of --reps runs (the machine is shared; the minimum is the least noisy
+// estimate of what the code costs). Prints a Markdown table for docs/BENCHMARKS.md.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "cache/kv_layout.h"
+#include "engine/backend.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "tools/random_model.h"
+
+namespace prefixd {
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// CPU seconds of all the process's threads: on a shared machine, wall time includes waiting
+// for a core, CPU time does not (it still includes spinning at barriers).
+double CpuNow() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// Best wall time and best CPU time over the repetitions (each its own minimum).
+struct Timing {
+  double wall = 1e30;
+  double cpu = 1e30;
+  void Add(double w, double c) {
+    wall = std::min(wall, w);
+    cpu = std::min(cpu, c);
+  }
+};
+
+std::vector<uint32_t> Tokens(int n, uint32_t seed) {
+  std::vector<uint32_t> t(n);
+  uint64_t x = seed + 1;
+  for (uint32_t& v : t) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    v = static_cast<uint32_t>((x >> 33) % 50257);
+  }
+  return t;
+}
+
+void Check(const absl::Status& s) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "cpu_backend_bench: %s\n", s.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+class Bench {
+ public:
+  Bench(Backend& b, int reps) : b_(b), reps_(reps) {}
+
+  // Seconds to prefill `n` tokens from position 0 into blocks starting at `first_block`.
+  Timing Prefill(int n, int32_t first_block, uint32_t seed) {
+    const std::vector<uint32_t> tokens = Tokens(n, seed);
+    const std::vector<int32_t> table = Table(first_block, n);
+    Timing best;
+    for (int r = 0; r < reps_; ++r) {
+      std::vector<float> logits;
+      const double t0 = Now(), c0 = CpuNow();
+      Check(b_.Forward({SequenceStep{tokens, 0, table, true}}, &logits));
+      best.Add(Now() - t0, CpuNow() - c0);
+    }
+    return best;
+  }
+
+  // Seconds per decode step for `batch` sequences, each with `context` cached tokens.
+  Timing Decode(int batch, int context, int steps) {
+    std::vector<std::vector<uint32_t>> tokens(batch);
+    std::vector<std::vector<int32_t>> tables(batch);
+    const int32_t blocks_each = (context + steps + 15) / 16;
+    for (int s = 0; s < batch; ++s) {
+      tokens[s] = Tokens(context + steps, 100 + s);
+      tables[s] = Table(s * blocks_each, context + steps);
+      std::vector<float> logits;
+      Check(b_.Forward(
+          {SequenceStep{absl::MakeConstSpan(tokens[s]).subspan(0, context), 0, tables[s], false}},
+          &logits));
+    }
+    Timing best;
+    for (int r = 0; r < reps_; ++r) {
+      const double t0 = Now(), c0 = CpuNow();
+      for (int i = 0; i < steps; ++i) {
+        std::vector<SequenceStep> batch_steps;
+        for (int s = 0; s < batch; ++s) {
+          batch_steps.push_back({absl::MakeConstSpan(tokens[s]).subspan(context + i, 1),
+                                 context + i, tables[s], true});
+        }
+        std::vector<float> logits;
+        Check(b_.Forward(batch_steps, &logits));
+      }
+      best.Add((Now() - t0) / steps, (CpuNow() - c0) / steps);
+    }
+    return best;
+  }
+
+ private:
+  static std::vector<int32_t> Table(int32_t first, int tokens) {
+    std::vector<int32_t> t((tokens + 15) / 16);
+    for (size_t i = 0; i < t.size(); ++i) t[i] = first + static_cast<int32_t>(i);
+    return t;
+  }
+  Backend& b_;
+  int reps_;
+};
+
+int Main(int argc, char** argv) {
+  std::string model_dir;
+  int threads = 2;
+  int reps = 5;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--model")
+      model_dir = argv[i + 1];
+    else if (flag == "--threads")
+      threads = std::atoi(argv[i + 1]);
+    else if (flag == "--reps")
+      reps = std::atoi(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "usage: cpu_backend_bench [--model DIR] [--threads N] [--reps N]\n");
+      return 2;
+    }
+  }
+  std::string temp_dir;
+  if (model_dir.empty()) {
+    temp_dir =
+        (std::filesystem::temp_directory_path() / ("prefixd_cpu_bench_" + std::to_string(getpid())))
+            .string();
+    RandomModelOptions o;
+    o.out_dir = temp_dir;
+    o.config = Gpt2ModelConfig();
+    o.seed = 1;
+    std::fprintf(stderr, "writing a random GPT-2 to %s ...\n", temp_dir.c_str());
+    Check(WriteRandomModel(o));
+    model_dir = temp_dir;
+  }
+  auto model = Model::Load(model_dir);
+  Check(model.status());
+  CpuBackendOptions o;
+  o.model = model->get();
+  o.threads = threads;
+  const ModelConfig& c = (*model)->config();
+  // 256 blocks of 16: room for 8 sequences of 144 tokens, or one of 1,008, and a 513-token
+  // prefill from block 128.
+  o.kv_cache_bytes = int64_t{256} * 16 * KvBytesPerToken(c.n_layer, c.n_head, c.head_dim(), 4);
+  auto backend_or = CreateCpuBackend(o);
+  Check(backend_or.status());
+  Backend& backend = **backend_or;
+  Bench bench(backend, reps);
+  const MemoryUsage mem = backend.memory_usage();
+  std::printf("model %s (%lld parameters, weights %.0f MB packed fp32), %d threads, best of %d\n\n",
+              (*model)->name().c_str(), static_cast<long long>((*model)->num_parameters()),
+              mem.weights_bytes / 1e6, threads, reps);
+
+  std::printf(
+      "| measurement | wall time | CPU time (all threads) | tokens/s (wall) "
+      "|\n|---|---|---|---|\n");
+  for (int n : {17, 512}) {
+    const Timing t = bench.Prefill(n, 0, n);
+    std::printf("| prefill %d tokens | %.1f ms | %.1f ms | %.0f |\n", n, t.wall * 1e3, t.cpu * 1e3,
+                n / t.wall);
+  }
+  for (int ctx : {16, 256, 1000}) {
+    const Timing t = bench.Decode(1, ctx, 8);
+    std::printf("| decode batch 1, context %d | %.1f ms/step | %.1f ms/step | %.1f |\n", ctx,
+                t.wall * 1e3, t.cpu * 1e3, 1 / t.wall);
+  }
+  {
+    const Timing t = bench.Decode(8, 128, 8);
+    std::printf("| decode batch 8, context 128 | %.1f ms/step | %.1f ms/step | %.1f |\n",
+                t.wall * 1e3, t.cpu * 1e3, 8 / t.wall);
+  }
+  std::printf(
+      "\n| context | cached decode step (wall / CPU) | recompute prefix + token "
+      "(wall / CPU) | ratio (wall) |\n|---|---|---|---|\n");
+  for (int ctx : {16, 64, 128, 256, 512}) {
+    const Timing cached = bench.Decode(1, ctx, 4);
+    const Timing recomputed = bench.Prefill(ctx + 1, 128, 7);
+    std::printf("| %d | %.1f / %.1f ms | %.1f / %.1f ms | %.1fx |\n", ctx, cached.wall * 1e3,
+                cached.cpu * 1e3, recomputed.wall * 1e3, recomputed.cpu * 1e3,
+                recomputed.wall / cached.wall);
+  }
+  if (!temp_dir.empty()) std::filesystem::remove_all(temp_dir);
+  return 0;
+}
+
+}  // namespace
+}  // namespace prefixd
+
+int main(int argc, char** argv) { return prefixd::Main(argc, argv); }

@@ -1,0 +1,580 @@
+#include "cache/kv_cache.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "cache/block_key.h"
+#include "cache/check.h"
+#include "cache/internal/kv_cache_impl.h"
+
+namespace prefixd {
+
+namespace {
+
+int32_t CeilDiv(int64_t a, int32_t b) { return static_cast<int32_t>((a + b - 1) / b); }
+
+}  // namespace
+
+KvCache::Impl::Impl(const KvCacheOptions& options)
+    : options_(options),
+      bs_(options.block_size),
+      num_blocks_(options.num_blocks),
+      blocks_(options.num_blocks),
+      block_tokens_(static_cast<size_t>(options.num_blocks) * options.block_size),
+      free_ring_(options.num_blocks) {
+  for (int32_t b = 0; b < num_blocks_; ++b) free_ring_[b] = b;
+  free_count_ = num_blocks_;
+  stats_.block_size = bs_;
+  stats_.bytes_per_token = options.bytes_per_token;
+}
+
+// ---- Block primitives ---------------------------------------------------------------------
+
+int32_t KvCache::Impl::PopFree() {
+  PREFIXD_CHECK(free_count_ > 0);
+  int32_t b = free_ring_[free_head_];
+  free_head_ = (free_head_ + 1) % num_blocks_;
+  --free_count_;
+  Block& blk = blocks_[b];
+  PREFIXD_CHECK(blk.ref == 0 && !blk.indexed);
+  blk.ref = 1;
+  ++num_active_;
+  return b;
+}
+
+void KvCache::Impl::PushFree(int32_t b) {
+  PREFIXD_CHECK(free_count_ < num_blocks_);
+  free_ring_[(free_head_ + free_count_) % num_blocks_] = b;
+  ++free_count_;
+}
+
+void KvCache::Impl::Acquire(int32_t b) {
+  Block& blk = blocks_[b];
+  if (blk.ref == 0) {
+    PREFIXD_CHECK(blk.indexed);  // a free block is handed out only by PopFree
+    if (blk.num_children == 0) {
+      PREFIXD_CHECK(lru_.erase(LruKey{blk.stamp_time, blk.stamp_seq, b}) == 1);
+    }
+    --num_cached_;
+    ++num_active_;
+  }
+  ++blk.ref;
+}
+
+void KvCache::Impl::Unref(int32_t b) {
+  Block& blk = blocks_[b];
+  PREFIXD_CHECK(blk.ref > 0);
+  if (--blk.ref > 0) return;
+  --num_active_;
+  if (!blk.indexed) {
+    PushFree(b);
+    return;
+  }
+  ++num_cached_;
+  blk.stamp_time = options_.clock ? options_.clock() : 0;
+  blk.stamp_seq = ++stamp_counter_;
+  if (blk.num_children == 0) lru_.insert(LruKey{blk.stamp_time, blk.stamp_seq, b});
+}
+
+void KvCache::Impl::EvictOne() {
+  PREFIXD_CHECK(!lru_.empty());
+  const int32_t b = std::get<2>(*lru_.begin());
+  lru_.erase(lru_.begin());
+  Block& blk = blocks_[b];
+  PREFIXD_CHECK(blk.ref == 0 && blk.indexed && blk.num_children == 0);
+  PREFIXD_CHECK(index_.erase(blk.key) == 1);
+  const Digest& parent_key = blk.parent >= 0 ? blocks_[blk.parent].key : blk.root;
+  auto it = children_.find(parent_key);
+  PREFIXD_CHECK(it != children_.end());
+  auto& siblings = it->second;
+  auto pos = std::find(siblings.begin(), siblings.end(), b);
+  PREFIXD_CHECK(pos != siblings.end());
+  siblings.erase(pos);
+  if (siblings.empty()) children_.erase(it);
+  if (blk.parent >= 0) {
+    Block& p = blocks_[blk.parent];
+    // Leaves before parents: the parent becomes evictable only with its last child gone.
+    if (--p.num_children == 0 && p.ref == 0) {
+      lru_.insert(LruKey{p.stamp_time, p.stamp_seq, blk.parent});
+    }
+  }
+  blk.indexed = false;
+  blk.parent = -1;
+  --num_cached_;
+  ++stats_.evictions;
+  PushFree(b);
+}
+
+// ---- Sequences' keys and pending blocks -----------------------------------------------------
+
+void KvCache::Impl::ExtendKeys(Sequence& s) {
+  if (!options_.enable_prefix_cache) return;
+  const size_t full = s.tokens.size() / bs_;
+  while (s.keys.size() < full) {
+    const size_t i = s.keys.size();
+    const Digest& parent = i == 0 ? s.root : s.keys[i - 1];
+    s.keys.push_back(ChainKey(parent, absl::MakeConstSpan(&s.tokens[i * bs_], bs_)));
+  }
+}
+
+void KvCache::Impl::UpdatePending(const Sequence& s, int32_t old_lo, int32_t old_hi, int32_t new_lo,
+                                  int32_t new_hi) {
+  if (!options_.enable_prefix_cache) return;
+  const int32_t lo = std::min(old_lo, new_lo);
+  const int32_t hi = std::max(old_hi, new_hi);
+  for (int32_t i = lo; i < hi; ++i) {
+    const bool was = i >= old_lo && i < old_hi;
+    const bool now = i >= new_lo && i < new_hi;
+    if (was == now) continue;
+    if (now) {
+      ++pending_[s.keys[i]];
+    } else {
+      auto it = pending_.find(s.keys[i]);
+      PREFIXD_CHECK(it != pending_.end() && it->second > 0);
+      if (--it->second == 0) pending_.erase(it);
+    }
+  }
+}
+
+// ---- Admission ------------------------------------------------------------------------------
+
+absl::StatusOr<AdmissionPlan> KvCache::Impl::PlanAdmission(const AdmissionRequest& request) const {
+  const int64_t prompt_len = static_cast<int64_t>(request.prompt.size());
+  if (prompt_len == 0) return absl::InvalidArgumentError("empty prompt");
+  if (request.reserve_tokens < 0 || request.reserve_uncached_tokens < 0) {
+    return absl::InvalidArgumentError("negative reservation");
+  }
+  auto in = std::make_shared<AdmissionPlan::Internal>();
+  in->generation = generation_;
+  in->root = request.root;
+  in->prompt.assign(request.prompt.begin(), request.prompt.end());
+  in->readmission = request.readmission;
+  const uint32_t* prompt = in->prompt.data();
+
+  // Whole blocks first: walk the chain while each key is indexed with the same tokens.
+  int32_t matched_blocks = 0;
+  int32_t partial_block = -1;
+  int32_t partial_rows = 0;
+  std::vector<int32_t> chain;
+  const int32_t full_blocks = static_cast<int32_t>(prompt_len / bs_);
+  if (options_.enable_prefix_cache) {
+    Digest parent = request.root;
+    while (matched_blocks < full_blocks) {
+      const uint32_t* toks = prompt + int64_t{matched_blocks} * bs_;
+      Digest key = ChainKey(parent, absl::MakeConstSpan(toks, bs_));
+      in->keys.push_back(key);
+      auto it = index_.find(key);
+      if (it == index_.end()) break;
+      if (!std::equal(toks, toks + bs_, StoredTokens(it->second))) break;  // collision
+      chain.push_back(it->second);
+      parent = key;
+      ++matched_blocks;
+    }
+    // Then token granularity: the child of the last matched key sharing the most leading
+    // tokens with the rest of the prompt (first such child on ties).
+    const int64_t start = int64_t{matched_blocks} * bs_;
+    const int64_t rest = std::min<int64_t>(bs_, prompt_len - start);
+    if (rest > 0) {
+      auto it = children_.find(parent);
+      if (it != children_.end()) {
+        for (int32_t child : it->second) {
+          const uint32_t* stored = StoredTokens(child);
+          int32_t m = 0;
+          while (m < rest && stored[m] == prompt[start + m]) ++m;
+          if (m > partial_rows) {
+            partial_rows = m;
+            partial_block = child;
+          }
+        }
+      }
+    }
+  }
+  AdmissionPlan plan;
+  plan.matched_tokens = matched_blocks * bs_ + partial_rows;
+  plan.num_cached = static_cast<int32_t>(std::min<int64_t>(plan.matched_tokens, prompt_len - 1));
+  const int32_t shared_blocks = plan.num_cached / bs_;
+  in->partial_rows = plan.num_cached % bs_;
+  if (in->partial_rows > 0) {
+    // Capped at prompt - 1 inside a fully matched block: copy from that block.
+    in->partial_src = shared_blocks < matched_blocks ? chain[shared_blocks] : partial_block;
+  }
+  in->shared.assign(chain.begin(), chain.begin() + shared_blocks);
+
+  // Blocks that running sequences are computing right after the match.
+  if (options_.enable_prefix_cache && !pending_.empty() && matched_blocks < full_blocks) {
+    int32_t p = 0;
+    for (int32_t i = matched_blocks; i < full_blocks; ++i) {
+      if (i >= static_cast<int32_t>(in->keys.size())) {
+        const Digest& parent = i == 0 ? request.root : in->keys[i - 1];
+        in->keys.push_back(ChainKey(parent, absl::MakeConstSpan(prompt + int64_t{i} * bs_, bs_)));
+      }
+      if (!pending_.contains(in->keys[i])) break;
+      ++p;
+    }
+    if (p > 0) {
+      const int64_t upto = std::min<int64_t>(int64_t{matched_blocks + p} * bs_, prompt_len - 1);
+      plan.pending_match_tokens =
+          static_cast<int32_t>(std::max<int64_t>(0, upto - plan.num_cached));
+    }
+  }
+
+  const int64_t capacity = std::max<int64_t>(
+      {int64_t{request.reserve_tokens}, int64_t{plan.num_cached} + request.reserve_uncached_tokens,
+       int64_t{plan.num_cached} + 1});
+  const int64_t capacity_blocks = (capacity + bs_ - 1) / bs_;
+  if (capacity_blocks > num_blocks_) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "request needs %d KV blocks of %d tokens but the pool has only %d; it can never fit",
+        capacity_blocks, bs_, num_blocks_));
+  }
+  in->capacity_blocks = static_cast<int32_t>(capacity_blocks);
+  in->allocate = in->capacity_blocks - shared_blocks;
+  // Cached blocks this admission reuses cannot also be evicted for it.
+  int64_t reused_cached = 0;
+  for (int32_t b : in->shared) reused_cached += blocks_[b].ref == 0;
+  if (in->partial_src >= 0) reused_cached += blocks_[in->partial_src].ref == 0;
+  const int64_t available = free_count_ + num_cached_ - reused_cached;
+  if (in->allocate > available) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "KV pool full: admission needs %d blocks, %d can be freed", in->allocate, available));
+  }
+  in->evict = static_cast<int32_t>(std::max<int64_t>(0, in->allocate - free_count_));
+  plan.capacity_tokens = in->capacity_blocks * bs_;
+  plan.blocks_to_allocate = in->allocate;
+  plan.blocks_to_evict = in->evict;
+  plan.internal = std::move(in);
+  return plan;
+}
+
+Admission KvCache::Impl::Commit(const AdmissionPlan& plan) {
+  PREFIXD_CHECK(plan.internal != nullptr);
+  const AdmissionPlan::Internal& in = *plan.internal;
+  PREFIXD_CHECK_MSG(in.generation == generation_, "plan is stale: the cache changed since");
+  ++generation_;
+  Admission out;
+  out.seq = next_seq_++;
+  out.num_cached = plan.num_cached;
+  Sequence& s = seqs_[out.seq];
+  s.root = in.root;
+  s.tokens = in.prompt;
+  s.num_computed = plan.num_cached;
+  s.table.reserve(in.capacity_blocks);
+  for (int32_t b : in.shared) {
+    Acquire(b);
+    s.table.push_back(b);
+  }
+  // Hold the copy source so that the evictions below cannot take it.
+  if (in.partial_src >= 0) Acquire(in.partial_src);
+  for (int32_t i = 0; i < in.evict; ++i) EvictOne();
+  for (int32_t i = 0; i < in.allocate; ++i) s.table.push_back(PopFree());
+  if (in.partial_src >= 0) {
+    out.copies.push_back(BlockCopy{in.partial_src, s.table[in.shared.size()], in.partial_rows});
+    ++stats_.cow_copies;
+    stats_.cow_rows += in.partial_rows;
+    Unref(in.partial_src);
+  }
+  if (options_.enable_prefix_cache) {
+    const size_t full = s.tokens.size() / bs_;
+    s.keys.assign(in.keys.begin(), in.keys.begin() + std::min(full, in.keys.size()));
+    ExtendKeys(s);
+    const int32_t lo = s.num_computed / bs_;
+    UpdatePending(s, lo, lo, lo, static_cast<int32_t>(s.keys.size()));
+  }
+  if (!in.readmission) {
+    stats_.queried_tokens += s.tokens.size();
+    stats_.hit_tokens += plan.num_cached;
+  }
+  return out;
+}
+
+// ---- Running sequences ----------------------------------------------------------------------
+
+void KvCache::Impl::AppendTokens(SequenceId id, absl::Span<const uint32_t> tokens) {
+  Sequence& s = Seq(id);
+  ++generation_;
+  const int32_t old_hi = static_cast<int32_t>(s.keys.size());
+  s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
+  ExtendKeys(s);
+  const int32_t lo = s.num_computed / bs_;
+  UpdatePending(s, lo, old_hi, lo, static_cast<int32_t>(s.keys.size()));
+}
+
+absl::StatusOr<std::vector<BlockCopy>> KvCache::Impl::Reserve(SequenceId id, int32_t total_tokens) {
+  Sequence& s = Seq(id);
+  PREFIXD_CHECK(total_tokens >= 0);
+  const int32_t old_blocks = static_cast<int32_t>(s.table.size());
+  const int32_t want_blocks = std::max(old_blocks, CeilDiv(total_tokens, bs_));
+  if (want_blocks > num_blocks_) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "sequence needs %d KV blocks but the pool has only %d", want_blocks, num_blocks_));
+  }
+  // Blocks that will receive rows [num_computed, total_tokens) and are not private.
+  std::vector<int32_t> cow;
+  if (total_tokens > s.num_computed) {
+    const int32_t end = std::min(old_blocks, CeilDiv(total_tokens, bs_));
+    for (int32_t i = s.num_computed / bs_; i < end; ++i) {
+      if (!Private(s.table[i])) cow.push_back(i);
+    }
+  }
+  const int64_t need = int64_t{want_blocks - old_blocks} + static_cast<int64_t>(cow.size());
+  if (need > NumAvailable()) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "KV pool full: sequence needs %d more blocks, %d can be freed", need, NumAvailable()));
+  }
+  std::vector<BlockCopy> copies;
+  if (need == 0) return copies;
+  ++generation_;
+  const int64_t evict = std::max<int64_t>(0, need - free_count_);
+  for (int64_t i = 0; i < evict; ++i) EvictOne();
+  std::vector<int32_t> old;
+  for (int32_t i : cow) {
+    const int32_t src = s.table[i];
+    const int32_t dst = PopFree();
+    const int32_t rows = std::clamp(s.num_computed - i * bs_, 0, bs_);
+    if (rows > 0) {
+      copies.push_back(BlockCopy{src, dst, rows});
+      ++stats_.cow_copies;
+      stats_.cow_rows += rows;
+    }
+    s.table[i] = dst;
+    old.push_back(src);
+  }
+  while (static_cast<int32_t>(s.table.size()) < want_blocks) s.table.push_back(PopFree());
+  // Dropped last: a source that becomes cached stays intact until a later call evicts it,
+  // and the copies above come before anything that call hands out.
+  for (int32_t b : old) Unref(b);
+  return copies;
+}
+
+void KvCache::Impl::IndexOrDedup(Sequence& s, int32_t i) {
+  const Digest& key = s.keys[i];
+  const uint32_t* toks = &s.tokens[int64_t{i} * bs_];
+  const int32_t b = s.table[i];
+  auto it = index_.find(key);
+  if (it != index_.end()) {
+    const int32_t other = it->second;
+    if (other != b && std::equal(toks, toks + bs_, StoredTokens(other))) {
+      // Same prefix computed twice (e.g. two identical prompts at once): keep the indexed
+      // block so that one chain serves both, and free ours.
+      Acquire(other);
+      s.table[i] = other;
+      Unref(b);
+    }
+    // A different block under the same key is a SHA-256 collision: ours stays unindexed.
+    return;
+  }
+  Block& blk = blocks_[b];
+  PREFIXD_CHECK(Private(b));
+  const int32_t parent = i == 0 ? -1 : s.table[i - 1];
+  if (parent >= 0) {
+    PREFIXD_CHECK(blocks_[parent].indexed && blocks_[parent].key == s.keys[i - 1]);
+    ++blocks_[parent].num_children;
+  }
+  blk.indexed = true;
+  blk.key = key;
+  blk.root = s.root;
+  blk.parent = parent;
+  blk.num_children = 0;
+  std::copy(toks, toks + bs_, &block_tokens_[int64_t{b} * bs_]);
+  index_.emplace(key, b);
+  children_[i == 0 ? s.root : s.keys[i - 1]].push_back(b);
+}
+
+void KvCache::Impl::MarkComputed(SequenceId id, int32_t num_computed) {
+  Sequence& s = Seq(id);
+  PREFIXD_CHECK(num_computed >= s.num_computed);
+  PREFIXD_CHECK(num_computed <= static_cast<int32_t>(s.tokens.size()));
+  PREFIXD_CHECK(num_computed <= static_cast<int32_t>(s.table.size()) * bs_);
+  if (num_computed == s.num_computed) return;
+  ++generation_;
+  for (int32_t i = s.num_computed / bs_; i < CeilDiv(num_computed, bs_); ++i) {
+    PREFIXD_CHECK_MSG(Private(s.table[i]), "rows written into a shared block: call Reserve");
+  }
+  const int32_t old_full = s.num_computed / bs_;
+  const int32_t new_full = num_computed / bs_;
+  s.num_computed = num_computed;
+  if (!options_.enable_prefix_cache) return;
+  const int32_t hi = static_cast<int32_t>(s.keys.size());
+  UpdatePending(s, old_full, hi, new_full, hi);
+  for (int32_t i = old_full; i < new_full; ++i) IndexOrDedup(s, i);
+}
+
+std::vector<SequenceId> KvCache::Impl::Fork(SequenceId id, int32_t n) {
+  PREFIXD_CHECK(n >= 0);
+  Seq(id);  // CHECKs that it exists before the map may rehash
+  ++generation_;
+  std::vector<SequenceId> out;
+  for (int32_t c = 0; c < n; ++c) {
+    const SequenceId child_id = next_seq_++;
+    Sequence child;
+    {
+      const Sequence& p = Seq(id);
+      child.root = p.root;
+      child.tokens = p.tokens;
+      child.num_computed = p.num_computed;
+      child.keys = p.keys;
+      const size_t shared =
+          std::min(p.table.size(), static_cast<size_t>(CeilDiv(p.tokens.size(), bs_)));
+      child.table.assign(p.table.begin(), p.table.begin() + shared);
+    }
+    for (int32_t b : child.table) Acquire(b);
+    const int32_t lo = child.num_computed / bs_;
+    UpdatePending(child, lo, lo, lo, static_cast<int32_t>(child.keys.size()));
+    seqs_.emplace(child_id, std::move(child));
+    out.push_back(child_id);
+  }
+  return out;
+}
+
+void KvCache::Impl::Truncate(SequenceId id, int32_t num_tokens) {
+  Sequence& s = Seq(id);
+  PREFIXD_CHECK(num_tokens >= 0 && num_tokens <= static_cast<int32_t>(s.tokens.size()));
+  ++generation_;
+  const int32_t old_lo = s.num_computed / bs_;
+  const int32_t old_hi = static_cast<int32_t>(s.keys.size());
+  s.num_computed = std::min(s.num_computed, num_tokens);
+  const int32_t new_lo = s.num_computed / bs_;
+  const int32_t new_hi = options_.enable_prefix_cache ? num_tokens / bs_ : 0;
+  UpdatePending(s, old_lo, old_hi, new_lo, new_hi);
+  s.tokens.resize(num_tokens);
+  if (options_.enable_prefix_cache) s.keys.resize(new_hi);
+  const size_t keep = static_cast<size_t>(CeilDiv(num_tokens, bs_));
+  while (s.table.size() > keep) {
+    Unref(s.table.back());
+    s.table.pop_back();
+  }
+}
+
+void KvCache::Impl::Release(SequenceId id) {
+  auto it = seqs_.find(id);
+  PREFIXD_CHECK_MSG(it != seqs_.end(), "unknown sequence");
+  ++generation_;
+  Sequence& s = it->second;
+  const int32_t lo = s.num_computed / bs_;
+  const int32_t hi = static_cast<int32_t>(s.keys.size());
+  UpdatePending(s, lo, hi, lo, lo);
+  // Deepest first, so that among blocks released together the leaves are the older ones.
+  for (auto b = s.table.rbegin(); b != s.table.rend(); ++b) Unref(*b);
+  seqs_.erase(it);
+}
+
+int32_t KvCache::Impl::Evict(int32_t max_blocks) {
+  int32_t n = 0;
+  if (max_blocks > 0 && !lru_.empty()) ++generation_;
+  while (n < max_blocks && !lru_.empty()) {
+    EvictOne();
+    ++n;
+  }
+  return n;
+}
+
+// ---- Queries --------------------------------------------------------------------------------
+
+const KvCache::Impl::Sequence& KvCache::Impl::Seq(SequenceId id) const {
+  auto it = seqs_.find(id);
+  PREFIXD_CHECK_MSG(it != seqs_.end(), "unknown sequence");
+  return it->second;
+}
+
+KvCache::Impl::Sequence& KvCache::Impl::Seq(SequenceId id) {
+  auto it = seqs_.find(id);
+  PREFIXD_CHECK_MSG(it != seqs_.end(), "unknown sequence");
+  return it->second;
+}
+
+KvCacheStats KvCache::Impl::Stats() const {
+  KvCacheStats s = stats_;
+  s.blocks_total = num_blocks_;
+  s.blocks_free = free_count_;
+  s.blocks_active = num_active_;
+  s.blocks_cached = num_cached_;
+  s.pool_bytes = int64_t{num_blocks_} * bs_ * options_.bytes_per_token;
+  s.num_sequences = static_cast<int64_t>(seqs_.size());
+  return s;
+}
+
+BlockState KvCache::Impl::StateOf(int32_t b) const {
+  PREFIXD_CHECK(b >= 0 && b < num_blocks_);
+  if (blocks_[b].ref > 0) return BlockState::kOwned;
+  return blocks_[b].indexed ? BlockState::kCached : BlockState::kFree;
+}
+
+std::vector<int32_t> KvCache::Impl::FreeList() const {
+  std::vector<int32_t> out;
+  for (int64_t i = 0; i < free_count_; ++i) {
+    out.push_back(free_ring_[(free_head_ + i) % num_blocks_]);
+  }
+  return out;
+}
+
+// ---- KvCache --------------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& options) {
+  if (options.num_blocks <= 0) return absl::InvalidArgumentError("num_blocks must be > 0");
+  if (options.block_size <= 0 || (options.block_size & (options.block_size - 1)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("block_size must be a power of two, got %d", options.block_size));
+  }
+  if (options.bytes_per_token < 0) return absl::InvalidArgumentError("bytes_per_token < 0");
+  return std::unique_ptr<KvCache>(new KvCache(std::make_unique<Impl>(options)));
+}
+
+KvCache::KvCache(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+KvCache::~KvCache() = default;
+
+absl::StatusOr<AdmissionPlan> KvCache::PlanAdmission(const AdmissionRequest& request) const {
+  return impl_->PlanAdmission(request);
+}
+Admission KvCache::Commit(const AdmissionPlan& plan) { return impl_->Commit(plan); }
+absl::StatusOr<Admission> KvCache::Admit(const AdmissionRequest& request) {
+  absl::StatusOr<AdmissionPlan> plan = impl_->PlanAdmission(request);
+  if (!plan.ok()) return plan.status();
+  return impl_->Commit(*plan);
+}
+void KvCache::AppendTokens(SequenceId seq, absl::Span<const uint32_t> tokens) {
+  impl_->AppendTokens(seq, tokens);
+}
+absl::StatusOr<std::vector<BlockCopy>> KvCache::Reserve(SequenceId seq, int32_t total_tokens) {
+  return impl_->Reserve(seq, total_tokens);
+}
+void KvCache::MarkComputed(SequenceId seq, int32_t num_computed) {
+  impl_->MarkComputed(seq, num_computed);
+}
+std::vector<SequenceId> KvCache::Fork(SequenceId seq, int32_t n) { return impl_->Fork(seq, n); }
+void KvCache::Truncate(SequenceId seq, int32_t num_tokens) { impl_->Truncate(seq, num_tokens); }
+void KvCache::Release(SequenceId seq) { impl_->Release(seq); }
+int32_t KvCache::Evict(int32_t max_blocks) { return impl_->Evict(max_blocks); }
+
+bool KvCache::HasSequence(SequenceId seq) const { return impl_->seqs_.contains(seq); }
+absl::Span<const int32_t> KvCache::BlockTable(SequenceId seq) const {
+  return impl_->Seq(seq).table;
+}
+absl::Span<const uint32_t> KvCache::Tokens(SequenceId seq) const { return impl_->Seq(seq).tokens; }
+int32_t KvCache::NumTokens(SequenceId seq) const {
+  return static_cast<int32_t>(impl_->Seq(seq).tokens.size());
+}
+int32_t KvCache::NumComputed(SequenceId seq) const { return impl_->Seq(seq).num_computed; }
+int32_t KvCache::Capacity(SequenceId seq) const {
+  return static_cast<int32_t>(impl_->Seq(seq).table.size()) * impl_->bs_;
+}
+int64_t KvCache::NumAvailableBlocks() const { return impl_->NumAvailable(); }
+int32_t KvCache::block_size() const { return impl_->bs_; }
+int32_t KvCache::num_blocks() const { return impl_->num_blocks_; }
+KvCacheStats KvCache::Stats() const { return impl_->Stats(); }
+void KvCache::CheckInvariants() const { impl_->CheckInvariants(); }
+BlockState KvCache::StateOf(int32_t block) const { return impl_->StateOf(block); }
+int32_t KvCache::RefCount(int32_t block) const {
+  PREFIXD_CHECK(block >= 0 && block < impl_->num_blocks_);
+  return impl_->blocks_[block].ref;
+}
+bool KvCache::IsIndexed(int32_t block) const {
+  PREFIXD_CHECK(block >= 0 && block < impl_->num_blocks_);
+  return impl_->blocks_[block].indexed;
+}
+std::vector<IndexedBlockInfo> KvCache::IndexedBlocks() const { return impl_->IndexedBlocks(); }
+std::vector<int32_t> KvCache::FreeList() const { return impl_->FreeList(); }
+std::vector<int32_t> KvCache::EvictionOrder() const { return impl_->EvictionOrder(); }
+std::string KvCache::DebugState() const { return impl_->DebugState(); }
+
+}  // namespace prefixd

@@ -1,0 +1,219 @@
+// KvCache: the block pool, prefix index and per-sequence block tables of one model's KV cache.
+//
+// cache/ holds no device memory: it hands out block ids and asks the backend to execute
+// BlockCopy operations (copy-on-write, partial prefix reuse). One thread (the scheduler) owns
+// a KvCache; it is not thread-safe.
+//
+// Invariants (CheckInvariants() verifies all of them; each has a test):
+//  1. Every block is exactly one of: free (ref 0, not indexed, on the free list once), owned
+//     (ref >= 1: the number of sequence block-table slots that hold it), or cached (ref 0,
+//     indexed, evictable). The pool never grows.
+//  2. Only full blocks whose K/V rows are computed are indexed. An indexed block's key is the
+//     chain key of its stored token ids (cache/block_key.h) and each key maps to one block.
+//  3. An indexed block's parent (the block of the key before it) is indexed too; an owned
+//     indexed block's parent is owned. So every cached block can be evicted, leaves first.
+//  4. For every sequence and every block position i below num_computed / block_size, the
+//     block-table entry is the indexed block of the sequence's own chain key k_i
+//     (prefix-cache mode). Rows at or above num_computed are never read by anyone else.
+//  5. A block is written in place only while it is private: ref 1 and not indexed. Every
+//     other write first moves the sequence to a fresh block (copy-on-write, a BlockCopy).
+//
+// Protocol for the engine, per scheduler step:
+//   PlanAdmission / Commit (or Admit)  -> execute the returned copies
+//   AppendTokens (sampled ids)         -> Reserve(seq, tokens to write up to)
+//                                      -> execute the returned copies
+//   Forward over BlockTable(seq)       -> MarkComputed(seq, n)
+// Copies must be executed in the order they were returned and before the next Forward: a
+// block released or evicted by a later call may already be the destination of a later copy.
+// MarkComputed may swap a just-completed block for an identical indexed one (deduplication),
+// so read BlockTable() afresh before each step instead of keeping an old copy.
+#ifndef PREFIXD_CACHE_KV_CACHE_H_
+#define PREFIXD_CACHE_KV_CACHE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "cache/block_copy.h"
+#include "cache/sha256.h"
+
+namespace prefixd {
+
+// Sequence ids are never reused within one KvCache.
+using SequenceId = int64_t;
+
+struct KvCacheOptions {
+  int32_t num_blocks = 0;   // > 0; fixed for the cache's lifetime
+  int32_t block_size = 16;  // tokens per block; a power of two
+  // KvBytesPerToken() of the model (cache/kv_layout.h); only used for stats.
+  int64_t bytes_per_token = 0;
+  // false (--no-prefix-cache): nothing is matched or indexed; released blocks are freed.
+  bool enable_prefix_cache = true;
+  // LRU time of cached blocks. Ties (and the default, when unset) are broken by an internal
+  // counter that increases on every use, so eviction is deterministic either way.
+  std::function<int64_t()> clock;
+};
+
+// Counted in tokens and blocks. queried_tokens and hit_tokens count first admissions only
+// (AdmissionRequest::readmission = false): a request re-admitted after preemption is not a
+// new query, even though it usually hits its own cached prefix.
+struct KvCacheStats {
+  uint64_t queried_tokens = 0;  // sum of prompt lengths of first admissions
+  uint64_t hit_tokens = 0;      // sum of their num_cached
+  int64_t blocks_total = 0;     // = free + active + cached
+  int64_t blocks_free = 0;
+  int64_t blocks_active = 0;  // owned by at least one sequence
+  int64_t blocks_cached = 0;  // indexed, unowned, evictable
+  uint64_t evictions = 0;     // cached blocks un-indexed to make room (or by Evict())
+  uint64_t cow_copies = 0;    // BlockCopy operations handed out
+  uint64_t cow_rows = 0;      // rows those copies move
+  int64_t block_size = 0;
+  int64_t bytes_per_token = 0;
+  int64_t pool_bytes = 0;  // blocks_total x block_size x bytes_per_token
+  int64_t num_sequences = 0;
+};
+
+struct AdmissionRequest {
+  Digest root;  // CacheRootKey(manifest, namespace)
+  // The prompt, at least one token. PlanAdmission copies it into the plan.
+  absl::Span<const uint32_t> prompt;
+  // Capacity (in tokens) the new sequence's block table must cover:
+  //   max(reserve_tokens, num_cached + reserve_uncached_tokens, num_cached + 1).
+  // reserve_tokens = prompt.size() reserves the whole prompt; reserve_uncached_tokens = C
+  // reserves the first prefill chunk of C tokens after whatever the cache serves.
+  int32_t reserve_tokens = 0;
+  int32_t reserve_uncached_tokens = 0;
+  // A request coming back after preemption: not counted in queried/hit stats.
+  bool readmission = false;
+};
+
+// The outcome of PlanAdmission: what Commit will do. Valid only until the next call that
+// changes the cache (Commit CHECKs this).
+struct AdmissionPlan {
+  // Tokens served from the cache: min(matched_tokens, prompt length - 1). The sequence starts
+  // with num_computed = num_cached; prefill resumes at that position.
+  int32_t num_cached = 0;
+  // Longest prefix of the prompt whose K/V the pool holds, before the cap above.
+  int32_t matched_tokens = 0;
+  // Further prompt tokens beyond num_cached (in whole blocks, capped at prompt - 1) that
+  // running sequences are computing right now. A scheduler may defer this request until they
+  // are indexed instead of computing them twice.
+  int32_t pending_match_tokens = 0;
+  int32_t capacity_tokens = 0;     // what the block table will cover
+  int32_t blocks_to_allocate = 0;  // fresh blocks (including the partial-copy destination)
+  int32_t blocks_to_evict = 0;     // cached blocks evicted to find them
+
+  // Internal to KvCache.
+  struct Internal;
+  std::shared_ptr<const Internal> internal;
+};
+
+struct Admission {
+  SequenceId seq = -1;
+  int32_t num_cached = 0;
+  std::vector<BlockCopy> copies;  // execute before the first Forward of `seq`
+};
+
+// One indexed block, for tests and debugging.
+struct IndexedBlockInfo {
+  int32_t block = -1;
+  int32_t ref = 0;
+  Digest root;
+  std::vector<uint32_t> tokens;  // all tokens from the root through this block
+  bool operator==(const IndexedBlockInfo&) const = default;
+};
+
+enum class BlockState { kFree, kOwned, kCached };
+
+class KvCache {
+ public:
+  // INVALID_ARGUMENT for num_blocks <= 0 or a block size that is not a power of two.
+  static absl::StatusOr<std::unique_ptr<KvCache>> Create(const KvCacheOptions& options);
+  ~KvCache();
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  // ---- Admission (plan, then commit) ------------------------------------------------------
+  // Pure: matches the prompt and decides which blocks to share, copy, evict and allocate.
+  // INVALID_ARGUMENT for an empty prompt; RESOURCE_EXHAUSTED when the blocks cannot be found
+  // even after evicting every cached block that this admission does not itself reuse (a
+  // request that needs more than num_blocks blocks can never fit: the message says so).
+  absl::StatusOr<AdmissionPlan> PlanAdmission(const AdmissionRequest& request) const;
+  // Executes a plan made against the current state (CHECKs that nothing changed since).
+  Admission Commit(const AdmissionPlan& plan);
+  // PlanAdmission + Commit. On error nothing changed.
+  absl::StatusOr<Admission> Admit(const AdmissionRequest& request);
+
+  // ---- Running sequences ------------------------------------------------------------------
+  // Appends known token ids (e.g. the sampled one) without computing or reserving anything.
+  void AppendTokens(SequenceId seq, absl::Span<const uint32_t> tokens);
+  // Makes the block table cover `total_tokens` (at least the current capacity is kept) and
+  // makes every block that holds rows in [num_computed, total_tokens) private, copying its
+  // computed rows first when it is shared or indexed. RESOURCE_EXHAUSTED with nothing
+  // changed when the blocks cannot be found even after evicting every cached block (the
+  // engine then preempts a sequence). Returns the copies to execute before writing.
+  absl::StatusOr<std::vector<BlockCopy>> Reserve(SequenceId seq, int32_t total_tokens);
+  // The backend has written K/V rows [0, num_computed) (monotone; <= NumTokens and
+  // <= Capacity). Every block that became full is indexed (visible to later admissions) or,
+  // when an identical block is indexed already, replaced by it. CHECKs that rows written
+  // since the last call lay in private blocks, i.e. that Reserve was called.
+  void MarkComputed(SequenceId seq, int32_t num_computed);
+  // n children that share every block of `seq` that holds its tokens (the partly filled last
+  // one too), with the same tokens and computed count; blocks reserved past the tokens stay
+  // the parent's. Allocates nothing; the first write into a shared block copies it (Reserve).
+  // Fork after MarkComputed of the rows just written, never between Reserve and it.
+  std::vector<SequenceId> Fork(SequenceId seq, int32_t n);
+  // Rolls the sequence back to its first `num_tokens` tokens (<= NumTokens): later blocks
+  // are released; num_computed is clamped. Safe with shared and indexed blocks: a later
+  // write into them copies first.
+  void Truncate(SequenceId seq, int32_t num_tokens);
+  // Drops the sequence: its blocks' references drop; indexed blocks left unowned stay cached
+  // (evictable), the others return to the free list.
+  void Release(SequenceId seq);
+  // Evicts up to `max_blocks` cached blocks (LRU leaves first). Returns how many.
+  int32_t Evict(int32_t max_blocks);
+
+  // ---- Queries ----------------------------------------------------------------------------
+  bool HasSequence(SequenceId seq) const;
+  absl::Span<const int32_t> BlockTable(SequenceId seq) const;  // valid until the next change
+  absl::Span<const uint32_t> Tokens(SequenceId seq) const;
+  int32_t NumTokens(SequenceId seq) const;
+  int32_t NumComputed(SequenceId seq) const;
+  int32_t Capacity(SequenceId seq) const;  // BlockTable size x block size
+  // Blocks the pool can still hand out: free + cached.
+  int64_t NumAvailableBlocks() const;
+  int32_t block_size() const;
+  int32_t num_blocks() const;
+  KvCacheStats Stats() const;
+
+  // ---- Verification -----------------------------------------------------------------------
+  // Verifies the invariants above from scratch (O(pool + sequences)); PREFIXD_CHECK fails on
+  // any violation.
+  void CheckInvariants() const;
+  BlockState StateOf(int32_t block) const;
+  int32_t RefCount(int32_t block) const;
+  bool IsIndexed(int32_t block) const;
+  // Every indexed block, ordered by block id.
+  std::vector<IndexedBlockInfo> IndexedBlocks() const;
+  // The free list, front (allocated next) first.
+  std::vector<int32_t> FreeList() const;
+  // Cached blocks in eviction order (the next evicted first), as Evict() would take them.
+  std::vector<int32_t> EvictionOrder() const;
+  // The complete state (blocks, free list, index, LRU stamps, sequences, stats, counters) as
+  // text: equal strings mean equal states. For plan-then-commit tests and failure messages.
+  std::string DebugState() const;
+
+ private:
+  class Impl;
+  explicit KvCache(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace prefixd
+
+#endif  // PREFIXD_CACHE_KV_CACHE_H_

@@ -1,0 +1,57 @@
+// The safetensors container: an 8-byte little-endian header length N, N bytes of JSON
+// ({"name": {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}}), then
+// the data region that the offsets index.
+//
+// ParseSafetensors() accepts a file only if, afterwards, every tensor's bytes lie inside the
+// data region and the tensors tile it exactly: sorted by offset they start at 0, each begins
+// where the previous ends (no overlap, no gap) and the last ends at the end of the file (no
+// trailing garbage); each tensor's byte length is its element count times its dtype's size.
+// So a caller may read any tensor's [begin, end) without further checks.
+#ifndef PREFIXD_ENGINE_SAFETENSORS_H_
+#define PREFIXD_ENGINE_SAFETENSORS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/dtype.h"
+
+namespace prefixd {
+
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  // Byte offsets relative to the start of the data region.
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+struct SafetensorsFile {
+  std::vector<SafetensorsEntry> tensors;  // in offset order
+  std::map<std::string, std::string> metadata;
+  uint64_t data_start = 0;  // 8 + header length: where the data region starts in the file
+};
+
+// Validates and indexes `file` (the whole file's bytes). `file_label` names the file in
+// error messages, which are INVALID_ARGUMENT.
+absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::Span<const std::byte> file,
+                                                 std::string_view file_label);
+
+// "F32" | "F16" | "BF16": the names safetensors uses.
+std::string_view SafetensorsDTypeName(DType dtype);
+
+// The first 8 + N bytes of a file holding `tensors` (offsets as given) and `metadata`; the
+// JSON is padded with spaces to a multiple of 8 bytes, as the reference writer does, so the
+// data region starts aligned.
+std::string EncodeSafetensorsHeader(absl::Span<const SafetensorsEntry> tensors,
+                                    const std::map<std::string, std::string>& metadata);
+
+}  // namespace prefixd
+
+#endif  // PREFIXD_ENGINE_SAFETENSORS_H_

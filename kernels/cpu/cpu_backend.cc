@@ -1,0 +1,303 @@
+#include "kernels/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "cache/check.h"
+#include "cache/kv_layout.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace prefixd {
+namespace {
+
+struct LayerWeights {
+  std::vector<float> ln1_g, ln1_b, ln2_g, ln2_b;
+  PackedMatrix c_attn, attn_proj, c_fc, mlp_proj;  // [E,3E] [E,E] [E,4E] [4E,E]
+  std::vector<float> c_attn_b, attn_proj_b, c_fc_b, mlp_proj_b;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(const Model& model, const CpuBackendOptions& options, int64_t num_blocks, int threads);
+
+  std::string device_name() const override { return "cpu"; }
+  DType dtype() const override { return DType::kF32; }
+  int64_t num_blocks() const override { return num_blocks_; }
+  int32_t block_size() const override { return geometry_.block_size; }
+  int64_t kv_bytes_per_token() const override {
+    return KvBytesPerToken(config_.n_layer, config_.n_head, config_.head_dim(), 4);
+  }
+  MemoryUsage memory_usage() const override;
+  absl::Status CopyBlocks(absl::Span<const BlockCopy> copies) override;
+  absl::Status Forward(absl::Span<const SequenceStep> steps, std::vector<float>* logits) override;
+
+  absl::Span<float> kv_pool() {
+    return absl::MakeSpan(kv_.get(), num_blocks_ * geometry_.block_stride());
+  }
+
+ private:
+  absl::Status Validate(absl::Span<const SequenceStep> steps) const;
+  float* Workspace(std::vector<float>& buffer, int64_t n);
+  void RunLayer(int32_t layer, int64_t rows);
+
+  ModelConfig config_;
+  KvGeometry geometry_;
+  int64_t num_blocks_;
+  ThreadPool pool_;
+
+  std::vector<float> wte_;  // [V, E]
+  std::vector<float> wpe_;  // [P, E]
+  std::vector<LayerWeights> layers_;
+  std::vector<float> ln_f_g_, ln_f_b_;
+  PackedMatrix lm_head_;  // [E, V]: wte^T, or lm_head.weight^T when the file has one
+  AlignedFloats kv_;
+
+  // Per-step rows (all new tokens of the batch, in step order) and scratch buffers.
+  std::vector<int32_t> row_pos_;
+  std::vector<const int32_t*> row_table_;
+  std::vector<float> x_, h_, qkv_, att_, fc_, tmp_;
+};
+
+CpuBackend::CpuBackend(const Model& model, const CpuBackendOptions& options, int64_t num_blocks,
+                       int threads)
+    : config_(model.config()), num_blocks_(num_blocks), pool_(threads) {
+  const int64_t e = config_.n_embd;
+  geometry_ = {config_.n_layer, config_.n_head, config_.head_dim(), options.block_size};
+  auto f = [&](const std::string& name) { return model.ToFloat(model.Get(name)); };
+  auto packed = [&](const std::string& name, int64_t k, int64_t n) {
+    const std::vector<float> w = f(name);
+    return PackedMatrix::Pack(w.data(), k, n, /*transposed=*/false);
+  };
+  wte_ = f("wte.weight");
+  wpe_ = f("wpe.weight");
+  layers_.resize(config_.n_layer);
+  for (int32_t i = 0; i < config_.n_layer; ++i) {
+    const std::string p = absl::StrCat("h.", i, ".");
+    LayerWeights& l = layers_[i];
+    l.ln1_g = f(p + "ln_1.weight");
+    l.ln1_b = f(p + "ln_1.bias");
+    l.ln2_g = f(p + "ln_2.weight");
+    l.ln2_b = f(p + "ln_2.bias");
+    l.c_attn = packed(p + "attn.c_attn.weight", e, 3 * e);
+    l.c_attn_b = f(p + "attn.c_attn.bias");
+    l.attn_proj = packed(p + "attn.c_proj.weight", e, e);
+    l.attn_proj_b = f(p + "attn.c_proj.bias");
+    l.c_fc = packed(p + "mlp.c_fc.weight", e, 4 * e);
+    l.c_fc_b = f(p + "mlp.c_fc.bias");
+    l.mlp_proj = packed(p + "mlp.c_proj.weight", 4 * e, e);
+    l.mlp_proj_b = f(p + "mlp.c_proj.bias");
+  }
+  ln_f_g_ = f("ln_f.weight");
+  ln_f_b_ = f("ln_f.bias");
+  if (const Tensor* head = model.Find("lm_head.weight"); head != nullptr) {
+    const std::vector<float> w = model.ToFloat(*head);
+    lm_head_ = PackedMatrix::Pack(w.data(), e, config_.vocab_size, /*transposed=*/true);
+  } else {
+    lm_head_ = PackedMatrix::Pack(wte_.data(), e, config_.vocab_size, /*transposed=*/true);
+  }
+  kv_ = AllocateFloats(static_cast<size_t>(num_blocks_ * geometry_.block_stride()));
+}
+
+MemoryUsage CpuBackend::memory_usage() const {
+  MemoryUsage u;
+  auto vec = [](const std::vector<float>& v) { return static_cast<int64_t>(v.size() * 4); };
+  int64_t w = vec(wte_) + vec(wpe_) + vec(ln_f_g_) + vec(ln_f_b_) + lm_head_.size_bytes();
+  for (const LayerWeights& l : layers_) {
+    w += vec(l.ln1_g) + vec(l.ln1_b) + vec(l.ln2_g) + vec(l.ln2_b) + vec(l.c_attn_b) +
+         vec(l.attn_proj_b) + vec(l.c_fc_b) + vec(l.mlp_proj_b) + l.c_attn.size_bytes() +
+         l.attn_proj.size_bytes() + l.c_fc.size_bytes() + l.mlp_proj.size_bytes();
+  }
+  u.weights_bytes = w;
+  u.kv_pool_bytes = num_blocks_ * geometry_.block_stride() * 4;
+  u.workspace_bytes = vec(x_) + vec(h_) + vec(qkv_) + vec(att_) + vec(fc_) + vec(tmp_);
+  return u;
+}
+
+absl::Status CpuBackend::CopyBlocks(absl::Span<const BlockCopy> copies) {
+  for (const BlockCopy& c : copies) {
+    if (c.src < 0 || c.src >= num_blocks_ || c.dst < 0 || c.dst >= num_blocks_ || c.num_rows < 0 ||
+        c.num_rows > geometry_.block_size) {
+      return absl::InvalidArgumentError(absl::StrCat("bad block copy ", c.src, " -> ", c.dst, " (",
+                                                     c.num_rows, " rows) in a pool of ",
+                                                     num_blocks_, " blocks"));
+    }
+  }
+  for (const BlockCopy& c : copies) CopyKvRows(kv_.get(), geometry_, c.src, c.dst, c.num_rows);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Validate(absl::Span<const SequenceStep> steps) const {
+  for (size_t s = 0; s < steps.size(); ++s) {
+    const SequenceStep& step = steps[s];
+    const int64_t end = int64_t{step.start_pos} + static_cast<int64_t>(step.token_ids.size());
+    if (step.token_ids.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("step ", s, " has no tokens"));
+    }
+    if (step.start_pos < 0 || end > config_.n_positions) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step ", s, " covers positions [", step.start_pos, ", ", end,
+                       ") outside the model's context of ", config_.n_positions));
+    }
+    const int64_t blocks_needed = (end + geometry_.block_size - 1) / geometry_.block_size;
+    if (static_cast<int64_t>(step.block_table.size()) < blocks_needed) {
+      return absl::InvalidArgumentError(absl::StrCat("step ", s, " needs ", blocks_needed,
+                                                     " blocks, its table has ",
+                                                     step.block_table.size()));
+    }
+    for (int64_t b = 0; b < blocks_needed; ++b) {
+      if (step.block_table[b] < 0 || step.block_table[b] >= num_blocks_) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "step ", s, " block id ", step.block_table[b], " outside [0, ", num_blocks_, ")"));
+      }
+    }
+    for (uint32_t t : step.token_ids) {
+      if (t >= static_cast<uint32_t>(config_.vocab_size)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("step ", s, " token id ", t, " >= vocab size ", config_.vocab_size));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+float* CpuBackend::Workspace(std::vector<float>& buffer, int64_t n) {
+  if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(n);
+  return buffer.data();
+}
+
+void CpuBackend::RunLayer(int32_t layer, int64_t rows) {
+  const LayerWeights& w = layers_[layer];
+  const int64_t e = config_.n_embd;
+  const int32_t hd = geometry_.head_dim;
+  const float eps = config_.layer_norm_epsilon;
+  float* x = x_.data();
+  float* h = h_.data();
+  float* qkv = qkv_.data();
+  float* att = att_.data();
+  float* fc = fc_.data();
+  float* tmp = tmp_.data();
+
+  pool_.Run(rows, [&](int64_t r) {
+    LayerNormRow(x + r * e, e, w.ln1_g.data(), w.ln1_b.data(), eps, h + r * e);
+  });
+  MatMul(h, rows, e, w.c_attn, w.c_attn_b.data(), qkv, 3 * e, &pool_);
+  // K/V of every new token go to their rows first, so each query below reads all of its
+  // keys, cached or new, the same way.
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t pos = row_pos_[r];
+    const int32_t block = row_table_[r][pos / geometry_.block_size];
+    const int32_t slot = pos % geometry_.block_size;
+    for (int32_t head = 0; head < geometry_.n_head; ++head) {
+      std::memcpy(kv_.get() + geometry_.Offset(block, layer, 0, head, slot),
+                  qkv + r * 3 * e + e + head * hd, sizeof(float) * hd);
+      std::memcpy(kv_.get() + geometry_.Offset(block, layer, 1, head, slot),
+                  qkv + r * 3 * e + 2 * e + head * hd, sizeof(float) * hd);
+    }
+  }
+  const int32_t n_head = geometry_.n_head;
+  const int32_t n_positions = config_.n_positions;
+  pool_.Run(rows * n_head, [&](int64_t task) {
+    thread_local std::vector<float> scratch;
+    if (static_cast<int32_t>(scratch.size()) < n_positions + 8) scratch.resize(n_positions + 8);
+    const int64_t r = task / n_head;
+    const int32_t head = static_cast<int32_t>(task % n_head);
+    AttendOne(qkv + r * 3 * e + head * hd, row_pos_[r], kv_.get(), geometry_, row_table_[r], layer,
+              head, scratch.data(), att + r * e + head * hd);
+  });
+  MatMul(att, rows, e, w.attn_proj, w.attn_proj_b.data(), tmp, e, &pool_);
+  for (int64_t i = 0; i < rows * e; ++i) x[i] += tmp[i];
+
+  pool_.Run(rows, [&](int64_t r) {
+    LayerNormRow(x + r * e, e, w.ln2_g.data(), w.ln2_b.data(), eps, h + r * e);
+  });
+  MatMul(h, rows, e, w.c_fc, w.c_fc_b.data(), fc, 4 * e, &pool_);
+  pool_.Run(rows, [&](int64_t r) { GeluNewInPlace(fc + r * 4 * e, 4 * e); });
+  MatMul(fc, rows, 4 * e, w.mlp_proj, w.mlp_proj_b.data(), tmp, e, &pool_);
+  for (int64_t i = 0; i < rows * e; ++i) x[i] += tmp[i];
+}
+
+absl::Status CpuBackend::Forward(absl::Span<const SequenceStep> steps, std::vector<float>* logits) {
+  if (absl::Status s = Validate(steps); !s.ok()) return s;
+  const int64_t e = config_.n_embd;
+  int64_t rows = 0;
+  for (const SequenceStep& step : steps) rows += static_cast<int64_t>(step.token_ids.size());
+  if (rows == 0) return absl::OkStatus();
+  row_pos_.resize(rows);
+  row_table_.resize(rows);
+  float* x = Workspace(x_, rows * e);
+  Workspace(h_, rows * e);
+  Workspace(qkv_, rows * 3 * e);
+  Workspace(att_, rows * e);
+  Workspace(fc_, rows * 4 * e);
+  Workspace(tmp_, rows * e);
+
+  std::vector<int64_t> logit_rows;
+  int64_t r = 0;
+  for (const SequenceStep& step : steps) {
+    for (size_t i = 0; i < step.token_ids.size(); ++i, ++r) {
+      const int32_t pos = step.start_pos + static_cast<int32_t>(i);
+      row_pos_[r] = pos;
+      row_table_[r] = step.block_table.data();
+      const float* te = wte_.data() + int64_t{step.token_ids[i]} * e;
+      const float* pe = wpe_.data() + int64_t{pos} * e;
+      for (int64_t j = 0; j < e; ++j) x[r * e + j] = te[j] + pe[j];
+    }
+    if (step.want_logits) logit_rows.push_back(r - 1);
+  }
+  for (int32_t l = 0; l < config_.n_layer; ++l) RunLayer(l, rows);
+  if (logit_rows.empty()) return absl::OkStatus();
+
+  const int64_t n_out = static_cast<int64_t>(logit_rows.size());
+  float* h = h_.data();  // rows >= n_out, so h_ has room
+  pool_.Run(n_out, [&](int64_t i) {
+    LayerNormRow(x + logit_rows[i] * e, e, ln_f_g_.data(), ln_f_b_.data(),
+                 config_.layer_norm_epsilon, h + i * e);
+  });
+  const int64_t v = config_.vocab_size;
+  const size_t old_size = logits->size();
+  logits->resize(old_size + n_out * v);
+  MatMul(h, n_out, e, lm_head_, nullptr, logits->data() + old_size, v, &pool_);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Span<float> CpuBackendKvPool(Backend& backend) {
+  auto* cpu = dynamic_cast<CpuBackend*>(&backend);
+  PREFIXD_CHECK_MSG(cpu != nullptr, "CpuBackendKvPool: not a CPU backend");
+  return cpu->kv_pool();
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOptions& options) {
+  if (options.model == nullptr) return absl::InvalidArgumentError("CPU backend: no model");
+  if (options.block_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CPU backend: block size must be positive, got ", options.block_size));
+  }
+  if (options.threads < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CPU backend: thread count must be >= 0, got ", options.threads));
+  }
+  const ModelConfig& c = options.model->config();
+  const int64_t per_token = KvBytesPerToken(c.n_layer, c.n_head, c.head_dim(), 4);
+  const int64_t num_blocks =
+      KvBlocksForBudget(options.kv_cache_bytes, options.block_size, per_token);
+  if (num_blocks <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CPU backend: a KV budget of ", options.kv_cache_bytes, " bytes holds no block of ",
+        options.block_size, " tokens (", options.block_size * per_token, " bytes each)"));
+  }
+  int threads = options.threads;
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  return std::unique_ptr<Backend>(new CpuBackend(*options.model, options, num_blocks, threads));
+}
+
+}  // namespace prefixd

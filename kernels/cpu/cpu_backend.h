@@ -1,0 +1,40 @@
+// The fp32 CPU backend: GPT-2's forward pass over paged K/V, bit-exact under caching,
+// chunked prefill, batch composition and thread count (see matmul.h and ops.h for how).
+//
+// The backend copies the model's weights to fp32 at construction (packing the matrices into
+// column panels), so the Model may be released afterwards. KV storage for
+// KvBlocksForBudget(kv_cache_bytes, block_size, KvBytesPerToken(L, H, hd, 4)) blocks is
+// allocated once and never grown.
+#ifndef PREFIXD_KERNELS_CPU_CPU_BACKEND_H_
+#define PREFIXD_KERNELS_CPU_CPU_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/backend.h"
+#include "engine/model.h"
+
+namespace prefixd {
+
+struct CpuBackendOptions {
+  const Model* model = nullptr;  // read during CreateCpuBackend only
+  int64_t kv_cache_bytes = 0;
+  int32_t block_size = 16;
+  int32_t threads = 0;  // 0 = std::thread::hardware_concurrency()
+};
+
+// INVALID_ARGUMENT when the model is null, the block size or thread count is not positive,
+// or the budget holds zero blocks.
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOptions& options);
+
+// The raw KV pool of a backend made by CreateCpuBackend (PREFIXD_CHECKs that it is one):
+// [num_blocks][n_layer][2 (K, V)][n_head][block_size][head_dim] floats. For tests and
+// diagnostics that must plant or inspect K/V (copy-on-write patterns, wrong-reuse
+// demonstrations); the engine never needs it.
+absl::Span<float> CpuBackendKvPool(Backend& backend);
+
+}  // namespace prefixd
+
+#endif  // PREFIXD_KERNELS_CPU_CPU_BACKEND_H_

@@ -1,0 +1,70 @@
+// Batch-invariant fp32 matrix products: C[M, N] = A[M, K] · W[K, N] + bias[N].
+//
+// Invariant: every output element C[m, n] is exactly
+//   acc = 0; for k in 0..K-1: acc = fma(A[m, k], W[k, n], acc);  C[m, n] = acc + bias[n]
+// whatever M, the row's position in the batch, the number of threads or the code path
+// (6-row prefill blocks, the single-row decode stream, partial tails). MatMulReference is that
+// loop in scalar code and the tests compare the two with ==. This is what makes a sequence's
+// logits independent of what else shares its batch and of whether its prefix was cached.
+//
+// W is packed once at load time from Hugging Face's [in, out] layout into column panels of
+// kPanelWidth: panel j holds W[0..K, 64j..64j+64) row-major (K x 64, zero-padded past N), so
+// both the prefill micro-kernel and the decode stream read it contiguously. Threads split
+// panels (and row blocks), never K.
+#ifndef PREFIXD_KERNELS_CPU_MATMUL_H_
+#define PREFIXD_KERNELS_CPU_MATMUL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "kernels/cpu/thread_pool.h"
+
+namespace prefixd {
+
+inline constexpr int64_t kPanelWidth = 64;
+
+// 64-byte aligned float buffer (aligned loads; whole cache lines per panel row).
+struct AlignedFree {
+  void operator()(float* p) const;
+};
+using AlignedFloats = std::unique_ptr<float[], AlignedFree>;
+AlignedFloats AllocateFloats(size_t n);  // zero-filled
+
+class PackedMatrix {
+ public:
+  PackedMatrix() = default;
+  // `w` is row-major [k, n] (HF Conv1D layout). `transposed` = true packs w^T instead, for a
+  // row-major [n, k] source (the tied LM head reads wte [V, E] as [E, V]).
+  static PackedMatrix Pack(const float* w, int64_t k, int64_t n, bool transposed);
+
+  int64_t k() const { return k_; }
+  int64_t n() const { return n_; }
+  int64_t num_panels() const { return (n_ + kPanelWidth - 1) / kPanelWidth; }
+  const float* panel(int64_t j) const { return data_.get() + j * k_ * kPanelWidth; }
+  // Element W[kk, nn] (for embedding lookups through a packed, transposed wte).
+  float at(int64_t kk, int64_t nn) const {
+    return panel(nn / kPanelWidth)[kk * kPanelWidth + nn % kPanelWidth];
+  }
+  size_t size_bytes() const {
+    return static_cast<size_t>(num_panels() * k_ * kPanelWidth) * sizeof(float);
+  }
+
+ private:
+  int64_t k_ = 0;
+  int64_t n_ = 0;
+  AlignedFloats data_;
+};
+
+// C[m, :] = A[m, :] · W + bias for m in [0, M). `bias` may be null (no bias term). lda/ldc
+// are row strides in floats. `pool` may be null (single thread).
+void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const float* bias,
+            float* c, int64_t ldc, ThreadPool* pool);
+
+// The obviously-right twin: scalar fmaf chain with K in order, from the unpacked [k, n] matrix.
+void MatMulReference(const float* a, int64_t m, int64_t lda, const float* w, int64_t k, int64_t n,
+                     const float* bias, float* c, int64_t ldc);
+
+}  // namespace prefixd
+
+#endif  // PREFIXD_KERNELS_CPU_MATMUL_H_

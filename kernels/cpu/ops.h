@@ -1,0 +1,55 @@
+// Row-wise kernels of the GPT-2 forward: layer norm, gelu_new, softmax-attention over paged
+// K/V. Each one computes a row (or a (query, head) pair) on its own with every reduction in a
+// fixed order that depends only on the row length, so a row's result never depends on the
+// batch, the thread that ran it, or where in a vector its elements happened to fall.
+#ifndef PREFIXD_KERNELS_CPU_OPS_H_
+#define PREFIXD_KERNELS_CPU_OPS_H_
+
+#include <cstdint>
+
+namespace prefixd {
+
+// out[i] = exp(x[i]) for i in [0, n), in place allowed. One vectorised polynomial (Cephes
+// expf, ~1 ulp) applied identically to every element, tails included.
+void ExpInPlace(float* x, int64_t n);
+
+// out = (x - mean) / sqrt(var + eps) * gamma + beta over one row of n.
+void LayerNormRow(const float* x, int64_t n, const float* gamma, const float* beta, float eps,
+                  float* out);
+
+// gelu_new (tanh form): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), in place.
+void GeluNewInPlace(float* x, int64_t n);
+
+// Where one layer's K/V rows live. Storage is [num_blocks][n_layer][2 (K, V)][n_head]
+// [block_size][head_dim] floats; a block holds every layer so that one BlockCopy is a few
+// contiguous copies.
+struct KvGeometry {
+  int32_t n_layer = 0;
+  int32_t n_head = 0;
+  int32_t head_dim = 0;
+  int32_t block_size = 0;
+
+  int64_t head_stride() const { return int64_t{block_size} * head_dim; }
+  int64_t kv_stride() const { return n_head * head_stride(); }
+  int64_t layer_stride() const { return 2 * kv_stride(); }
+  int64_t block_stride() const { return n_layer * layer_stride(); }
+  // Offset of (block, layer, kv, head, row), in floats.
+  int64_t Offset(int64_t block, int32_t layer, int32_t kv, int32_t head, int32_t row) const {
+    return block * block_stride() + layer * layer_stride() + kv * kv_stride() +
+           head * head_stride() + int64_t{row} * head_dim;
+  }
+};
+
+// Copies token rows [0, num_rows) of every layer's K and V from block src to block dst
+// (cache/block_copy.h). Rows at or past num_rows and every other block are left untouched.
+void CopyKvRows(float* kv, const KvGeometry& g, int32_t src, int32_t dst, int32_t num_rows);
+
+// Causal attention of one query at absolute position `pos` for one head: keys and values of
+// positions 0..pos are read in position order through `block_table`. `scratch` holds at
+// least pos + 1 + 8 floats. out has head_dim floats.
+void AttendOne(const float* q, int32_t pos, const float* kv, const KvGeometry& g,
+               const int32_t* block_table, int32_t layer, int32_t head, float* scratch, float* out);
+
+}  // namespace prefixd
+
+#endif  // PREFIXD_KERNELS_CPU_OPS_H_

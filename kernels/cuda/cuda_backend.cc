@@ -1,0 +1,752 @@
+// The CUDA backend's forward pass. Per pass of T tokens (EnqueueForward), all on one stream:
+//
+//   x[T,E] fp32 = wte[tok] + wpe[pos]                                 embedding
+//   per layer l:
+//     h = LN1(x += pending bias of layer l-1's mlp.c_proj)             layernorm (fused)
+//     qkv[T,3E] fp32 = h . c_attn          (cuBLAS, fp32 accumulate)
+//     qkv += c_attn.bias; K, V -> pool slots                           kv_write
+//     h = softmax(q K^T / sqrt(hd)) V over [0, pos] of each token       attention (+ merge)
+//     x += h . attn.c_proj                 (cuBLAS, beta = 1)
+//     h = LN2(x += attn.c_proj.bias)                                    layernorm (fused)
+//     f[T,I] fp32 = h . c_fc;  u = gelu_new(f + c_fc.bias)              gelu
+//     x += u . mlp.c_proj                  (cuBLAS, beta = 1)
+//   y[R,E] = LN_f(x[rows] += last mlp.c_proj.bias); logits[R,V] = y . lm_head^T
+//
+// The residual stream stays fp32 whatever the dtype; GEMM inputs and the KV pool are in
+// the dtype. Host metadata (tokens, positions, slots, block tables, logit rows) is packed
+// into one pinned buffer and uploaded with one copy per pass.
+#include "kernels/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cache/check.h"
+#include "cache/kv_layout.h"
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/block_copy.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/embedding.cuh"
+#include "kernels/cuda/gelu.cuh"
+#include "kernels/cuda/kv_pool_layout.h"
+#include "kernels/cuda/kv_write.cuh"
+#include "kernels/cuda/layernorm.cuh"
+#include "kernels/cuda/step_plan.h"
+
+namespace prefixd {
+namespace {
+
+using cuda::StepPiece;
+
+// The largest decode batch replayed as a graph; bigger decode steps run eagerly (launch
+// overhead is negligible next to their work).
+constexpr int32_t kMaxGraphBatch = 256;
+// cuBLAS needs a fixed workspace to be capturable in a graph; 32 MiB is what NVIDIA
+// recommends for Hopper.
+constexpr size_t kCublasWorkspaceBytes = 32u << 20;
+// Sub-allocations of the weight arena start at 256 B boundaries (cuBLAS and vector loads
+// prefer aligned operands).
+constexpr size_t kAlign = 256;
+
+size_t AlignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+cudaDataType CudaType(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return CUDA_R_32F;
+    case DType::kF16:
+      return CUDA_R_16F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+  }
+  return CUDA_R_32F;
+}
+
+struct LayerWeights {
+  const void* ln1_g;
+  const void* ln1_b;
+  const void* qkv_w;   // [E, 3E]
+  const void* qkv_b;   // [3E]
+  const void* proj_w;  // [E, E]
+  const void* proj_b;
+  const void* ln2_g;
+  const void* ln2_b;
+  const void* fc_w;   // [E, I]
+  const void* fc_b;   // [I]
+  const void* fc2_w;  // [I, E]
+  const void* fc2_b;  // [E]
+};
+
+// Device pointers of one pass's metadata (see MetaLayout).
+struct PassMeta {
+  int32_t num_tokens = 0;
+  int32_t num_rows = 0;                // logit rows
+  int32_t attention_splits = 1;        // AttentionSplits for this pass's longest sequence
+  const int32_t* tokens = nullptr;     // [num_tokens]
+  const int32_t* positions = nullptr;  // [num_tokens]
+  const int32_t* slots = nullptr;      // [num_tokens]
+  const int32_t* token_seq = nullptr;  // [num_tokens]
+  const int32_t* rows = nullptr;       // [num_rows] token index of each logit row
+  const int32_t* tables = nullptr;     // [num_seqs, max_blocks_per_seq]
+};
+
+// One int32 buffer holds a pass's metadata, sections back to back so one copy uploads it:
+// tokens, positions, slots, token_seq (each token_cap), rows (row_cap), tables
+// (seq_cap x max_blocks_per_seq). Eager passes use their exact sizes as caps; a graph of
+// batch B uses caps (B, B, B) so that the captured pointers stay valid on every replay.
+struct MetaLayout {
+  int64_t tokens, positions, slots, token_seq, rows, tables, total;
+  MetaLayout(int64_t token_cap, int64_t row_cap, int64_t seq_cap, int64_t max_blocks) {
+    tokens = 0;
+    positions = token_cap;
+    slots = 2 * token_cap;
+    token_seq = 3 * token_cap;
+    rows = 4 * token_cap;
+    tables = rows + row_cap;
+    total = tables + seq_cap * max_blocks;
+  }
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const CudaBackendOptions& options)
+      : options_(options), config_(options.model->config()) {}
+  ~CudaBackend() override;
+
+  absl::Status Init();
+
+  std::string device_name() const override { return absl::StrCat("cuda:", options_.device); }
+  DType dtype() const override { return options_.dtype; }
+  int64_t num_blocks() const override { return num_blocks_; }
+  int32_t block_size() const override { return options_.block_size; }
+  int64_t kv_bytes_per_token() const override {
+    return KvBytesPerToken(config_.n_layer, config_.n_head, config_.head_dim(),
+                           DTypeSize(options_.dtype));
+  }
+  MemoryUsage memory_usage() const override { return usage_; }
+
+  absl::Status CopyBlocks(absl::Span<const BlockCopy> copies) override;
+  absl::Status Forward(absl::Span<const SequenceStep> steps, std::vector<float>* logits) override;
+
+ private:
+  absl::Status Malloc(size_t bytes, void** ptr);
+  absl::Status UploadWeights();
+  absl::Status UploadTensor(std::string_view name, const void** out, char** arena);
+  absl::Status ValidateSteps(absl::Span<const SequenceStep> steps) const;
+  // Fills the pinned metadata for `pieces` with the given caps and returns device pointers.
+  PassMeta WriteMeta(absl::Span<const SequenceStep> steps, absl::Span<const StepPiece> pieces,
+                     int32_t token_cap, int32_t row_cap, int32_t num_tokens, int32_t num_rows);
+  // Uploads the first `ints` ints of the pinned metadata.
+  absl::Status UploadMeta(int64_t ints);
+  // Enqueues the whole forward pass (no host synchronisation: capturable).
+  absl::Status EnqueueForward(const PassMeta& meta);
+  absl::Status Gemm(int32_t rows, int32_t k, int32_t n, const void* x, const void* w,
+                    bool w_transposed, float beta, float* y);
+  absl::Status RunEager(absl::Span<const SequenceStep> steps, absl::Span<const StepPiece> pieces,
+                        std::vector<float>* logits);
+  absl::Status RunGraph(absl::Span<const SequenceStep> steps, std::vector<float>* logits);
+  // Copies logit rows [0, num_rows) to the host, waits for the stream (which also frees the
+  // pinned metadata for the next pass) and appends rows `append` in order to `logits`.
+  absl::Status CopyLogitsOut(int32_t num_rows, absl::Span<const int32_t> append,
+                             std::vector<float>* logits);
+  // Records a failure as sticky (every later call returns it).
+  absl::Status Fail(absl::Status status);
+
+  const CudaBackendOptions options_;
+  const ModelConfig config_;
+  int32_t n_inner_ = 0;
+  int32_t max_blocks_per_seq_ = 0;
+  cuda::KvPoolLayout layout_;
+  int64_t num_blocks_ = 0;
+  MemoryUsage usage_;
+  absl::Status broken_;
+
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  std::vector<void*> device_allocs_;
+  std::vector<void*> host_allocs_;
+
+  // Weights.
+  const void* wte_ = nullptr;      // [V, E]
+  const void* wpe_ = nullptr;      // [P, E]
+  const void* lnf_g_ = nullptr;    // [E]
+  const void* lnf_b_ = nullptr;    // [E]
+  const void* lm_head_ = nullptr;  // [V, E]; == wte_ when tied
+  std::vector<LayerWeights> layers_;
+
+  void* kv_pool_ = nullptr;  // KvPoolLayout, num_blocks_ + 1 blocks
+
+  // Activations, sized for token_cap_ tokens and row_cap_ logit rows.
+  int32_t token_cap_ = 0;
+  int32_t row_cap_ = 0;
+  float* x_ = nullptr;         // [token_cap, E] fp32 residual stream
+  void* h_ = nullptr;          // [token_cap, E] dtype: LayerNorm output, then attention output
+  float* scratch_ = nullptr;   // [token_cap, max(3E, I)] fp32: QKV, then the c_fc product
+  void* u_ = nullptr;          // [token_cap, I] dtype: gelu output
+  void* final_h_ = nullptr;    // [row_cap, E] dtype: ln_f of the logit rows
+  float* d_logits_ = nullptr;  // [row_cap, V] fp32
+  int32_t num_sms_ = 0;
+  float* partials_ = nullptr;  // AttentionPartialFloats of a split pass (bounded in Init)
+  int64_t partial_floats_ = 0;
+  int32_t* d_meta_ = nullptr;    // MetaLayout ints
+  int32_t* h_meta_ = nullptr;    // pinned twin of d_meta_
+  float* h_logits_ = nullptr;    // pinned [row_cap, V]
+  int32_t* d_copies_ = nullptr;  // [kMaxCopiesPerLaunch, 3]
+  int32_t* h_copies_ = nullptr;  // pinned twin
+
+  // (decode batch bucket, attention splits) -> graph. The captured launches depend on the
+  // batch size and the split count only; positions and tables are read from d_meta_.
+  std::map<std::pair<int32_t, int32_t>, cudaGraphExec_t> graphs_;
+};
+
+constexpr int32_t kMaxCopiesPerLaunch = 4096;
+
+CudaBackend::~CudaBackend() {
+  // Best effort: errors here cannot be reported, and a broken context frees everything anyway.
+  cudaSetDevice(options_.device);
+  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  if (cublas_ != nullptr) cublasDestroy(cublas_);
+  for (void* p : device_allocs_) cudaFree(p);
+  for (void* p : host_allocs_) cudaFreeHost(p);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+absl::Status CudaBackend::Fail(absl::Status status) {
+  if (IsFatalDeviceError(status) && broken_.ok()) broken_ = status;
+  return status;
+}
+
+absl::Status CudaBackend::Malloc(size_t bytes, void** ptr) {
+  *ptr = nullptr;
+  const cudaError_t err = cudaMalloc(ptr, std::max<size_t>(bytes, 1));
+  if (err == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // not sticky: clear it
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("cudaMalloc of %d bytes failed: out of device memory", bytes));
+  }
+  PREFIXD_CUDA_RETURN_IF_ERROR(err);
+  device_allocs_.push_back(*ptr);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Init() {
+  const int32_t E = config_.n_embd;
+  PREFIXD_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  PREFIXD_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  PREFIXD_CUBLAS_RETURN_IF_ERROR(cublasCreate(&cublas_));
+  PREFIXD_CUBLAS_RETURN_IF_ERROR(cublasSetStream(cublas_, stream_));
+  // Scalars (alpha, beta) are host values, baked into a captured graph by value.
+  PREFIXD_CUBLAS_RETURN_IF_ERROR(cublasSetPointerMode(cublas_, CUBLAS_POINTER_MODE_HOST));
+  void* workspace = nullptr;
+  if (absl::Status s = Malloc(kCublasWorkspaceBytes, &workspace); !s.ok()) return s;
+  PREFIXD_CUBLAS_RETURN_IF_ERROR(cublasSetWorkspace(cublas_, workspace, kCublasWorkspaceBytes));
+  usage_.workspace_bytes += kCublasWorkspaceBytes;
+  PREFIXD_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, options_.device));
+
+  n_inner_ = static_cast<int32_t>(options_.model->Get("h.0.mlp.c_fc.weight").shape[1]);
+  max_blocks_per_seq_ = (config_.n_positions + options_.block_size - 1) / options_.block_size;
+  layout_ = {config_.n_layer, config_.n_head, options_.block_size, config_.head_dim()};
+
+  if (absl::Status s = UploadWeights(); !s.ok()) return s;
+
+  // Activation buffers.
+  token_cap_ = options_.max_step_tokens;
+  row_cap_ = options_.max_logit_rows;
+  const int64_t T = token_cap_, R = row_cap_, V = config_.vocab_size;
+  const int64_t elt = DTypeSize(options_.dtype);
+  const int64_t scratch_width = std::max<int64_t>(3 * E, n_inner_);
+  const int64_t meta_ints = MetaLayout(T, R, T, max_blocks_per_seq_).total;
+  // AttentionSplits only splits while tokens x heads x splits < 4 x SMs, so a split pass
+  // never has more than 8 x SMs (token, head, split) triples.
+  partial_floats_ = int64_t{8} * num_sms_ * (config_.head_dim() + 2);
+  struct {
+    void** ptr;
+    int64_t bytes;
+  } buffers[] = {
+      {reinterpret_cast<void**>(&x_), T * E * 4},
+      {&h_, T * E * elt},
+      {reinterpret_cast<void**>(&scratch_), T * scratch_width * 4},
+      {&u_, T * n_inner_ * elt},
+      {&final_h_, R * E * elt},
+      {reinterpret_cast<void**>(&d_logits_), R * V * 4},
+      {reinterpret_cast<void**>(&d_meta_), meta_ints * 4},
+      {reinterpret_cast<void**>(&d_copies_), int64_t{kMaxCopiesPerLaunch} * 3 * 4},
+      {reinterpret_cast<void**>(&partials_), partial_floats_ * 4},
+  };
+  for (auto& b : buffers) {
+    if (absl::Status s = Malloc(b.bytes, b.ptr); !s.ok()) return s;
+    usage_.workspace_bytes += b.bytes;
+  }
+  for (auto [ptr, bytes] :
+       {std::pair{reinterpret_cast<void**>(&h_meta_), meta_ints * 4},
+        std::pair{reinterpret_cast<void**>(&h_logits_), R * V * 4},
+        std::pair{reinterpret_cast<void**>(&h_copies_), int64_t{kMaxCopiesPerLaunch} * 3 * 4}}) {
+    PREFIXD_CUDA_RETURN_IF_ERROR(cudaMallocHost(ptr, bytes));
+    host_allocs_.push_back(*ptr);
+  }
+
+  // The KV pool, last, so that "a fraction of free memory" means what is left after the rest.
+  const int64_t block_bytes = layout_.block_elems() * elt;
+  int64_t budget = options_.kv_cache_bytes;
+  if (budget == 0) {
+    size_t free_bytes = 0, total_bytes = 0;
+    PREFIXD_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+    budget = static_cast<int64_t>(static_cast<double>(free_bytes) * options_.kv_cache_fraction);
+  }
+  num_blocks_ = KvBlocksForBudget(budget, options_.block_size, kv_bytes_per_token());
+  // Slots are int32 (block * block_size + row) in the kernels' metadata.
+  num_blocks_ = std::min<int64_t>(num_blocks_, INT32_MAX / options_.block_size - 2);
+  if (num_blocks_ < 1) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("KV budget of %d bytes holds no block of %d bytes", budget, block_bytes));
+  }
+  if (absl::Status s = Malloc((num_blocks_ + 1) * block_bytes, &kv_pool_); !s.ok()) return s;
+  // Zeroed so that a bug reading an unwritten row shows as wrong numbers, not as NaN noise
+  // that differs run to run.
+  PREFIXD_CUDA_RETURN_IF_ERROR(
+      cudaMemsetAsync(kv_pool_, 0, (num_blocks_ + 1) * block_bytes, stream_));
+  PREFIXD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  usage_.kv_pool_bytes = num_blocks_ * block_bytes;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::UploadTensor(std::string_view name, const void** out, char** arena) {
+  const Tensor& t = options_.model->Get(name);
+  const std::vector<float> f = options_.model->ToFloat(t);
+  const int64_t n = static_cast<int64_t>(f.size());
+  std::vector<uint16_t> half;
+  const void* src = f.data();
+  size_t bytes = n * sizeof(float);
+  if (options_.dtype != DType::kF32) {
+    half.resize(n);
+    for (int64_t i = 0; i < n; ++i) {
+      half[i] = options_.dtype == DType::kF16 ? FloatToHalf(f[i]) : FloatToBF16(f[i]);
+    }
+    src = half.data();
+    bytes = n * sizeof(uint16_t);
+  }
+  PREFIXD_CUDA_RETURN_IF_ERROR(cudaMemcpy(*arena, src, bytes, cudaMemcpyHostToDevice));
+  *out = *arena;
+  *arena += AlignUp(bytes);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::UploadWeights() {
+  std::vector<std::pair<std::string, const void**>> names;
+  names.push_back({"wte.weight", &wte_});
+  names.push_back({"wpe.weight", &wpe_});
+  names.push_back({"ln_f.weight", &lnf_g_});
+  names.push_back({"ln_f.bias", &lnf_b_});
+  const bool has_lm_head = options_.model->Find("lm_head.weight") != nullptr;
+  if (has_lm_head) names.push_back({"lm_head.weight", &lm_head_});
+  layers_.resize(config_.n_layer);
+  for (int32_t i = 0; i < config_.n_layer; ++i) {
+    LayerWeights& w = layers_[i];
+    const std::string p = absl::StrCat("h.", i, ".");
+    for (auto [suffix, ptr] : std::initializer_list<std::pair<const char*, const void**>>{
+             {"ln_1.weight", &w.ln1_g},
+             {"ln_1.bias", &w.ln1_b},
+             {"attn.c_attn.weight", &w.qkv_w},
+             {"attn.c_attn.bias", &w.qkv_b},
+             {"attn.c_proj.weight", &w.proj_w},
+             {"attn.c_proj.bias", &w.proj_b},
+             {"ln_2.weight", &w.ln2_g},
+             {"ln_2.bias", &w.ln2_b},
+             {"mlp.c_fc.weight", &w.fc_w},
+             {"mlp.c_fc.bias", &w.fc_b},
+             {"mlp.c_proj.weight", &w.fc2_w},
+             {"mlp.c_proj.bias", &w.fc2_b}}) {
+      names.push_back({p + suffix, ptr});
+    }
+  }
+  size_t total = 0;
+  for (const auto& [name, ptr] : names) {
+    total += AlignUp(options_.model->Get(name).numel() * DTypeSize(options_.dtype));
+  }
+  void* arena_base = nullptr;
+  if (absl::Status s = Malloc(total, &arena_base); !s.ok()) return s;
+  usage_.weights_bytes = static_cast<int64_t>(total);
+  char* arena = static_cast<char*>(arena_base);
+  for (const auto& [name, ptr] : names) {
+    if (absl::Status s = UploadTensor(name, ptr, &arena); !s.ok()) return s;
+  }
+  if (!has_lm_head) lm_head_ = wte_;
+  // cudaMemcpy from pageable memory may return before its DMA lands, and stream_ does not
+  // synchronise with the legacy default stream: wait here, once.
+  PREFIXD_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Gemm(int32_t rows, int32_t k, int32_t n, const void* x, const void* w,
+                               bool w_transposed, float beta, float* y) {
+  // Row-major y[rows, n] = x[rows, k] . W (+ beta * y), W stored [k, n] (HF Conv1D) or, when
+  // w_transposed, [n, k] (lm_head). cuBLAS is column-major, so compute y^T = W^T . x^T:
+  // a row-major [a, b] matrix is a column-major [b, a] one with leading dimension b.
+  const float alpha = 1.0f;
+  const cudaDataType type = CudaType(options_.dtype);
+  // fp32 accumulation for every dtype (CUBLAS_COMPUTE_32F: no TF32 for fp32 either, which
+  // the 1e-3 parity bound against the CPU backend needs).
+  PREFIXD_CUBLAS_RETURN_IF_ERROR(
+      cublasGemmEx(cublas_, w_transposed ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, n, rows, k,
+                   &alpha, w, type, w_transposed ? k : n, x, type, k, &beta, y, CUDA_R_32F, n,
+                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::EnqueueForward(const PassMeta& m) {
+  const DType dt = options_.dtype;
+  const int32_t E = config_.n_embd, T = m.num_tokens;
+  PREFIXD_CHECK(cuda::AttentionPartialFloats(T, config_.n_head, config_.head_dim(),
+                                             m.attention_splits) <= partial_floats_);
+  PREFIXD_CUDA_RETURN_IF_ERROR(
+      cuda::LaunchEmbedding(dt, wte_, wpe_, m.tokens, m.positions, T, E, x_, stream_));
+  for (int32_t l = 0; l < config_.n_layer; ++l) {
+    const LayerWeights& w = layers_[l];
+    cuda::LayerNormArgs ln1;
+    ln1.x = x_;
+    ln1.residual_bias = l > 0 ? layers_[l - 1].fc2_b : nullptr;
+    ln1.gamma = w.ln1_g;
+    ln1.beta = w.ln1_b;
+    ln1.out = h_;
+    ln1.num_rows = T;
+    ln1.n_embd = E;
+    ln1.eps = config_.layer_norm_epsilon;
+    PREFIXD_CUDA_RETURN_IF_ERROR(cuda::LaunchLayerNorm(dt, ln1, stream_));
+    if (absl::Status s = Gemm(T, E, 3 * E, h_, w.qkv_w, false, 0.0f, scratch_); !s.ok()) {
+      return s;
+    }
+    cuda::KvWriteArgs kvw;
+    kvw.qkv = scratch_;
+    kvw.bias = w.qkv_b;
+    kvw.slots = m.slots;
+    kvw.kv_pool = kv_pool_;
+    kvw.layout = layout_;
+    kvw.layer = l;
+    kvw.num_tokens = T;
+    PREFIXD_CUDA_RETURN_IF_ERROR(cuda::LaunchKvWrite(dt, kvw, stream_));
+    cuda::AttentionArgs at;
+    at.qkv = scratch_;
+    at.kv_pool = kv_pool_;
+    at.layout = layout_;
+    at.layer = l;
+    at.positions = m.positions;
+    at.token_seq = m.token_seq;
+    at.block_tables = m.tables;
+    at.max_blocks_per_seq = max_blocks_per_seq_;
+    at.num_tokens = T;
+    at.num_splits = m.attention_splits;
+    at.partials = partials_;
+    at.out = h_;
+    PREFIXD_CUDA_RETURN_IF_ERROR(cuda::LaunchPagedAttention(dt, at, stream_));
+    // beta = 1: the projection lands on the residual stream directly; its bias is added by
+    // the next LayerNorm (residual_bias), which reads the row anyway.
+    if (absl::Status s = Gemm(T, E, E, h_, w.proj_w, false, 1.0f, x_); !s.ok()) return s;
+    cuda::LayerNormArgs ln2 = ln1;
+    ln2.residual_bias = w.proj_b;
+    ln2.gamma = w.ln2_g;
+    ln2.beta = w.ln2_b;
+    PREFIXD_CUDA_RETURN_IF_ERROR(cuda::LaunchLayerNorm(dt, ln2, stream_));
+    if (absl::Status s = Gemm(T, E, n_inner_, h_, w.fc_w, false, 0.0f, scratch_); !s.ok()) {
+      return s;
+    }
+    PREFIXD_CUDA_RETURN_IF_ERROR(
+        cuda::LaunchBiasGelu(dt, scratch_, w.fc_b, T, n_inner_, u_, stream_));
+    if (absl::Status s = Gemm(T, n_inner_, E, u_, w.fc2_w, false, 1.0f, x_); !s.ok()) return s;
+  }
+  if (m.num_rows == 0) return absl::OkStatus();
+  cuda::LayerNormArgs lnf;
+  lnf.x = x_;
+  lnf.row_index = m.rows;
+  lnf.residual_bias = layers_.back().fc2_b;
+  lnf.gamma = lnf_g_;
+  lnf.beta = lnf_b_;
+  lnf.out = final_h_;
+  lnf.num_rows = m.num_rows;
+  lnf.n_embd = E;
+  lnf.eps = config_.layer_norm_epsilon;
+  PREFIXD_CUDA_RETURN_IF_ERROR(cuda::LaunchLayerNorm(dt, lnf, stream_));
+  return Gemm(m.num_rows, E, config_.vocab_size, final_h_, lm_head_, true, 0.0f, d_logits_);
+}
+
+absl::Status CudaBackend::ValidateSteps(absl::Span<const SequenceStep> steps) const {
+  const int32_t bs = options_.block_size;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const SequenceStep& s = steps[i];
+    const int64_t n = static_cast<int64_t>(s.token_ids.size());
+    if (n == 0 && s.want_logits) {
+      return absl::InvalidArgumentError(absl::StrFormat("step %d: logits of no token", i));
+    }
+    if (s.start_pos < 0 || s.start_pos + n > config_.n_positions) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("step %d: positions [%d, %d) outside the context of %d", i, s.start_pos,
+                          s.start_pos + n, config_.n_positions));
+    }
+    for (uint32_t t : s.token_ids) {
+      if (t >= static_cast<uint32_t>(config_.vocab_size)) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("step %d: token %d outside the vocabulary", i, t));
+      }
+    }
+    const int64_t blocks = (s.start_pos + n + bs - 1) / bs;
+    if (static_cast<int64_t>(s.block_table.size()) < blocks) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "step %d: block table has %d blocks, needs %d", i, s.block_table.size(), blocks));
+    }
+    for (int64_t b = 0; b < blocks; ++b) {
+      if (s.block_table[b] < 0 || s.block_table[b] >= num_blocks_) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("step %d: block id %d out of range", i, s.block_table[b]));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+PassMeta CudaBackend::WriteMeta(absl::Span<const SequenceStep> steps,
+                                absl::Span<const StepPiece> pieces, int32_t token_cap,
+                                int32_t row_cap, int32_t num_tokens, int32_t num_rows) {
+  const int32_t seq_cap = token_cap;
+  const MetaLayout L(token_cap, row_cap, seq_cap, max_blocks_per_seq_);
+  const int32_t bs = options_.block_size;
+  int32_t t = 0, r = 0;
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    const StepPiece& piece = pieces[p];
+    const SequenceStep& s = steps[piece.step];
+    for (int32_t i = 0; i < piece.length; ++i, ++t) {
+      const int32_t pos = s.start_pos + piece.begin + i;
+      h_meta_[L.tokens + t] = static_cast<int32_t>(s.token_ids[piece.begin + i]);
+      h_meta_[L.positions + t] = pos;
+      h_meta_[L.slots + t] = s.block_table[pos / bs] * bs + pos % bs;
+      h_meta_[L.token_seq + t] = static_cast<int32_t>(p);
+    }
+    if (piece.logits) h_meta_[L.rows + r++] = t - 1;
+    const int32_t blocks = (s.start_pos + piece.begin + piece.length + bs - 1) / bs;
+    std::memcpy(h_meta_ + L.tables + p * max_blocks_per_seq_, s.block_table.data(),
+                blocks * sizeof(int32_t));
+  }
+  // Padding (graph batches only): a token at position 0 of its own one-block table that
+  // points to the scratch block, so it writes and reads only scratch K/V.
+  const int32_t scratch = static_cast<int32_t>(num_blocks_);
+  for (int32_t p = static_cast<int32_t>(pieces.size()); t < num_tokens; ++t, ++p) {
+    h_meta_[L.tokens + t] = 0;
+    h_meta_[L.positions + t] = 0;
+    h_meta_[L.slots + t] = scratch * bs;
+    h_meta_[L.token_seq + t] = p;
+    h_meta_[L.tables + p * max_blocks_per_seq_] = scratch;
+  }
+  for (; r < num_rows; ++r) h_meta_[L.rows + r] = r;
+  PassMeta m;
+  m.num_tokens = num_tokens;
+  m.num_rows = num_rows;
+  m.tokens = d_meta_ + L.tokens;
+  m.positions = d_meta_ + L.positions;
+  m.slots = d_meta_ + L.slots;
+  m.token_seq = d_meta_ + L.token_seq;
+  m.rows = d_meta_ + L.rows;
+  m.tables = d_meta_ + L.tables;
+  return m;
+}
+
+absl::Status CudaBackend::UploadMeta(int64_t ints) {
+  PREFIXD_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(d_meta_, h_meta_, ints * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CopyLogitsOut(int32_t num_rows, absl::Span<const int32_t> append,
+                                        std::vector<float>* logits) {
+  const int64_t V = config_.vocab_size;
+  if (num_rows > 0) {
+    PREFIXD_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(h_logits_, d_logits_, num_rows * V * 4, cudaMemcpyDeviceToHost, stream_));
+  }
+  PREFIXD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  logits->reserve(logits->size() + append.size() * V);
+  for (int32_t r : append)
+    logits->insert(logits->end(), h_logits_ + r * V, h_logits_ + (r + 1) * V);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::RunEager(absl::Span<const SequenceStep> steps,
+                                   absl::Span<const StepPiece> pieces, std::vector<float>* logits) {
+  int32_t tokens = 0, rows = 0, max_keys = 0;
+  for (const StepPiece& p : pieces) {
+    tokens += p.length;
+    rows += p.logits ? 1 : 0;
+    max_keys = std::max(max_keys, steps[p.step].start_pos + p.begin + p.length);
+  }
+  PassMeta meta = WriteMeta(steps, pieces, tokens, rows, tokens, rows);
+  meta.attention_splits = cuda::AttentionSplits(tokens, config_.n_head, max_keys, num_sms_);
+  const MetaLayout L(tokens, rows, tokens, max_blocks_per_seq_);
+  const int64_t ints = L.tables + static_cast<int64_t>(pieces.size()) * max_blocks_per_seq_;
+  if (absl::Status s = UploadMeta(ints); !s.ok()) return s;
+  if (absl::Status s = EnqueueForward(meta); !s.ok()) return s;
+  // Only the rows with want_logits were computed, in piece order.
+  std::vector<int32_t> append(rows);
+  std::iota(append.begin(), append.end(), 0);
+  return CopyLogitsOut(rows, append, logits);
+}
+
+absl::Status CudaBackend::RunGraph(absl::Span<const SequenceStep> steps,
+                                   std::vector<float>* logits) {
+  const int32_t n = static_cast<int32_t>(steps.size());
+  int32_t bucket = 1;
+  while (bucket < n) bucket *= 2;
+  std::vector<StepPiece> pieces(n);
+  int32_t max_keys = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    pieces[i] = {i, 0, 1, true};
+    max_keys = std::max(max_keys, steps[i].start_pos + 1);
+  }
+  PassMeta meta = WriteMeta(steps, pieces, bucket, bucket, bucket, bucket);
+  meta.attention_splits = cuda::AttentionSplits(bucket, config_.n_head, max_keys, num_sms_);
+  const MetaLayout L(bucket, bucket, bucket, max_blocks_per_seq_);
+  const std::pair<int32_t, int32_t> key = {bucket, meta.attention_splits};
+  // Every row's logits are computed; only rows up to the last wanted one travel to the host.
+  std::vector<int32_t> append;
+  for (int32_t i = 0; i < n; ++i) {
+    if (steps[i].want_logits) append.push_back(i);
+  }
+  const int32_t copy_rows = append.empty() ? 0 : append.back() + 1;
+  auto it = graphs_.find(key);
+  if (it == graphs_.end()) {
+    // First step of this bucket: run it eagerly (which also loads every kernel and cuBLAS
+    // module, so nothing is lazily loaded during capture), then capture the same sequence
+    // of launches for the steps after it. Capture executes nothing.
+    if (absl::Status s = UploadMeta(L.total); !s.ok()) return s;
+    if (absl::Status s = EnqueueForward(meta); !s.ok()) return s;
+    if (absl::Status s = CopyLogitsOut(copy_rows, append, logits); !s.ok()) return s;
+    cudaGraph_t graph = nullptr;
+    PREFIXD_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    absl::Status enqueued = EnqueueForward(meta);
+    // End the capture even after a failed enqueue so the stream leaves capture mode.
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    if (!enqueued.ok()) return enqueued;
+    PREFIXD_CUDA_RETURN_IF_ERROR(ended);
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    PREFIXD_CUDA_RETURN_IF_ERROR(inst);
+    graphs_.emplace(key, exec);
+    return absl::OkStatus();
+  }
+  if (absl::Status s = UploadMeta(L.total); !s.ok()) return s;
+  PREFIXD_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second, stream_));
+  return CopyLogitsOut(copy_rows, append, logits);
+}
+
+absl::Status CudaBackend::Forward(absl::Span<const SequenceStep> steps,
+                                  std::vector<float>* logits) {
+  if (!broken_.ok()) return broken_;
+  if (absl::Status s = ValidateSteps(steps); !s.ok()) return s;
+  if (steps.empty()) return absl::OkStatus();
+  if (cudaError_t e = cudaSetDevice(options_.device); e != cudaSuccess) {
+    return Fail(cuda::CudaErrorStatus(e, "cudaSetDevice", __FILE__, __LINE__));
+  }
+  const bool all_decode = std::all_of(
+      steps.begin(), steps.end(), [](const SequenceStep& s) { return s.token_ids.size() == 1; });
+  const int32_t max_graph = std::min({kMaxGraphBatch, token_cap_, row_cap_});
+  if (options_.use_cuda_graphs && all_decode && static_cast<int32_t>(steps.size()) <= max_graph) {
+    const size_t before = logits->size();
+    absl::Status s = RunGraph(steps, logits);
+    if (!s.ok()) logits->resize(before);
+    return s.ok() ? s : Fail(s);
+  }
+  const std::vector<std::vector<StepPiece>> passes = cuda::PlanPasses(steps, token_cap_, row_cap_);
+  const size_t before = logits->size();
+  for (const std::vector<StepPiece>& pieces : passes) {
+    if (absl::Status s = RunEager(steps, pieces, logits); !s.ok()) {
+      logits->resize(before);
+      return Fail(s);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CopyBlocks(absl::Span<const BlockCopy> copies) {
+  if (!broken_.ok()) return broken_;
+  for (const BlockCopy& c : copies) {
+    if (c.src < 0 || c.src >= num_blocks_ || c.dst < 0 || c.dst >= num_blocks_ || c.src == c.dst ||
+        c.num_rows < 0 || c.num_rows > options_.block_size) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("bad block copy %d -> %d (%d rows)", c.src, c.dst, c.num_rows));
+    }
+  }
+  auto run = [&]() -> absl::Status {
+    PREFIXD_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+    for (size_t begin = 0; begin < copies.size(); begin += kMaxCopiesPerLaunch) {
+      const size_t n = std::min<size_t>(kMaxCopiesPerLaunch, copies.size() - begin);
+      for (size_t i = 0; i < n; ++i) {
+        h_copies_[3 * i] = copies[begin + i].src;
+        h_copies_[3 * i + 1] = copies[begin + i].dst;
+        h_copies_[3 * i + 2] = copies[begin + i].num_rows;
+      }
+      PREFIXD_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(d_copies_, h_copies_, n * 3 * 4, cudaMemcpyHostToDevice, stream_));
+      PREFIXD_CUDA_RETURN_IF_ERROR(cuda::LaunchBlockCopy(
+          options_.dtype, d_copies_, static_cast<int32_t>(n), layout_, kv_pool_, stream_));
+      // The pinned staging buffer is reused by the next launch.
+      PREFIXD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    }
+    return absl::OkStatus();
+  };
+  absl::Status s = run();
+  return s.ok() ? s : Fail(s);
+}
+
+}  // namespace
+
+absl::Status CudaDeviceAvailable(int device) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::UnavailableError(absl::StrFormat("no usable CUDA device: %s: %s",
+                                                  cudaGetErrorName(err), cudaGetErrorString(err)));
+  }
+  if (device < 0 || device >= count) {
+    return absl::UnavailableError(
+        absl::StrFormat("CUDA device %d does not exist (%d devices)", device, count));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOptions& options) {
+  if (options.model == nullptr) return absl::InvalidArgumentError("no model");
+  const ModelConfig& c = options.model->config();
+  if (options.block_size < 1) return absl::InvalidArgumentError("block_size must be >= 1");
+  if (options.max_step_tokens < 1 || options.max_logit_rows < 1) {
+    return absl::InvalidArgumentError("max_step_tokens and max_logit_rows must be >= 1");
+  }
+  if (options.kv_cache_bytes < 0 || options.kv_cache_fraction <= 0 ||
+      options.kv_cache_fraction > 1) {
+    return absl::InvalidArgumentError("bad KV cache budget");
+  }
+  if (c.n_head < 1 || c.n_embd % c.n_head != 0 || c.head_dim() > cuda::kMaxAttentionHeadDim) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("CUDA backend needs n_embd divisible by n_head and head_dim <= %d",
+                        cuda::kMaxAttentionHeadDim));
+  }
+  if (c.activation_function != "gelu_new" && c.activation_function != "gelu_pytorch_tanh") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported activation_function ", c.activation_function));
+  }
+  if (absl::Status s = CudaDeviceAvailable(options.device); !s.ok()) return s;
+  auto backend = std::make_unique<CudaBackend>(options);
+  if (absl::Status s = backend->Init(); !s.ok()) return s;
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+}  // namespace prefixd

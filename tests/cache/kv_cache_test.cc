@@ -1,0 +1,489 @@
+// Tiny-pool scenario tests (STYLE.md 4): exact block ids, reference counts, free-list and
+// eviction order after each step. Block size 4 throughout, so block i of a prompt holds
+// tokens [4i, 4i + 4).
+#include "cache/kv_cache.h"
+
+#include <numeric>
+#include <vector>
+
+#include "cache/block_key.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace prefixd {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+std::vector<uint32_t> Iota(uint32_t n, uint32_t start = 0) {
+  std::vector<uint32_t> v(n);
+  std::iota(v.begin(), v.end(), start);
+  return v;
+}
+
+std::vector<uint32_t> Concat(std::vector<uint32_t> a, const std::vector<uint32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+const Digest kRoot = CacheRootKey("manifest-1", CacheNamespace("tenant", ""));
+
+class KvCacheTest : public ::testing::Test {
+ protected:
+  void Make(int32_t num_blocks, bool prefix_cache = true) {
+    KvCacheOptions o;
+    o.num_blocks = num_blocks;
+    o.block_size = 4;
+    o.bytes_per_token = 100;
+    o.enable_prefix_cache = prefix_cache;
+    o.clock = [this] { return now_; };
+    auto c = KvCache::Create(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cache_ = std::move(*c);
+  }
+
+  // Admits `prompt` reserving all of it; CHECKs invariants.
+  Admission Admit(const std::vector<uint32_t>& prompt, const Digest& root = kRoot) {
+    AdmissionRequest r;
+    r.root = root;
+    r.prompt = prompt;
+    r.reserve_tokens = static_cast<int32_t>(prompt.size());
+    auto a = cache_->Admit(r);
+    EXPECT_TRUE(a.ok()) << a.status();
+    cache_->CheckInvariants();
+    return a.ok() ? *a : Admission{};
+  }
+
+  // Admits and computes the whole prompt.
+  SequenceId Prefill(const std::vector<uint32_t>& prompt, const Digest& root = kRoot) {
+    Admission a = Admit(prompt, root);
+    cache_->MarkComputed(a.seq, static_cast<int32_t>(prompt.size()));
+    cache_->CheckInvariants();
+    return a.seq;
+  }
+
+  // One decode step: append the token, reserve its row, compute it.
+  std::vector<BlockCopy> Decode(SequenceId seq, uint32_t token) {
+    cache_->AppendTokens(seq, {token});
+    auto copies = cache_->Reserve(seq, cache_->NumTokens(seq));
+    EXPECT_TRUE(copies.ok()) << copies.status();
+    cache_->MarkComputed(seq, cache_->NumTokens(seq));
+    cache_->CheckInvariants();
+    return copies.ok() ? *copies : std::vector<BlockCopy>{};
+  }
+
+  std::vector<int32_t> Table(SequenceId seq) {
+    auto t = cache_->BlockTable(seq);
+    return {t.begin(), t.end()};
+  }
+
+  int64_t now_ = 0;
+  std::unique_ptr<KvCache> cache_;
+};
+
+TEST_F(KvCacheTest, CreateRejectsBadOptions) {
+  KvCacheOptions o;
+  o.num_blocks = 4;
+  o.block_size = 12;
+  EXPECT_EQ(KvCache::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.block_size = 16;
+  o.num_blocks = 0;
+  EXPECT_EQ(KvCache::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(KvCacheTest, SharedPrefixIsSharedByReference) {
+  Make(8);
+  SequenceId a = Prefill(Iota(10));
+  EXPECT_THAT(Table(a), ElementsAre(0, 1, 2));
+  EXPECT_TRUE(cache_->IsIndexed(0));
+  EXPECT_TRUE(cache_->IsIndexed(1));
+  EXPECT_FALSE(cache_->IsIndexed(2));  // partly filled: never indexed
+
+  Admission b = Admit(Concat(Iota(8), {100, 101}));
+  EXPECT_EQ(b.num_cached, 8);
+  EXPECT_THAT(b.copies, IsEmpty());
+  EXPECT_THAT(Table(b.seq), ElementsAre(0, 1, 3));
+  EXPECT_EQ(cache_->RefCount(0), 2);
+  EXPECT_EQ(cache_->RefCount(1), 2);
+  EXPECT_EQ(cache_->RefCount(2), 1);
+  EXPECT_EQ(cache_->RefCount(3), 1);
+  EXPECT_EQ(cache_->NumComputed(b.seq), 8);
+  EXPECT_THAT(cache_->FreeList(), ElementsAre(4, 5, 6, 7));
+
+  cache_->Release(a);
+  cache_->CheckInvariants();
+  EXPECT_EQ(cache_->StateOf(2), BlockState::kFree);
+  EXPECT_THAT(cache_->FreeList(), ElementsAre(4, 5, 6, 7, 2));
+  cache_->Release(b.seq);
+  cache_->CheckInvariants();
+  EXPECT_EQ(cache_->StateOf(0), BlockState::kCached);
+  EXPECT_EQ(cache_->StateOf(1), BlockState::kCached);
+  EXPECT_THAT(cache_->FreeList(), ElementsAre(4, 5, 6, 7, 2, 3));
+  EXPECT_THAT(cache_->EvictionOrder(), ElementsAre(1, 0));  // leaf before parent
+
+  KvCacheStats s = cache_->Stats();
+  EXPECT_EQ(s.queried_tokens, 20u);
+  EXPECT_EQ(s.hit_tokens, 8u);
+  EXPECT_EQ(s.blocks_total, 8);
+  EXPECT_EQ(s.blocks_free, 6);
+  EXPECT_EQ(s.blocks_cached, 2);
+  EXPECT_EQ(s.blocks_active, 0);
+  EXPECT_EQ(s.pool_bytes, 8 * 4 * 100);
+}
+
+TEST_F(KvCacheTest, PartialMatchCopiesMatchingRows) {
+  Make(8);
+  cache_->Release(Prefill(Iota(8)));  // blocks 0 [0..3], 1 [4..7] cached
+  EXPECT_THAT(cache_->FreeList(), ElementsAre(2, 3, 4, 5, 6, 7));
+
+  // Block 1 matches only its first two tokens: share block 0, copy two rows of block 1.
+  Admission b = Admit({0, 1, 2, 3, 4, 5, 50, 51, 52});
+  EXPECT_EQ(b.num_cached, 6);
+  EXPECT_THAT(Table(b.seq), ElementsAre(0, 2, 3));
+  EXPECT_THAT(b.copies, ElementsAre(BlockCopy{1, 2, 2}));
+  EXPECT_EQ(cache_->RefCount(0), 1);
+  EXPECT_EQ(cache_->StateOf(1), BlockState::kCached);  // the source stays cached
+  EXPECT_EQ(cache_->NumComputed(b.seq), 6);
+  EXPECT_EQ(cache_->Stats().cow_copies, 1u);
+  EXPECT_EQ(cache_->Stats().cow_rows, 2u);
+
+  // Completing the copied block with other tokens indexes it as block 1's sibling.
+  cache_->MarkComputed(b.seq, 9);
+  cache_->CheckInvariants();
+  EXPECT_TRUE(cache_->IsIndexed(2));
+  EXPECT_FALSE(cache_->IsIndexed(3));
+}
+
+TEST_F(KvCacheTest, LastPromptTokenIsAlwaysComputed) {
+  Make(8);
+  cache_->Release(Prefill(Iota(8)));
+  // The whole prompt is cached, but its last token's logits are needed: 7 tokens are served,
+  // and the 3 cached rows of block 1 are copied so that row 3 can be written.
+  Admission b = Admit(Iota(8));
+  EXPECT_EQ(b.num_cached, 7);
+  EXPECT_THAT(Table(b.seq), ElementsAre(0, 2));
+  EXPECT_THAT(b.copies, ElementsAre(BlockCopy{1, 2, 3}));
+  // Once computed, block 2 duplicates block 1: the sequence switches to block 1 and
+  // block 2 goes back to the free list.
+  cache_->MarkComputed(b.seq, 8);
+  cache_->CheckInvariants();
+  EXPECT_THAT(Table(b.seq), ElementsAre(0, 1));
+  EXPECT_EQ(cache_->StateOf(2), BlockState::kFree);
+  EXPECT_EQ(cache_->RefCount(1), 1);
+  EXPECT_EQ(cache_->Stats().hit_tokens, 7u);
+
+  // A one-token prompt is never served from the cache.
+  Admission c = Admit({0});
+  EXPECT_EQ(c.num_cached, 0);
+  EXPECT_THAT(c.copies, IsEmpty());
+}
+
+TEST_F(KvCacheTest, ForkSharesEveryBlockAndCopiesOnFirstWrite) {
+  Make(8);
+  SequenceId p = Prefill(Iota(6));  // block 0 full + indexed, block 1 holds 2 rows
+  EXPECT_THAT(Table(p), ElementsAre(0, 1));
+  std::vector<SequenceId> kids = cache_->Fork(p, 3);
+  cache_->CheckInvariants();
+  ASSERT_EQ(kids.size(), 3u);
+  EXPECT_EQ(cache_->RefCount(0), 4);
+  EXPECT_EQ(cache_->RefCount(1), 4);
+  for (SequenceId k : kids) {
+    EXPECT_THAT(Table(k), ElementsAre(0, 1));
+    EXPECT_EQ(cache_->NumComputed(k), 6);
+  }
+  // Each child's first write into the shared partial block copies its two rows.
+  EXPECT_THAT(Decode(kids[0], 100), ElementsAre(BlockCopy{1, 2, 2}));
+  EXPECT_EQ(cache_->RefCount(1), 3);
+  EXPECT_THAT(Decode(kids[1], 101), ElementsAre(BlockCopy{1, 3, 2}));
+  EXPECT_THAT(Decode(kids[2], 102), ElementsAre(BlockCopy{1, 4, 2}));
+  EXPECT_EQ(cache_->RefCount(1), 1);
+  // The parent is the last owner: it writes in place.
+  EXPECT_THAT(Decode(p, 103), IsEmpty());
+  EXPECT_THAT(Table(p), ElementsAre(0, 1));
+  EXPECT_THAT(Table(kids[0]), ElementsAre(0, 2));
+  EXPECT_THAT(Table(kids[2]), ElementsAre(0, 4));
+  EXPECT_EQ(cache_->RefCount(0), 4);
+  // A second write into the now private block needs no copy.
+  EXPECT_THAT(Decode(kids[0], 104), IsEmpty());
+  EXPECT_EQ(cache_->Stats().cow_copies, 3u);
+  // Filling block 2 indexes it under its own tokens [4, 5, 100, 104].
+  EXPECT_TRUE(cache_->IsIndexed(2));
+  for (SequenceId k : kids) cache_->Release(k);
+  cache_->Release(p);
+  cache_->CheckInvariants();
+  EXPECT_EQ(cache_->Stats().blocks_active, 0);
+}
+
+TEST_F(KvCacheTest, MarkComputedIntoSharedBlockWithoutReserveDies) {
+  Make(8);
+  SequenceId p = Prefill(Iota(6));
+  SequenceId k = cache_->Fork(p, 1)[0];
+  cache_->AppendTokens(k, {9});
+  EXPECT_DEATH(cache_->MarkComputed(k, 7), "shared block");
+}
+
+TEST_F(KvCacheTest, EvictionUnderPressureTakesLeastRecentlyUsedLeavesFirst) {
+  Make(4);
+  now_ = 10;
+  cache_->Release(Prefill(Iota(8)));  // blocks 0 <- 1, released at t=10
+  now_ = 20;
+  cache_->Release(Prefill(Iota(8, 100)));  // blocks 2 <- 3, released at t=20
+  EXPECT_THAT(cache_->FreeList(), IsEmpty());
+  EXPECT_THAT(cache_->EvictionOrder(), ElementsAre(1, 0, 3, 2));
+
+  // A new 8-token prompt needs two blocks: the oldest chain goes, leaf first.
+  Admission c = Admit(Iota(8, 200));
+  EXPECT_EQ(c.num_cached, 0);
+  EXPECT_THAT(Table(c.seq), ElementsAre(1, 0));
+  EXPECT_EQ(cache_->Stats().evictions, 2u);
+  EXPECT_THAT(cache_->EvictionOrder(), ElementsAre(3, 2));
+
+  // The evicted prefix misses now; the surviving one still hits (once C's blocks can make
+  // room for the one block it needs: the two it reuses cannot).
+  cache_->Release(c.seq);
+  AdmissionRequest r;
+  r.root = kRoot;
+  std::vector<uint32_t> old = Concat(Iota(8), {9});
+  r.prompt = old;
+  auto plan = cache_->PlanAdmission(r);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->matched_tokens, 0);
+  std::vector<uint32_t> kept = Concat(Iota(8, 100), {9});
+  r.prompt = kept;
+  plan = cache_->PlanAdmission(r);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->matched_tokens, 8);
+}
+
+TEST_F(KvCacheTest, InjectedClockOrdersEviction) {
+  Make(6);
+  now_ = 50;
+  cache_->Release(Prefill(Iota(4)));       // block 0 at t=50
+  now_ = 5;                                // the clock is the caller's: not necessarily monotone
+  cache_->Release(Prefill(Iota(4, 100)));  // block 1 at t=5
+  EXPECT_THAT(cache_->EvictionOrder(), ElementsAre(1, 0));
+  // Using block 1 again refreshes it.
+  now_ = 60;
+  cache_->Release(Prefill(Concat(Iota(4, 100), {7})));
+  EXPECT_THAT(cache_->EvictionOrder(), ElementsAre(0, 1));
+  EXPECT_EQ(cache_->Evict(1), 1);
+  cache_->CheckInvariants();
+  EXPECT_EQ(cache_->StateOf(0), BlockState::kFree);
+}
+
+TEST_F(KvCacheTest, ParentIsNeverEvictedBeforeItsCachedChildren) {
+  Make(8);
+  now_ = 1;
+  cache_->Release(Prefill(Iota(8)));  // 0 <- 1
+  now_ = 2;
+  // A sibling continuation of block 0, released later: block 0 now has two children.
+  cache_->Release(Prefill(Concat(Iota(4), {40, 41, 42, 43})));
+  EXPECT_THAT(cache_->EvictionOrder(), ElementsAre(1, 2, 0));
+  EXPECT_EQ(cache_->Evict(2), 2);
+  cache_->CheckInvariants();
+  EXPECT_EQ(cache_->StateOf(0), BlockState::kCached);
+  EXPECT_EQ(cache_->Evict(5), 1);
+  EXPECT_EQ(cache_->Stats().blocks_cached, 0);
+}
+
+TEST_F(KvCacheTest, NamespacesNeverShare) {
+  Make(16);
+  cache_->Release(Prefill(Iota(8)));
+  const Digest other_tenant = CacheRootKey("manifest-1", CacheNamespace("other", ""));
+  EXPECT_EQ(Admit(Concat(Iota(8), {1}), other_tenant).num_cached, 0);
+  // Length prefixes keep tenant/salt splits apart.
+  const Digest ab_c = CacheRootKey("manifest-1", CacheNamespace("ab", "c"));
+  const Digest a_bc = CacheRootKey("manifest-1", CacheNamespace("a", "bc"));
+  EXPECT_NE(ab_c, a_bc);
+  cache_->Release(Prefill(Iota(8, 500), ab_c));
+  EXPECT_EQ(Admit(Concat(Iota(8, 500), {1}), a_bc).num_cached, 0);
+  EXPECT_EQ(Admit(Concat(Iota(8, 500), {1}), ab_c).num_cached, 8);
+  // The same namespace still hits.
+  EXPECT_EQ(Admit(Concat(Iota(8), {1})).num_cached, 8);
+}
+
+TEST_F(KvCacheTest, ManifestChangeInvalidates) {
+  Make(16);
+  cache_->Release(Prefill(Iota(8)));
+  const Digest new_model = CacheRootKey("manifest-2", CacheNamespace("tenant", ""));
+  Admission a = Admit(Concat(Iota(8), {1}), new_model);
+  EXPECT_EQ(a.num_cached, 0);
+  EXPECT_THAT(a.copies, IsEmpty());
+}
+
+TEST_F(KvCacheTest, TruncateInsideSharedBlock) {
+  Make(8);
+  SequenceId p = Prefill(Iota(8));  // 0, 1 indexed
+  SequenceId k = cache_->Fork(p, 1)[0];
+  cache_->Truncate(k, 6);
+  cache_->CheckInvariants();
+  EXPECT_THAT(Table(k), ElementsAre(0, 1));
+  EXPECT_EQ(cache_->NumComputed(k), 6);
+  EXPECT_EQ(cache_->RefCount(1), 2);
+  // Writing row 6 must not touch block 1: the parent and the index still need it.
+  cache_->AppendTokens(k, {60, 61});
+  auto copies = cache_->Reserve(k, 8);
+  ASSERT_TRUE(copies.ok());
+  EXPECT_THAT(*copies, ElementsAre(BlockCopy{1, 2, 2}));
+  cache_->MarkComputed(k, 8);
+  cache_->CheckInvariants();
+  EXPECT_THAT(Table(k), ElementsAre(0, 2));
+  EXPECT_EQ(cache_->RefCount(1), 1);
+  EXPECT_TRUE(cache_->IsIndexed(1));
+  EXPECT_TRUE(cache_->IsIndexed(2));
+
+  // Alone in an indexed block: still copied, because the index makes it visible.
+  cache_->Truncate(p, 5);
+  EXPECT_EQ(cache_->RefCount(1), 1);
+  cache_->AppendTokens(p, {70});
+  copies = cache_->Reserve(p, 6);
+  ASSERT_TRUE(copies.ok());
+  EXPECT_THAT(*copies, ElementsAre(BlockCopy{1, 3, 1}));
+  EXPECT_EQ(cache_->StateOf(1), BlockState::kCached);
+  cache_->CheckInvariants();
+
+  // Truncating to a block boundary releases the blocks past it.
+  cache_->Truncate(k, 4);
+  cache_->CheckInvariants();
+  EXPECT_THAT(Table(k), ElementsAre(0));
+  EXPECT_EQ(cache_->StateOf(2), BlockState::kCached);
+}
+
+TEST_F(KvCacheTest, ResourceExhaustedLeavesStateIdentical) {
+  Make(4);
+  cache_->Release(Prefill(Iota(8)));     // 0, 1 cached
+  SequenceId b = Prefill(Iota(4, 100));  // block 2, owned
+  Prefill({300});                        // block 3, owned
+  const std::string before = cache_->DebugState();
+
+  AdmissionRequest r;
+  r.root = kRoot;
+  std::vector<uint32_t> huge = Iota(17);  // 5 blocks: can never fit
+  r.prompt = huge;
+  r.reserve_tokens = 17;
+  auto a = cache_->Admit(r);
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(a.status().message()), ::testing::HasSubstr("never fit"));
+  EXPECT_EQ(cache_->DebugState(), before);
+
+  // Hits blocks 0 and 1 and needs two more; the only candidates are the cached blocks it
+  // reuses, which cannot be evicted for it.
+  std::vector<uint32_t> longer = Concat(Iota(8), Iota(5, 8));
+  r.prompt = longer;
+  r.reserve_tokens = 13;
+  a = cache_->Admit(r);
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(cache_->DebugState(), before);
+
+  // Growing a sequence past what can be freed fails the same way.
+  cache_->AppendTokens(b, Iota(12, 200));
+  const std::string grown = cache_->DebugState();
+  auto copies = cache_->Reserve(b, 16);
+  EXPECT_EQ(copies.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(cache_->DebugState(), grown);
+  // ...while what fits succeeds, evicting the cached blocks (leaf first).
+  copies = cache_->Reserve(b, 12);
+  ASSERT_TRUE(copies.ok());
+  EXPECT_THAT(*copies, IsEmpty());
+  EXPECT_THAT(Table(b), ElementsAre(2, 1, 0));
+  EXPECT_EQ(cache_->Stats().evictions, 2u);
+  cache_->CheckInvariants();
+}
+
+TEST_F(KvCacheTest, PlanIsPureAndStalePlansAreRejected) {
+  Make(8);
+  cache_->Release(Prefill(Iota(8)));
+  const std::string before = cache_->DebugState();
+  AdmissionRequest r;
+  r.root = kRoot;
+  std::vector<uint32_t> prompt = Concat(Iota(8), {8, 9});
+  r.prompt = prompt;
+  r.reserve_uncached_tokens = 1;  // the first prefill chunk: one token past the cache
+  auto plan = cache_->PlanAdmission(r);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(cache_->DebugState(), before);
+  EXPECT_EQ(plan->num_cached, 8);
+  EXPECT_EQ(plan->capacity_tokens, 12);
+  EXPECT_EQ(plan->blocks_to_allocate, 1);
+  Admission a = cache_->Commit(*plan);
+  EXPECT_THAT(Table(a.seq), ElementsAre(0, 1, 2));
+  EXPECT_DEATH(cache_->Commit(*plan), "stale");
+}
+
+TEST_F(KvCacheTest, ReadmissionIsNotCountedAsAQuery) {
+  Make(8);
+  SequenceId a = Prefill(Iota(8));
+  cache_->Release(a);  // preempted
+  AdmissionRequest r;
+  r.root = kRoot;
+  std::vector<uint32_t> prompt = Concat(Iota(8), {8});
+  r.prompt = prompt;
+  r.readmission = true;
+  auto adm = cache_->Admit(r);
+  ASSERT_TRUE(adm.ok());
+  EXPECT_EQ(adm->num_cached, 8);
+  EXPECT_EQ(cache_->Stats().queried_tokens, 8u);
+  EXPECT_EQ(cache_->Stats().hit_tokens, 0u);
+}
+
+TEST_F(KvCacheTest, BlocksAreIndexedAsSoonAsTheyAreComputed) {
+  Make(16);
+  // A admits a 12-token prompt with a 4-token first chunk.
+  AdmissionRequest r;
+  r.root = kRoot;
+  std::vector<uint32_t> prompt = Iota(12);
+  r.prompt = prompt;
+  r.reserve_uncached_tokens = 4;
+  auto a = cache_->Admit(r);
+  ASSERT_TRUE(a.ok());
+  EXPECT_THAT(Table(a->seq), ElementsAre(0));
+  r.reserve_uncached_tokens = 0;
+
+  // Nothing is computed yet: B sees no match but 11 tokens in flight.
+  auto plan = cache_->PlanAdmission(r);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->matched_tokens, 0);
+  EXPECT_EQ(plan->pending_match_tokens, 11);
+
+  cache_->MarkComputed(a->seq, 4);
+  cache_->CheckInvariants();
+  plan = cache_->PlanAdmission(r);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->num_cached, 4);
+  EXPECT_EQ(plan->pending_match_tokens, 7);
+
+  ASSERT_TRUE(cache_->Reserve(a->seq, 12).ok());
+  cache_->MarkComputed(a->seq, 12);
+  cache_->CheckInvariants();
+  plan = cache_->PlanAdmission(r);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->num_cached, 11);
+  EXPECT_EQ(plan->pending_match_tokens, 0);
+
+  // Decode fills block 3 with generated tokens: indexed as well.
+  for (uint32_t t = 0; t < 4; ++t) Decode(a->seq, 900 + t);
+  EXPECT_THAT(Table(a->seq), ElementsAre(0, 1, 2, 3));
+  EXPECT_TRUE(cache_->IsIndexed(3));
+}
+
+TEST_F(KvCacheTest, NoPrefixCacheModeNeverMatchesOrIndexes) {
+  Make(8, /*prefix_cache=*/false);
+  SequenceId a = Prefill(Iota(8));
+  EXPECT_FALSE(cache_->IsIndexed(0));
+  cache_->Release(a);
+  cache_->CheckInvariants();
+  EXPECT_THAT(cache_->FreeList(), ElementsAre(2, 3, 4, 5, 6, 7, 1, 0));
+  SequenceId b = Prefill(Concat(Iota(8), {1}));
+  EXPECT_EQ(cache_->NumComputed(b), 9);
+  EXPECT_THAT(Table(b), ElementsAre(2, 3, 4));
+  EXPECT_EQ(cache_->Stats().blocks_cached, 0);
+  EXPECT_EQ(cache_->Stats().hit_tokens, 0u);
+  // Fork and copy-on-write work the same without the index.
+  SequenceId k = cache_->Fork(b, 1)[0];
+  EXPECT_THAT(Decode(k, 5), ElementsAre(BlockCopy{4, 5, 1}));
+  EXPECT_THAT(Table(k), ElementsAre(2, 3, 5));
+}
+
+}  // namespace
+}  // namespace prefixd

@@ -1,0 +1,249 @@
+// The CPU backend end to end on tiny random models: exactness against the double reference,
+// bit-exact invariance (chunking, caching, batch composition, copy-on-write, threads),
+// block copies by pattern, and argument errors.
+#include "kernels/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "cache/kv_layout.h"
+#include "gtest/gtest.h"
+#include "tests/kernels/reference_gpt2.h"
+#include "tests/kernels/test_models.h"
+
+namespace prefixd {
+namespace {
+
+using testing::Blocks;
+using testing::MakeBackend;
+using testing::Prefill;
+using testing::RandomTokens;
+
+class CpuBackendTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    tiny_ = testing::WriteAndLoad(TinyModelConfig(), 11, "tiny").release();
+    odd_ = testing::WriteAndLoad(testing::OddModelConfig(), 12, "odd").release();
+  }
+  static void TearDownTestSuite() {
+    delete tiny_;
+    delete odd_;
+  }
+  static std::vector<const Model*> Models() { return {tiny_, odd_}; }
+
+  static inline Model* tiny_ = nullptr;
+  static inline Model* odd_ = nullptr;
+};
+
+double MaxAbs(const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v) m = std::max(m, std::abs(x));
+  return m;
+}
+
+void ExpectNearReference(const std::vector<float>& got, const std::vector<double>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  double max_diff = 0;
+  for (size_t i = 0; i < got.size(); ++i) max_diff = std::max(max_diff, std::abs(got[i] - want[i]));
+  const double scale = MaxAbs(want);
+  EXPECT_GT(scale, 0.1);  // the random model's logits are O(1), not all ~0
+  EXPECT_LE(max_diff, 1e-4 * scale) << "max |ref| " << scale;
+}
+
+TEST_F(CpuBackendTest, PrefillAndDecodeMatchDoubleReference) {
+  for (const Model* model : Models()) {
+    ASSERT_NE(model, nullptr);
+    testing::ReferenceGpt2 ref(*model);
+    auto backend = MakeBackend(*model, 2);
+    std::vector<uint32_t> tokens = RandomTokens(21, 1);
+    const std::vector<int32_t> table = {5, 2, 9};  // non-contiguous, out of order
+    std::vector<float> logits = Prefill(*backend, tokens, table, 0);
+    ExpectNearReference(logits, ref.LastLogits(tokens));
+    // Greedy decode a few steps, each checked against a from-scratch reference.
+    for (int step = 0; step < 4; ++step) {
+      const uint32_t next =
+          static_cast<uint32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      tokens.push_back(next);
+      SequenceStep s;
+      s.token_ids = absl::MakeConstSpan(tokens).subspan(tokens.size() - 1);
+      s.start_pos = static_cast<int32_t>(tokens.size()) - 1;
+      s.block_table = table;
+      s.want_logits = true;
+      logits.clear();
+      ASSERT_TRUE(backend->Forward({s}, &logits).ok());
+      ExpectNearReference(logits, ref.LastLogits(tokens));
+    }
+  }
+}
+
+TEST_F(CpuBackendTest, ChunkSizeDoesNotChangeLogits) {
+  for (const Model* model : Models()) {
+    auto backend = MakeBackend(*model, 2);
+    const std::vector<uint32_t> tokens = RandomTokens(37, 2);
+    const std::vector<float> all = Prefill(*backend, tokens, Blocks(0, 3), 0);
+    for (int chunk : {1, 3, 16}) {
+      EXPECT_EQ(Prefill(*backend, tokens, Blocks(10 + chunk, 3), chunk), all) << chunk;
+    }
+  }
+}
+
+TEST_F(CpuBackendTest, CachedPrefixGivesSameLogitsAsRecompute) {
+  for (const Model* model : Models()) {
+    auto backend = MakeBackend(*model, 2);
+    const std::vector<uint32_t> prompt = RandomTokens(45, 3);
+    const std::vector<float> recomputed = Prefill(*backend, prompt, Blocks(0, 3), 0);
+    // A second sequence shares the first two full blocks (32 tokens) and computes the rest
+    // into its own block.
+    const std::vector<int32_t> shared = {0, 1, 7};
+    EXPECT_EQ(Prefill(*backend, prompt, shared, 0, /*from=*/32), recomputed);
+    // And one that resumes mid-block after its cached rows were copied (copy-on-write of the
+    // first 5 rows of block 1 into block 8).
+    ASSERT_TRUE(backend->CopyBlocks({BlockCopy{1, 8, 5}}).ok());
+    EXPECT_EQ(Prefill(*backend, prompt, {0, 8, 9}, 3, /*from=*/21), recomputed);
+  }
+}
+
+TEST_F(CpuBackendTest, BatchCompanionsDoNotChangeLogits) {
+  const Model& model = *tiny_;
+  auto backend = MakeBackend(model, 2);
+  const std::vector<uint32_t> a = RandomTokens(20, 4), b = RandomTokens(33, 5),
+                              c = RandomTokens(7, 6);
+  // Alone: a's prompt, then a decode token.
+  const std::vector<float> a_alone = Prefill(*backend, a, Blocks(0, 2), 0);
+  std::vector<uint32_t> a2 = a;
+  a2.push_back(17);
+  const std::vector<float> a2_alone = Prefill(*backend, a2, Blocks(0, 2), 0, /*from=*/20);
+
+  // Batched: b's prefill chunk before, c's after, then a's decode next to b's decode.
+  const std::vector<int32_t> ta = Blocks(10, 2), tb = Blocks(20, 3), tc = Blocks(30, 1);
+  std::vector<SequenceStep> steps(3);
+  steps[0] = {absl::MakeConstSpan(b).subspan(0, 30), 0, tb, true};
+  steps[1] = {a, 0, ta, true};
+  steps[2] = {c, 0, tc, false};
+  std::vector<float> logits;
+  ASSERT_TRUE(backend->Forward(steps, &logits).ok());
+  const size_t v = model.config().vocab_size;
+  ASSERT_EQ(logits.size(), 2 * v);
+  EXPECT_EQ(std::vector<float>(logits.begin() + v, logits.end()), a_alone);
+
+  steps.resize(2);
+  steps[0] = {absl::MakeConstSpan(b).subspan(30, 3), 30, tb, true};
+  steps[1] = {absl::MakeConstSpan(a2).subspan(20, 1), 20, ta, true};
+  logits.clear();
+  ASSERT_TRUE(backend->Forward(steps, &logits).ok());
+  EXPECT_EQ(std::vector<float>(logits.begin() + v, logits.end()), a2_alone);
+  // b too equals b alone.
+  EXPECT_EQ(std::vector<float>(logits.begin(), logits.begin() + v),
+            Prefill(*backend, b, Blocks(40, 3), 0));
+}
+
+TEST_F(CpuBackendTest, ThreadCountDoesNotChangeLogits) {
+  for (const Model* model : Models()) {
+    const std::vector<uint32_t> tokens = RandomTokens(30, 7);
+    auto one = MakeBackend(*model, 1);
+    auto two = MakeBackend(*model, 2);
+    auto three = MakeBackend(*model, 3);
+    const std::vector<float> want = Prefill(*one, tokens, Blocks(0, 2), 0);
+    EXPECT_EQ(Prefill(*two, tokens, Blocks(0, 2), 0), want);
+    EXPECT_EQ(Prefill(*three, tokens, Blocks(0, 2), 7), want);
+  }
+}
+
+TEST_F(CpuBackendTest, CopyBlocksMovesExactlyTheRequestedRows) {
+  const Model& model = *odd_;
+  auto backend = MakeBackend(model, 1, /*num_blocks=*/6, /*block_size=*/4);
+  absl::Span<float> pool = CpuBackendKvPool(*backend);
+  const ModelConfig& c = model.config();
+  const int64_t block_floats = int64_t{4} * KvBytesPerToken(c.n_layer, c.n_head, c.head_dim(), 1);
+  ASSERT_EQ(static_cast<int64_t>(pool.size()), 6 * block_floats);
+  std::iota(pool.begin(), pool.end(), 0.0f);  // every element distinct (exact below 2^24)
+  ASSERT_TRUE(backend->CopyBlocks({BlockCopy{1, 4, 3}, BlockCopy{4, 2, 2}}).ok());
+  const int64_t row_floats = c.head_dim();
+  for (int64_t i = 0; i < static_cast<int64_t>(pool.size()); ++i) {
+    const int64_t block = i / block_floats;
+    const int64_t row = (i / row_floats) % 4;  // rows are the innermost-but-one axis
+    float want = static_cast<float>(i);
+    if (block == 4 && row < 3) want = static_cast<float>(i - 3 * block_floats);  // from 1
+    // Copies run in order: block 4's first rows already hold block 1's values.
+    if (block == 2 && row < 2) want = static_cast<float>(i - block_floats);
+    ASSERT_EQ(pool[i], want) << "element " << i << " block " << block << " row " << row;
+  }
+}
+
+TEST_F(CpuBackendTest, KvPoolIsSizedByTheBudgetFormula) {
+  const Model& model = *tiny_;
+  const ModelConfig& c = model.config();
+  const int64_t per_token = KvBytesPerToken(c.n_layer, c.n_head, c.head_dim(), 4);
+  CpuBackendOptions o;
+  o.model = &model;
+  o.block_size = 16;
+  o.threads = 1;
+  o.kv_cache_bytes = 5 * 16 * per_token + 16 * per_token - 1;  // 5.99 blocks
+  auto b = CreateCpuBackend(o);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ((*b)->num_blocks(), 5);
+  EXPECT_EQ((*b)->kv_bytes_per_token(), per_token);
+  EXPECT_EQ((*b)->memory_usage().kv_pool_bytes, 5 * 16 * per_token);
+  EXPECT_EQ((*b)->device_name(), "cpu");
+  EXPECT_EQ((*b)->dtype(), DType::kF32);
+
+  o.kv_cache_bytes = 16 * per_token - 1;
+  EXPECT_EQ(CreateCpuBackend(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.kv_cache_bytes = 16 * per_token;
+  o.block_size = 0;
+  EXPECT_EQ(CreateCpuBackend(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.block_size = 16;
+  o.model = nullptr;
+  EXPECT_EQ(CreateCpuBackend(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CpuBackendTest, RejectsBadStepsAndCopiesWithoutWriting) {
+  const Model& model = *tiny_;
+  auto backend = MakeBackend(model, 1, /*num_blocks=*/4);
+  const std::vector<uint32_t> ok_tokens = {1, 2, 3};
+  const std::vector<uint32_t> bad_token = {1, 50257};
+  const std::vector<int32_t> table = {0}, bad_block = {4}, empty_table = {};
+  std::vector<float> logits;
+  auto forward = [&](SequenceStep s) {
+    // A valid step first: validation happens before anything is written.
+    const std::vector<SequenceStep> steps = {{ok_tokens, 0, table, true}, s};
+    return backend->Forward(steps, &logits).code();
+  };
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  EXPECT_EQ(forward({bad_token, 0, Blocks(1, 1), true}), kInvalid);
+  EXPECT_EQ(forward({ok_tokens, 0, bad_block, true}), kInvalid);
+  EXPECT_EQ(forward({ok_tokens, 0, empty_table, true}), kInvalid);
+  EXPECT_EQ(forward({ok_tokens, 15, Blocks(1, 1), true}), kInvalid);  // needs 2 blocks
+  EXPECT_EQ(forward({ok_tokens, model.config().n_positions - 2, Blocks(0, 4), true}),
+            kInvalid);  // past the context (and the table)
+  EXPECT_EQ(forward({ok_tokens, -1, Blocks(1, 1), true}), kInvalid);
+  EXPECT_EQ(forward({{}, 0, Blocks(1, 1), true}), kInvalid);
+  EXPECT_TRUE(logits.empty());
+  // Nothing was written: the pool is still all zeros.
+  for (float x : CpuBackendKvPool(*backend)) ASSERT_EQ(x, 0.0f);
+
+  EXPECT_EQ(backend->CopyBlocks({BlockCopy{0, 4, 1}}).code(), kInvalid);
+  EXPECT_EQ(backend->CopyBlocks({BlockCopy{-1, 0, 1}}).code(), kInvalid);
+  EXPECT_EQ(backend->CopyBlocks({BlockCopy{0, 1, 17}}).code(), kInvalid);
+}
+
+TEST_F(CpuBackendTest, NeverReadsRowsPastThePosition) {
+  // NaN in every row the step may not read (other blocks and rows past the sequence end):
+  // the logits stay finite and equal to a clean pool's.
+  const Model& model = *odd_;
+  auto clean = MakeBackend(model, 1, 8);
+  auto dirty = MakeBackend(model, 1, 8);
+  absl::Span<float> pool = CpuBackendKvPool(*dirty);
+  std::fill(pool.begin(), pool.end(), std::numeric_limits<float>::quiet_NaN());
+  const std::vector<uint32_t> tokens = RandomTokens(19, 8);
+  const std::vector<float> want = Prefill(*clean, tokens, {3, 6}, 5);
+  const std::vector<float> got = Prefill(*dirty, tokens, {3, 6}, 5);
+  for (float x : got) ASSERT_TRUE(std::isfinite(x));
+  EXPECT_EQ(got, want);
+}
+
+}  // namespace
+}  // namespace prefixd

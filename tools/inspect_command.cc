@@ -1,0 +1,51 @@
+// prefixd-model inspect DIR: validates a model directory and prints what it is.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_format.h"
+#include "cache/kv_layout.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "tools/command_line.h"
+#include "tools/commands.h"
+
+namespace prefixd::tools {
+
+int RunInspectCommand(absl::Span<char* const> args) {
+  absl::StatusOr<ParsedArgs> parsed = ParseArgs(args, {});
+  if (!parsed.ok()) return ReportError(parsed.status(), kExitUsage);
+  if (parsed->positional.size() != 1) {
+    return ReportError(absl::InvalidArgumentError("usage: prefixd-model inspect DIR"), kExitUsage);
+  }
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(parsed->positional[0]);
+  if (!model.ok()) return ReportError(model.status());
+  const Model& m = **model;
+  const ModelConfig& c = m.config();
+  nlohmann::json out = {
+      {"name", m.name()},
+      {"dir", m.dir()},
+      {"manifest_sha256", m.manifest_sha256()},
+      {"parameters", m.num_parameters()},
+      {"n_layer", c.n_layer},
+      {"n_head", c.n_head},
+      {"n_embd", c.n_embd},
+      {"head_dim", c.head_dim()},
+      {"vocab_size", c.vocab_size},
+      {"tokenizer_vocab_size", m.tokenizer().vocab_size()},
+      {"context_length", c.n_positions},
+      {"dtype", std::string(DTypeName(m.dtype()))},
+      {"tied_lm_head", m.Find("lm_head.weight") == nullptr},
+      // 7 significant digits: the float's decimal spelling ("1e-05"), not its binary value.
+      {"layer_norm_epsilon", std::stod(absl::StrFormat("%.7g", c.layer_norm_epsilon))},
+      {"activation_function", c.activation_function},
+      // KV stored in the weights' dtype, as the backends do by default.
+      {"kv_bytes_per_token",
+       KvBytesPerToken(c.n_layer, c.n_head, c.head_dim(), DTypeSize(m.dtype()))},
+  };
+  std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}
+
+}  // namespace prefixd::tools
