@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "cache/block_copy.h"
 #include "engine/dtype.h"
@@ -36,6 +37,15 @@ struct MemoryUsage {
   int64_t kv_pool_bytes = 0;
   int64_t workspace_bytes = 0;
 };
+
+// The payload key that marks a status as a sticky device failure: the backend is unusable
+// from then on, so the server fails requests in flight, turns health NOT_SERVING and exits
+// non-zero for an orchestrator to restart it. Backends add it; anyone can test for it.
+inline constexpr absl::string_view kFatalDeviceErrorPayload = "prefixd/fatal-device-error";
+
+inline bool IsFatalDeviceError(const absl::Status& status) {
+  return !status.ok() && status.GetPayload(kFatalDeviceErrorPayload).has_value();
+}
 
 class Backend {
  public:

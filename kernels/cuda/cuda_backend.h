@@ -58,13 +58,6 @@ absl::Status CudaDeviceAvailable(int device = 0);
 // fit, INTERNAL (fatal) for other CUDA failures.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOptions& options);
 
-// The payload key that marks a status as a sticky device failure.
-inline constexpr absl::string_view kFatalDeviceErrorPayload = "prefixd/fatal-device-error";
-
-inline bool IsFatalDeviceError(const absl::Status& status) {
-  return !status.ok() && status.GetPayload(kFatalDeviceErrorPayload).has_value();
-}
-
 }  // namespace prefixd
 
 #endif  // PREFIXD_KERNELS_CUDA_CUDA_BACKEND_H_

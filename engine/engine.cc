@@ -1,0 +1,252 @@
+// Engine: the thread around the Scheduler. Callers only touch `Shared` (under its mutex) and
+// their RequestStreams; the KvCache, the Backend and the Scheduler belong to the engine
+// thread.
+#include "engine/engine.h"
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "cache/block_key.h"
+#include "cache/check.h"
+#include "cache/kv_cache.h"
+#include "engine/engine_testing.h"
+#include "engine/request_stream.h"
+#include "engine/request_validation.h"
+#include "engine/scheduler.h"
+
+namespace prefixd {
+namespace {
+
+// What caller threads and the engine thread exchange. Held by shared_ptr so a RequestStream
+// that outlives the engine can still Cancel() harmlessly.
+struct Shared {
+  absl::Mutex mu;
+  std::vector<std::unique_ptr<RequestState>> incoming ABSL_GUARDED_BY(mu);
+  std::vector<std::function<void()>> tasks ABSL_GUARDED_BY(mu);
+  bool wake ABSL_GUARDED_BY(mu) = false;
+  bool draining ABSL_GUARDED_BY(mu) = false;
+  absl::Time drain_deadline ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();
+  bool stopped ABSL_GUARDED_BY(mu) = false;
+  // Requests the scheduler holds that are not running, for max_queue.
+  std::atomic<int64_t> scheduler_waiting{0};
+};
+
+class EngineImpl final : public Engine {
+ public:
+  EngineImpl(const EngineOptions& options, std::unique_ptr<KvCache> cache)
+      : options_(options),
+        cache_(std::move(cache)),
+        shared_(std::make_shared<Shared>()),
+        scheduler_(SchedulerOptions{.backend = options.backend,
+                                    .cache = cache_.get(),
+                                    .model_config = options.model_config,
+                                    .max_batch_tokens = options.max_batch_tokens,
+                                    .clock = options_.clock}) {
+    limits_.model_config = options.model_config;
+    limits_.max_samples = options.max_samples;
+    limits_.pool_blocks = cache_->num_blocks();
+    limits_.block_size = cache_->block_size();
+    PublishStats();
+    thread_ = std::thread([this] { Loop(); });
+  }
+
+  ~EngineImpl() override { Shutdown(absl::ZeroDuration()); }
+
+  absl::StatusOr<std::shared_ptr<RequestStream>> Submit(EngineRequest request) override {
+    if (absl::Status valid = ValidateEngineRequest(request, limits_); !valid.ok()) return valid;
+    auto state = std::make_unique<RequestState>();
+    state->root = CacheRootKey(options_.manifest_sha256, request.cache_namespace);
+    state->usage.prompt_tokens = static_cast<uint32_t>(request.prompt.size());
+    state->request = std::move(request);
+    std::shared_ptr<Shared> shared = shared_;
+    auto stream = std::make_shared<RequestStreamImpl>([shared] {
+      absl::MutexLock lock(&shared->mu);
+      shared->wake = true;
+    });
+    state->stream = stream;
+    absl::MutexLock lock(&shared_->mu);
+    if (shared_->draining) {
+      return absl::UnavailableError("server is shutting down: not accepting new requests");
+    }
+    const int64_t queued =
+        static_cast<int64_t>(shared_->incoming.size()) + shared_->scheduler_waiting.load();
+    if (queued >= options_.max_queue) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "request queue is full (%d requests waiting): retry later", options_.max_queue));
+    }
+    state->submit_time = options_.clock();
+    shared_->incoming.push_back(std::move(state));
+    return std::shared_ptr<RequestStream>(std::move(stream));
+  }
+
+  void Shutdown(absl::Duration grace) override {
+    {
+      absl::MutexLock lock(&shared_->mu);
+      const absl::Time deadline = absl::Now() + grace;
+      if (!shared_->draining || deadline < shared_->drain_deadline) {
+        shared_->drain_deadline = deadline;
+      }
+      shared_->draining = true;
+    }
+    absl::MutexLock lock(&join_mu_);
+    if (thread_.joinable()) thread_.join();
+  }
+
+  EngineStats Stats() const override {
+    absl::MutexLock lock(&stats_mu_);
+    return stats_;
+  }
+
+  Latencies DrainLatencies() override {
+    absl::MutexLock lock(&stats_mu_);
+    Latencies out = std::move(latencies_);
+    latencies_ = Latencies();
+    return out;
+  }
+
+  void RunWithKvCache(std::function<void(const KvCache&)> fn) {
+    absl::Notification done;
+    bool posted = false;
+    {
+      absl::MutexLock lock(&shared_->mu);
+      if (!shared_->stopped) {
+        // Loop() runs every task it is given, including those left when it stops.
+        shared_->tasks.push_back([&] {
+          fn(*cache_);
+          done.Notify();
+        });
+        posted = true;
+      }
+    }
+    if (!posted) {
+      fn(*cache_);  // the engine thread is gone: this thread is the cache's only user
+      return;
+    }
+    done.WaitForNotification();
+  }
+
+ private:
+  void Loop() {
+    while (true) {
+      std::vector<std::unique_ptr<RequestState>> incoming;
+      std::vector<std::function<void()>> tasks;
+      bool draining;
+      absl::Time deadline;
+      {
+        absl::MutexLock lock(&shared_->mu);
+        if (scheduler_.idle()) {
+          // Only Shared's fields in the condition: absl may evaluate it on other threads.
+          Shared* s = shared_.get();
+          auto ready = [s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
+            return !s->incoming.empty() || !s->tasks.empty() || s->wake || s->draining;
+          };
+          shared_->mu.Await(absl::Condition(&ready));
+        }
+        incoming.swap(shared_->incoming);
+        tasks.swap(shared_->tasks);
+        shared_->wake = false;
+        draining = shared_->draining;
+        deadline = shared_->drain_deadline;
+      }
+      for (auto& r : incoming) scheduler_.Enqueue(std::move(r));
+      for (auto& t : tasks) t();
+      scheduler_.HandleCancellations();
+      if (draining && (scheduler_.idle() || absl::Now() >= deadline)) {
+        scheduler_.EndAll(absl::UnavailableError("server is shutting down"));
+        PublishStats();
+        scheduler_.FlushEvents();
+        break;
+      }
+      scheduler_.Step();
+      PublishStats();
+      scheduler_.FlushEvents();
+    }
+    std::vector<std::function<void()>> tasks;
+    {
+      absl::MutexLock lock(&shared_->mu);
+      shared_->stopped = true;
+      tasks.swap(shared_->tasks);
+    }
+    for (auto& t : tasks) t();
+  }
+
+  void PublishStats() {
+    const KvCacheStats c = cache_->Stats();
+    const SchedulerCounters& k = scheduler_.counters();
+    shared_->scheduler_waiting.store(static_cast<int64_t>(k.waiting_requests));
+    absl::MutexLock lock(&stats_mu_);
+    stats_.queried_tokens = c.queried_tokens;
+    stats_.hit_tokens = c.hit_tokens;
+    stats_.blocks_total = c.blocks_total;
+    stats_.blocks_free = c.blocks_free;
+    stats_.blocks_active = c.blocks_active;
+    stats_.blocks_cached = c.blocks_cached;
+    stats_.evictions = c.evictions;
+    stats_.cow_copies = c.cow_copies;
+    stats_.pool_bytes = c.pool_bytes;
+    stats_.bytes_per_token = c.bytes_per_token;
+    stats_.waiting_requests = k.waiting_requests;
+    stats_.running_requests = k.running_requests;
+    stats_.prefill_tokens = k.prefill_tokens;
+    stats_.generated_tokens = k.generated_tokens;
+    stats_.preemptions = k.preemptions;
+    scheduler_.DrainLatencies(&latencies_.ttft, &latencies_.tpot);
+  }
+
+  const EngineOptions options_;
+  RequestLimits limits_;
+  std::unique_ptr<KvCache> cache_;
+  std::shared_ptr<Shared> shared_;
+  Scheduler scheduler_;  // engine thread only
+  std::thread thread_;
+  absl::Mutex join_mu_;
+  mutable absl::Mutex stats_mu_;
+  EngineStats stats_ ABSL_GUARDED_BY(stats_mu_);
+  Latencies latencies_ ABSL_GUARDED_BY(stats_mu_);
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
+  if (options.backend == nullptr)
+    return absl::InvalidArgumentError("EngineOptions.backend is null");
+  const ModelConfig& c = options.model_config;
+  if (c.vocab_size <= 0 || c.n_positions <= 0) {
+    return absl::InvalidArgumentError(
+        "EngineOptions.model_config has no vocab_size or n_positions");
+  }
+  if (options.max_batch_tokens <= 0 || options.max_queue <= 0 || options.max_samples <= 0) {
+    return absl::InvalidArgumentError(
+        "max_batch_tokens, max_queue and max_samples must be positive");
+  }
+  if (options.backend->num_blocks() > INT32_MAX) {
+    return absl::InvalidArgumentError("the backend's KV pool has more than 2^31 blocks");
+  }
+  KvCacheOptions cache_options;
+  cache_options.num_blocks = static_cast<int32_t>(options.backend->num_blocks());
+  cache_options.block_size = options.backend->block_size();
+  cache_options.bytes_per_token = options.backend->kv_bytes_per_token();
+  cache_options.enable_prefix_cache = options.enable_prefix_cache;
+  absl::StatusOr<std::unique_ptr<KvCache>> cache = KvCache::Create(cache_options);
+  if (!cache.ok()) return cache.status();
+  EngineOptions resolved = options;
+  if (!resolved.clock) resolved.clock = [] { return absl::Now(); };
+  return std::unique_ptr<Engine>(new EngineImpl(resolved, *std::move(cache)));
+}
+
+void RunWithKvCacheForTest(Engine& engine, std::function<void(const KvCache&)> fn) {
+  auto* impl = dynamic_cast<EngineImpl*>(&engine);
+  PREFIXD_CHECK(impl != nullptr);
+  impl->RunWithKvCache(std::move(fn));
+}
+
+}  // namespace prefixd

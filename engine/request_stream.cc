@@ -1,0 +1,68 @@
+#include "engine/request_stream.h"
+
+#include <utility>
+
+#include "cache/check.h"
+
+namespace prefixd {
+
+RequestStreamImpl::RequestStreamImpl(std::function<void()> wake_engine)
+    : wake_engine_(std::move(wake_engine)) {}
+
+bool RequestStreamImpl::Poll(std::vector<RequestEvent>* out) {
+  absl::MutexLock lock(&mu_);
+  if (events_.empty()) return false;
+  for (RequestEvent& e : events_) out->push_back(std::move(e));
+  events_.clear();
+  return true;
+}
+
+bool RequestStreamImpl::Wait(RequestEvent* out, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !events_.empty(); };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) return false;
+  *out = std::move(events_.front());
+  events_.pop_front();
+  return true;
+}
+
+void RequestStreamImpl::SetNotify(std::function<void()> notify) {
+  bool fire;
+  std::function<void()> copy;
+  {
+    absl::MutexLock lock(&mu_);
+    notify_ = std::move(notify);
+    fire = !events_.empty() && notify_;
+    if (fire) copy = notify_;
+  }
+  if (fire) copy();
+}
+
+void RequestStreamImpl::Cancel() {
+  if (cancelled_.exchange(true, std::memory_order_acq_rel)) return;
+  if (wake_engine_) wake_engine_();
+}
+
+void RequestStreamImpl::Push(std::vector<RequestEvent> events) {
+  if (events.empty()) return;
+  std::function<void()> notify;
+  {
+    absl::MutexLock lock(&mu_);
+    PREFIXD_CHECK_MSG(!done_, "event pushed after kDone");
+    for (RequestEvent& e : events) {
+      PREFIXD_CHECK(!done_);
+      if (e.kind == RequestEvent::Kind::kDone) done_ = true;
+      events_.push_back(std::move(e));
+    }
+    notify = notify_;
+  }
+  // Outside the lock: the callback may Poll() this stream.
+  if (notify) notify();
+}
+
+bool RequestStreamImpl::done() const {
+  absl::MutexLock lock(&mu_);
+  return done_;
+}
+
+}  // namespace prefixd

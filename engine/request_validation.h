@@ -1,0 +1,31 @@
+// The engine's own guard on a request: what the engine knows (model, pool, limits). The
+// server validates too; this keeps a request that could never run out of the queue.
+#ifndef PREFIXD_ENGINE_REQUEST_VALIDATION_H_
+#define PREFIXD_ENGINE_REQUEST_VALIDATION_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "engine/engine.h"
+#include "engine/model_config.h"
+
+namespace prefixd {
+
+struct RequestLimits {
+  ModelConfig model_config;
+  int32_t max_samples = 16;
+  int64_t pool_blocks = 0;
+  int32_t block_size = 16;
+};
+
+// Blocks one sequence of `tokens` tokens occupies.
+inline int64_t BlocksForTokens(int64_t tokens, int32_t block_size) {
+  return (tokens + block_size - 1) / block_size;
+}
+
+// OK, or INVALID_ARGUMENT with a message that says what to change.
+absl::Status ValidateEngineRequest(const EngineRequest& request, const RequestLimits& limits);
+
+}  // namespace prefixd
+
+#endif  // PREFIXD_ENGINE_REQUEST_VALIDATION_H_

@@ -1,0 +1,369 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cache/check.h"
+#include "engine/sampler.h"
+
+namespace prefixd {
+namespace {
+
+int32_t Size(const std::vector<uint32_t>& v) { return static_cast<int32_t>(v.size()); }
+
+}  // namespace
+
+Scheduler::Scheduler(const SchedulerOptions& options)
+    : options_(options), backend_(options.backend), cache_(options.cache) {
+  PREFIXD_CHECK(backend_ != nullptr && cache_ != nullptr && options_.clock);
+  PREFIXD_CHECK(options_.max_batch_tokens > 0 && options_.model_config.vocab_size > 0);
+}
+
+Scheduler::~Scheduler() = default;
+
+void Scheduler::Enqueue(std::unique_ptr<RequestState> request) {
+  auto seq = std::make_unique<Sequence>();
+  seq->request = request.get();
+  seq->pre_fork = request->request.num_samples > 1;
+  seq->tokens = request->request.prompt;
+  waiting_.push_back(seq.get());
+  request->sequences.push_back(std::move(seq));
+  requests_.push_back(std::move(request));
+  UpdateCounts();
+}
+
+void Scheduler::HandleCancellations() {
+  bool any = false;
+  for (auto& r : requests_) {
+    if (!r->ended && r->stream->cancel_requested()) {
+      EndRequest(r.get(), absl::CancelledError("request cancelled"));
+      any = true;
+    }
+  }
+  if (any) Prune();
+}
+
+void Scheduler::EndAll(const absl::Status& status) {
+  for (auto& r : requests_) {
+    if (!r->ended) EndRequest(r.get(), status);
+  }
+  Prune();
+}
+
+void Scheduler::DrainLatencies(std::vector<double>* ttft, std::vector<double>* tpot) {
+  ttft->insert(ttft->end(), ttft_.begin(), ttft_.end());
+  tpot->insert(tpot->end(), tpot_.begin(), tpot_.end());
+  ttft_.clear();
+  tpot_.clear();
+}
+
+void Scheduler::SortRunning() {
+  std::sort(running_.begin(), running_.end(), [](const Sequence* a, const Sequence* b) {
+    if (a->admit_order != b->admit_order) return a->admit_order < b->admit_order;
+    return a->sample_index < b->sample_index;
+  });
+}
+
+void Scheduler::Step() {
+  if (running_.empty() && waiting_.empty()) return;
+  SortRunning();
+  std::vector<Scheduled> batch;
+
+  // 1 + 2: decodes always run; prefill chunks share what they leave of the budget.
+  int32_t decodes = 0;
+  for (Sequence* seq : running_) {
+    if (Size(seq->tokens) - cache_->NumComputed(seq->cache_seq) == 1) ++decodes;
+  }
+  int32_t budget = std::max(0, options_.max_batch_tokens - decodes);
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Sequence* seq = running_[i];
+    const int32_t computed = cache_->NumComputed(seq->cache_seq);
+    const int32_t uncomputed = Size(seq->tokens) - computed;
+    PREFIXD_CHECK(uncomputed >= 1);
+    const int32_t count = uncomputed == 1 ? 1 : std::min(uncomputed, budget);
+    if (count == 0) continue;
+    // Preemption takes the newest, i.e. running_.back(): never one already in the batch.
+    if (!ReserveOrPreempt(seq, computed + count)) break;
+    if (uncomputed > 1) budget -= count;
+    batch.push_back({seq, computed, count, seq->decoding});
+  }
+
+  // 3: admissions.
+  Admit(&batch, &budget);
+  if (batch.empty()) {
+    Prune();
+    return;
+  }
+
+  if (!pending_copies_.empty()) {
+    const absl::Status copied = backend_->CopyBlocks(pending_copies_);
+    pending_copies_.clear();
+    if (!copied.ok()) {
+      FailRunning(copied);
+      Prune();
+      return;
+    }
+  }
+  // Block tables are read only now: every reservation, admission and preemption of this step
+  // has happened, and nothing changes the cache until Forward returns.
+  std::vector<SequenceStep> steps;
+  steps.reserve(batch.size());
+  for (const Scheduled& s : batch) {
+    SequenceStep step;
+    step.token_ids = absl::MakeConstSpan(s.seq->tokens).subspan(s.start, s.count);
+    step.start_pos = s.start;
+    step.block_table = cache_->BlockTable(s.seq->cache_seq);
+    step.want_logits = s.start + s.count == Size(s.seq->tokens);
+    steps.push_back(step);
+  }
+  logits_.clear();
+  const absl::Status forward = backend_->Forward(steps, &logits_);
+  if (!forward.ok()) {
+    FailRunning(forward);
+    Prune();
+    return;
+  }
+  ++counters_.steps;
+  const absl::Time now = options_.clock();
+  const size_t vocab = static_cast<size_t>(options_.model_config.vocab_size);
+  size_t row = 0;
+  for (const Scheduled& s : batch) {
+    cache_->MarkComputed(s.seq->cache_seq, s.start + s.count);
+    if (!s.decode) counters_.prefill_tokens += s.count;
+    if (s.start + s.count == Size(s.seq->tokens)) {
+      PREFIXD_CHECK((row + 1) * vocab <= logits_.size());
+      SampleAndEmit(s.seq, absl::MakeConstSpan(logits_).subspan(row * vocab, vocab), now);
+      ++row;
+    }
+  }
+  Prune();
+}
+
+void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
+  const int32_t bs = cache_->block_size();
+  for (auto it = waiting_.begin(); it != waiting_.end() && *budget > 0;) {
+    Sequence* seq = *it;
+    RequestState* r = seq->request;
+    AdmissionRequest ar;
+    ar.root = r->root;
+    ar.prompt = seq->tokens;
+    ar.reserve_tokens = Size(seq->tokens);  // the whole prompt: chunks never need blocks
+    ar.readmission = r->admitted_once;
+    absl::StatusOr<AdmissionPlan> plan = cache_->PlanAdmission(ar);
+    if (!plan.ok()) {
+      if (absl::IsResourceExhausted(plan.status())) break;  // in order: wait for room
+      EndRequest(r, absl::InternalError(plan.status().message()));
+      it = waiting_.erase(it);
+      continue;
+    }
+    // Another running sequence is computing blocks of this prefix: wait for them to be
+    // indexed instead of computing them twice.
+    if (plan->pending_match_tokens > 0) {
+      ++it;
+      continue;
+    }
+    // Keep a block of headroom per running sequence, so that admitting this one does not
+    // force a preemption at the very next decode. Shared prefix blocks may stop being
+    // evictable, hence the second term (an upper bound).
+    if (!running_.empty()) {
+      const int64_t left = cache_->NumAvailableBlocks() - plan->blocks_to_allocate -
+                           (plan->num_cached + bs - 1) / bs;
+      if (left < static_cast<int64_t>(running_.size())) break;
+    }
+    Admission admission = cache_->Commit(*plan);
+    pending_copies_.insert(pending_copies_.end(), admission.copies.begin(), admission.copies.end());
+    seq->cache_seq = admission.seq;
+    seq->state = Sequence::State::kRunning;
+    seq->admit_order = next_admit_order_++;
+    seq->decoding = false;
+    if (!r->admitted_once) {
+      r->admitted_once = true;
+      r->usage.cached_prompt_tokens = static_cast<uint32_t>(admission.num_cached);
+    }
+    it = waiting_.erase(it);
+    running_.push_back(seq);  // the newest: running_ stays sorted
+    const int32_t count = std::min(Size(seq->tokens) - admission.num_cached, *budget);
+    *budget -= count;
+    batch->push_back({seq, admission.num_cached, count, false});
+  }
+}
+
+bool Scheduler::ReserveOrPreempt(Sequence* seq, int32_t total_tokens) {
+  while (true) {
+    absl::StatusOr<std::vector<BlockCopy>> copies = cache_->Reserve(seq->cache_seq, total_tokens);
+    if (copies.ok()) {
+      pending_copies_.insert(pending_copies_.end(), copies->begin(), copies->end());
+      return true;
+    }
+    PREFIXD_CHECK_MSG(absl::IsResourceExhausted(copies.status()),
+                      std::string(copies.status().message()).c_str());
+    Sequence* victim = running_.back();
+    if (victim == seq && running_.size() == 1) {
+      // Validation admits only requests that fit the pool alone; reaching this is a bug,
+      // but ending one request beats spinning forever.
+      EndRequest(seq->request, absl::InternalError(absl::StrFormat(
+                                   "the KV pool cannot hold this sequence (%d tokens) even alone",
+                                   total_tokens)));
+      return false;
+    }
+    Preempt(victim);
+    if (victim == seq) return false;
+  }
+}
+
+void Scheduler::Preempt(Sequence* seq) {
+  PREFIXD_CHECK(seq->state == Sequence::State::kRunning);
+  cache_->Release(seq->cache_seq);  // full computed blocks stay indexed: resumes cheaply
+  seq->cache_seq = -1;
+  seq->state = Sequence::State::kWaiting;
+  seq->decoding = false;
+  running_.erase(std::find(running_.begin(), running_.end(), seq));
+  waiting_.push_front(seq);
+  ++counters_.preemptions;
+}
+
+void Scheduler::FailRunning(const absl::Status& status) {
+  pending_copies_.clear();
+  const absl::Status error =
+      absl::InternalError(absl::StrCat("backend failure: ", status.message()));
+  std::vector<RequestState*> failed;
+  for (Sequence* seq : running_) failed.push_back(seq->request);
+  for (RequestState* r : failed) {
+    if (!r->ended) EndRequest(r, error);
+  }
+}
+
+void Scheduler::SampleAndEmit(Sequence* seq, absl::Span<const float> logits, absl::Time now) {
+  RequestState* r = seq->request;
+  const EngineRequest& req = r->request;
+  std::vector<Sequence*> samples = {seq};
+  if (seq->pre_fork) {
+    // The prompt is computed once; each sample continues from a copy-on-write fork.
+    seq->pre_fork = false;
+    const std::vector<SequenceId> children =
+        cache_->Fork(seq->cache_seq, static_cast<int32_t>(req.num_samples) - 1);
+    for (size_t i = 0; i < children.size(); ++i) {
+      auto child = std::make_unique<Sequence>();
+      child->request = r;
+      child->sample_index = static_cast<uint32_t>(i + 1);
+      child->state = Sequence::State::kRunning;
+      child->tokens = seq->tokens;
+      child->cache_seq = children[i];
+      child->admit_order = seq->admit_order;
+      running_.push_back(child.get());
+      samples.push_back(child.get());
+      r->sequences.push_back(std::move(child));
+    }
+  }
+  for (Sequence* s : samples) {
+    const SampleKey key{.seed = req.sampling.seed,
+                        .sample_index = s->sample_index,
+                        .position = static_cast<uint32_t>(s->tokens.size())};
+    SampledToken t = SampleToken(logits, req.sampling, key, req.top_logprobs);
+    const uint32_t id = t.token.token_id;
+    const bool is_stop = (!req.ignore_eos && id == options_.model_config.eos_token_id) ||
+                         std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), id) !=
+                             req.stop_token_ids.end();
+    if (is_stop) {
+      FinishSequence(s, FinishReason::kStop, now);
+      continue;
+    }
+    RequestEvent event;
+    event.kind = RequestEvent::Kind::kToken;
+    event.sample_index = s->sample_index;
+    event.token = t.token;
+    event.top = std::move(t.top);
+    r->outbox.push_back(std::move(event));
+    ++s->generated;
+    ++r->usage.completion_tokens;
+    ++counters_.generated_tokens;
+    if (!r->has_first_token) {
+      r->has_first_token = true;
+      ttft_.push_back(absl::ToDoubleSeconds(now - r->submit_time));
+    }
+    if (s->generated == 1) s->first_token_time = now;
+    if (s->generated == req.max_new_tokens) {
+      FinishSequence(s, FinishReason::kLength, now);
+      continue;
+    }
+    cache_->AppendTokens(s->cache_seq, {id});
+    s->tokens.push_back(id);
+    s->decoding = true;
+  }
+}
+
+void Scheduler::FinishSequence(Sequence* seq, FinishReason reason, absl::Time now) {
+  RequestState* r = seq->request;
+  if (seq->generated >= 2) {
+    tpot_.push_back(absl::ToDoubleSeconds(now - seq->first_token_time) / (seq->generated - 1));
+  }
+  ReleaseSequence(seq);
+  RequestEvent event;
+  event.kind = RequestEvent::Kind::kSampleFinished;
+  event.sample_index = seq->sample_index;
+  event.finish_reason = reason;
+  r->outbox.push_back(std::move(event));
+  if (++r->samples_finished == r->request.num_samples) {
+    RequestEvent done;
+    done.kind = RequestEvent::Kind::kDone;
+    done.usage = r->usage;
+    done.status = absl::OkStatus();
+    r->outbox.push_back(std::move(done));
+    r->ended = true;
+  }
+}
+
+void Scheduler::EndRequest(RequestState* r, const absl::Status& status) {
+  PREFIXD_CHECK(!r->ended && !status.ok());
+  for (auto& seq : r->sequences) {
+    if (seq->state != Sequence::State::kFinished) ReleaseSequence(seq.get());
+  }
+  RequestEvent done;
+  done.kind = RequestEvent::Kind::kDone;
+  done.usage = r->usage;
+  done.status = status;
+  r->outbox.push_back(std::move(done));
+  r->ended = true;
+}
+
+void Scheduler::ReleaseSequence(Sequence* seq) {
+  if (seq->state == Sequence::State::kRunning) cache_->Release(seq->cache_seq);
+  seq->cache_seq = -1;
+  seq->state = Sequence::State::kFinished;
+}
+
+void Scheduler::Prune() {
+  auto finished = [](const Sequence* s) { return s->state == Sequence::State::kFinished; };
+  running_.erase(std::remove_if(running_.begin(), running_.end(), finished), running_.end());
+  waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(), finished), waiting_.end());
+  UpdateCounts();
+}
+
+void Scheduler::FlushEvents() {
+  Prune();
+  for (auto& r : requests_) {
+    if (!r->outbox.empty()) {
+      r->stream->Push(std::move(r->outbox));
+      r->outbox.clear();
+    }
+  }
+  requests_.erase(
+      std::remove_if(requests_.begin(), requests_.end(), [](const auto& r) { return r->ended; }),
+      requests_.end());
+  UpdateCounts();
+}
+
+void Scheduler::UpdateCounts() {
+  counters_.waiting_requests = 0;
+  counters_.running_requests = 0;
+  for (const auto& r : requests_) {
+    if (r->ended) continue;
+    bool running = false;
+    for (const auto& s : r->sequences) running |= s->state == Sequence::State::kRunning;
+    ++(running ? counters_.running_requests : counters_.waiting_requests);
+  }
+}
+
+}  // namespace prefixd

@@ -1,0 +1,121 @@
+// The scheduler: continuous batching over one KvCache and one Backend. Engine-thread only
+// (engine.cc runs it); it has no locks and no threads, so tests can drive it step by step.
+//
+// Each Step() builds one batch:
+//  1. every running sequence with one token left to compute (a decode) gets it, oldest
+//     admission first; when the pool cannot hold a block for it even after eviction, the
+//     most recently admitted sequence is preempted by recompute (blocks released, full ones
+//     stay cached; requeued at the front);
+//  2. sequences still prefilling get chunks in admission order from what is left of
+//     max_batch_tokens, so a long prompt delays running decodes by at most one chunk;
+//  3. waiting requests are admitted in order while budget and blocks remain. One whose
+//     prefix another running sequence is computing right now waits for those blocks
+//     instead of computing them twice.
+// Then the copies cache/ asked for run, the backend runs the batch, computed rows are
+// marked (full blocks become shareable), and tokens are sampled and streamed.
+//
+// Invariants: every request in the scheduler ends with exactly one kDone; a finished or
+// preempted sequence holds no KvCache sequence; a backend error ends every request that was
+// running (INTERNAL, the backend's message) and leaves the pool consistent.
+#ifndef PREFIXD_ENGINE_SCHEDULER_H_
+#define PREFIXD_ENGINE_SCHEDULER_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "cache/kv_cache.h"
+#include "engine/backend.h"
+#include "engine/engine.h"
+#include "engine/model_config.h"
+#include "engine/sequence.h"
+
+namespace prefixd {
+
+struct SchedulerOptions {
+  Backend* backend = nullptr;  // not owned
+  KvCache* cache = nullptr;    // not owned
+  ModelConfig model_config;
+  int32_t max_batch_tokens = 512;
+  std::function<absl::Time()> clock;  // required
+};
+
+struct SchedulerCounters {
+  uint64_t prefill_tokens = 0;    // forwarded tokens that were not decodes of sampled tokens
+  uint64_t generated_tokens = 0;  // emitted tokens (stop/EOS not counted)
+  uint64_t preemptions = 0;
+  uint64_t steps = 0;
+  uint64_t waiting_requests = 0;  // not running (never admitted, or all preempted)
+  uint64_t running_requests = 0;  // at least one sequence running
+};
+
+class Scheduler {
+ public:
+  explicit Scheduler(const SchedulerOptions& options);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a validated request at the back. `request->root` must be set.
+  void Enqueue(std::unique_ptr<RequestState> request);
+  // Ends (CANCELLED) every request whose stream asked to cancel, releasing its blocks.
+  void HandleCancellations();
+  // One batch (see above). No-op when nothing can run.
+  void Step();
+  // Pushes the events of the calls above to their streams and forgets ended requests.
+  // Separate so the engine can publish counters first: once a caller sees kDone, Stats()
+  // already include that request.
+  void FlushEvents();
+  // Ends every remaining request with `status` (non-OK), releasing their blocks.
+  void EndAll(const absl::Status& status);
+
+  bool idle() const { return requests_.empty(); }  // after FlushEvents()
+  const SchedulerCounters& counters() const { return counters_; }
+  // Latency observations (seconds) since the last call.
+  void DrainLatencies(std::vector<double>* ttft, std::vector<double>* tpot);
+
+ private:
+  struct Scheduled {
+    Sequence* seq;
+    int32_t start;  // num_computed before the step
+    int32_t count;  // tokens forwarded
+    bool decode;
+  };
+
+  void Admit(std::vector<Scheduled>* batch, int32_t* budget);
+  // Reserves rows up to `total_tokens` for `seq`, preempting the newest running sequences
+  // while the pool is short. False if `seq` itself was preempted.
+  bool ReserveOrPreempt(Sequence* seq, int32_t total_tokens);
+  void Preempt(Sequence* seq);
+  void SortRunning();
+  void FailRunning(const absl::Status& status);
+  // Samples the token at the end of `seq` from `logits`, emits it, and finishes the
+  // sequence on a stop condition.
+  void SampleAndEmit(Sequence* seq, absl::Span<const float> logits, absl::Time now);
+  void FinishSequence(Sequence* seq, FinishReason reason, absl::Time now);
+  void EndRequest(RequestState* request, const absl::Status& status);
+  void ReleaseSequence(Sequence* seq);
+  void Prune();  // drops finished sequences from the queues
+  void UpdateCounts();
+
+  const SchedulerOptions options_;
+  Backend* const backend_;
+  KvCache* const cache_;
+  std::vector<std::unique_ptr<RequestState>> requests_;
+  std::deque<Sequence*> waiting_;
+  std::vector<Sequence*> running_;  // sorted by (admit_order, sample_index)
+  std::vector<BlockCopy> pending_copies_;
+  int64_t next_admit_order_ = 0;
+  SchedulerCounters counters_;
+  std::vector<double> ttft_, tpot_;
+  std::vector<float> logits_;
+};
+
+}  // namespace prefixd
+
+#endif  // PREFIXD_ENGINE_SCHEDULER_H_

@@ -1,0 +1,61 @@
+// What the scheduler keeps per request and per sequence. Engine-thread only.
+//
+// Invariants:
+// - A request has one sequence until its prompt is computed; with num_samples = n that one
+//   sequence (`pre_fork`) then forks into n (sample indices 0..n-1), never before.
+// - A sequence is in exactly one place: waiting (cache_seq == -1, in the waiting queue),
+//   running (cache_seq is a live KvCache sequence) or finished (released, in neither).
+// - tokens = prompt + emitted tokens of this sample; the cache has computed K/V for all of
+//   them but the last one (the next input) while decoding.
+#ifndef PREFIXD_ENGINE_SEQUENCE_H_
+#define PREFIXD_ENGINE_SEQUENCE_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "cache/kv_cache.h"
+#include "cache/sha256.h"
+#include "engine/engine.h"
+#include "engine/request_stream.h"
+
+namespace prefixd {
+
+struct RequestState;
+
+struct Sequence {
+  enum class State { kWaiting, kRunning, kFinished };
+
+  RequestState* request = nullptr;
+  uint32_t sample_index = 0;
+  bool pre_fork = false;  // stands for all num_samples samples until its prompt is computed
+  State state = State::kWaiting;
+  std::vector<uint32_t> tokens;  // prompt + emitted tokens of this sample
+  uint32_t generated = 0;        // emitted tokens
+  SequenceId cache_seq = -1;
+  // Order of the latest admission; the largest is preempted first. Forks share their
+  // parent's and are ordered among themselves by sample index.
+  int64_t admit_order = -1;
+  // The next forwarded token is the sampled one (a decode), not prompt or recomputed text.
+  bool decoding = false;
+  absl::Time first_token_time;
+};
+
+struct RequestState {
+  EngineRequest request;
+  std::shared_ptr<RequestStreamImpl> stream;
+  Digest root;  // CacheRootKey(manifest, namespace)
+  absl::Time submit_time;
+  bool admitted_once = false;
+  bool has_first_token = false;
+  bool ended = false;  // kDone queued
+  uint32_t samples_finished = 0;
+  Usage usage;
+  std::vector<std::unique_ptr<Sequence>> sequences;
+  std::vector<RequestEvent> outbox;  // flushed to the stream at the end of each step
+};
+
+}  // namespace prefixd
+
+#endif  // PREFIXD_ENGINE_SEQUENCE_H_
