@@ -1,0 +1,59 @@
+// prefixctl's command line: global flags, one command and its flags, parsed into plain
+// structs so the parsing is testable without a server. Flags take "--flag value" or
+// "--flag=value"; global flags may appear anywhere.
+#ifndef PREFIXD_CLIENT_CLI_ARGS_H_
+#define PREFIXD_CLIENT_CLI_ARGS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace prefixd {
+
+enum class Command { kGenerate, kTokenize, kInfo, kStats, kBench, kHelp };
+
+struct GenerateArgs {
+  std::optional<std::string> text;           // the positional prompt
+  std::optional<std::vector<uint32_t>> ids;  // --ids 1,2,3
+  uint32_t max_tokens = 32;
+  float temperature = 0.0f;
+  uint32_t top_k = 0;
+  std::optional<float> top_p;
+  std::optional<uint64_t> seed;
+  uint32_t samples = 1;
+  std::string salt;
+  uint32_t top_logprobs = 0;
+};
+
+struct BenchArgs {
+  uint32_t prefix_tokens = 256;
+  uint32_t suffix_tokens = 16;
+  uint32_t requests = 64;
+  uint32_t concurrency = 8;
+  uint32_t max_tokens = 16;
+  uint64_t seed = 1;
+};
+
+struct CliArgs {
+  std::string server = "127.0.0.1:50051";
+  std::string token;
+  std::string tls_ca;
+  double connect_timeout_s = 5.0;
+  bool json = false;
+  Command command = Command::kHelp;
+  GenerateArgs generate;
+  std::string tokenize_text;
+  BenchArgs bench;
+};
+
+// args excludes argv[0]. INVALID_ARGUMENT says which argument is wrong and what is expected.
+absl::StatusOr<CliArgs> ParseCliArgs(const std::vector<std::string>& args);
+
+extern const char kUsage[];
+
+}  // namespace prefixd
+
+#endif  // PREFIXD_CLIENT_CLI_ARGS_H_

@@ -1,0 +1,195 @@
+#include "client/commands.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+
+namespace prefixd {
+namespace {
+
+const char* FinishName(v1::FinishReason r) {
+  switch (r) {
+    case v1::FINISH_REASON_LENGTH:
+      return "length";
+    case v1::FINISH_REASON_STOP:
+      return "stop";
+    default:
+      return "unspecified";
+  }
+}
+
+struct SampleOut {
+  std::vector<uint32_t> token_ids;
+  std::string text;
+  std::vector<float> logprobs;
+  v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
+};
+
+}  // namespace
+
+int RunGenerate(Connection& conn, const CliArgs& args, std::ostream& out, std::ostream& err) {
+  const GenerateArgs& g = args.generate;
+  v1::GenerateRequest req;
+  if (g.text.has_value()) {
+    req.set_text(*g.text);
+  } else {
+    for (uint32_t id : *g.ids) req.mutable_token_ids()->add_ids(id);
+  }
+  req.set_max_new_tokens(g.max_tokens);
+  req.set_temperature(g.temperature);
+  req.set_top_k(g.top_k);
+  if (g.top_p.has_value()) req.set_top_p(*g.top_p);
+  if (g.seed.has_value()) req.set_seed(*g.seed);
+  req.set_num_samples(g.samples);
+  req.set_cache_salt(g.salt);
+  req.set_top_logprobs(g.top_logprobs);
+
+  auto ctx = conn.NewContext();
+  auto reader = conn.stub().Generate(ctx.get(), req);
+  std::map<uint32_t, SampleOut> samples;
+  v1::Usage usage;
+  const bool stream_text = !args.json && g.samples == 1;
+  v1::GenerateResponse msg;
+  while (reader->Read(&msg)) {
+    SampleOut& s = samples[msg.sample_index()];
+    s.token_ids.insert(s.token_ids.end(), msg.token_ids().begin(), msg.token_ids().end());
+    s.logprobs.insert(s.logprobs.end(), msg.logprobs().begin(), msg.logprobs().end());
+    s.text += msg.text();
+    if (msg.finish_reason() != v1::FINISH_REASON_UNSPECIFIED) s.finish = msg.finish_reason();
+    if (msg.has_usage()) usage = msg.usage();
+    if (stream_text && !msg.text().empty()) out << msg.text() << std::flush;
+  }
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) {
+    if (stream_text) out << "\n";
+    err << DescribeRpcError("generate", status) << "\n";
+    return 1;
+  }
+  if (args.json) {
+    nlohmann::json j;
+    j["samples"] = nlohmann::json::array();
+    for (const auto& [index, s] : samples) {
+      j["samples"].push_back({{"index", index},
+                              {"token_ids", s.token_ids},
+                              {"text", s.text},
+                              {"logprobs", s.logprobs},
+                              {"finish_reason", FinishName(s.finish)}});
+    }
+    j["usage"] = {{"prompt_tokens", usage.prompt_tokens()},
+                  {"cached_prompt_tokens", usage.cached_prompt_tokens()},
+                  {"completion_tokens", usage.completion_tokens()}};
+    out << j.dump() << "\n";
+    return 0;
+  }
+  if (!stream_text) {
+    for (const auto& [index, s] : samples) {
+      out << "--- sample " << index << " (" << FinishName(s.finish) << ")\n" << s.text << "\n";
+    }
+  } else {
+    out << "\n";
+  }
+  out << absl::StrFormat("[prompt_tokens=%u cached_prompt_tokens=%u completion_tokens=%u]\n",
+                         usage.prompt_tokens(), usage.cached_prompt_tokens(),
+                         usage.completion_tokens());
+  return 0;
+}
+
+int RunTokenize(Connection& conn, const CliArgs& args, std::ostream& out, std::ostream& err) {
+  v1::TokenizeRequest req;
+  req.set_text(args.tokenize_text);
+  v1::TokenizeResponse resp;
+  auto ctx = conn.NewContext();
+  grpc::Status status = conn.stub().Tokenize(ctx.get(), req, &resp);
+  if (!status.ok()) {
+    err << DescribeRpcError("tokenize", status) << "\n";
+    return 1;
+  }
+  std::vector<uint32_t> ids(resp.token_ids().begin(), resp.token_ids().end());
+  if (args.json) {
+    out << nlohmann::json({{"token_ids", ids}}).dump() << "\n";
+  } else {
+    out << absl::StrJoin(ids, ",") << "\n";
+  }
+  return 0;
+}
+
+int RunInfo(Connection& conn, const CliArgs& args, std::ostream& out, std::ostream& err) {
+  v1::ModelInfo info;
+  auto ctx = conn.NewContext();
+  grpc::Status status = conn.stub().GetModelInfo(ctx.get(), v1::GetModelInfoRequest(), &info);
+  if (!status.ok()) {
+    err << DescribeRpcError("info", status) << "\n";
+    return 1;
+  }
+  if (args.json) {
+    out << nlohmann::json({{"model_name", info.model_name()},
+                           {"manifest_sha256", info.manifest_sha256()},
+                           {"n_layer", info.n_layer()},
+                           {"n_head", info.n_head()},
+                           {"n_embd", info.n_embd()},
+                           {"vocab_size", info.vocab_size()},
+                           {"context_length", info.context_length()},
+                           {"dtype", info.dtype()},
+                           {"device", info.device()},
+                           {"block_size", info.block_size()},
+                           {"kv_pool_blocks", info.kv_pool_blocks()},
+                           {"kv_bytes_per_token", info.kv_bytes_per_token()}})
+               .dump()
+        << "\n";
+    return 0;
+  }
+  out << absl::StrFormat(
+      "model            %s\n"
+      "manifest sha256  %s\n"
+      "layers/heads/embd %u / %u / %u\n"
+      "vocab            %u\n"
+      "context          %u tokens\n"
+      "device / dtype   %s / %s\n"
+      "KV pool          %u blocks x %u tokens (%u tokens), %u bytes per token\n",
+      info.model_name(), info.manifest_sha256(), info.n_layer(), info.n_head(), info.n_embd(),
+      info.vocab_size(), info.context_length(), info.device(), info.dtype(), info.kv_pool_blocks(),
+      info.block_size(), info.kv_pool_blocks() * info.block_size(), info.kv_bytes_per_token());
+  return 0;
+}
+
+int RunStats(Connection& conn, const CliArgs& args, std::ostream& out, std::ostream& err) {
+  v1::CacheStats s;
+  auto ctx = conn.NewContext();
+  grpc::Status status = conn.stub().GetCacheStats(ctx.get(), v1::GetCacheStatsRequest(), &s);
+  if (!status.ok()) {
+    err << DescribeRpcError("stats", status) << "\n";
+    return 1;
+  }
+  if (args.json) {
+    out << nlohmann::json({{"queried_tokens", s.queried_tokens()},
+                           {"hit_tokens", s.hit_tokens()},
+                           {"blocks_total", s.blocks_total()},
+                           {"blocks_free", s.blocks_free()},
+                           {"blocks_active", s.blocks_active()},
+                           {"blocks_cached", s.blocks_cached()},
+                           {"evictions", s.evictions()},
+                           {"cow_copies", s.cow_copies()},
+                           {"pool_bytes", s.pool_bytes()}})
+               .dump()
+        << "\n";
+    return 0;
+  }
+  const double ratio = s.queried_tokens() == 0 ? 0.0
+                                               : 100.0 * static_cast<double>(s.hit_tokens()) /
+                                                     static_cast<double>(s.queried_tokens());
+  out << absl::StrFormat(
+      "prefix cache     %u of %u prompt tokens served from cache (%.1f%%)\n"
+      "KV blocks        %u total: %u free, %u active, %u cached\n"
+      "evictions        %u\n"
+      "copy-on-write    %u block copies\n"
+      "pool             %u bytes\n",
+      s.hit_tokens(), s.queried_tokens(), ratio, s.blocks_total(), s.blocks_free(),
+      s.blocks_active(), s.blocks_cached(), s.evictions(), s.cow_copies(), s.pool_bytes());
+  return 0;
+}
+
+}  // namespace prefixd

@@ -1,0 +1,20 @@
+// prefixctl's commands. Each returns the process exit code: 0 on success, 1 when the call
+// failed (the message goes to `err`).
+#ifndef PREFIXD_CLIENT_COMMANDS_H_
+#define PREFIXD_CLIENT_COMMANDS_H_
+
+#include <ostream>
+
+#include "client/cli_args.h"
+#include "client/connection.h"
+
+namespace prefixd {
+
+int RunGenerate(Connection& conn, const CliArgs& args, std::ostream& out, std::ostream& err);
+int RunTokenize(Connection& conn, const CliArgs& args, std::ostream& out, std::ostream& err);
+int RunInfo(Connection& conn, const CliArgs& args, std::ostream& out, std::ostream& err);
+int RunStats(Connection& conn, const CliArgs& args, std::ostream& out, std::ostream& err);
+
+}  // namespace prefixd
+
+#endif  // PREFIXD_CLIENT_COMMANDS_H_

@@ -1,0 +1,89 @@
+#include "server/auth.h"
+
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace prefixd {
+namespace {
+
+std::array<unsigned char, 32> Digest(std::string_view s) {
+  std::array<unsigned char, 32> d;
+  SHA256(reinterpret_cast<const unsigned char*>(s.data()), s.size(), d.data());
+  return d;
+}
+
+}  // namespace
+
+Authenticator Authenticator::AllowAll() { return Authenticator(); }
+
+absl::StatusOr<Authenticator> Authenticator::FromText(std::string_view text) {
+  Authenticator auth;
+  auth.enabled_ = true;
+  int line_no = 0;
+  for (absl::string_view line : absl::StrSplit(absl::string_view(text.data(), text.size()), '\n')) {
+    ++line_no;
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || line[0] == '#') continue;
+    std::vector<absl::string_view> fields =
+        absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    if (fields.size() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat("auth tokens line ", line_no,
+                                                     ": expected \"token tenant\", got ",
+                                                     fields.size(), " fields"));
+    }
+    Entry e{Digest(std::string_view(fields[0].data(), fields[0].size())), std::string(fields[1])};
+    for (const Entry& other : auth.entries_) {
+      if (other.digest == e.digest) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("auth tokens line ", line_no, ": duplicate token"));
+      }
+    }
+    auth.entries_.push_back(std::move(e));
+  }
+  if (auth.entries_.empty()) {
+    return absl::InvalidArgumentError("auth tokens file has no \"token tenant\" lines");
+  }
+  return auth;
+}
+
+absl::StatusOr<Authenticator> Authenticator::FromFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read auth tokens file ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  absl::StatusOr<Authenticator> auth = FromText(ss.str());
+  if (!auth.ok()) {
+    return absl::Status(auth.status().code(), absl::StrCat(path, ": ", auth.status().message()));
+  }
+  return auth;
+}
+
+absl::StatusOr<std::string> Authenticator::Authenticate(
+    std::optional<std::string_view> authorization) const {
+  if (!enabled_) return std::string(kDefaultTenant);
+  if (!authorization.has_value()) {
+    return absl::UnauthenticatedError("missing \"authorization: Bearer <token>\" metadata");
+  }
+  constexpr std::string_view kBearer = "Bearer ";
+  if (!absl::StartsWithIgnoreCase(absl::string_view(authorization->data(), authorization->size()),
+                                  absl::string_view(kBearer.data(), kBearer.size()))) {
+    return absl::UnauthenticatedError("authorization metadata must be \"Bearer <token>\"");
+  }
+  const auto presented = Digest(authorization->substr(kBearer.size()));
+  const Entry* match = nullptr;
+  for (const Entry& e : entries_) {  // no early exit: constant time in the position
+    if (CRYPTO_memcmp(e.digest.data(), presented.data(), presented.size()) == 0) match = &e;
+  }
+  if (match == nullptr) return absl::UnauthenticatedError("unknown bearer token");
+  return match->tenant;
+}
+
+}  // namespace prefixd

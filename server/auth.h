@@ -1,0 +1,51 @@
+// Bearer-token authentication of Inference calls.
+//
+// With an --auth-tokens file (lines "token tenant"; blank lines and lines starting with '#'
+// ignored), every call must carry `authorization: Bearer <token>` naming one of its tokens;
+// the tenant it maps to owns the call's cache namespace. Without a file every call belongs
+// to kDefaultTenant. Token comparison is constant time: the presented token's SHA-256 is
+// compared with every stored token's digest with CRYPTO_memcmp, with no early exit, so the
+// time taken reveals neither which token nor how much of one matched.
+#ifndef PREFIXD_SERVER_AUTH_H_
+#define PREFIXD_SERVER_AUTH_H_
+
+#include <array>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace prefixd {
+
+inline constexpr std::string_view kDefaultTenant = "default";
+
+class Authenticator {
+ public:
+  // Every call is the default tenant.
+  static Authenticator AllowAll();
+  // Parses the token file's contents. INVALID_ARGUMENT names the line that is malformed, a
+  // duplicate token, or a file without tokens.
+  static absl::StatusOr<Authenticator> FromText(std::string_view text);
+  static absl::StatusOr<Authenticator> FromFile(const std::string& path);
+
+  bool enabled() const { return enabled_; }
+  size_t num_tokens() const { return entries_.size(); }
+
+  // `authorization` is the metadata value, absent when the call carried none. Returns the
+  // tenant, or UNAUTHENTICATED (missing header, not "Bearer", unknown token).
+  absl::StatusOr<std::string> Authenticate(std::optional<std::string_view> authorization) const;
+
+ private:
+  struct Entry {
+    std::array<unsigned char, 32> digest;
+    std::string tenant;
+  };
+  bool enabled_ = false;
+  std::vector<Entry> entries_;
+};
+
+}  // namespace prefixd
+
+#endif  // PREFIXD_SERVER_AUTH_H_

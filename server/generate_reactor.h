@@ -1,0 +1,75 @@
+// The server-streaming reactor of one Generate call.
+//
+// Flow control: at most one write is in flight; events that arrive meanwhile queue up and
+// are coalesced into the next message (all pending tokens of one sample, with its
+// finish_reason when the sample ended). A slow client therefore gets fewer, larger messages
+// instead of an unbounded send buffer.
+//
+// Lifetime: the engine's notify callback is the only caller from outside gRPC. It reaches the
+// reactor through a small shared Link whose pointer OnDone clears under the Link's mutex, so
+// a notify that races with the end of the call never touches a deleted reactor. gRPC runs
+// OnDone only after Finish and after any OnCancel / OnWriteDone reaction has returned.
+//
+// Cancellation: OnCancel (client cancel, disconnect, deadline) and a failed write cancel the
+// engine stream at once, so the sequence's blocks are released before the engine's next step.
+#ifndef PREFIXD_SERVER_GENERATE_REACTOR_H_
+#define PREFIXD_SERVER_GENERATE_REACTOR_H_
+
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "engine/engine.h"
+#include "engine/tokenizer.h"
+#include "grpcpp/grpcpp.h"
+#include "prefixd/v1/inference.grpc.pb.h"
+
+namespace prefixd {
+
+class InferenceService;
+
+class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  // Authenticates, validates and submits; on any refusal the call is finished at once.
+  static GenerateReactor* Start(InferenceService* service, grpc::CallbackServerContext* context,
+                                const v1::GenerateRequest* request);
+
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+ private:
+  struct Link {
+    absl::Mutex mu;
+    GenerateReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
+  };
+
+  GenerateReactor(InferenceService* service, const v1::GenerateRequest* request);
+  void Begin(grpc::CallbackServerContext* context);
+  // Decides the next step under mu_ and performs it (StartWrite or Finish) outside it.
+  void Pump();
+  // Moves the next message's worth of pending events into msg_; false if there is none.
+  bool BuildMessageLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishCall(const grpc::Status& status);
+
+  InferenceService* const service_;
+  const v1::GenerateRequest* const request_;
+  std::string request_id_;
+  std::shared_ptr<Link> link_;
+  std::shared_ptr<RequestStream> stream_;  // set once in Begin, before any notify
+
+  absl::Mutex mu_;
+  std::deque<RequestEvent> pending_ ABSL_GUARDED_BY(mu_);
+  std::vector<Utf8StreamDecoder> decoders_ ABSL_GUARDED_BY(mu_);  // one per sample
+  v1::GenerateResponse msg_ ABSL_GUARDED_BY(mu_);                 // the message being written
+  bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;      // kDone consumed; finish after the last write
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish called or decided
+  absl::Status done_status_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace prefixd
+
+#endif  // PREFIXD_SERVER_GENERATE_REACTOR_H_

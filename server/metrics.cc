@@ -1,0 +1,188 @@
+#include "server/metrics.h"
+
+#include <utility>
+
+#include "prometheus/text_serializer.h"
+#include "server/grpc_status.h"
+
+namespace prefixd {
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+using prometheus::BuildHistogram;
+
+// Latency buckets in seconds. TTFT spans a prefill (ms on a GPU, up to seconds for a long
+// prompt on a CPU); TPOT is one decode step (sub-ms to ~100 ms).
+const prometheus::Histogram::BucketBoundaries kTtftBuckets = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                                              0.5,   1,    2.5,   5,    10,  30};
+const prometheus::Histogram::BucketBoundaries kTpotBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025,
+                                                              0.05,  0.1,    0.25,  0.5,  1};
+
+void AddDelta(prometheus::Counter* c, uint64_t now, uint64_t before) {
+  if (now > before) c->Increment(static_cast<double>(now - before));
+}
+
+}  // namespace
+
+ServerMetrics::ServerMetrics(MetricsSources sources)
+    : sources_(std::move(sources)), registry_(std::make_shared<prometheus::Registry>()) {
+  auto& r = *registry_;
+  // = sum of prompt lengths of requests at their first admission.
+  queried_tokens_ = &BuildCounter()
+                         .Name("prefixd_prefix_cache_queried_tokens_total")
+                         .Help("Prompt tokens of admitted requests, looked up in the prefix cache")
+                         .Register(r)
+                         .Add({});
+  // = sum of cached_prompt_tokens = min(matched prefix, prompt length - 1) at first admission.
+  hit_tokens_ = &BuildCounter()
+                     .Name("prefixd_prefix_cache_hit_tokens_total")
+                     .Help("Prompt tokens served from the prefix cache (cached_prompt_tokens)")
+                     .Register(r)
+                     .Add({});
+  // free + active + cached = the pool's blocks.
+  auto& blocks = BuildGauge()
+                     .Name("prefixd_kv_blocks")
+                     .Help(
+                         "KV blocks by state: free (unused), active (referenced by a "
+                         "sequence), cached (unreferenced, indexed, evictable)")
+                     .Register(r);
+  blocks_free_ = &blocks.Add({{"state", "free"}});
+  blocks_active_ = &blocks.Add({{"state", "active"}});
+  blocks_cached_ = &blocks.Add({{"state", "cached"}});
+  pool_bytes_ = &BuildGauge()
+                     .Name("prefixd_kv_pool_bytes")
+                     .Help("Bytes of the KV pool (blocks x block_size x bytes per token)")
+                     .Register(r)
+                     .Add({});
+  bytes_per_token_ = &BuildGauge()
+                          .Name("prefixd_kv_bytes_per_token")
+                          .Help(
+                              "KV bytes per token = 2 x layers x heads x head_dim x "
+                              "bytes per element")
+                          .Register(r)
+                          .Add({});
+  // = number of cached blocks taken back (their index entry dropped) to satisfy allocations.
+  evictions_ = &BuildCounter()
+                    .Name("prefixd_kv_evictions_total")
+                    .Help("Cached KV blocks evicted (least recently used first)")
+                    .Register(r)
+                    .Add({});
+  // = number of block copies made: partial-block prefix matches + first writes into a block
+  //   shared by forked samples.
+  cow_copies_ = &BuildCounter()
+                     .Name("prefixd_kv_cow_copies_total")
+                     .Help("KV blocks copied on write (partial prefix matches, sample forks)")
+                     .Register(r)
+                     .Add({});
+  // = sum over admissions (re-admissions after preemption included) of
+  //   prompt tokens - tokens taken from the cache: tokens the backend computed in prefill.
+  prefill_tokens_ = &BuildCounter()
+                         .Name("prefixd_prefill_tokens_total")
+                         .Help("Prompt tokens computed in prefill (not served from the cache)")
+                         .Register(r)
+                         .Add({});
+  // = sum of tokens sampled over all samples, stop/EOS tokens excluded.
+  generated_tokens_ = &BuildCounter()
+                           .Name("prefixd_generated_tokens_total")
+                           .Help("Tokens generated (completion tokens of all samples)")
+                           .Register(r)
+                           .Add({});
+  // = number of times a running sequence was preempted by recompute for lack of blocks.
+  preemptions_ = &BuildCounter()
+                      .Name("prefixd_preemptions_total")
+                      .Help("Sequences preempted (blocks released, recomputed later)")
+                      .Register(r)
+                      .Add({});
+  // = number of Generate calls finished, by gRPC status code.
+  requests_ = &BuildCounter()
+                   .Name("prefixd_requests_total")
+                   .Help("Generate calls finished, by gRPC status code")
+                   .Register(r);
+  running_ = &BuildGauge()
+                  .Name("prefixd_running_requests")
+                  .Help("Requests admitted and running in the engine")
+                  .Register(r)
+                  .Add({});
+  waiting_ = &BuildGauge()
+                  .Name("prefixd_waiting_requests")
+                  .Help("Requests queued, waiting for admission")
+                  .Register(r)
+                  .Add({});
+  ttft_ = &BuildHistogram()
+               .Name("prefixd_time_to_first_token_seconds")
+               .Help("Seconds from submission to a request's first token")
+               .Register(r)
+               .Add({}, kTtftBuckets);
+  tpot_ = &BuildHistogram()
+               .Name("prefixd_time_per_output_token_seconds")
+               .Help("Seconds between consecutive tokens of a sample")
+               .Register(r)
+               .Add({}, kTpotBuckets);
+  auto& memory = BuildGauge()
+                     .Name("prefixd_memory_bytes")
+                     .Help("Bytes the backend holds: weights, kv_pool, workspace")
+                     .Register(r);
+  mem_weights_ = &memory.Add({{"kind", "weights"}});
+  mem_kv_pool_ = &memory.Add({{"kind", "kv_pool"}});
+  mem_workspace_ = &memory.Add({{"kind", "workspace"}});
+  // Make OK visible at 0 from the first scrape, so rate() works from the start.
+  requests_->Add({{"code", "OK"}});
+}
+
+void ServerMetrics::RecordRequest(grpc::StatusCode code) {
+  requests_->Add({{"code", GrpcCodeName(code)}}).Increment();
+}
+
+void ServerMetrics::RefreshLocked() const {
+  if (sources_.stats) {
+    const EngineStats now = sources_.stats();
+    AddDelta(queried_tokens_, now.queried_tokens, last_.queried_tokens);
+    AddDelta(hit_tokens_, now.hit_tokens, last_.hit_tokens);
+    AddDelta(evictions_, now.evictions, last_.evictions);
+    AddDelta(cow_copies_, now.cow_copies, last_.cow_copies);
+    AddDelta(prefill_tokens_, now.prefill_tokens, last_.prefill_tokens);
+    AddDelta(generated_tokens_, now.generated_tokens, last_.generated_tokens);
+    AddDelta(preemptions_, now.preemptions, last_.preemptions);
+    blocks_free_->Set(static_cast<double>(now.blocks_free));
+    blocks_active_->Set(static_cast<double>(now.blocks_active));
+    blocks_cached_->Set(static_cast<double>(now.blocks_cached));
+    pool_bytes_->Set(static_cast<double>(now.pool_bytes));
+    bytes_per_token_->Set(static_cast<double>(now.bytes_per_token));
+    running_->Set(static_cast<double>(now.running_requests));
+    waiting_->Set(static_cast<double>(now.waiting_requests));
+    // Keep the maximum seen so a (never expected) decrease cannot make a counter go back.
+    EngineStats next = now;
+    next.queried_tokens = std::max(now.queried_tokens, last_.queried_tokens);
+    next.hit_tokens = std::max(now.hit_tokens, last_.hit_tokens);
+    next.evictions = std::max(now.evictions, last_.evictions);
+    next.cow_copies = std::max(now.cow_copies, last_.cow_copies);
+    next.prefill_tokens = std::max(now.prefill_tokens, last_.prefill_tokens);
+    next.generated_tokens = std::max(now.generated_tokens, last_.generated_tokens);
+    next.preemptions = std::max(now.preemptions, last_.preemptions);
+    last_ = next;
+  }
+  if (sources_.latencies) {
+    const Engine::Latencies lat = sources_.latencies();
+    for (double s : lat.ttft) ttft_->Observe(s);
+    for (double s : lat.tpot) tpot_->Observe(s);
+  }
+  if (sources_.memory) {
+    const MemoryUsage m = sources_.memory();
+    mem_weights_->Set(static_cast<double>(m.weights_bytes));
+    mem_kv_pool_->Set(static_cast<double>(m.kv_pool_bytes));
+    mem_workspace_->Set(static_cast<double>(m.workspace_bytes));
+  }
+}
+
+std::vector<prometheus::MetricFamily> ServerMetrics::Collect() const {
+  absl::MutexLock lock(&mu_);
+  RefreshLocked();
+  return registry_->Collect();
+}
+
+std::string ServerMetrics::ExpositionText() const {
+  return prometheus::TextSerializer().Serialize(Collect());
+}
+
+}  // namespace prefixd

@@ -1,0 +1,80 @@
+// Prometheus metrics of prefixd, collected on scrape: each scrape first pulls the engine's
+// Stats() (counters advance by the delta since the previous scrape) and DrainLatencies()
+// (observations go into the histograms), then serializes. No collector thread, and nothing
+// is read from the engine between scrapes.
+//
+// Counters only ever increase: a delta is applied only when the engine's cumulative value
+// grew. Every metric and its formula are listed in docs/SERVER.md.
+#ifndef PREFIXD_SERVER_METRICS_H_
+#define PREFIXD_SERVER_METRICS_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "engine/backend.h"
+#include "engine/engine.h"
+#include "grpcpp/support/status.h"
+#include "prometheus/collectable.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace prefixd {
+
+struct MetricsSources {
+  std::function<EngineStats()> stats;
+  std::function<Engine::Latencies()> latencies;
+  std::function<MemoryUsage()> memory;
+};
+
+class ServerMetrics : public prometheus::Collectable {
+ public:
+  explicit ServerMetrics(MetricsSources sources);
+
+  // One finished Generate call, by its gRPC status code.
+  void RecordRequest(grpc::StatusCode code);
+
+  // Refreshes from the sources, then returns every family (the Exposer calls this per scrape).
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+  // The text exposition format, as /metrics serves it.
+  std::string ExpositionText() const;
+
+ private:
+  void RefreshLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  MetricsSources sources_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  mutable absl::Mutex mu_;
+  mutable EngineStats last_ ABSL_GUARDED_BY(mu_);
+
+  prometheus::Counter* queried_tokens_;
+  prometheus::Counter* hit_tokens_;
+  prometheus::Gauge* blocks_free_;
+  prometheus::Gauge* blocks_active_;
+  prometheus::Gauge* blocks_cached_;
+  prometheus::Gauge* pool_bytes_;
+  prometheus::Gauge* bytes_per_token_;
+  prometheus::Counter* evictions_;
+  prometheus::Counter* cow_copies_;
+  prometheus::Counter* prefill_tokens_;
+  prometheus::Counter* generated_tokens_;
+  prometheus::Counter* preemptions_;
+  prometheus::Family<prometheus::Counter>* requests_;
+  prometheus::Gauge* running_;
+  prometheus::Gauge* waiting_;
+  prometheus::Histogram* ttft_;
+  prometheus::Histogram* tpot_;
+  prometheus::Gauge* mem_weights_;
+  prometheus::Gauge* mem_kv_pool_;
+  prometheus::Gauge* mem_workspace_;
+};
+
+}  // namespace prefixd
+
+#endif  // PREFIXD_SERVER_METRICS_H_

@@ -1,0 +1,140 @@
+#include "client/cli_args.h"
+
+#include "client/bench.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace prefixd {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+absl::StatusOr<CliArgs> Parse(std::vector<std::string> args) { return ParseCliArgs(args); }
+
+std::string Error(std::vector<std::string> args) {
+  absl::StatusOr<CliArgs> a = ParseCliArgs(args);
+  EXPECT_FALSE(a.ok());
+  return std::string(a.status().message());
+}
+
+TEST(CliArgsTest, GenerateWithTextAndEveryFlag) {
+  absl::StatusOr<CliArgs> a = Parse({"--server",
+                                     "10.0.0.1:9",
+                                     "--token=abc",
+                                     "generate",
+                                     "Hello there",
+                                     "--max-tokens",
+                                     "7",
+                                     "--temperature=0.5",
+                                     "--top-k",
+                                     "40",
+                                     "--top-p",
+                                     "0.9",
+                                     "--seed",
+                                     "123",
+                                     "--samples",
+                                     "3",
+                                     "--salt",
+                                     "s1",
+                                     "--top-logprobs",
+                                     "2",
+                                     "--json"});
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->command, Command::kGenerate);
+  EXPECT_EQ(a->server, "10.0.0.1:9");
+  EXPECT_EQ(a->token, "abc");
+  EXPECT_TRUE(a->json);
+  const GenerateArgs& g = a->generate;
+  EXPECT_EQ(g.text, "Hello there");
+  EXPECT_FALSE(g.ids.has_value());
+  EXPECT_EQ(g.max_tokens, 7u);
+  EXPECT_FLOAT_EQ(g.temperature, 0.5f);
+  EXPECT_EQ(g.top_k, 40u);
+  EXPECT_FLOAT_EQ(*g.top_p, 0.9f);
+  EXPECT_EQ(*g.seed, 123u);
+  EXPECT_EQ(g.samples, 3u);
+  EXPECT_EQ(g.salt, "s1");
+  EXPECT_EQ(g.top_logprobs, 2u);
+}
+
+TEST(CliArgsTest, DefaultsAndIds) {
+  absl::StatusOr<CliArgs> a = Parse({"generate", "--ids", "1, 2,3"});
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->server, "127.0.0.1:50051");
+  EXPECT_THAT(*a->generate.ids, ElementsAre(1u, 2u, 3u));
+  EXPECT_FALSE(a->generate.top_p.has_value());
+  EXPECT_FALSE(a->generate.seed.has_value());
+  EXPECT_FALSE(a->json);
+}
+
+TEST(CliArgsTest, OtherCommands) {
+  EXPECT_EQ(Parse({"tokenize", "a b"})->tokenize_text, "a b");
+  EXPECT_EQ(Parse({"info"})->command, Command::kInfo);
+  EXPECT_TRUE(Parse({"stats", "--json"})->json);
+  absl::StatusOr<CliArgs> b =
+      Parse({"bench", "--prefix-tokens", "64", "--suffix-tokens=8", "--requests", "10",
+             "--concurrency", "2", "--max-tokens", "4"});
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->bench.prefix_tokens, 64u);
+  EXPECT_EQ(b->bench.suffix_tokens, 8u);
+  EXPECT_EQ(b->bench.requests, 10u);
+  EXPECT_EQ(b->bench.concurrency, 2u);
+  EXPECT_EQ(b->bench.max_tokens, 4u);
+  EXPECT_EQ(Parse({"--help"})->command, Command::kHelp);
+}
+
+TEST(CliArgsTest, BadCommandLinesSayWhatIsWrong) {
+  EXPECT_THAT(Error({}), HasSubstr("no command"));
+  EXPECT_THAT(Error({"frobnicate"}), HasSubstr("unknown command \"frobnicate\""));
+  EXPECT_THAT(Error({"generate"}), HasSubstr("exactly one prompt"));
+  EXPECT_THAT(Error({"generate", "text", "--ids", "1"}), HasSubstr("exactly one prompt"));
+  EXPECT_THAT(Error({"generate", "a", "b"}), HasSubstr("quote it"));
+  EXPECT_THAT(Error({"generate", "a", "--max-tokens", "many"}),
+              HasSubstr("--max-tokens expects a non-negative integer"));
+  EXPECT_THAT(Error({"generate", "a", "--max-tokens", "-3"}), HasSubstr("--max-tokens"));
+  EXPECT_THAT(Error({"generate", "a", "--temperature", "hot"}), HasSubstr("--temperature"));
+  EXPECT_THAT(Error({"generate", "--ids", "1,x"}), HasSubstr("--ids"));
+  EXPECT_THAT(Error({"generate", "a", "--max-tokens"}), HasSubstr("needs a value"));
+  EXPECT_THAT(Error({"generate", "a", "--samples", "0"}), HasSubstr("--samples"));
+  EXPECT_THAT(Error({"info", "--max-tokens", "3"}), HasSubstr("unknown flag --max-tokens"));
+  EXPECT_THAT(Error({"info", "extra"}), HasSubstr("unexpected argument"));
+  EXPECT_THAT(Error({"bench", "--requests", "0"}), HasSubstr("--requests"));
+  EXPECT_THAT(Error({"--json=1", "info"}), HasSubstr("--json takes no value"));
+}
+
+TEST(BenchMathTest, NearestRankPercentiles) {
+  EXPECT_EQ(Percentile({}, 50), 0);
+  EXPECT_EQ(Percentile({5}, 99), 5);
+  std::vector<double> v;
+  for (int i = 100; i >= 1; --i) v.push_back(i);
+  EXPECT_EQ(Percentile(v, 50), 50);
+  EXPECT_EQ(Percentile(v, 90), 90);
+  EXPECT_EQ(Percentile(v, 99), 99);
+  EXPECT_EQ(Percentile(v, 100), 100);
+  EXPECT_EQ(Percentile({3, 1, 2}, 50), 2);
+}
+
+TEST(BenchMathTest, ReportTableHasEveryFigure) {
+  BenchReport r;
+  r.requests_ok = 4;
+  r.wall_s = 2.0;
+  r.completion_tokens = 40;
+  r.prompt_tokens = 100;
+  r.cached_prompt_tokens = 75;
+  r.ttft_s = {0.010, 0.020, 0.030, 0.040};
+  r.itl_s = {0.001, 0.002};
+  std::ostringstream out;
+  PrintBenchReport(r, false, out);
+  EXPECT_THAT(out.str(), HasSubstr("requests/s        2.00"));
+  EXPECT_THAT(out.str(), HasSubstr("tokens/s          20.0"));
+  EXPECT_THAT(out.str(), HasSubstr("cache hit ratio   0.750"));
+  EXPECT_THAT(out.str(), HasSubstr("TTFT"));
+  EXPECT_THAT(out.str(), HasSubstr("20.00"));  // p50 TTFT in ms
+  std::ostringstream js;
+  PrintBenchReport(r, true, js);
+  EXPECT_THAT(js.str(), HasSubstr("\"cache_hit_ratio\":0.75"));
+}
+
+}  // namespace
+}  // namespace prefixd

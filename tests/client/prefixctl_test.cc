@@ -1,0 +1,136 @@
+// prefixctl end to end against a real prefixd.
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/server/process.h"
+
+namespace prefixd::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+class PrefixctlTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    const std::string model = dir_->path() + "/model";
+    ASSERT_TRUE(WriteTinyModel(model).ok());
+    absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+        ServerProcess::Start(model, {"--kv-cache-bytes=4194304"});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = server->release();
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+    delete dir_;
+  }
+  CommandResult Ctl(std::vector<std::string> args) {
+    std::vector<std::string> argv = {BuiltBinary("client/prefixctl"), "--server",
+                                     server_->address()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunCommand(argv);
+  }
+
+  static inline TempDir* dir_ = nullptr;
+  static inline ServerProcess* server_ = nullptr;
+};
+
+TEST_F(PrefixctlTest, GenerateJsonThenACacheHit) {
+  const std::vector<std::string> args = {"generate",
+                                         "--ids",
+                                         "11,22,33,44,55,66,77,88,99,111,222,333,444,555,666,"
+                                         "777,888,999",
+                                         "--max-tokens",
+                                         "5",
+                                         "--json"};
+  CommandResult first = Ctl(args);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  nlohmann::json j = nlohmann::json::parse(first.output);
+  ASSERT_EQ(j["samples"].size(), 1u);
+  EXPECT_EQ(j["samples"][0]["index"], 0);
+  EXPECT_EQ(j["samples"][0]["token_ids"].size(), j["usage"]["completion_tokens"].get<size_t>());
+  EXPECT_EQ(j["samples"][0]["logprobs"].size(), j["samples"][0]["token_ids"].size());
+  EXPECT_TRUE(j["samples"][0]["text"].is_string());
+  EXPECT_TRUE(j["samples"][0]["finish_reason"] == "length" ||
+              j["samples"][0]["finish_reason"] == "stop");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 18);
+  EXPECT_EQ(j["usage"]["cached_prompt_tokens"], 0);
+
+  CommandResult second = Ctl(args);
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  nlohmann::json k = nlohmann::json::parse(second.output);
+  EXPECT_EQ(k["usage"]["cached_prompt_tokens"], 16);  // one full block of 16
+  EXPECT_EQ(k["samples"][0]["token_ids"], j["samples"][0]["token_ids"]);
+}
+
+TEST_F(PrefixctlTest, GenerateStreamsTextWithUsage) {
+  CommandResult r = Ctl(
+      {"generate", "Once upon a time", "--max-tokens", "4", "--seed", "1", "--temperature", "0.8"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("[prompt_tokens=4 cached_prompt_tokens="));
+}
+
+TEST_F(PrefixctlTest, TokenizeInfoStats) {
+  CommandResult t = Ctl({"tokenize", "Hello world"});
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  EXPECT_EQ(t.output, "15496,995\n");
+  CommandResult info = Ctl({"info", "--json"});
+  ASSERT_EQ(info.exit_code, 0) << info.output;
+  nlohmann::json j = nlohmann::json::parse(info.output);
+  EXPECT_EQ(j["model_name"], "model");
+  EXPECT_EQ(j["device"], "cpu");
+  EXPECT_EQ(j["context_length"], 256);
+  CommandResult human = Ctl({"info"});
+  EXPECT_THAT(human.output, HasSubstr("KV pool"));
+  CommandResult stats = Ctl({"stats"});
+  ASSERT_EQ(stats.exit_code, 0) << stats.output;
+  EXPECT_THAT(stats.output, HasSubstr("KV blocks"));
+  CommandResult sj = Ctl({"stats", "--json"});
+  ASSERT_EQ(sj.exit_code, 0) << sj.output;
+  nlohmann::json s = nlohmann::json::parse(sj.output);
+  EXPECT_EQ(s["blocks_total"].get<uint64_t>(), s["blocks_free"].get<uint64_t>() +
+                                                   s["blocks_active"].get<uint64_t>() +
+                                                   s["blocks_cached"].get<uint64_t>());
+}
+
+TEST_F(PrefixctlTest, SmallBench) {
+  CommandResult r = Ctl({"bench", "--prefix-tokens", "32", "--suffix-tokens", "4", "--requests",
+                         "6", "--concurrency", "2", "--max-tokens", "3", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // The progress bar goes to stderr (merged here, lines ended by '\r'); the JSON is the line
+  // that starts with '{'.
+  std::string json_line;
+  for (absl::string_view line : absl::StrSplit(r.output, absl::ByAnyChar("\r\n"))) {
+    if (!line.empty() && line[0] == '{') json_line = std::string(line);
+  }
+  ASSERT_FALSE(json_line.empty()) << r.output;
+  nlohmann::json j = nlohmann::json::parse(json_line);
+  EXPECT_EQ(j["requests_ok"], 6);
+  EXPECT_EQ(j["completion_tokens"], 18);
+  EXPECT_EQ(j["prompt_tokens"], 6 * 36);
+  // Every request after the first ones shares the 32-token prefix (2 full blocks).
+  EXPECT_GE(j["cached_prompt_tokens"].get<int>(), 4 * 32);
+  EXPECT_GT(j["cache_hit_ratio"].get<double>(), 0.5);
+  EXPECT_GT(j["ttft_s"]["p50"].get<double>(), 0);
+  EXPECT_THAT(r.output, HasSubstr("6/6"));
+}
+
+TEST_F(PrefixctlTest, BadFlagsAndUnreachableServerFailClearly) {
+  CommandResult bad = Ctl({"generate"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.output, HasSubstr("exactly one prompt"));
+  CommandResult invalid = Ctl({"generate", "--ids", "1", "--max-tokens", "0"});
+  EXPECT_EQ(invalid.exit_code, 1);
+  EXPECT_THAT(invalid.output, HasSubstr("INVALID_ARGUMENT"));
+  const int port = PickFreePort();
+  CommandResult down =
+      RunCommand({BuiltBinary("client/prefixctl"), "--server", "127.0.0.1:" + std::to_string(port),
+                  "--connect-timeout", "1", "info"});
+  EXPECT_EQ(down.exit_code, 1);
+  EXPECT_THAT(down.output, HasSubstr("cannot reach prefixd at 127.0.0.1:" + std::to_string(port)));
+}
+
+}  // namespace
+}  // namespace prefixd::testing

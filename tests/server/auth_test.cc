@@ -1,0 +1,66 @@
+#include "server/auth.h"
+
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/server/process.h"
+
+namespace prefixd {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(AuthTest, AllowAllIsTheDefaultTenant) {
+  Authenticator a = Authenticator::AllowAll();
+  EXPECT_FALSE(a.enabled());
+  EXPECT_EQ(*a.Authenticate(std::nullopt), kDefaultTenant);
+  EXPECT_EQ(*a.Authenticate("Bearer anything"), kDefaultTenant);
+}
+
+TEST(AuthTest, MapsTokensToTenants) {
+  absl::StatusOr<Authenticator> a =
+      Authenticator::FromText("# comment\nsecret-a alice\n\n  secret-b\tbob  \n");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->num_tokens(), 2u);
+  EXPECT_EQ(*a->Authenticate("Bearer secret-a"), "alice");
+  EXPECT_EQ(*a->Authenticate("Bearer secret-b"), "bob");
+  EXPECT_EQ(*a->Authenticate("bearer secret-b"), "bob");  // the scheme is case-insensitive
+}
+
+TEST(AuthTest, RefusesMissingWrongAndPartialTokens) {
+  absl::StatusOr<Authenticator> a = Authenticator::FromText("secret-a alice\n");
+  ASSERT_TRUE(a.ok());
+  for (const std::optional<std::string_view>& h : std::vector<std::optional<std::string_view>>{
+           std::nullopt, "", "secret-a", "Basic secret-a", "Bearer secret", "Bearer secret-a ",
+           "Bearer secret-ab", "Bearer alice"}) {
+    absl::StatusOr<std::string> t = a->Authenticate(h);
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kUnauthenticated)
+        << (h.has_value() ? std::string(*h) : "<none>");
+  }
+}
+
+TEST(AuthTest, RejectsMalformedFiles) {
+  EXPECT_THAT(std::string(Authenticator::FromText("a b\nonlytoken\n").status().message()),
+              HasSubstr("line 2"));
+  EXPECT_THAT(std::string(Authenticator::FromText("a b c\n").status().message()),
+              HasSubstr("line 1"));
+  EXPECT_THAT(std::string(Authenticator::FromText("t x\nt y\n").status().message()),
+              HasSubstr("duplicate token"));
+  EXPECT_EQ(Authenticator::FromText("# nothing\n\n").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(AuthTest, ReadsAFile) {
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/tokens";
+  std::ofstream(path) << "tok1 t1\ntok2 t2\n";
+  absl::StatusOr<Authenticator> a = Authenticator::FromFile(path);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(*a->Authenticate("Bearer tok2"), "t2");
+  EXPECT_EQ(Authenticator::FromFile(dir.path() + "/missing").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace prefixd

@@ -1,0 +1,140 @@
+// prefixd's life: start-up refusals, a pool smaller than the context, a full queue, and the
+// SIGTERM drain with a request in flight.
+#include <signal.h>
+
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "tests/server/grpc_helpers.h"
+#include "tests/server/process.h"
+
+namespace prefixd::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+class LifecycleTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    model_ = dir_->path() + "/model";
+    ASSERT_TRUE(WriteTinyModel(model_).ok());
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static inline TempDir* dir_ = nullptr;
+  static inline std::string model_;
+};
+
+TEST_F(LifecycleTest, BadStartupsExitNonZeroWithAMessage) {
+  const std::string prefixd = BuiltBinary("server/prefixd");
+  CommandResult r = RunCommand({prefixd});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("--model DIR is required"));
+  r = RunCommand({prefixd, "--model", dir_->path() + "/nope", "--device", "cpu"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("nope"));
+  r = RunCommand({prefixd, "--model", model_, "--device", "tpu"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("--device=tpu"));
+  r = RunCommand({prefixd, "--model", model_, "--device", "cpu", "--dtype", "bf16"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("f32"));
+  r = RunCommand({prefixd, "--model", model_, "--unknown-flag=1"});
+  EXPECT_NE(r.exit_code, 0);
+}
+
+TEST_F(LifecycleTest, SmallPoolRefusesWhatCouldNeverFitAndQueueOverflows) {
+  // 128 KiB = 128 tokens = 8 blocks: smaller than the 256-token context.
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start(model_, {"--kv-cache-bytes=131072", "--max-queue=1"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = v1::Inference::NewStub(InsecureChannel((*server)->address()));
+
+  GenerateResult big = Generate(*stub, IdsRequest(RandomIds(1, 100), 40));
+  EXPECT_EQ(big.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(big.status.error_message(), HasSubstr("whole pool holds 8 blocks (128 tokens)"));
+
+  // A holds blocks while it runs; B's 120-token prompt needs all 8 blocks, so B waits in
+  // the queue (max 1) and C is refused.
+  grpc::ClientContext actx;
+  auto a = stub->Generate(&actx, IdsRequest(RandomIds(2, 8), 120));
+  v1::GenerateResponse msg;
+  ASSERT_TRUE(a->Read(&msg));
+  grpc::ClientContext bctx;
+  auto b = stub->Generate(&bctx, IdsRequest(RandomIds(3, 120), 8));
+  GenerateResult c = Generate(*stub, IdsRequest(RandomIds(4, 120), 8));
+  EXPECT_EQ(c.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << c.status.error_message();
+  while (a->Read(&msg)) {
+  }
+  EXPECT_TRUE(a->Finish().ok());
+  while (b->Read(&msg)) {
+  }
+  EXPECT_TRUE(b->Finish().ok()) << "the queued request runs once A is done";
+}
+
+TEST_F(LifecycleTest, SigtermDrainsTheRequestInFlightAndExitsZero) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start(model_, {"--kv-cache-bytes=4194304", "--shutdown-grace=60s"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel = InsecureChannel((*server)->address());
+  auto stub = v1::Inference::NewStub(channel);
+  auto health = grpc::health::v1::Health::NewStub(channel);
+
+  v1::GenerateRequest req = IdsRequest(RandomIds(5, 16), 100);
+  req.set_num_samples(2);
+  req.set_temperature(1.0f);
+  req.set_seed(3);
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, req);
+  v1::GenerateResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));  // it runs
+
+  (*server)->process().Signal(SIGTERM);
+  ASSERT_TRUE((*server)->process().WaitForLine("SIGTERM: draining", absl::Seconds(10)));
+
+  grpc::ClientContext hctx;
+  grpc::health::v1::HealthCheckResponse hresp;
+  ASSERT_TRUE(health->Check(&hctx, grpc::health::v1::HealthCheckRequest(), &hresp).ok());
+  EXPECT_EQ(hresp.status(), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  GenerateResult refused = Generate(*stub, IdsRequest({1, 2}, 2));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+
+  uint32_t tokens = msg.token_ids_size();
+  v1::Usage usage;
+  while (reader->Read(&msg)) {
+    tokens += msg.token_ids_size();
+    if (msg.has_usage()) usage = msg.usage();
+  }
+  EXPECT_TRUE(reader->Finish().ok()) << "the request in flight completes";
+  EXPECT_EQ(tokens, 2u * 100u);
+  EXPECT_EQ(usage.completion_tokens(), 2u * 100u);
+  EXPECT_EQ((*server)->process().Wait(absl::Seconds(30)), std::optional<int>(0))
+      << (*server)->process().Output();
+}
+
+TEST_F(LifecycleTest, ShortGraceEndsTheRestWithUnavailable) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start(model_, {"--kv-cache-bytes=4194304", "--shutdown-grace=0s"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = v1::Inference::NewStub(InsecureChannel((*server)->address()));
+  v1::GenerateRequest req = IdsRequest(RandomIds(6, 16), 200);
+  req.set_num_samples(8);
+  req.set_temperature(1.0f);
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, req);
+  v1::GenerateResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  (*server)->process().Signal(SIGINT);
+  while (reader->Read(&msg)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ((*server)->process().Wait(absl::Seconds(30)), std::optional<int>(0))
+      << (*server)->process().Output();
+}
+
+}  // namespace
+}  // namespace prefixd::testing

@@ -1,0 +1,349 @@
+// End-to-end tests of prefixd over gRPC: a real `prefixd` process on a free loopback port
+// serving a tiny random model on the CPU.
+#include <filesystem>
+#include <numeric>
+
+#include "absl/synchronization/notification.h"
+#include "engine/tokenizer.h"
+#include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "gtest/gtest.h"
+#include "tests/server/grpc_helpers.h"
+#include "tests/server/process.h"
+
+namespace prefixd::testing {
+namespace {
+
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+
+class ServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    model_dir_ = dir_->path() + "/tiny-model";
+    absl::Status s = WriteTinyModel(model_dir_);
+    ASSERT_TRUE(s.ok()) << s;
+    // 8 MiB of KV: 8192 tokens of the tiny model (1 KiB per token), room for every test.
+    absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+        ServerProcess::Start(model_dir_, {"--kv-cache-bytes=8388608"});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = server->release();
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+    delete dir_;
+  }
+  void SetUp() override {
+    ASSERT_NE(server_, nullptr);
+    channel_ = InsecureChannel(server_->address());
+    stub_ = v1::Inference::NewStub(channel_);
+  }
+
+  static inline TempDir* dir_ = nullptr;
+  static inline std::string model_dir_;
+  static inline ServerProcess* server_ = nullptr;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Inference::Stub> stub_;
+};
+
+TEST_F(ServerTest, StreamsTokenIdsTextAndUsage) {
+  v1::GenerateRequest req = IdsRequest(RandomIds(1, 10), 12);
+  req.set_request_id("r-1");
+  GenerateResult r = Generate(*stub_, req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  ASSERT_EQ(r.samples.size(), 1u);
+  const SampleResult& s = r.samples[0];
+  EXPECT_EQ(s.token_ids.size(), 12u);
+  EXPECT_EQ(s.logprobs.size(), 12u);
+  for (float lp : s.logprobs) EXPECT_LE(lp, 0.0f);
+  EXPECT_EQ(s.finish, v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(s.finish_messages, 1);
+  EXPECT_EQ(r.usage_messages, 1);
+  EXPECT_TRUE(r.messages.back().has_usage()) << "usage must come last";
+  EXPECT_EQ(r.usage.prompt_tokens(), 10u);
+  EXPECT_EQ(r.usage.completion_tokens(), 12u);
+  for (const v1::GenerateResponse& m : r.messages) EXPECT_EQ(m.request_id(), "r-1");
+
+  // The streamed text is the tokens' bytes with no character split (the model is random,
+  // so invalid sequences become U+FFFD exactly as one decoder over all bytes makes them).
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok =
+      Tokenizer::Load(model_dir_ + "/vocab.json", model_dir_ + "/merges.txt");
+  ASSERT_TRUE(tok.ok());
+  absl::StatusOr<std::string> bytes = (*tok)->Decode(s.token_ids);
+  ASSERT_TRUE(bytes.ok());
+  Utf8StreamDecoder whole;
+  EXPECT_EQ(s.text, whole.Push(*bytes) + whole.Flush());
+
+  // Greedy decoding is deterministic.
+  GenerateResult again = Generate(*stub_, req);
+  ASSERT_TRUE(again.status.ok());
+  EXPECT_EQ(again.samples[0].token_ids, s.token_ids);
+  EXPECT_EQ(again.samples[0].logprobs, s.logprobs);
+}
+
+TEST_F(ServerTest, TextPromptsAreTokenizedByTheServer) {
+  v1::GenerateRequest req;
+  req.set_text("Hello world");
+  req.set_max_new_tokens(3);
+  req.set_ignore_eos(true);
+  GenerateResult r = Generate(*stub_, req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.usage.prompt_tokens(), 2u);  // "Hello world" = 15496 995
+  EXPECT_FALSE(r.messages.front().request_id().empty()) << "the server names the request";
+
+  grpc::ClientContext ctx;
+  v1::TokenizeRequest treq;
+  treq.set_text("Hello world");
+  v1::TokenizeResponse tresp;
+  ASSERT_TRUE(stub_->Tokenize(&ctx, treq, &tresp).ok());
+  EXPECT_THAT(tresp.token_ids(), ElementsAreArray({15496u, 995u}));
+}
+
+TEST_F(ServerTest, TopLogprobsAndSamples) {
+  v1::GenerateRequest req = IdsRequest(RandomIds(2, 6), 5);
+  req.set_top_logprobs(3);
+  req.set_num_samples(3);
+  req.set_temperature(1.0f);
+  req.set_seed(11);
+  GenerateResult r = Generate(*stub_, req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  ASSERT_EQ(r.samples.size(), 3u);
+  uint32_t total = 0;
+  for (auto& [index, s] : r.samples) {
+    EXPECT_EQ(s.finish, v1::FINISH_REASON_LENGTH) << index;
+    EXPECT_EQ(s.finish_messages, 1) << index;
+    ASSERT_EQ(s.top.size(), s.token_ids.size());
+    for (size_t i = 0; i < s.top.size(); ++i) {
+      ASSERT_EQ(s.top[i].token_ids_size(), 3);
+      ASSERT_EQ(s.top[i].logprobs_size(), 3);
+      EXPECT_GE(s.top[i].logprobs(0), s.top[i].logprobs(1));
+      EXPECT_GE(s.top[i].logprobs(1), s.top[i].logprobs(2));
+      EXPECT_LE(s.logprobs[i], s.top[i].logprobs(0));
+    }
+    total += s.token_ids.size();
+  }
+  EXPECT_EQ(r.usage.completion_tokens(), total);
+  EXPECT_EQ(total, 15u);
+
+  // The same seed gives the same samples.
+  GenerateResult again = Generate(*stub_, req);
+  ASSERT_TRUE(again.status.ok());
+  for (auto& [index, s] : r.samples) EXPECT_EQ(again.samples[index].token_ids, s.token_ids);
+}
+
+TEST_F(ServerTest, EveryValidationCaseIsInvalidArgument) {
+  auto expect_invalid = [&](const v1::GenerateRequest& req, const std::string& what) {
+    GenerateResult r = Generate(*stub_, req);
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << what;
+    EXPECT_THAT(r.status.error_message(), HasSubstr(what));
+    EXPECT_TRUE(r.messages.empty());
+  };
+  const v1::GenerateRequest ok = IdsRequest({1, 2, 3}, 4);
+  v1::GenerateRequest r = ok;
+  r.clear_prompt();
+  expect_invalid(r, "no prompt");
+  r = ok;
+  r.mutable_token_ids()->clear_ids();
+  expect_invalid(r, "empty prompt");
+  r = ok;
+  r.set_text("");
+  expect_invalid(r, "empty prompt");
+  r = ok;
+  r.mutable_token_ids()->add_ids(50257);
+  expect_invalid(r, "vocab_size 50257");
+  r = ok;
+  r.set_max_new_tokens(254);  // 3 + 254 > 256
+  expect_invalid(r, "context length 256");
+  r = ok;
+  r.set_max_new_tokens(0);
+  expect_invalid(r, "max_new_tokens is 0");
+  r = ok;
+  r.set_num_samples(17);
+  expect_invalid(r, "--max-samples");
+  r = ok;
+  r.set_temperature(-1);
+  expect_invalid(r, "temperature");
+  r = ok;
+  r.set_temperature(std::numeric_limits<float>::quiet_NaN());
+  expect_invalid(r, "temperature");
+  r = ok;
+  r.set_top_p(0);
+  expect_invalid(r, "top_p");
+  r = ok;
+  r.set_top_p(1.5f);
+  expect_invalid(r, "top_p");
+  r = ok;
+  r.set_top_logprobs(21);
+  expect_invalid(r, "top_logprobs");
+  r = ok;
+  r.add_stop_token_ids(60000);
+  expect_invalid(r, "stop token id 60000");
+  // Nothing was queued by any of them.
+  EXPECT_EQ(GetStats(*stub_).blocks_active(), 0u);
+  EXPECT_TRUE(Generate(*stub_, ok).status.ok());
+}
+
+TEST_F(ServerTest, InvalidUtf8IsAnErrorAndTheServerCarriesOn) {
+  // TokenizeRequest{text = "\xC3\x28"}: field 1, length 2, an invalid UTF-8 sequence that
+  // protobuf refuses to parse into a `string` field.
+  grpc::GenericStub generic(channel_);
+  const char raw[] = {0x0A, 0x02, static_cast<char>(0xC3), 0x28};
+  grpc::Slice slice(raw, sizeof(raw));
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  grpc::ClientContext ctx;
+  absl::Notification done;
+  grpc::Status status;
+  generic.UnaryCall(&ctx, "/prefixd.v1.Inference/Tokenize", grpc::StubOptions(), &request,
+                    &response, [&](grpc::Status s) {
+                      status = std::move(s);
+                      done.Notify();
+                    });
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+
+  grpc::ClientContext ctx2;
+  v1::TokenizeRequest treq;
+  treq.set_text("still serving");
+  v1::TokenizeResponse tresp;
+  EXPECT_TRUE(stub_->Tokenize(&ctx2, treq, &tresp).ok());
+  EXPECT_GT(tresp.token_ids_size(), 0);
+}
+
+TEST_F(ServerTest, ModelInfo) {
+  grpc::ClientContext ctx;
+  v1::ModelInfo info;
+  ASSERT_TRUE(stub_->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.model_name(), "tiny-model");
+  EXPECT_EQ(info.manifest_sha256().size(), 64u);
+  EXPECT_EQ(info.n_layer(), 2u);
+  EXPECT_EQ(info.n_head(), 2u);
+  EXPECT_EQ(info.n_embd(), 64u);
+  EXPECT_EQ(info.vocab_size(), 50257u);
+  EXPECT_EQ(info.context_length(), 256u);
+  EXPECT_EQ(info.dtype(), "f32");
+  EXPECT_EQ(info.device(), "cpu");
+  EXPECT_EQ(info.block_size(), 16u);
+  EXPECT_EQ(info.kv_bytes_per_token(), 2u * 2 * 64 * 4);  // 2 x layers x embd x 4 bytes
+  EXPECT_EQ(info.kv_pool_blocks(), 8388608u / (16 * info.kv_bytes_per_token()));
+}
+
+TEST_F(ServerTest, CacheHitsAcrossRequestsButNotAcrossSalts) {
+  const std::vector<uint32_t> prompt = RandomIds(3, 48);  // 3 full blocks
+  GenerateResult cold = Generate(*stub_, IdsRequest(prompt, 4));
+  ASSERT_TRUE(cold.status.ok());
+  EXPECT_EQ(cold.usage.cached_prompt_tokens(), 0u);
+
+  // The identical prompt: all but its last token (which must be computed for its logits).
+  GenerateResult warm = Generate(*stub_, IdsRequest(prompt, 4));
+  ASSERT_TRUE(warm.status.ok());
+  EXPECT_EQ(warm.usage.cached_prompt_tokens(), 47u);
+  EXPECT_EQ(warm.samples[0].token_ids, cold.samples[0].token_ids);
+  EXPECT_EQ(warm.samples[0].logprobs, cold.samples[0].logprobs);
+
+  std::vector<uint32_t> longer = prompt;
+  for (uint32_t id : RandomIds(4, 5)) longer.push_back(id);
+  GenerateResult extended = Generate(*stub_, IdsRequest(longer, 4));
+  EXPECT_EQ(extended.usage.cached_prompt_tokens(), 48u);
+
+  v1::GenerateRequest salted = IdsRequest(prompt, 4);
+  salted.set_cache_salt("user-42");
+  GenerateResult s1 = Generate(*stub_, salted);
+  EXPECT_EQ(s1.usage.cached_prompt_tokens(), 0u) << "a salt narrows the namespace";
+  GenerateResult s2 = Generate(*stub_, salted);
+  EXPECT_EQ(s2.usage.cached_prompt_tokens(), 47u);
+  EXPECT_EQ(s2.samples[0].token_ids, cold.samples[0].token_ids);
+
+  const v1::CacheStats stats = GetStats(*stub_);
+  EXPECT_GE(stats.hit_tokens(), 47u + 48u + 47u);
+  EXPECT_EQ(stats.blocks_active(), 0u);
+  EXPECT_EQ(stats.blocks_total(), stats.blocks_free() + stats.blocks_cached());
+}
+
+// Slow enough on one CPU thread that the call is still running when it is cut off.
+v1::GenerateRequest LongRequest() {
+  v1::GenerateRequest req = IdsRequest(RandomIds(5, 16), 200);
+  req.set_num_samples(8);
+  req.set_temperature(1.0f);
+  req.set_seed(1);
+  return req;
+}
+
+TEST_F(ServerTest, CancellingReleasesTheBlocks) {
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, LongRequest());
+  v1::GenerateResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));  // running: it holds blocks now
+  EXPECT_GT(GetStats(*stub_).blocks_active(), 0u);
+  ctx.TryCancel();
+  while (reader->Read(&msg)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(PollUntil([&] { return GetStats(*stub_).blocks_active() == 0; }, absl::Seconds(10)));
+}
+
+TEST_F(ServerTest, DeadlineReleasesTheBlocks) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+  auto reader = stub_->Generate(&ctx, LongRequest());
+  v1::GenerateResponse msg;
+  int messages = 0;
+  while (reader->Read(&msg)) ++messages;
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_TRUE(PollUntil([&] { return GetStats(*stub_).blocks_active() == 0; }, absl::Seconds(10)));
+  // The server goes on serving.
+  EXPECT_TRUE(Generate(*stub_, IdsRequest({1, 2}, 2)).status.ok());
+}
+
+TEST_F(ServerTest, HealthAndReflection) {
+  auto health = grpc::health::v1::Health::NewStub(channel_);
+  grpc::ClientContext hctx;
+  grpc::health::v1::HealthCheckRequest hreq;
+  grpc::health::v1::HealthCheckResponse hresp;
+  ASSERT_TRUE(health->Check(&hctx, hreq, &hresp).ok());
+  EXPECT_EQ(hresp.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+
+  auto reflection = grpc::reflection::v1alpha::ServerReflection::NewStub(channel_);
+  grpc::ClientContext rctx;
+  auto stream = reflection->ServerReflectionInfo(&rctx);
+  grpc::reflection::v1alpha::ServerReflectionRequest rreq;
+  rreq.set_list_services("");
+  ASSERT_TRUE(stream->Write(rreq));
+  grpc::reflection::v1alpha::ServerReflectionResponse rresp;
+  ASSERT_TRUE(stream->Read(&rresp));
+  std::vector<std::string> services;
+  for (const auto& s : rresp.list_services_response().service()) services.push_back(s.name());
+  EXPECT_THAT(services, ::testing::Contains("prefixd.v1.Inference"));
+  EXPECT_THAT(services, ::testing::Contains("grpc.health.v1.Health"));
+  // The descriptor of the API is served too.
+  rreq.set_file_containing_symbol("prefixd.v1.GenerateRequest");
+  ASSERT_TRUE(stream->Write(rreq));
+  ASSERT_TRUE(stream->Read(&rresp));
+  EXPECT_GT(rresp.file_descriptor_response().file_descriptor_proto_size(), 0);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(ServerTest, MetricsEndpointReportsCacheHits) {
+  const std::vector<uint32_t> prompt = RandomIds(6, 32);
+  ASSERT_TRUE(Generate(*stub_, IdsRequest(prompt, 2)).status.ok());
+  ASSERT_TRUE(Generate(*stub_, IdsRequest(prompt, 2)).status.ok());
+  const v1::CacheStats stats = GetStats(*stub_);
+  EXPECT_GE(stats.hit_tokens(), 31u);
+  absl::StatusOr<std::string> text = HttpGet(server_->metrics_port(), "/metrics");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(MetricValue(*text, "prefixd_prefix_cache_hit_tokens_total"), stats.hit_tokens());
+  EXPECT_EQ(MetricValue(*text, "prefixd_prefix_cache_queried_tokens_total"),
+            stats.queried_tokens());
+  EXPECT_GE(MetricValue(*text, "prefixd_requests_total{code=\"OK\"}"), 2);
+  EXPECT_GE(MetricValue(*text, "prefixd_time_to_first_token_seconds_count"), 2);
+  EXPECT_GE(MetricValue(*text, "prefixd_generated_tokens_total"), 4);
+}
+
+}  // namespace
+}  // namespace prefixd::testing
