@@ -20,6 +20,7 @@ const char kUsage[] =
     "  tokenize \"text\" [--json]\n"
     "  info [--json]\n"
     "  stats [--json]\n"
+    "  health              (exit 0 when the server reports SERVING)\n"
     "  bench [--prefix-tokens N] [--suffix-tokens N] [--requests N] [--concurrency N]\n"
     "        [--max-tokens N] [--seed S] [--json]\n"
     "ADDR defaults to 127.0.0.1:50051.\n";
@@ -82,11 +83,12 @@ absl::StatusOr<CliArgs> ParseCliArgs(const std::vector<std::string>& args) {
                                                                  {"tokenize", Command::kTokenize},
                                                                  {"info", Command::kInfo},
                                                                  {"stats", Command::kStats},
-                                                                 {"bench", Command::kBench}};
+                                                                 {"bench", Command::kBench},
+                                                                 {"health", Command::kHealth}};
         auto it = kCommands.find(a);
         if (it == kCommands.end()) {
           return Bad(absl::StrCat("unknown command \"", a,
-                                  "\": use generate, tokenize, info, stats or bench"));
+                                  "\": use generate, tokenize, info, stats, bench or health"));
         }
         command = it->second;
       } else {
@@ -198,7 +200,7 @@ absl::StatusOr<CliArgs> ParseCliArgs(const std::vector<std::string>& args) {
     if (!s.ok()) return s;
   }
 
-  if (!command.has_value()) return Bad("no command: use generate, tokenize, info, stats or bench");
+  if (!command.has_value()) return Bad("no command: use generate, tokenize, info, stats, bench or health");
   cli.command = *command;
   switch (cli.command) {
     case Command::kGenerate:

@@ -13,7 +13,7 @@
 
 namespace prefixd {
 
-enum class Command { kGenerate, kTokenize, kInfo, kStats, kBench, kHelp };
+enum class Command { kGenerate, kTokenize, kInfo, kStats, kBench, kHealth, kHelp };
 
 struct GenerateArgs {
   std::optional<std::string> text;           // the positional prompt

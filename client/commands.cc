@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "nlohmann/json.hpp"
 
 namespace prefixd {
@@ -190,6 +191,20 @@ int RunStats(Connection& conn, const CliArgs& args, std::ostream& out, std::ostr
       s.hit_tokens(), s.queried_tokens(), ratio, s.blocks_total(), s.blocks_free(),
       s.blocks_active(), s.blocks_cached(), s.evictions(), s.cow_copies(), s.pool_bytes());
   return 0;
+}
+
+int RunHealth(Connection& conn, std::ostream& out, std::ostream& err) {
+  auto stub = grpc::health::v1::Health::NewStub(conn.channel());
+  grpc::health::v1::HealthCheckRequest req;  // service "": the server as a whole
+  grpc::health::v1::HealthCheckResponse resp;
+  auto ctx = conn.NewContext();
+  const grpc::Status status = stub->Check(ctx.get(), req, &resp);
+  if (!status.ok()) {
+    err << DescribeRpcError("health check", status) << "\n";
+    return 1;
+  }
+  out << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status()) << "\n";
+  return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
 }
 
 }  // namespace prefixd

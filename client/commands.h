@@ -14,6 +14,9 @@ int RunGenerate(Connection& conn, const CliArgs& args, std::ostream& out, std::o
 int RunTokenize(Connection& conn, const CliArgs& args, std::ostream& out, std::ostream& err);
 int RunInfo(Connection& conn, const CliArgs& args, std::ostream& out, std::ostream& err);
 int RunStats(Connection& conn, const CliArgs& args, std::ostream& out, std::ostream& err);
+// grpc.health.v1 Check of the whole server: prints the status; 0 only when SERVING (the
+// container's HEALTHCHECK and scripts use the exit code).
+int RunHealth(Connection& conn, std::ostream& out, std::ostream& err);
 
 }  // namespace prefixd
 

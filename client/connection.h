@@ -20,6 +20,7 @@ class Connection {
   static absl::StatusOr<std::unique_ptr<Connection>> Open(const CliArgs& args);
 
   v1::Inference::Stub& stub() { return *stub_; }
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
   // A fresh context for one call, with "authorization: Bearer <token>" when --token is set.
   std::unique_ptr<grpc::ClientContext> NewContext() const;
 

@@ -36,6 +36,8 @@ int main(int argc, char** argv) {
       return RunStats(**conn, *args, std::cout, std::cerr);
     case Command::kBench:
       return RunBench(**conn, *args, std::cout, std::cerr);
+    case Command::kHealth:
+      return RunHealth(**conn, std::cout, std::cerr);
     case Command::kHelp:
       break;
   }

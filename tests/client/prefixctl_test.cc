@@ -95,6 +95,12 @@ TEST_F(PrefixctlTest, TokenizeInfoStats) {
                                                    s["blocks_cached"].get<uint64_t>());
 }
 
+TEST_F(PrefixctlTest, HealthReportsServing) {
+  CommandResult h = Ctl({"health"});
+  EXPECT_EQ(h.exit_code, 0) << h.output;
+  EXPECT_EQ(h.output, "SERVING\n");
+}
+
 TEST_F(PrefixctlTest, SmallBench) {
   CommandResult r = Ctl({"bench", "--prefix-tokens", "32", "--suffix-tokens", "4", "--requests",
                          "6", "--concurrency", "2", "--max-tokens", "3", "--json"});
@@ -130,6 +136,10 @@ TEST_F(PrefixctlTest, BadFlagsAndUnreachableServerFailClearly) {
                   "--connect-timeout", "1", "info"});
   EXPECT_EQ(down.exit_code, 1);
   EXPECT_THAT(down.output, HasSubstr("cannot reach prefixd at 127.0.0.1:" + std::to_string(port)));
+  CommandResult down_health =
+      RunCommand({BuiltBinary("client/prefixctl"), "--server", "127.0.0.1:" + std::to_string(port),
+                  "--connect-timeout", "1", "health"});
+  EXPECT_EQ(down_health.exit_code, 1);
 }
 
 }  // namespace
