@@ -2,6 +2,9 @@
 
 #include <fstream>
 #include <map>
+#include <regex>
+#include <set>
+#include <sstream>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -121,6 +124,30 @@ TEST(MetricsTest, RequestsAreCountedByCode) {
   const std::string text = m.ExpositionText();
   EXPECT_EQ(Value(text, "prefixd_requests_total{code=\"OK\"}"), 2);
   EXPECT_EQ(Value(text, "prefixd_requests_total{code=\"INVALID_ARGUMENT\"}"), 1);
+}
+
+// The README's metrics table is what dashboards and the deploy config test rely on: every
+// metric it lists must be exported (and nothing exported may be missing from it).
+TEST(MetricsTest, ExportsExactlyTheReadmeMetricsTable) {
+  std::ifstream readme(std::string(PREFIXD_SOURCE_DIR) + "/README.md");
+  ASSERT_TRUE(readme.good());
+  std::set<std::string> documented;
+  static const std::regex kRow(R"(^\| `(prefixd_[a-z0-9_]+)[`{])");
+  std::smatch match;
+  for (std::string line; std::getline(readme, line);) {
+    if (std::regex_search(line, match, kRow)) documented.insert(match[1]);
+  }
+  ASSERT_GE(documented.size(), 16u);
+
+  FakeEngine fake;
+  ServerMetrics m(fake.Sources());
+  std::set<std::string> exported;
+  std::istringstream text(m.ExpositionText());
+  static const std::regex kType(R"(^# TYPE (prefixd_[a-z0-9_]+) )");
+  for (std::string line; std::getline(text, line);) {
+    if (std::regex_search(line, match, kType)) exported.insert(match[1]);
+  }
+  EXPECT_EQ(exported, documented);
 }
 
 TEST(MetricsTest, ExpositionPassesPromtool) {
