@@ -1,8 +1,12 @@
 // CPU backend throughput on full-size GPT-2 (124M, fp32): prefill, decode at several context
 // lengths, batched decode, and a cached decode step against recomputing the prefix.
 //
-//   cpu_backend_bench [--model DIR] [--threads 2] [--reps 5]
+//   cpu_backend_bench [--model DIR] [--threads 2] [--reps 5] [--isa auto|avx2|avx512]
+//                     [--quick 0-4]
 //
+// --isa picks the matrix-product register blocks (all give identical bits); --quick 1 runs
+// only prefill 512, decode batch 1 at context 256 and decode batch 8 (for before/after checks);
+// 2, 3 and 4 run just one of those three.
 // Without --model, writes a random GPT-2 (tools/random_model.h) into a temp dir first. Each
 // figure is the best of --reps runs (the machine is shared; the minimum is the least noisy
 // estimate of what the code costs). Prints a Markdown table for docs/BENCHMARKS.md.
@@ -22,6 +26,7 @@
 #include "engine/model.h"
 #include "engine/tokenizer.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/matmul.h"
 #include "tools/random_model.h"
 
 namespace prefixd {
@@ -128,6 +133,8 @@ int Main(int argc, char** argv) {
   std::string model_dir;
   int threads = 2;
   int reps = 5;
+  int quick = 0;
+  MatMulIsa isa = MatMulIsa::kAuto;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--model")
@@ -136,11 +143,26 @@ int Main(int argc, char** argv) {
       threads = std::atoi(argv[i + 1]);
     else if (flag == "--reps")
       reps = std::atoi(argv[i + 1]);
+    else if (flag == "--quick")
+      quick = std::atoi(argv[i + 1]);
+    else if (flag == "--isa" && std::string(argv[i + 1]) == "auto")
+      isa = MatMulIsa::kAuto;
+    else if (flag == "--isa" && std::string(argv[i + 1]) == "avx2")
+      isa = MatMulIsa::kAvx2;
+    else if (flag == "--isa" && std::string(argv[i + 1]) == "avx512")
+      isa = MatMulIsa::kAvx512;
     else {
-      std::fprintf(stderr, "usage: cpu_backend_bench [--model DIR] [--threads N] [--reps N]\n");
+      std::fprintf(stderr,
+                   "usage: cpu_backend_bench [--model DIR] [--threads N] [--reps N] "
+                   "[--isa auto|avx2|avx512] [--quick 0-4]\n");
       return 2;
     }
   }
+  if (!MatMulIsaSupported(isa)) {
+    std::fprintf(stderr, "cpu_backend_bench: this CPU lacks AVX-512\n");
+    return 2;
+  }
+  SetMatMulIsa(isa);
   std::string temp_dir;
   if (model_dir.empty()) {
     temp_dir =
@@ -175,6 +197,25 @@ int Main(int argc, char** argv) {
   std::printf(
       "| measurement | wall time | CPU time (all threads) | tokens/s (wall) "
       "|\n|---|---|---|---|\n");
+  if (quick != 0) {
+    if (quick == 1 || quick == 2) {
+      const Timing p = bench.Prefill(512, 0, 512);
+      std::printf("| prefill 512 tokens | %.1f ms | %.1f ms | %.0f |\n", p.wall * 1e3,
+                  p.cpu * 1e3, 512 / p.wall);
+    }
+    if (quick == 1 || quick == 3) {
+      const Timing d1 = bench.Decode(1, 256, 8);
+      std::printf("| decode batch 1, context 256 | %.1f ms/step | %.1f ms/step | %.1f |\n",
+                  d1.wall * 1e3, d1.cpu * 1e3, 1 / d1.wall);
+    }
+    if (quick == 1 || quick == 4) {
+      const Timing d8 = bench.Decode(8, 128, 8);
+      std::printf("| decode batch 8, context 128 | %.1f ms/step | %.1f ms/step | %.1f |\n",
+                  d8.wall * 1e3, d8.cpu * 1e3, 8 / d8.wall);
+    }
+    if (!temp_dir.empty()) std::filesystem::remove_all(temp_dir);
+    return 0;
+  }
   for (int n : {17, 512}) {
     const Timing t = bench.Prefill(n, 0, n);
     std::printf("| prefill %d tokens | %.1f ms | %.1f ms | %.0f |\n", n, t.wall * 1e3, t.cpu * 1e3,

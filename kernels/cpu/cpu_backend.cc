@@ -18,6 +18,11 @@
 namespace prefixd {
 namespace {
 
+// Queries per attention task in prefill: they share one walk over the keys, so each K/V block
+// is read from memory once per 16 queries instead of once per query (a head's blocks are
+// ~1 MB apart in the pool and alias in the caches).
+constexpr int64_t kQueryChunk = 16;
+
 struct LayerWeights {
   std::vector<float> ln1_g, ln1_b, ln2_g, ln2_b;
   PackedMatrix c_attn, attn_proj, c_fc, mlp_proj;  // [E,3E] [E,E] [E,4E] [4E,E]
@@ -63,6 +68,12 @@ class CpuBackend final : public Backend {
   // Per-step rows (all new tokens of the batch, in step order) and scratch buffers.
   std::vector<int32_t> row_pos_;
   std::vector<const int32_t*> row_table_;
+  // Attention work units: consecutive rows of one step (consecutive positions, one table).
+  struct QueryChunk {
+    int64_t row;
+    int32_t count;
+  };
+  std::vector<QueryChunk> chunks_;
   std::vector<float> x_, h_, qkv_, att_, fc_, tmp_;
 };
 
@@ -202,15 +213,19 @@ void CpuBackend::RunLayer(int32_t layer, int64_t rows) {
                   qkv + r * 3 * e + 2 * e + head * hd, sizeof(float) * hd);
     }
   }
+  // One task per (run of up to kQueryChunk consecutive queries of one sequence, head), the
+  // heaviest (latest positions) first so that the threads finish together.
   const int32_t n_head = geometry_.n_head;
-  const int32_t n_positions = config_.n_positions;
-  pool_.Run(rows * n_head, [&](int64_t task) {
+  const int64_t num_chunks = static_cast<int64_t>(chunks_.size());
+  pool_.Run(num_chunks * n_head, [&](int64_t task) {
     thread_local std::vector<float> scratch;
-    if (static_cast<int32_t>(scratch.size()) < n_positions + 8) scratch.resize(n_positions + 8);
-    const int64_t r = task / n_head;
+    const QueryChunk& c = chunks_[num_chunks - 1 - task / n_head];
     const int32_t head = static_cast<int32_t>(task % n_head);
-    AttendOne(qkv + r * 3 * e + head * hd, row_pos_[r], kv_.get(), geometry_, row_table_[r], layer,
-              head, scratch.data(), att + r * e + head * hd);
+    const int32_t pos0 = row_pos_[c.row];
+    const size_t need = static_cast<size_t>(c.count) * (pos0 + c.count + 8);
+    if (scratch.size() < need) scratch.resize(need);
+    AttendQueries(qkv + c.row * 3 * e + head * hd, 3 * e, c.count, pos0, kv_.get(), geometry_,
+                  row_table_[c.row], layer, head, scratch.data(), att + c.row * e + head * hd, e);
   });
   MatMul(att, rows, e, w.attn_proj, w.attn_proj_b.data(), tmp, e, &pool_);
   for (int64_t i = 0; i < rows * e; ++i) x[i] += tmp[i];
@@ -240,8 +255,13 @@ absl::Status CpuBackend::Forward(absl::Span<const SequenceStep> steps, std::vect
   Workspace(tmp_, rows * e);
 
   std::vector<int64_t> logit_rows;
+  chunks_.clear();
   int64_t r = 0;
   for (const SequenceStep& step : steps) {
+    const int64_t count = static_cast<int64_t>(step.token_ids.size());
+    for (int64_t i = 0; i < count; i += kQueryChunk) {
+      chunks_.push_back({r + i, static_cast<int32_t>(std::min(kQueryChunk, count - i))});
+    }
     for (size_t i = 0; i < step.token_ids.size(); ++i, ++r) {
       const int32_t pos = step.start_pos + static_cast<int32_t>(i);
       row_pos_[r] = pos;

@@ -1,13 +1,16 @@
 #include "kernels/cpu/matmul.h"
 
 #include <immintrin.h>
+#include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 
 #include "cache/check.h"
+#include "kernels/cpu/matmul_avx512.h"
 
 namespace prefixd {
 namespace {
@@ -66,15 +69,43 @@ void PanelRows(const float* a, int64_t rows, int64_t lda, const float* panel, in
   PREFIXD_CHECK(false);
 }
 
+std::atomic<MatMulIsa> g_isa{MatMulIsa::kAuto};
+
+bool UseAvx512() {
+  switch (g_isa.load(std::memory_order_relaxed)) {
+    case MatMulIsa::kAuto:
+    case MatMulIsa::kAvx512:
+      return internal::CpuHasAvx512();
+    case MatMulIsa::kAvx2:
+      return false;
+  }
+  return false;
+}
+
 }  // namespace
+
+bool MatMulIsaSupported(MatMulIsa isa) {
+  return isa != MatMulIsa::kAvx512 || internal::CpuHasAvx512();
+}
+
+void SetMatMulIsa(MatMulIsa isa) {
+  PREFIXD_CHECK(MatMulIsaSupported(isa));
+  g_isa.store(isa, std::memory_order_relaxed);
+}
 
 void AlignedFree::operator()(float* p) const { std::free(p); }
 
 AlignedFloats AllocateFloats(size_t n) {
+  // Big buffers (packed weights, the KV pool) go on 2 MiB pages where the kernel allows: a
+  // decode step streams ~500 MB of panels, and with 4 KiB pages every page is a TLB miss and
+  // a point where the hardware prefetcher stops.
+  constexpr size_t kHugePage = size_t{2} << 20;
+  const size_t align = n * sizeof(float) >= 2 * kHugePage ? kHugePage : 64;
   size_t bytes = std::max<size_t>(n * sizeof(float), 64);
-  bytes = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, bytes);
+  bytes = (bytes + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, bytes);
   PREFIXD_CHECK(p != nullptr);
+  if (align == kHugePage) madvise(p, bytes, MADV_HUGEPAGE);  // advice only: failure is fine
   std::memset(p, 0, bytes);
   return AlignedFloats(static_cast<float*>(p));
 }
@@ -104,24 +135,35 @@ void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const
   const int64_t row_tasks = (m + kRowsPerTask - 1) / kRowsPerTask;
   const int64_t k = w.k();
   const int64_t n = w.n();
+  const bool avx512 = UseAvx512();
   auto task = [&](int64_t t) {
     const int64_t j = t % panels;
     const int64_t row_begin = (t / panels) * kRowsPerTask;
     const int64_t row_end = std::min(m, row_begin + kRowsPerTask);
     const int64_t col0 = j * kPanelWidth;
     const int64_t cols = std::min(kPanelWidth, n - col0);
-    alignas(64) float out[kMaxRows * kPanelWidth];
-    for (int64_t r0 = row_begin; r0 < row_end; r0 += kMaxRows) {
-      const int64_t rows = std::min(kMaxRows, row_end - r0);
-      PanelRows(a + r0 * lda, rows, lda, w.panel(j), k, out);
-      for (int64_t r = 0; r < rows; ++r) {
-        float* dst = c + (r0 + r) * ldc + col0;
-        const float* src = out + r * kPanelWidth;
-        if (bias != nullptr) {
-          for (int64_t cc = 0; cc < cols; ++cc) dst[cc] = src[cc] + bias[col0 + cc];
-        } else {
-          std::memcpy(dst, src, cols * sizeof(float));
-        }
+    alignas(64) float out[kRowsPerTask * kPanelWidth];
+    if (avx512) {
+      for (int64_t r0 = row_begin, rows = 0; r0 < row_end; r0 += rows) {
+        // 6-row blocks, except that 7 or 8 left go in one block (one pass over the panel).
+        const int64_t left = row_end - r0;
+        rows = left <= internal::kMaxRowsAvx512 ? left : std::min(kMaxRows, left);
+        internal::PanelRowsAvx512(a + r0 * lda, rows, lda, w.panel(j), k,
+                                  out + (r0 - row_begin) * kPanelWidth);
+      }
+    } else {
+      for (int64_t r0 = row_begin, rows = 0; r0 < row_end; r0 += rows) {
+        rows = std::min(kMaxRows, row_end - r0);
+        PanelRows(a + r0 * lda, rows, lda, w.panel(j), k, out + (r0 - row_begin) * kPanelWidth);
+      }
+    }
+    for (int64_t r = row_begin; r < row_end; ++r) {
+      float* dst = c + r * ldc + col0;
+      const float* src = out + (r - row_begin) * kPanelWidth;
+      if (bias != nullptr) {
+        for (int64_t cc = 0; cc < cols; ++cc) dst[cc] = src[cc] + bias[col0 + cc];
+      } else {
+        std::memcpy(dst, src, cols * sizeof(float));
       }
     }
   };

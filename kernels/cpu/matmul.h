@@ -61,6 +61,14 @@ class PackedMatrix {
 void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const float* bias,
             float* c, int64_t ldc, ThreadPool* pool);
 
+// Which register blocks MatMul uses: kAuto takes AVX-512 where the CPU has it (avx512f and
+// avx512vl), else AVX2. Every choice gives identical bits (the invariant above); the setting
+// exists so that tests can run each path on one machine and benchmarks can compare them.
+enum class MatMulIsa { kAuto, kAvx2, kAvx512 };
+bool MatMulIsaSupported(MatMulIsa isa);
+// Process-wide. PREFIXD_CHECKs that `isa` is supported. Not to be called while a MatMul runs.
+void SetMatMulIsa(MatMulIsa isa);
+
 // The obviously-right twin: scalar fmaf chain with K in order, from the unpacked [k, n] matrix.
 void MatMulReference(const float* a, int64_t m, int64_t lda, const float* w, int64_t k, int64_t n,
                      const float* bias, float* c, int64_t ldc);

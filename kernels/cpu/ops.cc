@@ -2,8 +2,10 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 namespace prefixd {
 namespace {
@@ -78,6 +80,67 @@ inline float Dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+// scores[i] = Dot(q, keys + i * n, n) * scale for i in [0, 8), n a multiple of 8, with
+// exactly Dot's arithmetic: per key, 8 lane-wise fma chains over n, then the lanes added left
+// to right from 0. The 8 keys' lane vectors are transposed so that those left-to-right sums
+// run as 8 vertical adds over all keys at once instead of 8 serial scalar chains per key.
+inline void Dot8Keys(const float* q, const float* keys, int64_t n, float scale, float* scores) {
+  __m256 acc[8];
+  for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + i);
+    for (int j = 0; j < 8; ++j)
+      acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(keys + j * n + i), acc[j]);
+  }
+  // 8x8 transpose: t[l] holds lane l of every key.
+  const __m256 u0 = _mm256_unpacklo_ps(acc[0], acc[1]), u1 = _mm256_unpackhi_ps(acc[0], acc[1]);
+  const __m256 u2 = _mm256_unpacklo_ps(acc[2], acc[3]), u3 = _mm256_unpackhi_ps(acc[2], acc[3]);
+  const __m256 u4 = _mm256_unpacklo_ps(acc[4], acc[5]), u5 = _mm256_unpackhi_ps(acc[4], acc[5]);
+  const __m256 u6 = _mm256_unpacklo_ps(acc[6], acc[7]), u7 = _mm256_unpackhi_ps(acc[6], acc[7]);
+  const __m256 s0 = _mm256_shuffle_ps(u0, u2, 0x44), s1 = _mm256_shuffle_ps(u0, u2, 0xEE);
+  const __m256 s2 = _mm256_shuffle_ps(u1, u3, 0x44), s3 = _mm256_shuffle_ps(u1, u3, 0xEE);
+  const __m256 s4 = _mm256_shuffle_ps(u4, u6, 0x44), s5 = _mm256_shuffle_ps(u4, u6, 0xEE);
+  const __m256 s6 = _mm256_shuffle_ps(u5, u7, 0x44), s7 = _mm256_shuffle_ps(u5, u7, 0xEE);
+  const __m256 t[8] = {
+      _mm256_permute2f128_ps(s0, s4, 0x20), _mm256_permute2f128_ps(s1, s5, 0x20),
+      _mm256_permute2f128_ps(s2, s6, 0x20), _mm256_permute2f128_ps(s3, s7, 0x20),
+      _mm256_permute2f128_ps(s0, s4, 0x31), _mm256_permute2f128_ps(s1, s5, 0x31),
+      _mm256_permute2f128_ps(s2, s6, 0x31), _mm256_permute2f128_ps(s3, s7, 0x31)};
+  __m256 sum = _mm256_setzero_ps();
+  for (int l = 0; l < 8; ++l) sum = _mm256_add_ps(sum, t[l]);
+  _mm256_storeu_ps(scores, _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
+}
+
+// max(x[0..n)), n >= 1, 8 lanes at a time (a max is exact, so the grouping cannot change
+// it; a scalar compare chain here was latency-bound and a sizeable part of attention).
+inline float MaxOf(const float* x, int64_t n) {
+  __m256 m = _mm256_set1_ps(-INFINITY);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  float r = lanes[0];
+  for (int l = 1; l < 8; ++l) r = std::max(r, lanes[l]);
+  for (; i < n; ++i) r = std::max(r, x[i]);
+  return r;
+}
+
+// out[0..8 NV) (+)= sum over r in order of w[r] * values[r], each element one fma chain (the
+// same arithmetic as Axpy over r), continuing from `out` unless `first` (then from 0), with
+// the accumulators in registers across the rows.
+template <int NV>
+inline void AccumulateValues(const float* w, const float* values, int32_t rows, bool first,
+                             float* out) {
+  __m256 acc[NV];
+  for (int v = 0; v < NV; ++v) acc[v] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(out + 8 * v);
+  for (int32_t r = 0; r < rows; ++r) {
+    const __m256 wv = _mm256_set1_ps(w[r]);
+    const float* row = values + r * 8 * NV;
+    for (int v = 0; v < NV; ++v) acc[v] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row + 8 * v), acc[v]);
+  }
+  for (int v = 0; v < NV; ++v) _mm256_storeu_ps(out + 8 * v, acc[v]);
+}
+
 // y[0..n) += w * x[0..n)
 inline void Axpy(float w, const float* x, float* y, int64_t n) {
   const __m256 wv = _mm256_set1_ps(w);
@@ -140,28 +203,82 @@ void CopyKvRows(float* kv, const KvGeometry& g, int32_t src, int32_t dst, int32_
 void AttendOne(const float* q, int32_t pos, const float* kv, const KvGeometry& g,
                const int32_t* block_table, int32_t layer, int32_t head, float* scratch,
                float* out) {
+  AttendQueries(q, 0, 1, pos, kv, g, block_table, layer, head, scratch, out, 0);
+}
+
+void AttendQueries(const float* q, int64_t q_stride, int32_t num_queries, int32_t pos0,
+                   const float* kv, const KvGeometry& g, const int32_t* block_table, int32_t layer,
+                   int32_t head, float* scratch, float* out, int64_t out_stride) {
   const int32_t hd = g.head_dim;
   const int32_t bs = g.block_size;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const int32_t n = pos + 1;
-  float max_score = -INFINITY;
-  for (int32_t j = 0; j < n; ++j) {
-    const float* k = kv + g.Offset(block_table[j / bs], layer, 0, head, j % bs);
-    const float s = Dot(q, k, hd) * scale;
-    scratch[j] = s;
-    if (s > max_score) max_score = s;
+  const int32_t n_max = pos0 + num_queries;  // keys seen by the last query
+  const int64_t s_stride = n_max + 8;
+  // Scores, one key block at a time for every query that sees it (the block stays in L1
+  // while the queries read it). Query i sees keys [0, pos0 + i].
+  for (int32_t j = 0, b = 0; j < n_max; j += bs, ++b) {
+    const float* keys = kv + g.Offset(block_table[b], layer, 0, head, 0);
+    for (int32_t i = std::max(0, j - pos0); i < num_queries; ++i) {
+      const float* qi = q + i * q_stride;
+      float* si = scratch + i * s_stride + j;
+      const int32_t rows = std::min(bs, pos0 + i + 1 - j);
+      int32_t r = 0;
+      if (hd % 8 == 0) {
+        for (; r + 8 <= rows; r += 8) Dot8Keys(qi, keys + int64_t{r} * hd, hd, scale, si + r);
+      }
+      for (; r < rows; ++r) si[r] = Dot(qi, keys + int64_t{r} * hd, hd) * scale;
+    }
   }
-  for (int32_t j = 0; j < n; ++j) scratch[j] -= max_score;
-  ExpInPlace(scratch, n);
-  float sum = 0.0f;
-  for (int32_t j = 0; j < n; ++j) sum += scratch[j];
-  for (int32_t d = 0; d < hd; ++d) out[d] = 0.0f;
-  for (int32_t j = 0; j < n; ++j) {
-    const float* v = kv + g.Offset(block_table[j / bs], layer, 1, head, j % bs);
-    Axpy(scratch[j], v, out, hd);
+  std::vector<float> sums_storage;
+  float sums_local[16];
+  float* sums = sums_local;
+  if (num_queries > 16) {
+    sums_storage.resize(num_queries);
+    sums = sums_storage.data();
   }
-  const float inv = 1.0f / sum;
-  for (int32_t d = 0; d < hd; ++d) out[d] *= inv;
+  for (int32_t i = 0; i < num_queries; ++i) {
+    float* si = scratch + i * s_stride;
+    const int32_t n = pos0 + i + 1;
+    const float max_score = MaxOf(si, n);
+    for (int32_t j = 0; j < n; ++j) si[j] -= max_score;
+    ExpInPlace(si, n);
+    float sum = 0.0f;
+    for (int32_t j = 0; j < n; ++j) sum += si[j];
+    sums[i] = sum;
+  }
+  // Values, again block by block; each output element is one fma chain over the keys in
+  // position order, carried through `out` between blocks.
+  for (int32_t j = 0, b = 0; j < n_max; j += bs, ++b) {
+    const float* values = kv + g.Offset(block_table[b], layer, 1, head, 0);
+    for (int32_t i = std::max(0, j - pos0); i < num_queries; ++i) {
+      const float* wi = scratch + i * s_stride + j;
+      float* oi = out + i * out_stride;
+      const int32_t rows = std::min(bs, pos0 + i + 1 - j);
+      const bool first = j == 0;
+      switch (hd) {
+        case 8:
+          AccumulateValues<1>(wi, values, rows, first, oi);
+          break;
+        case 16:
+          AccumulateValues<2>(wi, values, rows, first, oi);
+          break;
+        case 32:
+          AccumulateValues<4>(wi, values, rows, first, oi);
+          break;
+        case 64:
+          AccumulateValues<8>(wi, values, rows, first, oi);
+          break;
+        default:
+          if (first) std::fill(oi, oi + hd, 0.0f);
+          for (int32_t r = 0; r < rows; ++r) Axpy(wi[r], values + int64_t{r} * hd, oi, hd);
+      }
+    }
+  }
+  for (int32_t i = 0; i < num_queries; ++i) {
+    const float inv = 1.0f / sums[i];
+    float* oi = out + i * out_stride;
+    for (int32_t d = 0; d < hd; ++d) oi[d] *= inv;
+  }
 }
 
 }  // namespace prefixd

@@ -50,6 +50,15 @@ void CopyKvRows(float* kv, const KvGeometry& g, int32_t src, int32_t dst, int32_
 void AttendOne(const float* q, int32_t pos, const float* kv, const KvGeometry& g,
                const int32_t* block_table, int32_t layer, int32_t head, float* scratch, float* out);
 
+// AttendOne for `num_queries` queries of one sequence at consecutive positions pos0,
+// pos0 + 1, ...: query i is q + i * q_stride and writes out + i * out_stride. Each query's
+// result is bit-identical to AttendOne's (the same arithmetic in the same order); walking
+// the keys once for all the queries only keeps each K/V block in cache while they read it.
+// `scratch` holds at least num_queries * (pos0 + num_queries + 8) floats.
+void AttendQueries(const float* q, int64_t q_stride, int32_t num_queries, int32_t pos0,
+                   const float* kv, const KvGeometry& g, const int32_t* block_table, int32_t layer,
+                   int32_t head, float* scratch, float* out, int64_t out_stride);
+
 }  // namespace prefixd
 
 #endif  // PREFIXD_KERNELS_CPU_OPS_H_

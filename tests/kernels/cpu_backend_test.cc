@@ -11,6 +11,7 @@
 
 #include "cache/kv_layout.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/matmul.h"
 #include "tests/kernels/reference_gpt2.h"
 #include "tests/kernels/test_models.h"
 
@@ -149,6 +150,26 @@ TEST_F(CpuBackendTest, ThreadCountDoesNotChangeLogits) {
     const std::vector<float> want = Prefill(*one, tokens, Blocks(0, 2), 0);
     EXPECT_EQ(Prefill(*two, tokens, Blocks(0, 2), 0), want);
     EXPECT_EQ(Prefill(*three, tokens, Blocks(0, 2), 7), want);
+  }
+}
+
+TEST_F(CpuBackendTest, InstructionSetDoesNotChangeLogits) {
+  // The AVX2 and AVX-512 matrix-product blocks end to end (prefill in one go and in chunks of
+  // 5, which decodes through the small-row kernels): the same bits.
+  if (!MatMulIsaSupported(MatMulIsa::kAvx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
+  for (const Model* model : Models()) {
+    const std::vector<uint32_t> tokens = RandomTokens(40, 9);
+    auto backend = MakeBackend(*model, 2);
+    SetMatMulIsa(MatMulIsa::kAvx2);
+    const std::vector<float> want = Prefill(*backend, tokens, Blocks(0, 3), 0);
+    const std::vector<float> want_chunked = Prefill(*backend, tokens, Blocks(3, 3), 5);
+    SetMatMulIsa(MatMulIsa::kAvx512);
+    const std::vector<float> got = Prefill(*backend, tokens, Blocks(6, 3), 0);
+    const std::vector<float> got_chunked = Prefill(*backend, tokens, Blocks(9, 3), 5);
+    SetMatMulIsa(MatMulIsa::kAuto);
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(got_chunked, want_chunked);
+    EXPECT_EQ(got_chunked, want);
   }
 }
 

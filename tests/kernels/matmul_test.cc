@@ -21,13 +21,27 @@ std::vector<float> RandomVector(size_t n, uint32_t seed) {
   return v;
 }
 
+// Every register-block path this CPU can run (all must give the same bits).
+std::vector<MatMulIsa> Isas() {
+  std::vector<MatMulIsa> isas = {MatMulIsa::kAvx2};
+  if (MatMulIsaSupported(MatMulIsa::kAvx512)) isas.push_back(MatMulIsa::kAvx512);
+  return isas;
+}
+
+// Restores the automatic choice when a test ends.
+class MatMulTest : public ::testing::Test {
+ protected:
+  ~MatMulTest() override { SetMatMulIsa(MatMulIsa::kAuto); }
+};
+
 struct Shape {
   int64_t k, n;
 };
 
-TEST(MatMulTest, EqualsScalarFmaChainForEveryRowCountAndThreadCount) {
-  const Shape shapes[] = {{1, 1}, {7, 5}, {16, 64}, {33, 65}, {64, 130}, {96, 200}};
-  const int64_t row_counts[] = {1, 2, 3, 4, 5, 6, 7, 11, 13, 97, 200};
+TEST_F(MatMulTest, EqualsScalarFmaChainForEveryRowCountAndThreadCount) {
+  // k = 300 crosses the AVX-512 path's K blocks (128) twice, with a partial last block.
+  const Shape shapes[] = {{1, 1}, {7, 5}, {16, 64}, {33, 65}, {64, 130}, {96, 200}, {300, 70}};
+  const int64_t row_counts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 13, 14, 97, 104, 200};
   ThreadPool pool2(2);
   ThreadPool pool3(3);
   for (const Shape& s : shapes) {
@@ -38,36 +52,44 @@ TEST(MatMulTest, EqualsScalarFmaChainForEveryRowCountAndThreadCount) {
       const std::vector<float> a = RandomVector(m * s.k, 3 + m);
       std::vector<float> want(m * s.n);
       MatMulReference(a.data(), m, s.k, w.data(), s.k, s.n, bias.data(), want.data(), s.n);
-      for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
-        std::vector<float> got(m * s.n, -1.0f);
-        MatMul(a.data(), m, s.k, packed, bias.data(), got.data(), s.n, pool);
-        ASSERT_EQ(got, want) << "k=" << s.k << " n=" << s.n << " m=" << m;
+      for (MatMulIsa isa : Isas()) {
+        SetMatMulIsa(isa);
+        for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
+          std::vector<float> got(m * s.n, -1.0f);
+          MatMul(a.data(), m, s.k, packed, bias.data(), got.data(), s.n, pool);
+          ASSERT_EQ(got, want) << "k=" << s.k << " n=" << s.n << " m=" << m
+                               << " isa=" << static_cast<int>(isa);
+        }
       }
     }
   }
 }
 
-TEST(MatMulTest, RowResultDoesNotDependOnItsNeighbours) {
+TEST_F(MatMulTest, RowResultDoesNotDependOnItsNeighbours) {
   // The same row computed alone (decode path) and at every offset inside a larger batch.
   const int64_t k = 40, n = 70;
   const std::vector<float> w = RandomVector(k * n, 5);
   const PackedMatrix packed = PackedMatrix::Pack(w.data(), k, n, false);
   const std::vector<float> row = RandomVector(k, 6);
   std::vector<float> alone(n);
+  SetMatMulIsa(MatMulIsa::kAvx2);
   MatMul(row.data(), 1, k, packed, nullptr, alone.data(), n, nullptr);
-  for (int64_t m = 2; m <= 13; ++m) {
-    for (int64_t at = 0; at < m; ++at) {
-      std::vector<float> batch = RandomVector(m * k, 100 + m);
-      std::copy(row.begin(), row.end(), batch.begin() + at * k);
-      std::vector<float> out(m * n);
-      MatMul(batch.data(), m, k, packed, nullptr, out.data(), n, nullptr);
-      ASSERT_EQ(std::vector<float>(out.begin() + at * n, out.begin() + (at + 1) * n), alone)
-          << "m=" << m << " at=" << at;
+  for (MatMulIsa isa : Isas()) {
+    SetMatMulIsa(isa);
+    for (int64_t m = 1; m <= 17; ++m) {
+      for (int64_t at = 0; at < m; ++at) {
+        std::vector<float> batch = RandomVector(m * k, 100 + m);
+        std::copy(row.begin(), row.end(), batch.begin() + at * k);
+        std::vector<float> out(m * n);
+        MatMul(batch.data(), m, k, packed, nullptr, out.data(), n, nullptr);
+        ASSERT_EQ(std::vector<float>(out.begin() + at * n, out.begin() + (at + 1) * n), alone)
+            << "m=" << m << " at=" << at << " isa=" << static_cast<int>(isa);
+      }
     }
   }
 }
 
-TEST(MatMulTest, TransposedPackReadsRowMajorNByK) {
+TEST_F(MatMulTest, TransposedPackReadsRowMajorNByK) {
   const int64_t k = 9, n = 70;
   const std::vector<float> wt = RandomVector(n * k, 7);  // [n, k]
   std::vector<float> w(k * n);                           // [k, n]
@@ -83,7 +105,7 @@ TEST(MatMulTest, TransposedPackReadsRowMajorNByK) {
   EXPECT_EQ(got, want);
 }
 
-TEST(MatMulTest, HonoursRowStrides) {
+TEST_F(MatMulTest, HonoursRowStrides) {
   const int64_t k = 8, n = 10, m = 4, lda = 13, ldc = 17;
   const std::vector<float> w = RandomVector(k * n, 9);
   const PackedMatrix packed = PackedMatrix::Pack(w.data(), k, n, false);

@@ -134,5 +134,42 @@ TEST(OpsTest, PagedAttentionMatchesReferenceAndIgnoresBlockPlacement) {
   }
 }
 
+TEST(OpsTest, AttendQueriesEqualsAttendOnePerQuery) {
+  // The prefill path (many queries per key walk) against the decode path (one query), with
+  // ==, for head sizes with and without a register-block specialisation, block sizes that do
+  // and do not divide the positions, and query runs that start mid-block.
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (int hd : {8, 12, 64}) {
+    for (int block_size : {1, 5, 16}) {
+      const KvGeometry g{/*n_layer=*/2, /*n_head=*/2, hd, block_size};
+      const int max_pos = 70;
+      const int num_blocks = max_pos / block_size + 1;
+      std::vector<float> kv(num_blocks * g.block_stride());
+      for (float& x : kv) x = dist(rng);
+      std::vector<int32_t> table(num_blocks);
+      std::iota(table.begin(), table.end(), 0);
+      std::shuffle(table.begin(), table.end(), rng);
+      for (int pos0 : {0, 3, 17, 40}) {
+        for (int count : {1, 2, 7, 20, 30}) {
+          if (pos0 + count > max_pos + 1) continue;
+          std::vector<float> q(count * hd);
+          for (float& x : q) x = dist(rng);
+          std::vector<float> scratch(count * (pos0 + count + 8)), got(count * hd, -1.0f);
+          AttendQueries(q.data(), hd, count, pos0, kv.data(), g, table.data(), 1, 1,
+                        scratch.data(), got.data(), hd);
+          for (int i = 0; i < count; ++i) {
+            std::vector<float> one_scratch(pos0 + i + 1 + 8), want(hd);
+            AttendOne(q.data() + i * hd, pos0 + i, kv.data(), g, table.data(), 1, 1,
+                      one_scratch.data(), want.data());
+            ASSERT_EQ(std::vector<float>(got.begin() + i * hd, got.begin() + (i + 1) * hd), want)
+                << "hd=" << hd << " bs=" << block_size << " pos0=" << pos0 << " i=" << i;
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace prefixd

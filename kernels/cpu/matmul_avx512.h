@@ -1,0 +1,28 @@
+// AVX-512 register blocks for MatMul (matmul.cc), chosen at run time on CPUs that have
+// avx512f and avx512vl. Internal to kernels/cpu.
+//
+// Invariant: same per-element arithmetic as the AVX2 blocks in matmul.cc and the scalar
+// MatMulReference: out[r, c] = fma chain over k = 0..K-1 in order, starting from +0.0f. Only
+// the number of columns per instruction changes (16 instead of 8), which no element can see,
+// so the two paths give identical bits (matmul_test checks both against the reference).
+#ifndef PREFIXD_KERNELS_CPU_MATMUL_AVX512_H_
+#define PREFIXD_KERNELS_CPU_MATMUL_AVX512_H_
+
+#include <cstdint>
+
+namespace prefixd::internal {
+
+// Most rows PanelRowsAvx512 takes in one call.
+inline constexpr int64_t kMaxRowsAvx512 = 8;
+
+// out[r, 0..64) = a[r, 0..k) · panel for r in [0, rows), 1 <= rows <= kMaxRowsAvx512. `panel`
+// is one packed K x 64 panel (64-byte aligned); `out` is [rows, 64], 64-byte aligned. Only
+// call when CpuHasAvx512() is true.
+void PanelRowsAvx512(const float* a, int64_t rows, int64_t lda, const float* panel, int64_t k,
+                     float* out);
+
+bool CpuHasAvx512();
+
+}  // namespace prefixd::internal
+
+#endif  // PREFIXD_KERNELS_CPU_MATMUL_AVX512_H_
