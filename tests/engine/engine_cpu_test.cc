@@ -59,14 +59,11 @@ void ExpectConcurrencyIsInvisible(Mix mix) {
   }
   // All together on a pool of 96 tokens for 32 x up to 83 tokens: preemption is forced.
   CpuEngine busy({.pool_blocks = 12, .block_size = 8, .max_batch_tokens = 64});
-  std::vector<std::shared_ptr<RequestStream>> streams;
-  for (const EngineRequest& r : requests) {
-    auto s = busy.engine->Submit(r);
-    ASSERT_TRUE(s.ok()) << s.status();
-    streams.push_back(*s);
-  }
+  const std::vector<std::shared_ptr<RequestStream>> streams =
+      SubmitTogether(*busy.engine, requests);
   for (size_t i = 0; i < requests.size(); ++i) {
     SCOPED_TRACE(absl::StrCat("request ", i));
+    ASSERT_NE(streams[i], nullptr);
     const RequestResult together = Collect(*streams[i]);
     ASSERT_TRUE(alone[i].status.ok()) << alone[i].status;
     ASSERT_TRUE(together.status.ok()) << together.status;

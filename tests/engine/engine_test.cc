@@ -252,14 +252,11 @@ TEST(EngineTest, ConcurrentRequestsUnderPreemptionMatchTheReference) {
     r.top_logprobs = i % 5;
     requests.push_back(r);
   }
-  std::vector<std::shared_ptr<RequestStream>> streams;
-  for (const EngineRequest& r : requests) {
-    auto s = h.engine->Submit(r);
-    ASSERT_TRUE(s.ok()) << s.status();
-    streams.push_back(*s);
-  }
+  const std::vector<std::shared_ptr<RequestStream>> streams =
+      SubmitTogether(*h.engine, requests);
   for (size_t i = 0; i < requests.size(); ++i) {
     SCOPED_TRACE(absl::StrCat("request ", i));
+    ASSERT_NE(streams[i], nullptr);
     ExpectMatchesReference(Collect(*streams[i]), requests[i]);
   }
   EXPECT_GT(h.engine->Stats().preemptions, 0u);

@@ -4,10 +4,13 @@
 
 #include <memory>
 #include <ostream>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/notification.h"
 #include "engine/engine.h"
+#include "engine/engine_testing.h"
 #include "gtest/gtest.h"
 
 namespace prefixd {
@@ -95,6 +98,32 @@ inline RequestResult RunOne(Engine& engine, const EngineRequest& request) {
   EXPECT_TRUE(stream.ok()) << stream.status();
   if (!stream.ok()) return {};
   return Collect(**stream);
+}
+
+// Submits every request while the engine thread is held between two steps, so that all of
+// them are enqueued at once. Without this the schedule, and so whether the pool is ever short
+// enough to preempt, depends on how this thread and the engine thread interleave (under load
+// the engine can finish early requests before the later ones arrive). Returns one stream per
+// request, in order; a refused Submit fails the calling test.
+inline std::vector<std::shared_ptr<RequestStream>> SubmitTogether(
+    Engine& engine, const std::vector<EngineRequest>& requests) {
+  absl::Notification held, release;
+  std::thread holder([&] {
+    RunWithKvCacheForTest(engine, [&](const KvCache&) {
+      held.Notify();
+      release.WaitForNotification();
+    });
+  });
+  held.WaitForNotification();
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const EngineRequest& r : requests) {
+    auto s = engine.Submit(r);
+    EXPECT_TRUE(s.ok()) << s.status();
+    streams.push_back(s.ok() ? *s : nullptr);
+  }
+  release.Notify();
+  holder.join();
+  return streams;
 }
 
 }  // namespace prefixd
