@@ -36,6 +36,8 @@ struct Shared {
   bool draining ABSL_GUARDED_BY(mu) = false;
   absl::Time drain_deadline ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();
   bool stopped ABSL_GUARDED_BY(mu) = false;
+  // Set once the backend reported a fatal device error: Submit refuses from then on.
+  absl::Status fatal ABSL_GUARDED_BY(mu);
   // Requests the scheduler holds that are not running, for max_queue.
   std::atomic<int64_t> scheduler_waiting{0};
 };
@@ -76,6 +78,10 @@ class EngineImpl final : public Engine {
     absl::MutexLock lock(&shared_->mu);
     if (shared_->draining) {
       return absl::UnavailableError("server is shutting down: not accepting new requests");
+    }
+    if (!shared_->fatal.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "the backend failed and this server is restarting: ", shared_->fatal.message()));
     }
     const int64_t queued =
         static_cast<int64_t>(shared_->incoming.size()) + shared_->scheduler_waiting.load();
@@ -167,8 +173,22 @@ class EngineImpl final : public Engine {
         break;
       }
       scheduler_.Step();
+      const bool newly_fatal = !scheduler_.fatal_error().ok() && !fatal_reported_;
+      if (!scheduler_.fatal_error().ok()) {
+        // The device is unusable from now on: nothing queued or running can complete.
+        if (newly_fatal) {
+          absl::MutexLock lock(&shared_->mu);
+          shared_->fatal = scheduler_.fatal_error();
+        }
+        scheduler_.EndAll(absl::InternalError(
+            absl::StrCat("backend failure: ", scheduler_.fatal_error().message())));
+      }
       PublishStats();
       scheduler_.FlushEvents();
+      if (newly_fatal) {
+        fatal_reported_ = true;
+        if (options_.on_fatal_error) options_.on_fatal_error(scheduler_.fatal_error());
+      }
     }
     std::vector<std::function<void()>> tasks;
     {
@@ -206,7 +226,8 @@ class EngineImpl final : public Engine {
   RequestLimits limits_;
   std::unique_ptr<KvCache> cache_;
   std::shared_ptr<Shared> shared_;
-  Scheduler scheduler_;  // engine thread only
+  Scheduler scheduler_;         // engine thread only
+  bool fatal_reported_ = false;  // engine thread only
   std::thread thread_;
   absl::Mutex join_mu_;
   mutable absl::Mutex stats_mu_;

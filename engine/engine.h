@@ -92,6 +92,11 @@ struct EngineOptions {
   bool enable_prefix_cache = true;
   // Injected for tests (TTFT/TPOT measurements); defaults to absl::Now.
   std::function<absl::Time()> clock;
+  // Called once, from the engine thread, when the backend reports a fatal device error
+  // (IsFatalDeviceError, engine/backend.h). By then every request has ended with INTERNAL,
+  // and Submit refuses new ones with UNAVAILABLE: the process should stop so that an
+  // orchestrator restarts it.
+  std::function<void(const absl::Status&)> on_fatal_error;
 };
 
 struct EngineStats {
@@ -117,7 +122,8 @@ class Engine {
   virtual ~Engine() = default;
 
   // Validates and queues. INVALID_ARGUMENT for a request that could never run (message says
-  // what to change), RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE once Shutdown began.
+  // what to change), RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE once Shutdown began
+  // or after a fatal backend error.
   virtual absl::StatusOr<std::shared_ptr<RequestStream>> Submit(EngineRequest request) = 0;
 
   // Refuses new requests; queued and running ones go on until `grace` ends, the rest end

@@ -226,6 +226,7 @@ void Scheduler::Preempt(Sequence* seq) {
 
 void Scheduler::FailRunning(const absl::Status& status) {
   pending_copies_.clear();
+  if (IsFatalDeviceError(status) && fatal_error_.ok()) fatal_error_ = status;
   const absl::Status error =
       absl::InternalError(absl::StrCat("backend failure: ", status.message()));
   std::vector<RequestState*> failed;

@@ -75,6 +75,8 @@ class Scheduler {
   void EndAll(const absl::Status& status);
 
   bool idle() const { return requests_.empty(); }  // after FlushEvents()
+  // The first fatal device error the backend returned (IsFatalDeviceError); OK until then.
+  const absl::Status& fatal_error() const { return fatal_error_; }
   const SchedulerCounters& counters() const { return counters_; }
   // Latency observations (seconds) since the last call.
   void DrainLatencies(std::vector<double>* ttft, std::vector<double>* tpot);
@@ -107,6 +109,7 @@ class Scheduler {
   Backend* const backend_;
   KvCache* const cache_;
   std::vector<std::unique_ptr<RequestState>> requests_;
+  absl::Status fatal_error_;  // see fatal_error()
   std::deque<Sequence*> waiting_;
   std::vector<Sequence*> running_;  // sorted by (admit_order, sample_index)
   std::vector<BlockCopy> pending_copies_;

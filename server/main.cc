@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -151,6 +152,14 @@ int Run() {
   eopt.max_queue = absl::GetFlag(FLAGS_max_queue);
   eopt.max_samples = absl::GetFlag(FLAGS_max_samples);
   eopt.enable_prefix_cache = !absl::GetFlag(FLAGS_no_prefix_cache);
+  // A sticky device error: the engine has failed every request; drain like on SIGTERM (health
+  // goes NOT_SERVING) and exit non-zero so that an orchestrator restarts the process.
+  static std::atomic<bool> device_failed{false};
+  eopt.on_fatal_error = [](const absl::Status& status) {
+    Log(absl::StrCat("fatal backend error, shutting down: ", status.message()));
+    device_failed.store(true);
+    kill(getpid(), SIGTERM);
+  };
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(eopt);
   if (!engine.ok()) return Fail(absl::StrCat("engine: ", engine.status().message()));
   if (!eopt.enable_prefix_cache) Log("prefix cache disabled (--no-prefix-cache)");
@@ -254,6 +263,10 @@ int Run() {
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
   // Waits for a scrape in progress, so none reads the engine while it is destroyed.
   exposer->RemoveCollectable(metrics);
+  if (device_failed.load()) {
+    Log("stopped after a fatal backend error: exit 1");
+    return 1;
+  }
   Log("stopped");
   return 0;
 }

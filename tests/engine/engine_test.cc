@@ -58,6 +58,11 @@ struct Harness {
     o.enable_prefix_cache = s.prefix_cache;
     // A clock that advances 1 ms per reading: latencies are positive and deterministic.
     o.clock = [this] { return absl::UnixEpoch() + absl::Milliseconds(++ticks); };
+    o.on_fatal_error = [this](const absl::Status& s) {
+      fatal_status = s;
+      ++fatal_calls;
+      fatal_seen.Notify();
+    };
     auto e = Engine::Create(o);
     EXPECT_TRUE(e.ok()) << e.status();
     engine = *std::move(e);
@@ -66,6 +71,9 @@ struct Harness {
 
   FakeBackend backend;
   std::atomic<int64_t> ticks{0};
+  absl::Status fatal_status;  // written once on the engine thread before fatal_seen
+  std::atomic<int> fatal_calls{0};
+  absl::Notification fatal_seen;
   std::unique_ptr<Engine> engine;
 };
 
@@ -442,6 +450,38 @@ TEST(EngineTest, BackendFailureEndsRequestsInFlightWithInternal) {
   ExpectPoolQuiet(*h.engine);
   // The engine keeps serving.
   ExpectMatchesReference(RunOne(*h.engine, r), r);
+}
+
+TEST(EngineTest, FatalDeviceErrorEndsEveryRequestAndRefusesNewOnes) {
+  Harness h;
+  absl::Notification gate;
+  h.backend.set_gate(&gate);
+  h.backend.set_fail_at_call(1);
+  h.backend.set_fail_fatally(true);
+  std::mt19937 rng(13);
+  EngineRequest r = MakeRequest(&rng, 6, 10);
+  r.ignore_eos = true;
+  auto a = h.engine->Submit(r);
+  h.backend.entered().WaitForNotification();
+  auto b = h.engine->Submit(r);
+  auto c = h.engine->Submit(MakeRequest(&rng, 40, 5));
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  gate.Notify();
+  for (auto* s : {&a, &b, &c}) {
+    const RequestResult res = Collect(***s);
+    EXPECT_EQ(res.status.code(), absl::StatusCode::kInternal) << res.status;
+    EXPECT_THAT(res.status.message(), HasSubstr("injected failure"));
+  }
+  h.fatal_seen.WaitForNotification();
+  EXPECT_TRUE(IsFatalDeviceError(h.fatal_status));
+  EXPECT_EQ(h.fatal_calls.load(), 1);
+  // From now on the engine refuses work instead of sending it to a broken device.
+  auto late = h.engine->Submit(r);
+  ASSERT_FALSE(late.ok());
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(late.status().message(), HasSubstr("restarting"));
+  ExpectPoolQuiet(*h.engine);
+  EXPECT_EQ(h.fatal_calls.load(), 1);
 }
 
 TEST(EngineTest, StatsAndLatenciesCountWhatHappened) {

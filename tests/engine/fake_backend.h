@@ -77,7 +77,9 @@ class FakeBackend final : public Backend {
       gate_->WaitForNotification();
     }
     if (fail_at_call_ >= 0 && call == fail_at_call_) {
-      return absl::InternalError("fake backend: injected failure");
+      absl::Status failure = absl::InternalError("fake backend: injected failure");
+      if (fail_fatally_) failure.SetPayload(kFatalDeviceErrorPayload, absl::Cord("fatal"));
+      return failure;
     }
     std::vector<StepRecord>& record = recorded_.emplace_back();
     for (const SequenceStep& s : steps) {
@@ -118,6 +120,8 @@ class FakeBackend final : public Backend {
   }
   absl::Notification& entered() { return entered_; }
   void set_fail_at_call(int64_t call) { fail_at_call_ = call; }
+  // The injected failure is a sticky device error (IsFatalDeviceError).
+  void set_fail_fatally(bool fatal) { fail_fatally_ = fatal; }
   int64_t forward_calls() const { return forward_calls_.load(); }
 
   // What each Forward() call was asked to do, for scheduling tests (engine thread only).
@@ -145,6 +149,7 @@ class FakeBackend final : public Backend {
   std::vector<std::vector<StepRecord>> recorded_;
   std::atomic<int64_t> forward_calls_{0};
   int64_t fail_at_call_ = -1;
+  bool fail_fatally_ = false;
   absl::Notification* gate_ = nullptr;
   int64_t pause_call_ = 0;
   int64_t hook_call_ = -1;
