@@ -7,7 +7,7 @@
 // second of wall time) and time to first token (client-side: Submit to first token).
 //
 // Usage: engine_shared_prefix_bench [--model DIR] [--threads N] [--requests 32]
-//          [--concurrency 8] [--prefix 512] [--suffix 16] [--new 32]
+//          [--concurrency 8] [--prefix 512] [--suffix 16] [--new 32] [--only on|off]
 // Without --model a random GPT-2 is written to a temporary directory first.
 #include <unistd.h>
 
@@ -43,6 +43,7 @@ struct Flags {
   int prefix = 512;
   int suffix = 16;
   int new_tokens = 32;
+  std::string only;  // "on" or "off": run one half (for profiling); empty: both
 };
 
 struct RunResult {
@@ -180,6 +181,8 @@ int Main(int argc, char** argv) {
       f.suffix = std::stoi(value());
     else if (a == "--new")
       f.new_tokens = std::stoi(value());
+    else if (a == "--only")
+      f.only = value();
     else {
       std::fprintf(stderr, "unknown flag %s (see the header of engine_shared_prefix_bench.cc)\n",
                    a.c_str());
@@ -210,14 +213,19 @@ int Main(int argc, char** argv) {
       "%d-token shared prefix + %d own tokens, %d new tokens each (greedy)\n",
       (*model)->name().c_str(), (*model)->config().n_layer, (*model)->config().n_embd, f.threads,
       f.requests, f.concurrency, f.prefix, f.suffix, f.new_tokens);
-  const RunResult on = RunWorkload(**model, f, /*prefix_cache=*/true);
-  const RunResult off = RunWorkload(**model, f, /*prefix_cache=*/false);
+  if (!f.only.empty() && f.only != "on" && f.only != "off") {
+    std::fprintf(stderr, "--only takes on or off, got %s\n", f.only.c_str());
+    return 2;
+  }
+  const RunResult on = f.only == "off" ? RunResult{} : RunWorkload(**model, f, true);
+  const RunResult off = f.only == "on" ? RunResult{} : RunWorkload(**model, f, false);
   if (temporary) std::filesystem::remove_all(dir);
 
   std::printf("\n%-14s %9s %12s %10s %10s %10s %14s %14s\n", "prefix cache", "wall s", "gen tok/s",
               "TTFT mean", "TTFT p50", "TTFT p90", "prefill tokens", "cached tokens");
   for (const auto& [name, r] : {std::pair<const char*, const RunResult&>{"on", on},
                                 std::pair<const char*, const RunResult&>{"off", off}}) {
+    if (r.ttft_s.empty()) continue;
     double mean = 0;
     for (double t : r.ttft_s) mean += t;
     mean /= r.ttft_s.size();
@@ -226,6 +234,7 @@ int Main(int argc, char** argv) {
                 static_cast<unsigned long long>(r.prefill_tokens),
                 static_cast<unsigned long long>(r.cached_tokens));
   }
+  if (!f.only.empty()) return 0;
   double mean_on = 0, mean_off = 0;
   for (double t : on.ttft_s) mean_on += t;
   for (double t : off.ttft_s) mean_off += t;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 
 #include "cache/check.h"
 #include "kernels/cpu/matmul_avx512.h"
@@ -128,20 +129,57 @@ PackedMatrix PackedMatrix::Pack(const float* w, int64_t k, int64_t n, bool trans
   return m;
 }
 
+namespace {
+
+// c[r, col0 .. col0 + cols) = out[r - row_begin, :cols] + bias, for r in [row_begin, row_end).
+void StoreRows(const float* out, int64_t row_begin, int64_t row_end, int64_t col0, int64_t cols,
+               const float* bias, float* c, int64_t ldc) {
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    float* dst = c + r * ldc + col0;
+    const float* src = out + (r - row_begin) * kPanelWidth;
+    if (bias != nullptr) {
+      for (int64_t cc = 0; cc < cols; ++cc) dst[cc] = src[cc] + bias[col0 + cc];
+    } else {
+      std::memcpy(dst, src, cols * sizeof(float));
+    }
+  }
+}
+
+}  // namespace
+
 void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const float* bias,
             float* c, int64_t ldc, ThreadPool* pool) {
   if (m <= 0) return;
   const int64_t panels = w.num_panels();
-  const int64_t row_tasks = (m + kRowsPerTask - 1) / kRowsPerTask;
   const int64_t k = w.k();
   const int64_t n = w.n();
   const bool avx512 = UseAvx512();
-  auto task = [&](int64_t t) {
+  auto run = [pool](int64_t tasks, const std::function<void(int64_t)>& fn) {
+    if (pool != nullptr) {
+      pool->Run(tasks, fn);
+    } else {
+      for (int64_t t = 0; t < tasks; ++t) fn(t);
+    }
+  };
+  if (m == 1 && avx512) {
+    // Decode: one row streams the weights; a task takes two neighbouring panels.
+    return run((panels + 1) / 2, [&](int64_t t) {
+      const int64_t j = 2 * t;
+      const int64_t count = std::min<int64_t>(2, panels - j);
+      alignas(64) float out[2 * kPanelWidth];
+      internal::PanelsOneRowAvx512(a, w.panel(j), count, k, out);
+      const int64_t col0 = j * kPanelWidth;
+      for (int64_t s = 0; s < count; ++s) {
+        StoreRows(out + s * kPanelWidth, 0, 1, col0 + s * kPanelWidth,
+                  std::min(kPanelWidth, n - col0 - s * kPanelWidth), bias, c, ldc);
+      }
+    });
+  }
+  const int64_t row_tasks = (m + kRowsPerTask - 1) / kRowsPerTask;
+  run(panels * row_tasks, [&](int64_t t) {
     const int64_t j = t % panels;
     const int64_t row_begin = (t / panels) * kRowsPerTask;
     const int64_t row_end = std::min(m, row_begin + kRowsPerTask);
-    const int64_t col0 = j * kPanelWidth;
-    const int64_t cols = std::min(kPanelWidth, n - col0);
     alignas(64) float out[kRowsPerTask * kPanelWidth];
     if (avx512) {
       for (int64_t r0 = row_begin, rows = 0; r0 < row_end; r0 += rows) {
@@ -157,22 +195,9 @@ void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const
         PanelRows(a + r0 * lda, rows, lda, w.panel(j), k, out + (r0 - row_begin) * kPanelWidth);
       }
     }
-    for (int64_t r = row_begin; r < row_end; ++r) {
-      float* dst = c + r * ldc + col0;
-      const float* src = out + (r - row_begin) * kPanelWidth;
-      if (bias != nullptr) {
-        for (int64_t cc = 0; cc < cols; ++cc) dst[cc] = src[cc] + bias[col0 + cc];
-      } else {
-        std::memcpy(dst, src, cols * sizeof(float));
-      }
-    }
-  };
-  const int64_t tasks = panels * row_tasks;
-  if (pool != nullptr) {
-    pool->Run(tasks, task);
-  } else {
-    for (int64_t t = 0; t < tasks; ++t) task(t);
-  }
+    const int64_t col0 = j * kPanelWidth;
+    StoreRows(out, row_begin, row_end, col0, std::min(kPanelWidth, n - col0), bias, c, ldc);
+  });
 }
 
 void MatMulReference(const float* a, int64_t m, int64_t lda, const float* w, int64_t k, int64_t n,
