@@ -2,11 +2,12 @@
 // lengths, batched decode, and a cached decode step against recomputing the prefix.
 //
 //   cpu_backend_bench [--model DIR] [--threads 2] [--reps 5] [--isa auto|avx2|avx512]
-//                     [--quick 0-4]
+//                     [--quick 0-5]
 //
 // --isa picks the matrix-product register blocks (all give identical bits); --quick 1 runs
 // only prefill 512, decode batch 1 at context 256 and decode batch 8 (for before/after checks);
-// 2, 3 and 4 run just one of those three.
+// 2, 3 and 4 run just one of those three; 5 runs what scripts/bench-peer compares with llama.cpp
+// (prefill 17 and 512 tokens, decode batch 1 at context 16 and 256).
 // Without --model, writes a random GPT-2 (tools/random_model.h) into a temp dir first. Each
 // figure is the best of --reps runs (the machine is shared; the minimum is the least noisy
 // estimate of what the code costs). Prints a Markdown table for docs/BENCHMARKS.md.
@@ -154,7 +155,7 @@ int Main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: cpu_backend_bench [--model DIR] [--threads N] [--reps N] "
-                   "[--isa auto|avx2|avx512] [--quick 0-4]\n");
+                   "[--isa auto|avx2|avx512] [--quick 0-5]\n");
       return 2;
     }
   }
@@ -197,6 +198,20 @@ int Main(int argc, char** argv) {
   std::printf(
       "| measurement | wall time | CPU time (all threads) | tokens/s (wall) "
       "|\n|---|---|---|---|\n");
+  if (quick == 5) {  // the llama.cpp peer's set (scripts/bench-peer)
+    for (int n : {17, 512}) {
+      const Timing t = bench.Prefill(n, 0, n);
+      std::printf("| prefill %d tokens | %.1f ms | %.1f ms | %.0f |\n", n, t.wall * 1e3,
+                  t.cpu * 1e3, n / t.wall);
+    }
+    for (int ctx : {16, 256}) {
+      const Timing t = bench.Decode(1, ctx, 8);
+      std::printf("| decode batch 1, context %d | %.1f ms/step | %.1f ms/step | %.1f |\n", ctx,
+                  t.wall * 1e3, t.cpu * 1e3, 1 / t.wall);
+    }
+    if (!temp_dir.empty()) std::filesystem::remove_all(temp_dir);
+    return 0;
+  }
   if (quick != 0) {
     if (quick == 1 || quick == 2) {
       const Timing p = bench.Prefill(512, 0, 512);

@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/files.h"
 #include "tools/random_model.h"
 
 namespace prefixd {
@@ -30,12 +31,7 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
 
-std::string ReadFile(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using ::prefixd::testing::ReadFile;
 
 void WriteFile(const fs::path& p, const std::string& bytes) {
   std::ofstream(p, std::ios::binary | std::ios::trunc) << bytes;

@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/files.h"
 
 namespace prefixd {
 namespace {
@@ -22,12 +23,7 @@ using ::testing::HasSubstr;
 using ::testing::StartsWith;
 using json = nlohmann::json;
 
-std::string ReadFile(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using ::prefixd::testing::ReadFile;
 
 std::string ShellQuote(const std::string& s) {
   std::string out = "'";

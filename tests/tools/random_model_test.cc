@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/files.h"
 
 namespace prefixd {
 namespace {
@@ -29,12 +30,7 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
 
-std::string ReadFile(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using ::prefixd::testing::ReadFile;
 
 class RandomModelTest : public ::testing::Test {
  protected:
