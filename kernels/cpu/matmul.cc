@@ -161,17 +161,17 @@ void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const
       for (int64_t t = 0; t < tasks; ++t) fn(t);
     }
   };
-  if (m == 1 && avx512) {
-    // Decode: one row streams the weights; a task takes two neighbouring panels.
+  if (m <= internal::kMaxFewRowsAvx512 && avx512) {
+    // Decode: a few rows stream the weights; a task takes two neighbouring panels.
     return run((panels + 1) / 2, [&](int64_t t) {
       const int64_t j = 2 * t;
       const int64_t count = std::min<int64_t>(2, panels - j);
-      alignas(64) float out[2 * kPanelWidth];
-      internal::PanelsOneRowAvx512(a, w.panel(j), count, k, out);
-      const int64_t col0 = j * kPanelWidth;
+      alignas(64) float out[2 * internal::kMaxFewRowsAvx512 * kPanelWidth];
+      internal::PanelsFewRowsAvx512(a, lda, m, w.panel(j), count, k, out);
       for (int64_t s = 0; s < count; ++s) {
-        StoreRows(out + s * kPanelWidth, 0, 1, col0 + s * kPanelWidth,
-                  std::min(kPanelWidth, n - col0 - s * kPanelWidth), bias, c, ldc);
+        const int64_t col0 = (j + s) * kPanelWidth;
+        StoreRows(out + s * m * kPanelWidth, 0, m, col0, std::min(kPanelWidth, n - col0), bias,
+                  c, ldc);
       }
     });
   }

@@ -18,8 +18,10 @@ namespace {
 // prefetch past the end of the panel, or of the allocation, is harmless: it never faults.)
 // Into L2 (T1): measured a little better than T0 for decode and no worse for prefill.
 constexpr int64_t kPrefetchRows = 64;  // 16 KiB ahead
-// The single-row kernel walks two panels at once, each prefetched this many rows ahead.
-constexpr int64_t kDecodePrefetchRows = 4;  // 1 KiB ahead
+// The few-row (decode) kernel walks two panels at once, each prefetched this many rows
+// ahead: a short distance, since the two streams' prefetches together already fill the
+// core's queue of outstanding misses (longer distances measured slower).
+constexpr int64_t kFewRowsPrefetchRows = 4;  // 1 KiB ahead
 
 // acc[r][v] = sum_k a[r, k] * p[k, 16 v + c], one fma chain per element, K in order, for R
 // rows and NV*16 columns starting at `p` (row stride kPanelWidth).
@@ -60,40 +62,58 @@ PREFIXD_TARGET_AVX512 void Block(const float* a, int64_t lda, const float* panel
   }
 }
 
-// One row against S consecutive panels, each panel its own stream (see PanelsOneRowAvx512).
-template <int S>
-PREFIXD_TARGET_AVX512 void OneRow(const float* a, const float* panel, int64_t k, float* out) {
+// R rows against S consecutive panels, each panel its own stream (see PanelsFewRowsAvx512);
+// R x S x 4 accumulators.
+template <int R, int S>
+PREFIXD_TARGET_AVX512 void FewRows(const float* a, int64_t lda, const float* panel, int64_t k,
+                                   float* out) {
   const int64_t panel_stride = k * kPanelWidth;
-  __m512 acc[S][4];
-  for (int s = 0; s < S; ++s)
-    for (int v = 0; v < 4; ++v) acc[s][v] = _mm512_setzero_ps();
+  __m512 acc[R][S][4];
+  for (int r = 0; r < R; ++r)
+    for (int s = 0; s < S; ++s)
+      for (int v = 0; v < 4; ++v) acc[r][s][v] = _mm512_setzero_ps();
   for (int64_t kk = 0; kk < k; ++kk) {
-    const __m512 av = _mm512_set1_ps(a[kk]);
     for (int s = 0; s < S; ++s) {
       const float* prow = panel + s * panel_stride + kk * kPanelWidth;
       for (int v = 0; v < 4; ++v) {
-        _mm_prefetch(reinterpret_cast<const char*>(prow + kDecodePrefetchRows * kPanelWidth +
+        _mm_prefetch(reinterpret_cast<const char*>(prow + kFewRowsPrefetchRows * kPanelWidth +
                                                    16 * v),
                      _MM_HINT_T1);
       }
-      for (int v = 0; v < 4; ++v) {
-        acc[s][v] = _mm512_fmadd_ps(av, _mm512_load_ps(prow + 16 * v), acc[s][v]);
+      __m512 b[4];
+      for (int v = 0; v < 4; ++v) b[v] = _mm512_load_ps(prow + 16 * v);
+      for (int r = 0; r < R; ++r) {
+        const __m512 av = _mm512_set1_ps(a[r * lda + kk]);
+        for (int v = 0; v < 4; ++v) acc[r][s][v] = _mm512_fmadd_ps(av, b[v], acc[r][s][v]);
       }
     }
   }
   for (int s = 0; s < S; ++s)
-    for (int v = 0; v < 4; ++v) _mm512_store_ps(out + s * kPanelWidth + 16 * v, acc[s][v]);
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < 4; ++v) {
+        _mm512_store_ps(out + (s * R + r) * kPanelWidth + 16 * v, acc[r][s][v]);
+      }
 }
 
 }  // namespace
 
-PREFIXD_TARGET_AVX512 void PanelsOneRowAvx512(const float* a, const float* panel,
-                                              int64_t num_panels, int64_t k, float* out) {
-  switch (num_panels) {
-    case 1:
-      return OneRow<1>(a, panel, k, out);
+PREFIXD_TARGET_AVX512 void PanelsFewRowsAvx512(const float* a, int64_t lda, int64_t rows,
+                                               const float* panel, int64_t num_panels, int64_t k,
+                                               float* out) {
+  PREFIXD_CHECK(num_panels == 1 || num_panels == 2);
+  switch (rows * 2 + num_panels - 1) {
     case 2:
-      return OneRow<2>(a, panel, k, out);
+      return FewRows<1, 1>(a, lda, panel, k, out);
+    case 3:
+      return FewRows<1, 2>(a, lda, panel, k, out);
+    case 4:
+      return FewRows<2, 1>(a, lda, panel, k, out);
+    case 5:
+      return FewRows<2, 2>(a, lda, panel, k, out);
+    case 6:
+      return FewRows<3, 1>(a, lda, panel, k, out);
+    case 7:
+      return FewRows<3, 2>(a, lda, panel, k, out);
   }
   PREFIXD_CHECK(false);
 }

@@ -21,13 +21,16 @@ inline constexpr int64_t kMaxRowsAvx512 = 8;
 void PanelRowsAvx512(const float* a, int64_t rows, int64_t lda, const float* panel, int64_t k,
                      float* out);
 
-// out[64 j + c] = a[0..k) · panel j, column c, for the `num_panels` (1 or 2) consecutive
-// panels starting at `panel` (the packed layout keeps them k * 64 floats apart): the
-// single-row (decode) case, where the product is a stream of the weights from memory. Two
-// panels walked side by side are two independent streams, which keeps more cache misses in
-// flight than one. `out` is 64-byte aligned.
-void PanelsOneRowAvx512(const float* a, const float* panel, int64_t num_panels, int64_t k,
-                        float* out);
+// Most rows PanelsFewRowsAvx512 takes.
+inline constexpr int64_t kMaxFewRowsAvx512 = 3;
+
+// out[(j * rows + r) * 64 + c] = a[r, 0..k) · panel j, column c, for the `num_panels` (1 or 2)
+// consecutive panels starting at `panel` (the packed layout keeps them k * 64 floats apart)
+// and 1 <= rows <= kMaxFewRowsAvx512: decode batches, where the product is a stream of the
+// weights from memory. Two panels walked side by side are two independent streams, which
+// keeps more cache misses in flight than one. `out` is 64-byte aligned.
+void PanelsFewRowsAvx512(const float* a, int64_t lda, int64_t rows, const float* panel,
+                         int64_t num_panels, int64_t k, float* out);
 
 bool CpuHasAvx512();
 
