@@ -312,11 +312,17 @@ TEST(EngineTest, CancelEndsTheStreamAndReleasesBlocks) {
   r.ignore_eos = true;
   std::shared_ptr<RequestStream> stream;
   // Cancel from inside the 6th forward step (the engine thread is busy there): the step
-  // completes, and the request ends before the next one.
-  h.backend.set_hook(5, [&] { stream->Cancel(); });
+  // completes, and the request ends before the next one. The hook waits until this thread
+  // has stored the stream (the engine may reach step 6 before Submit's caller runs again).
+  absl::Notification stream_stored;
+  h.backend.set_hook(5, [&] {
+    stream_stored.WaitForNotification();
+    stream->Cancel();
+  });
   auto s = h.engine->Submit(r);
   ASSERT_TRUE(s.ok());
   stream = *s;
+  stream_stored.Notify();
   const RequestResult got = Collect(*stream);
   stream->Cancel();  // idempotent, also after the end
   EXPECT_EQ(got.status.code(), absl::StatusCode::kCancelled);
