@@ -11,6 +11,7 @@
 // the fastest-varying dimension first). Embeddings and the tied LM head are already [V, E]
 // row-major (ne = [E, V]). As in the converter, a tied head is not written: llama.cpp's gpt2
 // loader falls back to token_embd when "output.weight" is absent.
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -242,7 +243,9 @@ absl::Status Export(const std::string& model_dir, const std::string& out_path) {
   w.PadTo(kAlignment);
 
   std::ofstream out(out_path, std::ios::binary | std::ios::trunc);
-  if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot write ", out_path));
+  if (!out) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", out_path, " for writing"));
+  }
   out.write(w.bytes().data(), static_cast<std::streamsize>(w.bytes().size()));
   static const char kZeros[kAlignment] = {};
   for (const OutTensor& t : tensors) {
