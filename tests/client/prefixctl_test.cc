@@ -13,28 +13,18 @@ using ::testing::HasSubstr;
 class PrefixctlTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    const std::string model = dir_->path() + "/model";
-    ASSERT_TRUE(WriteTinyModel(model).ok());
-    absl::StatusOr<std::unique_ptr<ServerProcess>> server =
-        ServerProcess::Start(model, {"--kv-cache-bytes=4194304"});
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = server->release();
+    const absl::Status s = suite_.Start({"--kv-cache-bytes=4194304"});
+    ASSERT_TRUE(s.ok()) << s;
   }
-  static void TearDownTestSuite() {
-    delete server_;
-    server_ = nullptr;
-    delete dir_;
-  }
+  static void TearDownTestSuite() { suite_.Stop(); }
   CommandResult Ctl(std::vector<std::string> args) {
     std::vector<std::string> argv = {BuiltBinary("client/prefixctl"), "--server",
-                                     server_->address()};
+                                     suite_.server()->address()};
     argv.insert(argv.end(), args.begin(), args.end());
     return RunCommand(argv);
   }
 
-  static inline TempDir* dir_ = nullptr;
-  static inline ServerProcess* server_ = nullptr;
+  static inline SuiteServer suite_;
 };
 
 TEST_F(PrefixctlTest, GenerateJsonThenACacheHit) {
@@ -79,7 +69,7 @@ TEST_F(PrefixctlTest, TokenizeInfoStats) {
   CommandResult info = Ctl({"info", "--json"});
   ASSERT_EQ(info.exit_code, 0) << info.output;
   nlohmann::json j = nlohmann::json::parse(info.output);
-  EXPECT_EQ(j["model_name"], "model");
+  EXPECT_EQ(j["model_name"], "tiny-model");  // the model directory's name
   EXPECT_EQ(j["device"], "cpu");
   EXPECT_EQ(j["context_length"], 256);
   CommandResult human = Ctl({"info"});

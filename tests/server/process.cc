@@ -180,6 +180,25 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
   return server;
 }
 
+absl::Status SuiteServer::Prepare() {
+  if (dir_ != nullptr) return absl::OkStatus();
+  dir_ = std::make_unique<TempDir>();
+  return WriteTinyModel(model_dir());
+}
+
+absl::Status SuiteServer::Start(const std::vector<std::string>& flags) {
+  if (absl::Status s = Prepare(); !s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server = ServerProcess::Start(model_dir(), flags);
+  if (!server.ok()) return server.status();
+  server_ = *std::move(server);
+  return absl::OkStatus();
+}
+
+void SuiteServer::Stop() {
+  server_.reset();
+  dir_.reset();
+}
+
 CommandResult RunCommand(const std::vector<std::string>& argv, absl::Duration timeout) {
   CommandResult r;
   absl::StatusOr<std::unique_ptr<Process>> p = Process::Start(argv);

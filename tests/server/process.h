@@ -79,6 +79,26 @@ class ServerProcess {
   int metrics_port_ = 0;
 };
 
+// One prefixd shared by a whole test suite: the tiny model in a temporary directory and the
+// server on it. SetUpTestSuite calls Start (or Prepare, writes files the flags will name into
+// dir(), then Start); TearDownTestSuite calls Stop, which kills prefixd and removes dir().
+class SuiteServer {
+ public:
+  // Makes dir() and writes the tiny model into model_dir(). Idempotent.
+  absl::Status Prepare();
+  // Prepare()s if needed, then starts prefixd on model_dir() with `flags` added.
+  absl::Status Start(const std::vector<std::string>& flags);
+  void Stop();
+
+  const std::string& dir() const { return dir_->path(); }  // after Prepare
+  std::string model_dir() const { return dir() + "/tiny-model"; }
+  ServerProcess* server() const { return server_.get(); }  // null unless started
+
+ private:
+  std::unique_ptr<TempDir> dir_;
+  std::unique_ptr<ServerProcess> server_;
+};
+
 struct CommandResult {
   int exit_code = -1;
   std::string output;  // stdout and stderr together

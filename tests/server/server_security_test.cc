@@ -22,40 +22,32 @@ std::string ReadAll(const std::string& path) {
 class SecureServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    const std::string model = dir_->path() + "/model";
-    ASSERT_TRUE(WriteTinyModel(model).ok());
-    cert_ = dir_->path() + "/cert.pem";
-    const std::string key = dir_->path() + "/key.pem";
+    const absl::Status prepared = suite_.Prepare();
+    ASSERT_TRUE(prepared.ok()) << prepared;
+    cert_ = suite_.dir() + "/cert.pem";
+    const std::string key = suite_.dir() + "/key.pem";
     CommandResult gen = RunCommand({"/usr/bin/openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
                                     "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key,
                                     "-out", cert_, "-days", "1", "-subj", "/CN=localhost",
                                     "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"});
     ASSERT_EQ(gen.exit_code, 0) << gen.output;
-    const std::string tokens = dir_->path() + "/tokens";
+    const std::string tokens = suite_.dir() + "/tokens";
     std::ofstream(tokens) << "# token tenant\ntok-alice alice\ntok-bob bob\n";
-    absl::StatusOr<std::unique_ptr<ServerProcess>> server =
-        ServerProcess::Start(model, {"--kv-cache-bytes=4194304", "--tls-cert", cert_, "--tls-key",
-                                     key, "--auth-tokens", tokens});
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = server->release();
+    const absl::Status s = suite_.Start({"--kv-cache-bytes=4194304", "--tls-cert", cert_,
+                                         "--tls-key", key, "--auth-tokens", tokens});
+    ASSERT_TRUE(s.ok()) << s;
   }
-  static void TearDownTestSuite() {
-    delete server_;
-    server_ = nullptr;
-    delete dir_;
-  }
+  static void TearDownTestSuite() { suite_.Stop(); }
   void SetUp() override {
-    ASSERT_NE(server_, nullptr);
+    ASSERT_NE(suite_.server(), nullptr);
     grpc::SslCredentialsOptions ssl;
     ssl.pem_root_certs = ReadAll(cert_);
-    channel_ = grpc::CreateChannel(server_->address(), grpc::SslCredentials(ssl));
+    channel_ = grpc::CreateChannel(suite_.server()->address(), grpc::SslCredentials(ssl));
     stub_ = v1::Inference::NewStub(channel_);
   }
 
-  static inline TempDir* dir_ = nullptr;
+  static inline SuiteServer suite_;
   static inline std::string cert_;
-  static inline ServerProcess* server_ = nullptr;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Inference::Stub> stub_;
 };
@@ -105,7 +97,7 @@ TEST_F(SecureServerTest, TenantsNeverShareCachedBlocks) {
 }
 
 TEST_F(SecureServerTest, PlaintextClientsCannotConnect) {
-  auto plain = v1::Inference::NewStub(InsecureChannel(server_->address()));
+  auto plain = v1::Inference::NewStub(InsecureChannel(suite_.server()->address()));
   grpc::ClientContext ctx;
   ctx.AddMetadata("authorization", "Bearer tok-alice");
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));

@@ -22,30 +22,18 @@ using ::testing::HasSubstr;
 class ServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    model_dir_ = dir_->path() + "/tiny-model";
-    absl::Status s = WriteTinyModel(model_dir_);
-    ASSERT_TRUE(s.ok()) << s;
     // 8 MiB of KV: 8192 tokens of the tiny model (1 KiB per token), room for every test.
-    absl::StatusOr<std::unique_ptr<ServerProcess>> server =
-        ServerProcess::Start(model_dir_, {"--kv-cache-bytes=8388608"});
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = server->release();
+    const absl::Status s = suite_.Start({"--kv-cache-bytes=8388608"});
+    ASSERT_TRUE(s.ok()) << s;
   }
-  static void TearDownTestSuite() {
-    delete server_;
-    server_ = nullptr;
-    delete dir_;
-  }
+  static void TearDownTestSuite() { suite_.Stop(); }
   void SetUp() override {
-    ASSERT_NE(server_, nullptr);
-    channel_ = InsecureChannel(server_->address());
+    ASSERT_NE(suite_.server(), nullptr);
+    channel_ = InsecureChannel(suite_.server()->address());
     stub_ = v1::Inference::NewStub(channel_);
   }
 
-  static inline TempDir* dir_ = nullptr;
-  static inline std::string model_dir_;
-  static inline ServerProcess* server_ = nullptr;
+  static inline SuiteServer suite_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Inference::Stub> stub_;
 };
@@ -71,7 +59,7 @@ TEST_F(ServerTest, StreamsTokenIdsTextAndUsage) {
   // The streamed text is the tokens' bytes with no character split (the model is random,
   // so invalid sequences become U+FFFD exactly as one decoder over all bytes makes them).
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok =
-      Tokenizer::Load(model_dir_ + "/vocab.json", model_dir_ + "/merges.txt");
+      Tokenizer::Load(suite_.model_dir() + "/vocab.json", suite_.model_dir() + "/merges.txt");
   ASSERT_TRUE(tok.ok());
   absl::StatusOr<std::string> bytes = (*tok)->Decode(s.token_ids);
   ASSERT_TRUE(bytes.ok());
@@ -335,7 +323,7 @@ TEST_F(ServerTest, MetricsEndpointReportsCacheHits) {
   ASSERT_TRUE(Generate(*stub_, IdsRequest(prompt, 2)).status.ok());
   const v1::CacheStats stats = GetStats(*stub_);
   EXPECT_GE(stats.hit_tokens(), 31u);
-  absl::StatusOr<std::string> text = HttpGet(server_->metrics_port(), "/metrics");
+  absl::StatusOr<std::string> text = HttpGet(suite_.server()->metrics_port(), "/metrics");
   ASSERT_TRUE(text.ok()) << text.status();
   EXPECT_EQ(MetricValue(*text, "prefixd_prefix_cache_hit_tokens_total"), stats.hit_tokens());
   EXPECT_EQ(MetricValue(*text, "prefixd_prefix_cache_queried_tokens_total"),
