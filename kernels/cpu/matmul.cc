@@ -187,6 +187,7 @@ void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const
         const int64_t left = row_end - r0;
         rows = left <= internal::kMaxRowsAvx512 ? left : std::min(kMaxRows, left);
         internal::PanelRowsAvx512(a + r0 * lda, rows, lda, w.panel(j), k,
+                                  /*prefetch=*/r0 == row_begin,
                                   out + (r0 - row_begin) * kPanelWidth);
       }
     } else {

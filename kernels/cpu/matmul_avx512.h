@@ -16,10 +16,12 @@ namespace prefixd::internal {
 inline constexpr int64_t kMaxRowsAvx512 = 8;
 
 // out[r, 0..64) = a[r, 0..k) · panel for r in [0, rows), 1 <= rows <= kMaxRowsAvx512. `panel`
-// is one packed K x 64 panel (64-byte aligned); `out` is [rows, 64], 64-byte aligned. Only
-// call when CpuHasAvx512() is true.
+// is one packed K x 64 panel (64-byte aligned); `out` is [rows, 64], 64-byte aligned.
+// `prefetch`: the panel is probably not in cache yet (prefetch ahead of the loads), as for a
+// task's first row block; false when an earlier block just read it. Only call when
+// CpuHasAvx512() is true.
 void PanelRowsAvx512(const float* a, int64_t rows, int64_t lda, const float* panel, int64_t k,
-                     float* out);
+                     bool prefetch, float* out);
 
 // Most rows PanelsFewRowsAvx512 takes.
 inline constexpr int64_t kMaxFewRowsAvx512 = 3;
