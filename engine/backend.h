@@ -58,11 +58,13 @@ class Backend {
   virtual int64_t kv_bytes_per_token() const = 0;  // cache/kv_layout.h's formula
   virtual MemoryUsage memory_usage() const = 0;
 
-  // Executes the copies in order; later Forward() calls see their result.
+  // Executes the copies in order; later Forward() calls see their result. A copy names two
+  // different blocks of the pool and at most block_size rows; otherwise InvalidArgument and
+  // nothing is copied.
   virtual absl::Status CopyBlocks(absl::Span<const BlockCopy> copies) = 0;
 
   // Runs one step over `steps` (prefill chunks and decode tokens mixed, each sequence at most
-  // once). Writes K/V of every new token into its row, and appends to `logits` one row of
+  // once, each step with at least one token; otherwise InvalidArgument). Writes K/V of every new token into its row, and appends to `logits` one row of
   // vocab_size floats per step with want_logits, in step order. Each logit depends only on
   // the model and the sequence's tokens, never on the rest of the batch (the CPU backend is
   // bit-exact in this; CUDA within a stated tolerance).

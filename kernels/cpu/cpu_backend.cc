@@ -134,8 +134,8 @@ MemoryUsage CpuBackend::memory_usage() const {
 
 absl::Status CpuBackend::CopyBlocks(absl::Span<const BlockCopy> copies) {
   for (const BlockCopy& c : copies) {
-    if (c.src < 0 || c.src >= num_blocks_ || c.dst < 0 || c.dst >= num_blocks_ || c.num_rows < 0 ||
-        c.num_rows > geometry_.block_size) {
+    if (c.src < 0 || c.src >= num_blocks_ || c.dst < 0 || c.dst >= num_blocks_ || c.src == c.dst ||
+        c.num_rows < 0 || c.num_rows > geometry_.block_size) {
       return absl::InvalidArgumentError(absl::StrCat("bad block copy ", c.src, " -> ", c.dst, " (",
                                                      c.num_rows, " rows) in a pool of ",
                                                      num_blocks_, " blocks"));

@@ -485,9 +485,7 @@ absl::Status CudaBackend::ValidateSteps(absl::Span<const SequenceStep> steps) co
   for (size_t i = 0; i < steps.size(); ++i) {
     const SequenceStep& s = steps[i];
     const int64_t n = static_cast<int64_t>(s.token_ids.size());
-    if (n == 0 && s.want_logits) {
-      return absl::InvalidArgumentError(absl::StrFormat("step %d: logits of no token", i));
-    }
+    if (n == 0) return absl::InvalidArgumentError(absl::StrFormat("step %d has no tokens", i));
     if (s.start_pos < 0 || s.start_pos + n > config_.n_positions) {
       return absl::InvalidArgumentError(
           absl::StrFormat("step %d: positions [%d, %d) outside the context of %d", i, s.start_pos,
@@ -604,6 +602,9 @@ absl::Status CudaBackend::RunGraph(absl::Span<const SequenceStep> steps,
   const int32_t n = static_cast<int32_t>(steps.size());
   int32_t bucket = 1;
   while (bucket < n) bucket *= 2;
+  // The graph runs `bucket` tokens and logit rows: Forward only sends batches whose bucket
+  // fits the buffers (MaxGraphBatch).
+  PREFIXD_CHECK(bucket <= token_cap_ && bucket <= row_cap_);
   std::vector<StepPiece> pieces(n);
   int32_t max_keys = 0;
   for (int32_t i = 0; i < n; ++i) {
@@ -633,7 +634,10 @@ absl::Status CudaBackend::RunGraph(absl::Span<const SequenceStep> steps,
     absl::Status enqueued = EnqueueForward(meta);
     // End the capture even after a failed enqueue so the stream leaves capture mode.
     const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
-    if (!enqueued.ok()) return enqueued;
+    if (!enqueued.ok()) {
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      return enqueued;
+    }
     PREFIXD_CUDA_RETURN_IF_ERROR(ended);
     cudaGraphExec_t exec = nullptr;
     const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
@@ -657,7 +661,10 @@ absl::Status CudaBackend::Forward(absl::Span<const SequenceStep> steps,
   }
   const bool all_decode = std::all_of(
       steps.begin(), steps.end(), [](const SequenceStep& s) { return s.token_ids.size() == 1; });
-  const int32_t max_graph = std::min({kMaxGraphBatch, token_cap_, row_cap_});
+  // Graph batches are padded to a power of two (RunGraph), which must fit the token and row
+  // buffers: the largest power of two within the caps (a cap of 100 allows batches of 64).
+  int32_t max_graph = 1;
+  while (max_graph * 2 <= std::min({kMaxGraphBatch, token_cap_, row_cap_})) max_graph *= 2;
   if (options_.use_cuda_graphs && all_decode && static_cast<int32_t>(steps.size()) <= max_graph) {
     const size_t before = logits->size();
     absl::Status s = RunGraph(steps, logits);

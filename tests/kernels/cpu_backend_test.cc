@@ -242,6 +242,7 @@ TEST_F(CpuBackendTest, RejectsBadStepsAndCopiesWithoutWriting) {
             kInvalid);  // past the context (and the table)
   EXPECT_EQ(forward({ok_tokens, -1, Blocks(1, 1), true}), kInvalid);
   EXPECT_EQ(forward({{}, 0, Blocks(1, 1), true}), kInvalid);
+  EXPECT_EQ(forward({{}, 0, Blocks(1, 1), false}), kInvalid);  // no tokens, no logits
   EXPECT_TRUE(logits.empty());
   // Nothing was written: the pool is still all zeros.
   for (float x : CpuBackendKvPool(*backend)) ASSERT_EQ(x, 0.0f);
@@ -249,6 +250,7 @@ TEST_F(CpuBackendTest, RejectsBadStepsAndCopiesWithoutWriting) {
   EXPECT_EQ(backend->CopyBlocks({BlockCopy{0, 4, 1}}).code(), kInvalid);
   EXPECT_EQ(backend->CopyBlocks({BlockCopy{-1, 0, 1}}).code(), kInvalid);
   EXPECT_EQ(backend->CopyBlocks({BlockCopy{0, 1, 17}}).code(), kInvalid);
+  EXPECT_EQ(backend->CopyBlocks({BlockCopy{1, 1, 1}}).code(), kInvalid);  // onto itself
 }
 
 TEST_F(CpuBackendTest, NeverReadsRowsPastThePosition) {

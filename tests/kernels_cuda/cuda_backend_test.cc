@@ -246,13 +246,15 @@ TEST_P(CudaBackendTest, ChunkedAndCachedMatchOneShot) {
   ExpectRowsClose(cached, one_shot, tol, "cached");
 }
 
-// Decode through graphs (bucket 4 with one padded row) and eagerly, and a backend whose
-// passes hold only 8 tokens: all within tolerance of each other.
+// Decode through graphs (bucket 4 with one padded row) and eagerly, a backend whose passes
+// hold only 8 tokens, and one whose cap of 3 is not a power of two (graph batches padded to 4
+// would overflow its buffers, so 3 decode rows must go eagerly): all within tolerance.
 TEST_P(CudaBackendTest, GraphEagerAndSplitPassesAgree) {
   auto graphs = Cuda(true);
   auto eager = Cuda(false);
   auto small = Cuda(true, 8);
-  ASSERT_TRUE(graphs && eager && small);
+  auto odd = Cuda(true, 3);
+  ASSERT_TRUE(graphs && eager && small && odd);
   const double tol = RelTolerance(GetParam());
   std::vector<std::vector<uint32_t>> seqs = {RandomTokens(9), RandomTokens(30), RandomTokens(2)};
   std::vector<std::vector<int32_t>> tables = {Table(40, 3, 4), Table(41, 3, 4), Table(42, 3, 4)};
@@ -265,13 +267,15 @@ TEST_P(CudaBackendTest, GraphEagerAndSplitPassesAgree) {
       steps[s].block_table = tables[s];
       steps[s].want_logits = s != 1;  // a decode row whose logits are not wanted
     }
-    std::vector<float> a, b, c;
+    std::vector<float> a, b, c, d;
     ASSERT_TRUE(graphs->Forward(steps, &a).ok());
     ASSERT_TRUE(eager->Forward(steps, &b).ok());
     ASSERT_TRUE(small->Forward(steps, &c).ok());
+    ASSERT_TRUE(odd->Forward(steps, &d).ok());
     ASSERT_EQ(a.size(), 2 * static_cast<size_t>(vocab_));
     ExpectRowsClose(a, b, tol, "graph vs eager");
     ExpectRowsClose(c, b, tol, "split vs eager");
+    ExpectRowsClose(d, b, tol, "cap 3 vs eager");
     for (int s = 0; s < 3; ++s) seqs[s].push_back(static_cast<uint32_t>(rng_() % vocab_));
   }
 }
@@ -296,6 +300,9 @@ TEST_P(CudaBackendTest, InvalidInputIsRejectedWithoutDamage) {
   s.block_table = {};
   EXPECT_EQ(gpu->Forward({&s, 1}, &logits).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(gpu->CopyBlocks({BlockCopy{0, 0, 1}}).code(), absl::StatusCode::kInvalidArgument);
+  SequenceStep empty;  // no tokens, no logits: still refused, as by the CPU backend
+  empty.block_table = table;
+  EXPECT_EQ(gpu->Forward({&empty, 1}, &logits).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(logits.empty());
   s.block_table = table;
   s.want_logits = true;
