@@ -145,12 +145,14 @@ TEST_P(CudaBackendTest, MatchesCpuBackendOnPrefillAndDecode) {
   auto gpu = Cuda();
   auto cpu = Cpu();
   ASSERT_TRUE(gpu && cpu);
-  const std::vector<int> lengths = {5, 40, 17};
+  // The 150-token sequence takes decode attention past 128 keys, where the kernel splits the
+  // keys of one (token, head) across blocks and merges the partial results.
+  const std::vector<int> lengths = {5, 40, 17, 150};
   std::vector<std::vector<uint32_t>> seqs;
   std::vector<std::vector<int32_t>> tables;
   for (size_t s = 0; s < lengths.size(); ++s) {
     seqs.push_back(RandomTokens(lengths[s]));
-    tables.push_back(Table(3 + static_cast<int>(s), 5, 8));  // 8 blocks: up to 128 tokens
+    tables.push_back(Table(3 + static_cast<int>(s), 5, 12));  // 12 blocks: up to 192 tokens
   }
   const double tol = RelTolerance(GetParam());
   double worst = 0;
