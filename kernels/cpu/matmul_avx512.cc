@@ -23,14 +23,15 @@ constexpr int64_t kPrefetchRows = 64;  // 16 KiB ahead
 // core's queue of outstanding misses (longer distances measured slower).
 constexpr int64_t kFewRowsPrefetchRows = 4;  // 1 KiB ahead
 
-// One k of Micro below: acc[r][v] += a[r, kk] * p[kk, 16 v + c].
-template <int R, int NV, bool kPrefetch>
+// One k of Micro and FewRows below: acc[r][v] += a[r, kk] * p[kk, 16 v + c], after
+// prefetching the panel row kDistance rows ahead (0: no prefetch).
+template <int R, int NV, int64_t kDistance>
 PREFIXD_TARGET_AVX512 __attribute__((always_inline)) inline void MicroStep(
     const float* a, int64_t lda, const float* p, int64_t kk, __m512 (&acc)[R][NV]) {
   const float* prow = p + kk * kPanelWidth;
-  if constexpr (kPrefetch) {
+  if constexpr (kDistance > 0) {
     for (int v = 0; v < NV; ++v) {
-      _mm_prefetch(reinterpret_cast<const char*>(prow + kPrefetchRows * kPanelWidth + 16 * v),
+      _mm_prefetch(reinterpret_cast<const char*>(prow + kDistance * kPanelWidth + 16 * v),
                    _MM_HINT_T1);
     }
   }
@@ -53,12 +54,13 @@ PREFIXD_TARGET_AVX512 inline void Micro(const float* a, int64_t lda, const float
   __m512 acc[R][NV];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  constexpr int64_t kDistance = kPrefetch ? kPrefetchRows : 0;
   int64_t kk = 0;
   for (; kk + 2 <= k; kk += 2) {
-    MicroStep<R, NV, kPrefetch>(a, lda, p, kk, acc);
-    MicroStep<R, NV, kPrefetch>(a, lda, p, kk + 1, acc);
+    MicroStep<R, NV, kDistance>(a, lda, p, kk, acc);
+    MicroStep<R, NV, kDistance>(a, lda, p, kk + 1, acc);
   }
-  if (kk < k) MicroStep<R, NV, kPrefetch>(a, lda, p, kk, acc);
+  if (kk < k) MicroStep<R, NV, kDistance>(a, lda, p, kk, acc);
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < NV; ++v) _mm512_store_ps(out + r * kPanelWidth + 16 * v, acc[r][v]);
 }
@@ -107,30 +109,19 @@ template <int R, int S>
 PREFIXD_TARGET_AVX512 void FewRows(const float* a, int64_t lda, const float* panel, int64_t k,
                                    float* out) {
   const int64_t panel_stride = k * kPanelWidth;
-  __m512 acc[R][S][4];
-  for (int r = 0; r < R; ++r)
-    for (int s = 0; s < S; ++s)
-      for (int v = 0; v < 4; ++v) acc[r][s][v] = _mm512_setzero_ps();
+  __m512 acc[S][R][4];
+  for (int s = 0; s < S; ++s)
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < 4; ++v) acc[s][r][v] = _mm512_setzero_ps();
   for (int64_t kk = 0; kk < k; ++kk) {
     for (int s = 0; s < S; ++s) {
-      const float* prow = panel + s * panel_stride + kk * kPanelWidth;
-      for (int v = 0; v < 4; ++v) {
-        _mm_prefetch(reinterpret_cast<const char*>(prow + kFewRowsPrefetchRows * kPanelWidth +
-                                                   16 * v),
-                     _MM_HINT_T1);
-      }
-      __m512 b[4];
-      for (int v = 0; v < 4; ++v) b[v] = _mm512_load_ps(prow + 16 * v);
-      for (int r = 0; r < R; ++r) {
-        const __m512 av = _mm512_set1_ps(a[r * lda + kk]);
-        for (int v = 0; v < 4; ++v) acc[r][s][v] = _mm512_fmadd_ps(av, b[v], acc[r][s][v]);
-      }
+      MicroStep<R, 4, kFewRowsPrefetchRows>(a, lda, panel + s * panel_stride, kk, acc[s]);
     }
   }
   for (int s = 0; s < S; ++s)
     for (int r = 0; r < R; ++r)
       for (int v = 0; v < 4; ++v) {
-        _mm512_store_ps(out + (s * R + r) * kPanelWidth + 16 * v, acc[r][s][v]);
+        _mm512_store_ps(out + (s * R + r) * kPanelWidth + 16 * v, acc[s][r][v]);
       }
 }
 
