@@ -4,6 +4,8 @@
 
 #include <thread>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
@@ -65,6 +67,18 @@ TEST_F(LifecycleTest, SmallPoolRefusesWhatCouldNeverFitAndQueueOverflows) {
   ASSERT_TRUE(a->Read(&msg));
   grpc::ClientContext bctx;
   auto b = stub->Generate(&bctx, IdsRequest(RandomIds(3, 120), 8));
+  // B's call and C's could reach the server in either order: send C only once the server
+  // reports B waiting (polling its metrics; B is queued as soon as it arrives).
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  double waiting = -1;
+  while (absl::Now() < deadline) {
+    absl::StatusOr<std::string> text = HttpGet((*server)->metrics_port(), "/metrics");
+    ASSERT_TRUE(text.ok()) << text.status();
+    waiting = MetricValue(*text, "prefixd_waiting_requests");
+    if (waiting == 1) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(waiting, 1) << "B never showed as waiting behind A";
   GenerateResult c = Generate(*stub, IdsRequest(RandomIds(4, 120), 8));
   EXPECT_EQ(c.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
       << c.status.error_message();
