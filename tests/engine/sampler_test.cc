@@ -151,5 +151,42 @@ TEST(SamplerTest, LogprobsAreOfRawLogitsAndTopIsSortedTiesByLowerId) {
   EXPECT_TRUE(SampleToken(logits, Sampled(0.0f), {}, 0).top.empty());
 }
 
+// A GPT-2-sized row: the vocabulary loops run in vector lanes with their own exp, so check
+// them against a double-precision log-softmax, including logits far below the maximum
+// (exp underflows there) and a tie for the maximum split across lanes and the tail.
+TEST(SamplerTest, FullVocabularyLogprobsMatchDoublePrecisionAndArgmaxTakesLowestId) {
+  const uint32_t vocab = 50257;  // 8 * 6282 + 1: one entry past the lanes
+  std::vector<float> logits(vocab);
+  uint64_t state = 12345;
+  for (float& l : logits) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    l = static_cast<float>(static_cast<int64_t>(state >> 40) % 2000) / 100.0f - 10.0f;
+  }
+  logits[17] = -150.0f;
+  logits[18] = -1e30f;
+  logits[vocab - 1] = 12.5f;  // the maximum, in the tail after the last full lane group
+  logits[43] = 12.5f;         // the same maximum earlier: greedy must take 43
+  double z = 0.0;
+  for (float l : logits) z += std::exp(double(l) - 12.5);
+  auto reference = [&](uint32_t id) { return double(logits[id]) - 12.5 - std::log(z); };
+
+  const SampledToken greedy = SampleToken(logits, Sampled(0.0f), {}, 20);
+  EXPECT_EQ(greedy.token.token_id, 43u);
+  EXPECT_NEAR(greedy.token.logprob, reference(43), 2e-6);
+  ASSERT_EQ(greedy.top.size(), 20u);
+  EXPECT_EQ(greedy.top[0].token_id, 43u);
+  EXPECT_EQ(greedy.top[1].token_id, vocab - 1);
+  for (const TokenLogprob& e : greedy.top) EXPECT_NEAR(e.logprob, reference(e.token_id), 2e-6);
+
+  // Sampled draws report the same raw log-probabilities, and only draw eligible tokens.
+  for (uint32_t pos = 0; pos < 50; ++pos) {
+    const SampledToken t = SampleToken(logits, Sampled(0.7f), {.seed = 3, .position = pos}, 0);
+    ASSERT_LT(t.token.token_id, vocab);
+    EXPECT_NE(t.token.token_id, 17u);
+    EXPECT_NE(t.token.token_id, 18u);
+    EXPECT_NEAR(t.token.logprob, reference(t.token.token_id), 2e-6);
+  }
+}
+
 }  // namespace
 }  // namespace prefixd
