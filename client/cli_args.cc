@@ -23,7 +23,8 @@ const char kUsage[] =
     "  health              (exit 0 when the server reports SERVING)\n"
     "  bench [--prefix-tokens N] [--suffix-tokens N] [--requests N] [--concurrency N]\n"
     "        [--max-tokens N] [--seed S] [--json]\n"
-    "ADDR defaults to 127.0.0.1:50051.\n";
+    "ADDR defaults to 127.0.0.1:50051. After \"--\" every argument is a prompt or text,\n"
+    "even one that starts with \"--\".\n";
 
 namespace {
 
@@ -71,13 +72,20 @@ absl::StatusOr<CliArgs> ParseCliArgs(const std::vector<std::string>& args) {
   using Setter = std::function<absl::Status(const std::string&)>;
   const std::string kFlagHelp = " (see prefixctl --help)";
 
+  bool only_positional = false;  // after "--": a prompt may start with "--" or be "help"
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (a == "-h" || a == "--help" || a == "help") {
+    if (!only_positional && a == "--") {
+      only_positional = true;
+      continue;
+    }
+    // "help" is a command, not a prompt: only where the command goes.
+    if (!only_positional &&
+        (a == "-h" || a == "--help" || (a == "help" && !command.has_value()))) {
       cli.command = Command::kHelp;
       return cli;
     }
-    if (a.size() < 3 || a.rfind("--", 0) != 0) {
+    if (only_positional || a.size() < 3 || a.rfind("--", 0) != 0) {
       if (!command.has_value()) {
         static const std::map<std::string, Command> kCommands = {{"generate", Command::kGenerate},
                                                                  {"tokenize", Command::kTokenize},
@@ -130,7 +138,10 @@ absl::StatusOr<CliArgs> ParseCliArgs(const std::vector<std::string>& args) {
          [&](const std::string& v) {
            float s;
            absl::Status st = ParseFloat("--connect-timeout", v, &s);
-           if (st.ok() && s <= 0) st = Bad("--connect-timeout must be > 0");
+           if (st.ok() && (s <= 0 || s > 86400)) {
+             st = Bad(absl::StrCat("--connect-timeout must be > 0 and at most 86400 seconds, got ",
+                                   v));
+           }
            cli.connect_timeout_s = s;
            return st;
          }},

@@ -1,5 +1,7 @@
 #include "server/backend_factory.h"
 
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_backend.h"
 #ifdef PREFIXD_HAVE_CUDA
@@ -68,6 +70,14 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
   cpu.model = options.model;
   cpu.kv_cache_bytes =
       options.kv_cache_bytes > 0 ? options.kv_cache_bytes : kDefaultCpuKvCacheBytes;
+  // The pool is touched lazily: a budget past the machine's memory would start and be killed
+  // later, mid-request, by the OOM killer. Refuse it while nothing has been accepted.
+  const int64_t pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page_size > 0 && cpu.kv_cache_bytes > pages * page_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv-cache-bytes ", cpu.kv_cache_bytes, " is more than this machine's ",
+                     pages * page_size, " bytes of memory"));
+  }
   cpu.block_size = options.block_size;
   cpu.threads = options.threads;
   return CreateCpuBackend(cpu);

@@ -56,6 +56,7 @@ void GenerateReactor::FinishCall(const grpc::Status& status) {
 void GenerateReactor::Begin(grpc::CallbackServerContext* context) {
   const InferenceServiceOptions& opt = service_->options();
   request_id_ = request_->request_id().empty() ? service_->NextRequestId() : request_->request_id();
+  deadline_ = context->deadline();
   absl::StatusOr<std::string> tenant = service_->Admit(context);
   if (!tenant.ok()) {
     {
@@ -194,8 +195,13 @@ void GenerateReactor::Pump() {
     if (cancelled_) {
       finished_ = true;
       action = Action::kFinish;
-      finish_status = grpc::Status(grpc::StatusCode::CANCELLED,
-                                   "the call was cancelled or its deadline passed");
+      // gRPC does not say why a call was cancelled. The client's own timer usually fires
+      // first and its cancel arrives just before this side's deadline (which is the same
+      // instant plus the request's transit), hence the margin.
+      finish_status = std::chrono::system_clock::now() + std::chrono::milliseconds(50) >= deadline_
+                          ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                         "the call's deadline passed")
+                          : grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled");
     } else if (BuildMessageLocked()) {
       write_in_flight_ = true;
       action = Action::kWrite;

@@ -15,6 +15,7 @@
 #ifndef PREFIXD_SERVER_GENERATE_REACTOR_H_
 #define PREFIXD_SERVER_GENERATE_REACTOR_H_
 
+#include <chrono>
 #include <deque>
 #include <memory>
 #include <vector>
@@ -55,6 +56,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
 
   InferenceService* const service_;
   const v1::GenerateRequest* const request_;
+  // The client's deadline (time_point::max() without one): a cancellation at or past it is
+  // reported, and counted in the metrics, as DEADLINE_EXCEEDED rather than CANCELLED.
+  std::chrono::system_clock::time_point deadline_ = std::chrono::system_clock::time_point::max();
   std::string request_id_;
   std::shared_ptr<Link> link_;
   std::shared_ptr<RequestStream> stream_;  // set once in Begin, before any notify

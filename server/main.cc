@@ -14,6 +14,8 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "CivetServer.h"
@@ -23,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/engine.h"
 #include "engine/model.h"
@@ -107,9 +110,111 @@ int LogCivetMessage(const mg_connection*, const char* message) {
   return 1;
 }
 
-int Run() {
+const char* SignalName(int sig) { return sig == SIGTERM ? "SIGTERM" : "SIGINT"; }
+
+// Receives SIGTERM and SIGINT on a thread of its own (main blocks them in every thread before
+// any starts). During start-up a signal ends the process at once: nothing has been accepted
+// yet, and a model load or CUDA probe should not make Ctrl-C wait. While serving, the first
+// signal starts the drain; a second one during the drain ends the grace period now.
+class SignalWatcher {
+ public:
+  SignalWatcher() {
+    std::thread([this] { Loop(); }).detach();  // lives until the process exits
+  }
+
+  // Serving has begun: blocks until the first signal and returns it. `engine` is the one a
+  // second signal shuts down at once, until EngineStopping().
+  int WaitForFirstWhileServing(Engine* engine) {
+    absl::MutexLock lock(&mu_);
+    engine_ = engine;
+    phase_ = Phase::kServing;
+    mu_.Await(absl::Condition(
+        +[](Phase* p) { return *p != Phase::kServing; }, &phase_));
+    return first_signal_;
+  }
+
+  // The drain has ended: from now on a signal has nothing left to cut short. Waits for a
+  // second-signal shutdown in progress, so the engine outlives every use here.
+  void EngineStopping() {
+    absl::MutexLock lock(&mu_);
+    phase_ = Phase::kStopped;
+    engine_ = nullptr;
+  }
+
+ private:
+  enum class Phase { kStarting, kServing, kDraining, kStopped };
+
+  void Loop() {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    while (true) {
+      int sig = 0;
+      if (sigwait(&set, &sig) != 0) continue;
+      absl::MutexLock lock(&mu_);
+      switch (phase_) {
+        case Phase::kStarting:
+          Log(absl::StrCat(SignalName(sig), " during start-up: exiting"));
+          std::fflush(nullptr);
+          std::_Exit(128 + sig);
+        case Phase::kServing:
+          first_signal_ = sig;
+          phase_ = Phase::kDraining;
+          break;
+        case Phase::kDraining:
+          if (engine_ != nullptr) {
+            Log(absl::StrCat(SignalName(sig), " again: ending the grace period now"));
+            engine_->Shutdown(absl::ZeroDuration());  // returns once the engine thread ends
+            engine_ = nullptr;
+          }
+          break;
+        case Phase::kStopped:
+          break;
+      }
+    }
+  }
+
+  absl::Mutex mu_;
+  Phase phase_ ABSL_GUARDED_BY(mu_) = Phase::kStarting;
+  int first_signal_ ABSL_GUARDED_BY(mu_) = 0;
+  Engine* engine_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+// The numeric flags, checked before anything slow (the CUDA probe, the model load), each
+// error naming its flag and the value given.
+absl::Status CheckFlags() {
+  if (const int64_t v = absl::GetFlag(FLAGS_kv_cache_bytes); v < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv-cache-bytes must be 0 (the default budget) or positive, got ", v));
+  }
+  if (const int32_t v = absl::GetFlag(FLAGS_block_size); v < 1 || v > 1024 || (v & (v - 1))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--block-size must be a power of two from 1 to 1024, got ", v));
+  }
+  for (const auto& [name, value] :
+       {std::pair<const char*, int32_t>{"--max-batch-tokens", absl::GetFlag(FLAGS_max_batch_tokens)},
+        {"--max-queue", absl::GetFlag(FLAGS_max_queue)},
+        {"--max-samples", absl::GetFlag(FLAGS_max_samples)}}) {
+    if (value < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " must be at least 1, got ", value));
+    }
+  }
+  if (const int32_t v = absl::GetFlag(FLAGS_threads); v < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--threads must be 0 (all cores) or positive, got ", v));
+  }
+  if (const absl::Duration v = absl::GetFlag(FLAGS_shutdown_grace); v < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--shutdown-grace must not be negative, got ", absl::FormatDuration(v)));
+  }
+  return absl::OkStatus();
+}
+
+int Run(SignalWatcher& signals) {
   const std::string model_dir = absl::GetFlag(FLAGS_model);
   if (model_dir.empty()) return Fail("--model DIR is required");
+  if (absl::Status s = CheckFlags(); !s.ok()) return Fail(std::string(s.message()));
   if (absl::GetFlag(FLAGS_tls_cert).empty() != absl::GetFlag(FLAGS_tls_key).empty()) {
     return Fail("--tls-cert and --tls-key go together");
   }
@@ -232,6 +337,9 @@ int Run() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  // gRPC sets SO_REUSEPORT by default on Linux: a second prefixd on a busy port would then
+  // start and take half of the first one's new connections. Refuse the port instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   int port = 0;
   const std::string listen = absl::GetFlag(FLAGS_listen);
   builder.AddListeningPort(listen, creds, &port);
@@ -242,19 +350,14 @@ int Run() {
   Log(absl::StrCat("listening on ", listen.substr(0, listen.rfind(':')), ":", port,
                    tls ? " (TLS)" : ""));
 
-  // Every thread was started with SIGTERM/SIGINT blocked (see main), so sigwait sees them.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  int sig = 0;
-  sigwait(&set, &sig);
+  const int sig = signals.WaitForFirstWhileServing(eng);
   const absl::Duration grace = absl::GetFlag(FLAGS_shutdown_grace);
-  Log(absl::StrCat(sig == SIGTERM ? "SIGTERM" : "SIGINT", ": draining for up to ",
-                   absl::FormatDuration(grace)));
+  Log(absl::StrCat(SignalName(sig), ": draining for up to ", absl::FormatDuration(grace),
+                   " (a second signal ends it now)"));
   server->GetHealthCheckService()->SetServingStatus(false);
   service.StartDraining();
   eng->Shutdown(grace);  // every stream has its kDone once this returns
+  signals.EngineStopping();
   Log("engine stopped");
   // Reactors now only flush their last messages; a client that stopped reading is cut off.
   // Waiting for them here rather than in Shutdown: gRPC 1.51's Shutdown can sit out its whole
@@ -276,12 +379,13 @@ int Run() {
 
 int main(int argc, char** argv) {
   // Block the shutdown signals before any thread starts, so all threads inherit the mask and
-  // only Run()'s sigwait receives them.
+  // only the SignalWatcher's sigwait receives them.
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  static prefixd::SignalWatcher* signals = new prefixd::SignalWatcher();  // never destroyed
 
   absl::SetProgramUsageMessage(
       "prefixd --model DIR [--listen 127.0.0.1:50051] [--metrics-listen 127.0.0.1:9464] "
@@ -296,7 +400,7 @@ int main(int argc, char** argv) {
                  positional[1]);
     return 1;
   }
-  const int code = prefixd::Run();
+  const int code = prefixd::Run(*signals);
   // Everything prefixd started has stopped. Skip the libraries' exit-time destructors: those
   // of the linked CUDA libraries alone take over a second and free nothing the exit does not.
   std::fflush(nullptr);

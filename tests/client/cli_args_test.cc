@@ -84,7 +84,31 @@ TEST(CliArgsTest, OtherCommands) {
   EXPECT_EQ(Parse({"--help"})->command, Command::kHelp);
 }
 
+TEST(CliArgsTest, HelpOnlyWhereTheCommandGoesAndDoubleDashEndsTheFlags) {
+  EXPECT_EQ(Parse({"help"})->command, Command::kHelp);
+  EXPECT_EQ(Parse({"--server", "h:1", "help"})->command, Command::kHelp);
+  EXPECT_EQ(Parse({"generate", "-h"})->command, Command::kHelp);
+  // A prompt that reads "help" is a prompt.
+  absl::StatusOr<CliArgs> t = Parse({"tokenize", "help"});
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->command, Command::kTokenize);
+  EXPECT_EQ(t->tokenize_text, "help");
+  // After "--", text that looks like a flag (or like -h) is the prompt.
+  absl::StatusOr<CliArgs> g = Parse({"generate", "--max-tokens", "3", "--", "--verbose please"});
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->command, Command::kGenerate);
+  EXPECT_EQ(g->generate.text, std::optional<std::string>("--verbose please"));
+  EXPECT_EQ(g->generate.max_tokens, 3u);
+  absl::StatusOr<CliArgs> h = Parse({"tokenize", "--", "-h"});
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->tokenize_text, "-h");
+  EXPECT_THAT(Error({"generate", "--", "a", "b"}), HasSubstr("quote it"));
+}
+
 TEST(CliArgsTest, BadCommandLinesSayWhatIsWrong) {
+  EXPECT_THAT(Error({"--connect-timeout", "1e30", "info"}),
+              HasSubstr("--connect-timeout must be > 0 and at most 86400 seconds"));
+  EXPECT_THAT(Error({"--connect-timeout", "0", "info"}), HasSubstr("--connect-timeout"));
   EXPECT_THAT(Error({}), HasSubstr("no command"));
   EXPECT_THAT(Error({"frobnicate"}), HasSubstr("unknown command \"frobnicate\""));
   EXPECT_THAT(Error({"generate"}), HasSubstr("exactly one prompt"));

@@ -46,6 +46,39 @@ TEST_F(LifecycleTest, BadStartupsExitNonZeroWithAMessage) {
   EXPECT_THAT(r.output, HasSubstr("f32"));
   r = RunCommand({prefixd, "--model", model_, "--unknown-flag=1"});
   EXPECT_NE(r.exit_code, 0);
+  // Numeric flags are checked up front, each error naming its flag and value.
+  const std::vector<std::pair<std::string, std::string>> bad_flags = {
+      {"--kv-cache-bytes=-1", "--kv-cache-bytes must be 0 (the default budget) or positive, got -1"},
+      {"--block-size=3", "--block-size must be a power of two from 1 to 1024, got 3"},
+      {"--block-size=0", "--block-size must be a power of two from 1 to 1024, got 0"},
+      {"--max-batch-tokens=0", "--max-batch-tokens must be at least 1, got 0"},
+      {"--max-queue=-5", "--max-queue must be at least 1, got -5"},
+      {"--max-samples=0", "--max-samples must be at least 1, got 0"},
+      {"--threads=-1", "--threads must be 0 (all cores) or positive, got -1"},
+      {"--shutdown-grace=-1s", "--shutdown-grace must not be negative, got -1s"},
+      // More than any machine's memory: refused before the pool is allocated.
+      {"--kv-cache-bytes=1000000000000000000", "is more than this machine's"},
+  };
+  for (const auto& [flag, message] : bad_flags) {
+    r = RunCommand({prefixd, "--model", model_, "--device", "cpu", flag});
+    EXPECT_EQ(r.exit_code, 1) << flag;
+    EXPECT_THAT(r.output, HasSubstr(message)) << flag;
+  }
+}
+
+TEST_F(LifecycleTest, ASecondServerOnTheSamePortExitsInsteadOfSharingIt) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> first = ServerProcess::Start(model_, {});
+  ASSERT_TRUE(first.ok()) << first.status();
+  // Its own metrics port, so that only the gRPC port is contested.
+  const CommandResult second =
+      RunCommand({BuiltBinary("server/prefixd"), "--model", model_, "--device", "cpu",
+                  "--listen", (*first)->address(), "--metrics-listen", "127.0.0.1:0"},
+                 absl::Seconds(30));
+  EXPECT_EQ(second.exit_code, 1) << second.output;
+  EXPECT_THAT(second.output, HasSubstr("cannot listen on " + (*first)->address()));
+  // The first one still serves.
+  auto stub = v1::Inference::NewStub(InsecureChannel((*first)->address()));
+  EXPECT_TRUE(Generate(*stub, IdsRequest({1, 2, 3}, 2)).status.ok());
 }
 
 TEST_F(LifecycleTest, SmallPoolRefusesWhatCouldNeverFitAndQueueOverflows) {
@@ -130,13 +163,42 @@ TEST_F(LifecycleTest, SigtermDrainsTheRequestInFlightAndExitsZero) {
       << (*server)->process().Output();
 }
 
-TEST_F(LifecycleTest, ShortGraceEndsTheRestWithUnavailable) {
+TEST_F(LifecycleTest, ASecondSignalEndsALongGraceAtOnce) {
   absl::StatusOr<std::unique_ptr<ServerProcess>> server =
-      ServerProcess::Start(model_, {"--kv-cache-bytes=4194304", "--shutdown-grace=0s"});
+      ServerProcess::Start(model_, {"--kv-cache-bytes=8388608", "--shutdown-grace=600s"});
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = v1::Inference::NewStub(InsecureChannel((*server)->address()));
-  v1::GenerateRequest req = IdsRequest(RandomIds(6, 16), 200);
-  req.set_num_samples(8);
+  v1::GenerateRequest req = IdsRequest(RandomIds(7, 16), 240);  // 16 x 240: ~0.5 s
+  req.set_num_samples(16);
+  req.set_temperature(1.0f);
+  req.set_ignore_eos(true);
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, req);
+  v1::GenerateResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  (*server)->process().Signal(SIGTERM);
+  ASSERT_TRUE((*server)->process().WaitForLine("SIGTERM: draining", absl::Seconds(10)));
+  (*server)->process().Signal(SIGINT);
+  ASSERT_TRUE((*server)->process().WaitForLine("SIGINT again: ending the grace period now",
+                                               absl::Seconds(10)))
+      << (*server)->process().Output();
+  uint32_t tokens = msg.token_ids_size();
+  while (reader->Read(&msg)) tokens += msg.token_ids_size();
+  const grpc::Status status = reader->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("shutting down"));
+  EXPECT_LT(tokens, 16u * 240u) << "the request was cut short, not run to its end";
+  EXPECT_EQ((*server)->process().Wait(absl::Seconds(30)), std::optional<int>(0))
+      << (*server)->process().Output();
+}
+
+TEST_F(LifecycleTest, ShortGraceEndsTheRestWithUnavailable) {
+  absl::StatusOr<std::unique_ptr<ServerProcess>> server =
+      ServerProcess::Start(model_, {"--kv-cache-bytes=8388608", "--shutdown-grace=0s"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = v1::Inference::NewStub(InsecureChannel((*server)->address()));
+  v1::GenerateRequest req = IdsRequest(RandomIds(6, 16), 240);  // 16 x 240: ~0.5 s
+  req.set_num_samples(16);
   req.set_temperature(1.0f);
   grpc::ClientContext ctx;
   auto reader = stub->Generate(&ctx, req);

@@ -253,10 +253,11 @@ TEST_F(ServerTest, CacheHitsAcrossRequestsButNotAcrossSalts) {
   EXPECT_EQ(stats.blocks_total(), stats.blocks_free() + stats.blocks_cached());
 }
 
-// Slow enough on one CPU thread that the call is still running when it is cut off.
+// Slow enough that the call is still running when it is cut off: 16 x 240 tokens, about
+// half a second on this machine (most of it the 50k-entry vocabulary, once per token).
 v1::GenerateRequest LongRequest() {
-  v1::GenerateRequest req = IdsRequest(RandomIds(5, 16), 200);
-  req.set_num_samples(8);
+  v1::GenerateRequest req = IdsRequest(RandomIds(5, 16), 240);
+  req.set_num_samples(16);
   req.set_temperature(1.0f);
   req.set_seed(1);
   return req;
@@ -277,13 +278,22 @@ TEST_F(ServerTest, CancellingReleasesTheBlocks) {
 
 TEST_F(ServerTest, DeadlineReleasesTheBlocks) {
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
   auto reader = stub_->Generate(&ctx, LongRequest());
   v1::GenerateResponse msg;
   int messages = 0;
   while (reader->Read(&msg)) ++messages;
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_TRUE(PollUntil([&] { return GetStats(*stub_).blocks_active() == 0; }, absl::Seconds(10)));
+  // The server counts it as a passed deadline, not as a cancellation (only this test lets a
+  // deadline pass on this suite's server).
+  EXPECT_TRUE(PollUntil(
+      [&] {
+        absl::StatusOr<std::string> text = HttpGet(suite_.server()->metrics_port(), "/metrics");
+        return text.ok() &&
+               MetricValue(*text, "prefixd_requests_total{code=\"DEADLINE_EXCEEDED\"}") == 1;
+      },
+      absl::Seconds(10)));
   // The server goes on serving.
   EXPECT_TRUE(Generate(*stub_, IdsRequest({1, 2}, 2)).status.ok());
 }
