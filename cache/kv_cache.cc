@@ -202,6 +202,7 @@ absl::StatusOr<AdmissionPlan> KvCache::Impl::PlanAdmission(const AdmissionReques
   in->shared.assign(chain.begin(), chain.begin() + shared_blocks);
 
   // Blocks that running sequences are computing right after the match.
+  int64_t pending_upto = 0;  // the prompt is computed up to here once they are done
   if (options_.enable_prefix_cache && !pending_.empty() && matched_blocks < full_blocks) {
     int32_t p = 0;
     for (int32_t i = matched_blocks; i < full_blocks; ++i) {
@@ -212,32 +213,47 @@ absl::StatusOr<AdmissionPlan> KvCache::Impl::PlanAdmission(const AdmissionReques
       if (!pending_.contains(in->keys[i])) break;
       ++p;
     }
-    if (p > 0) {
-      const int64_t upto = std::min<int64_t>(int64_t{matched_blocks + p} * bs_, prompt_len - 1);
-      plan.pending_match_tokens =
-          static_cast<int32_t>(std::max<int64_t>(0, upto - plan.num_cached));
-    }
+    if (p > 0) pending_upto = std::min<int64_t>(int64_t{matched_blocks + p} * bs_, prompt_len - 1);
   }
 
-  const int64_t capacity = std::max<int64_t>(
-      {int64_t{request.reserve_tokens}, int64_t{plan.num_cached} + request.reserve_uncached_tokens,
-       int64_t{plan.num_cached} + 1});
-  const int64_t capacity_blocks = (capacity + bs_ - 1) / bs_;
+  // Cached blocks this admission reuses cannot also be evicted for it.
+  int64_t reused_cached = 0;
+  for (int32_t b : in->shared) reused_cached += blocks_[b].ref == 0;
+  const int64_t available = free_count_ + num_cached_ - reused_cached;
+  auto capacity_blocks_for = [&](int64_t num_cached) {
+    const int64_t capacity = std::max<int64_t>({int64_t{request.reserve_tokens},
+                                                num_cached + request.reserve_uncached_tokens,
+                                                num_cached + 1});
+    return (capacity + bs_ - 1) / bs_;
+  };
+  int64_t capacity_blocks = capacity_blocks_for(plan.num_cached);
+  if (in->partial_src >= 0) {
+    // A cached copy source that only this admission would hold takes one more block.
+    const int64_t source = blocks_[in->partial_src].ref == 0 ? 1 : 0;
+    if (capacity_blocks > num_blocks_ ||
+        capacity_blocks - shared_blocks > available - source) {
+      // It does not fit with the partial copy: compute those rows instead. Otherwise a
+      // request that needs the whole pool would wait forever behind its own copy source.
+      plan.num_cached -= in->partial_rows;
+      in->partial_rows = 0;
+      in->partial_src = -1;
+      capacity_blocks = capacity_blocks_for(plan.num_cached);
+    }
+  }
   if (capacity_blocks > num_blocks_) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "request needs %d KV blocks of %d tokens but the pool has only %d; it can never fit",
         capacity_blocks, bs_, num_blocks_));
   }
+  const int64_t usable =
+      available - (in->partial_src >= 0 && blocks_[in->partial_src].ref == 0 ? 1 : 0);
+  plan.pending_match_tokens =
+      static_cast<int32_t>(std::max<int64_t>(0, pending_upto - plan.num_cached));
   in->capacity_blocks = static_cast<int32_t>(capacity_blocks);
   in->allocate = in->capacity_blocks - shared_blocks;
-  // Cached blocks this admission reuses cannot also be evicted for it.
-  int64_t reused_cached = 0;
-  for (int32_t b : in->shared) reused_cached += blocks_[b].ref == 0;
-  if (in->partial_src >= 0) reused_cached += blocks_[in->partial_src].ref == 0;
-  const int64_t available = free_count_ + num_cached_ - reused_cached;
-  if (in->allocate > available) {
+  if (in->allocate > usable) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "KV pool full: admission needs %d blocks, %d can be freed", in->allocate, available));
+        "KV pool full: admission needs %d blocks, %d can be freed", in->allocate, usable));
   }
   in->evict = static_cast<int32_t>(std::max<int64_t>(0, in->allocate - free_count_));
   plan.capacity_tokens = in->capacity_blocks * bs_;

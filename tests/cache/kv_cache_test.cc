@@ -155,6 +155,38 @@ TEST_F(KvCacheTest, PartialMatchCopiesMatchingRows) {
   EXPECT_FALSE(cache_->IsIndexed(3));
 }
 
+// A request that needs the whole pool, whose best match ends inside a cached block: the
+// copy source would need a block of its own, so the rows are computed instead (waiting
+// would never end: nothing else runs to free a block).
+TEST_F(KvCacheTest, PartialCopyIsDroppedWhenOnlyItsSourceKeepsTheRequestOut) {
+  Make(3);
+  cache_->Release(Prefill(Iota(9)));  // blocks 0 [0..3] and 1 [4..7] indexed and cached
+  // 0..3 shared, 4..6 would be copied from block 1; 12 tokens = the whole pool.
+  const std::vector<uint32_t> prompt = {0, 1, 2, 3, 4, 5, 6, 60, 61, 62, 63, 64};
+  AdmissionRequest r;
+  r.root = kRoot;
+  r.prompt = prompt;
+  r.reserve_tokens = 12;
+  absl::StatusOr<AdmissionPlan> plan = cache_->PlanAdmission(r);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->num_cached, 4) << "block 0 shared, block 1's rows recomputed";
+  Admission b = Admit(prompt);
+  EXPECT_EQ(b.num_cached, 4);
+  EXPECT_THAT(b.copies, IsEmpty());
+  ASSERT_EQ(Table(b.seq).size(), 3u);
+  EXPECT_EQ(Table(b.seq)[0], 0);
+  EXPECT_EQ(cache_->NumComputed(b.seq), 4);
+
+  // With a block to spare the copy is kept.
+  Make(4);
+  cache_->Release(Prefill(Iota(9)));
+  Admission c = Admit(prompt);
+  EXPECT_EQ(c.num_cached, 7);
+  ASSERT_EQ(c.copies.size(), 1u);
+  EXPECT_EQ(c.copies[0].src, 1);
+  EXPECT_EQ(c.copies[0].num_rows, 3);
+}
+
 TEST_F(KvCacheTest, LastPromptTokenIsAlwaysComputed) {
   Make(8);
   cache_->Release(Prefill(Iota(8)));

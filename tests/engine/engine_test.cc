@@ -293,6 +293,40 @@ TEST(EngineTest, SecondRequestWaitsForTheFirstsPrefixInsteadOfRecomputingIt) {
   EXPECT_EQ(s.generated_tokens, 6u);
 }
 
+TEST(EngineTest, RequestNeedingTheWholePoolRunsEvenWhenItsMatchEndsInACachedBlock) {
+  // 3 blocks of 16. A leaves X (16 tokens) and Y (16 tokens) cached. B (34 prompt + 14 new =
+  // 48 tokens, the whole pool) matches X and the first 15 tokens of Y: copying those rows
+  // would need Y's block as well as B's three, so B computes them instead of waiting for a
+  // block that nothing will ever free.
+  Harness h({.blocks = 3, .block_size = 16, .max_batch_tokens = 64});
+  std::mt19937 rng(11);
+  EngineRequest a = MakeRequest(&rng, 33, 1);
+  a.ignore_eos = true;
+  ExpectMatchesReference(RunOne(*h.engine, a), a);
+  EngineRequest b = a;
+  b.prompt.resize(31);
+  b.prompt.push_back((a.prompt[31] + 1) % (kVocab - 1));
+  b.prompt.push_back(5);
+  b.prompt.push_back(6);
+  b.max_new_tokens = 14;
+  auto stream = h.engine->Submit(b);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  RequestResult got;
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  bool done = false;
+  while (!done && absl::Now() < deadline) {
+    std::vector<RequestEvent> events;
+    (*stream)->Poll(&events);
+    for (const RequestEvent& e : events) done = !ApplyEvent(e, &got) || done;
+    if (!done) absl::SleepFor(absl::Milliseconds(2));
+  }
+  if (!done) (*stream)->Cancel();
+  ASSERT_TRUE(done) << "B never ran";
+  ExpectMatchesReference(got, b);
+  EXPECT_EQ(got.usage.cached_prompt_tokens, 16u) << "X shared, Y's rows recomputed";
+  ExpectPoolQuiet(*h.engine);
+}
+
 TEST(EngineTest, PrefixCacheOffComputesEverything) {
   Harness h({.blocks = 64, .block_size = 16, .prefix_cache = false});
   std::mt19937 rng(5);
