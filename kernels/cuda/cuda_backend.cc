@@ -693,8 +693,11 @@ absl::Status CudaBackend::CopyBlocks(absl::Span<const BlockCopy> copies) {
   }
   auto run = [&]() -> absl::Status {
     PREFIXD_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
-    for (size_t begin = 0; begin < copies.size(); begin += kMaxCopiesPerLaunch) {
-      const size_t n = std::min<size_t>(kMaxCopiesPerLaunch, copies.size() - begin);
+    // One launch runs its copies in parallel; the contract runs them in order, so a copy
+    // that touches a block an earlier one writes (or writes one it reads) starts a new launch.
+    size_t begin = 0;
+    for (const size_t end : IndependentCopyBatchEnds(copies, kMaxCopiesPerLaunch)) {
+      const size_t n = end - begin;
       for (size_t i = 0; i < n; ++i) {
         h_copies_[3 * i] = copies[begin + i].src;
         h_copies_[3 * i + 1] = copies[begin + i].dst;
@@ -706,6 +709,7 @@ absl::Status CudaBackend::CopyBlocks(absl::Span<const BlockCopy> copies) {
           options_.dtype, d_copies_, static_cast<int32_t>(n), layout_, kv_pool_, stream_));
       // The pinned staging buffer is reused by the next launch.
       PREFIXD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+      begin = end;
     }
     return absl::OkStatus();
   };

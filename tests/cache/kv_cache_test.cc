@@ -6,6 +6,7 @@
 #include <numeric>
 #include <vector>
 
+#include "cache/block_copy.h"
 #include "cache/block_key.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -185,6 +186,24 @@ TEST_F(KvCacheTest, PartialCopyIsDroppedWhenOnlyItsSourceKeepsTheRequestOut) {
   ASSERT_EQ(c.copies.size(), 1u);
   EXPECT_EQ(c.copies[0].src, 1);
   EXPECT_EQ(c.copies[0].num_rows, 3);
+}
+
+TEST(IndependentCopyBatchEndsTest, ABatchNeverHoldsACopyThatDependsOnAnEarlierOne) {
+  using B = BlockCopy;
+  EXPECT_THAT(IndependentCopyBatchEnds({}, 8), IsEmpty());
+  // Reading the same source twice is independent.
+  EXPECT_THAT(IndependentCopyBatchEnds({B{1, 2, 4}, B{1, 3, 4}}, 8), ElementsAre(2));
+  // Writing what an earlier copy reads, reading what it writes, or writing it twice: split.
+  EXPECT_THAT(IndependentCopyBatchEnds({B{1, 2, 4}, B{3, 1, 4}}, 8), ElementsAre(1, 2));
+  EXPECT_THAT(IndependentCopyBatchEnds({B{1, 2, 4}, B{2, 3, 4}}, 8), ElementsAre(1, 2));
+  EXPECT_THAT(IndependentCopyBatchEnds({B{1, 2, 4}, B{3, 2, 4}}, 8), ElementsAre(1, 2));
+  // A conflict starts a new batch that only holds what comes after it.
+  EXPECT_THAT(IndependentCopyBatchEnds({B{1, 2, 4}, B{5, 6, 4}, B{2, 7, 4}, B{1, 8, 4}}, 8),
+              ElementsAre(2, 4));
+  // And batches hold at most max_batch copies.
+  EXPECT_THAT(IndependentCopyBatchEnds(
+                  {B{1, 2, 4}, B{3, 4, 4}, B{5, 6, 4}, B{7, 8, 4}, B{9, 10, 4}}, 2),
+              ElementsAre(2, 4, 5));
 }
 
 TEST_F(KvCacheTest, LastPromptTokenIsAlwaysComputed) {

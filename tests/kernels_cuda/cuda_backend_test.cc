@@ -236,7 +236,8 @@ TEST_P(CudaBackendTest, ChunkedAndCachedMatchOneShot) {
   // Cached: blocks 20 (rows 0-15) shared, block 21 holds rows 16..19 of the prefix and is
   // copied to 22 before the continuation writes rows 20..31 into it.
   const std::vector<float> prefix_run = run({20, 21, 23}, {20});
-  ASSERT_TRUE(gpu->CopyBlocks({BlockCopy{21, 22, 4}}).ok());
+  // Then block 30 (never written) over 21: copies run in order, so 22 still gets 21's rows.
+  ASSERT_TRUE(gpu->CopyBlocks({BlockCopy{21, 22, 4}, BlockCopy{30, 21, 16}}).ok());
   SequenceStep rest;
   rest.token_ids = absl::MakeConstSpan(tokens).subspan(20);
   rest.start_pos = 20;
