@@ -142,6 +142,7 @@ class EngineImpl final : public Engine {
 
  private:
   void Loop() {
+    bool stalled = false;  // the last step found nothing it could run
     while (true) {
       std::vector<std::unique_ptr<RequestState>> incoming;
       std::vector<std::function<void()>> tasks;
@@ -149,13 +150,17 @@ class EngineImpl final : public Engine {
       absl::Time deadline;
       {
         absl::MutexLock lock(&shared_->mu);
+        // Only Shared's fields in the condition: absl may evaluate it on other threads.
+        Shared* s = shared_.get();
+        auto ready = [s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
+          return !s->incoming.empty() || !s->tasks.empty() || s->wake || s->draining;
+        };
         if (scheduler_.idle()) {
-          // Only Shared's fields in the condition: absl may evaluate it on other threads.
-          Shared* s = shared_.get();
-          auto ready = [s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
-            return !s->incoming.empty() || !s->tasks.empty() || s->wake || s->draining;
-          };
           shared_->mu.Await(absl::Condition(&ready));
+        } else if (stalled) {
+          // Requests wait but none can run: only news (a request, a cancel, shutdown) can
+          // change that, so wait for it instead of spinning. The timeout is a safety net.
+          shared_->mu.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(10));
         }
         incoming.swap(shared_->incoming);
         tasks.swap(shared_->tasks);
@@ -172,7 +177,7 @@ class EngineImpl final : public Engine {
         scheduler_.FlushEvents();
         break;
       }
-      scheduler_.Step();
+      stalled = !scheduler_.Step();
       const bool newly_fatal = !scheduler_.fatal_error().ok() && !fatal_reported_;
       if (!scheduler_.fatal_error().ok()) {
         // The device is unusable from now on: nothing queued or running can complete.

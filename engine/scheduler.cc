@@ -66,8 +66,8 @@ void Scheduler::SortRunning() {
   });
 }
 
-void Scheduler::Step() {
-  if (running_.empty() && waiting_.empty()) return;
+bool Scheduler::Step() {
+  if (running_.empty() && waiting_.empty()) return false;
   SortRunning();
   std::vector<Scheduled> batch;
 
@@ -94,7 +94,7 @@ void Scheduler::Step() {
   Admit(&batch, &budget);
   if (batch.empty()) {
     Prune();
-    return;
+    return false;
   }
 
   if (!pending_copies_.empty()) {
@@ -103,7 +103,7 @@ void Scheduler::Step() {
     if (!copied.ok()) {
       FailRunning(copied);
       Prune();
-      return;
+      return true;
     }
   }
   // Block tables are read only now: every reservation, admission and preemption of this step
@@ -123,7 +123,7 @@ void Scheduler::Step() {
   if (!forward.ok()) {
     FailRunning(forward);
     Prune();
-    return;
+    return true;
   }
   ++counters_.steps;
   const absl::Time now = options_.clock();
@@ -139,6 +139,7 @@ void Scheduler::Step() {
     }
   }
   Prune();
+  return true;
 }
 
 void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {

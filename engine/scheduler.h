@@ -65,8 +65,8 @@ class Scheduler {
   void Enqueue(std::unique_ptr<RequestState> request);
   // Ends (CANCELLED) every request whose stream asked to cancel, releasing its blocks.
   void HandleCancellations();
-  // One batch (see above). No-op when nothing can run.
-  void Step();
+  // One batch (see above). Returns false when nothing could run (no batch was formed).
+  bool Step();
   // Pushes the events of the calls above to their streams and forgets ended requests.
   // Separate so the engine can publish counters first: once a caller sees kDone, Stats()
   // already include that request.
