@@ -352,10 +352,12 @@ int Run(SignalWatcher& signals) {
 
   const int sig = signals.WaitForFirstWhileServing(eng);
   const absl::Duration grace = absl::GetFlag(FLAGS_shutdown_grace);
-  Log(absl::StrCat(SignalName(sig), ": draining for up to ", absl::FormatDuration(grace),
-                   " (a second signal ends it now)"));
   server->GetHealthCheckService()->SetServingStatus(false);
   service.StartDraining();
+  // Logged once health and new calls already see the drain, so that whoever reads this line
+  // (an operator, a test) finds the server in the state it says.
+  Log(absl::StrCat(SignalName(sig), ": draining for up to ", absl::FormatDuration(grace),
+                   " (a second signal ends it now)"));
   eng->Shutdown(grace);  // every stream has its kDone once this returns
   signals.EngineStopping();
   Log("engine stopped");

@@ -213,10 +213,10 @@ void CpuBackend::RunLayer(int32_t layer, int64_t rows) {
                   qkv + r * 3 * e + 2 * e + head * hd, sizeof(float) * hd);
     }
   }
-  // One task per (head, group of query chunks): a task walks one head's keys for every
-  // chunk in its group, so the K/V blocks that sequences share (a common prefix, or a long
-  // prompt's earlier blocks) come from memory once per task and from L2 after that, instead
-  // of once per (sequence, chunk). Heads cost the same, so whole heads balance the threads;
+  // One task per (head, group of query chunks): a task walks one head's key blocks by index
+  // for every chunk in its group at once (AttendChunks), so a K/V block that sequences share
+  // (a common prefix, or a long prompt's earlier blocks) comes from memory once per task and
+  // from L1 for the other chunks, instead of once per (sequence, chunk). Heads cost the same, so whole heads balance the threads;
   // groups only split them when there are too few heads for the pool.
   const int32_t n_head = geometry_.n_head;
   const int64_t num_chunks = static_cast<int64_t>(chunks_.size());
@@ -224,17 +224,18 @@ void CpuBackend::RunLayer(int32_t layer, int64_t rows) {
       std::min<int64_t>(num_chunks, (4 * pool_.num_threads() + n_head - 1) / n_head);
   pool_.Run(n_head * groups, [&](int64_t task) {
     thread_local std::vector<float> scratch;
+    thread_local std::vector<AttentionChunk> group;
     const int32_t head = static_cast<int32_t>(task / groups);
     const int64_t g = task % groups;
+    group.clear();
     for (int64_t ci = g * num_chunks / groups; ci < (g + 1) * num_chunks / groups; ++ci) {
       const QueryChunk& c = chunks_[ci];
-      const int32_t pos0 = row_pos_[c.row];
-      const size_t need = static_cast<size_t>(c.count) * (pos0 + c.count + 8);
-      if (scratch.size() < need) scratch.resize(need);
-      AttendQueries(qkv + c.row * 3 * e + head * hd, 3 * e, c.count, pos0, kv_.get(), geometry_,
-                    row_table_[c.row], layer, head, scratch.data(), att + c.row * e + head * hd,
-                    e);
+      group.push_back({qkv + c.row * 3 * e + head * hd, 3 * e, c.count, row_pos_[c.row],
+                       row_table_[c.row], att + c.row * e + head * hd, e});
     }
+    const size_t need = static_cast<size_t>(AttendChunksScratch(group));
+    if (scratch.size() < need) scratch.resize(need);
+    AttendChunks(group, kv_.get(), geometry_, layer, head, scratch.data());
   });
   MatMul(att, rows, e, w.attn_proj, w.attn_proj_b.data(), tmp, e, &pool_);
   for (int64_t i = 0; i < rows * e; ++i) x[i] += tmp[i];

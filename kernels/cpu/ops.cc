@@ -7,6 +7,8 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
+
 namespace prefixd {
 namespace {
 
@@ -209,75 +211,112 @@ void AttendOne(const float* q, int32_t pos, const float* kv, const KvGeometry& g
 void AttendQueries(const float* q, int64_t q_stride, int32_t num_queries, int32_t pos0,
                    const float* kv, const KvGeometry& g, const int32_t* block_table, int32_t layer,
                    int32_t head, float* scratch, float* out, int64_t out_stride) {
+  const AttentionChunk chunk{q, q_stride, num_queries, pos0, block_table, out, out_stride};
+  AttendChunks({&chunk, 1}, kv, g, layer, head, scratch);
+}
+
+int64_t AttendChunksScratch(absl::Span<const AttentionChunk> chunks) {
+  int64_t n = 0;
+  for (const AttentionChunk& c : chunks) n += int64_t{c.num_queries} * (c.pos0 + c.num_queries + 8);
+  return n;
+}
+
+void AttendChunks(absl::Span<const AttentionChunk> chunks, const float* kv, const KvGeometry& g,
+                  int32_t layer, int32_t head, float* scratch) {
   const int32_t hd = g.head_dim;
   const int32_t bs = g.block_size;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const int32_t n_max = pos0 + num_queries;  // keys seen by the last query
-  const int64_t s_stride = n_max + 8;
-  // Scores, one key block at a time for every query that sees it (the block stays in L1
-  // while the queries read it). Query i sees keys [0, pos0 + i].
-  for (int32_t j = 0, b = 0; j < n_max; j += bs, ++b) {
-    const float* keys = kv + g.Offset(block_table[b], layer, 0, head, 0);
-    for (int32_t i = std::max(0, j - pos0); i < num_queries; ++i) {
-      const float* qi = q + i * q_stride;
-      float* si = scratch + i * s_stride + j;
-      const int32_t rows = std::min(bs, pos0 + i + 1 - j);
-      int32_t r = 0;
-      if (hd % 8 == 0) {
-        for (; r + 8 <= rows; r += 8) Dot8Keys(qi, keys + int64_t{r} * hd, hd, scale, si + r);
-      }
-      for (; r < rows; ++r) si[r] = Dot(qi, keys + int64_t{r} * hd, hd) * scale;
+  // Each chunk's scores: num_queries rows of (keys seen by its last query + 8) floats.
+  absl::InlinedVector<float*, 16> scores(chunks.size());
+  int32_t max_keys = 0;
+  {
+    float* next = scratch;
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      scores[c] = next;
+      const int32_t n_max = chunks[c].pos0 + chunks[c].num_queries;
+      next += int64_t{chunks[c].num_queries} * (n_max + 8);
+      max_keys = std::max(max_keys, n_max);
     }
   }
-  std::vector<float> sums_storage;
-  float sums_local[16];
-  float* sums = sums_local;
-  if (num_queries > 16) {
-    sums_storage.resize(num_queries);
-    sums = sums_storage.data();
-  }
-  for (int32_t i = 0; i < num_queries; ++i) {
-    float* si = scratch + i * s_stride;
-    const int32_t n = pos0 + i + 1;
-    const float max_score = MaxOf(si, n);
-    for (int32_t j = 0; j < n; ++j) si[j] -= max_score;
-    ExpInPlace(si, n);
-    float sum = 0.0f;
-    for (int32_t j = 0; j < n; ++j) sum += si[j];
-    sums[i] = sum;
-  }
-  // Values, again block by block; each output element is one fma chain over the keys in
-  // position order, carried through `out` between blocks.
-  for (int32_t j = 0, b = 0; j < n_max; j += bs, ++b) {
-    const float* values = kv + g.Offset(block_table[b], layer, 1, head, 0);
-    for (int32_t i = std::max(0, j - pos0); i < num_queries; ++i) {
-      const float* wi = scratch + i * s_stride + j;
-      float* oi = out + i * out_stride;
-      const int32_t rows = std::min(bs, pos0 + i + 1 - j);
-      const bool first = j == 0;
-      switch (hd) {
-        case 8:
-          AccumulateValues<1>(wi, values, rows, first, oi);
-          break;
-        case 16:
-          AccumulateValues<2>(wi, values, rows, first, oi);
-          break;
-        case 32:
-          AccumulateValues<4>(wi, values, rows, first, oi);
-          break;
-        case 64:
-          AccumulateValues<8>(wi, values, rows, first, oi);
-          break;
-        default:
-          if (first) std::fill(oi, oi + hd, 0.0f);
-          for (int32_t r = 0; r < rows; ++r) Axpy(wi[r], values + int64_t{r} * hd, oi, hd);
+  // Scores, one key block index at a time for every chunk and every query that sees it: a
+  // block that several chunks' tables share is read once and stays in L1 for the others.
+  // Query i of a chunk sees keys [0, pos0 + i].
+  for (int32_t j = 0, b = 0; j < max_keys; j += bs, ++b) {
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      const AttentionChunk& ch = chunks[c];
+      const int32_t n_max = ch.pos0 + ch.num_queries;
+      if (j >= n_max) continue;
+      const float* keys = kv + g.Offset(ch.block_table[b], layer, 0, head, 0);
+      const int64_t s_stride = n_max + 8;
+      for (int32_t i = std::max(0, j - ch.pos0); i < ch.num_queries; ++i) {
+        const float* qi = ch.q + i * ch.q_stride;
+        float* si = scores[c] + i * s_stride + j;
+        const int32_t rows = std::min(bs, ch.pos0 + i + 1 - j);
+        int32_t r = 0;
+        if (hd % 8 == 0) {
+          for (; r + 8 <= rows; r += 8) Dot8Keys(qi, keys + int64_t{r} * hd, hd, scale, si + r);
+        }
+        for (; r < rows; ++r) si[r] = Dot(qi, keys + int64_t{r} * hd, hd) * scale;
       }
     }
   }
-  for (int32_t i = 0; i < num_queries; ++i) {
-    const float inv = 1.0f / sums[i];
-    float* oi = out + i * out_stride;
-    for (int32_t d = 0; d < hd; ++d) oi[d] *= inv;
+  // Softmax weights per query (unnormalised; each output is divided by its sum at the end).
+  absl::InlinedVector<float, 64> sums;
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const AttentionChunk& ch = chunks[c];
+    const int64_t s_stride = ch.pos0 + ch.num_queries + 8;
+    for (int32_t i = 0; i < ch.num_queries; ++i) {
+      float* si = scores[c] + i * s_stride;
+      const int32_t n = ch.pos0 + i + 1;
+      const float max_score = MaxOf(si, n);
+      for (int32_t k = 0; k < n; ++k) si[k] -= max_score;
+      ExpInPlace(si, n);
+      float sum = 0.0f;
+      for (int32_t k = 0; k < n; ++k) sum += si[k];
+      sums.push_back(sum);
+    }
+  }
+  // Values, again block index by block index; each output element is one fma chain over the
+  // keys in position order, carried through `out` between blocks.
+  for (int32_t j = 0, b = 0; j < max_keys; j += bs, ++b) {
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      const AttentionChunk& ch = chunks[c];
+      const int32_t n_max = ch.pos0 + ch.num_queries;
+      if (j >= n_max) continue;
+      const float* values = kv + g.Offset(ch.block_table[b], layer, 1, head, 0);
+      const int64_t s_stride = n_max + 8;
+      for (int32_t i = std::max(0, j - ch.pos0); i < ch.num_queries; ++i) {
+        const float* wi = scores[c] + i * s_stride + j;
+        float* oi = ch.out + i * ch.out_stride;
+        const int32_t rows = std::min(bs, ch.pos0 + i + 1 - j);
+        const bool first = j == 0;
+        switch (hd) {
+          case 8:
+            AccumulateValues<1>(wi, values, rows, first, oi);
+            break;
+          case 16:
+            AccumulateValues<2>(wi, values, rows, first, oi);
+            break;
+          case 32:
+            AccumulateValues<4>(wi, values, rows, first, oi);
+            break;
+          case 64:
+            AccumulateValues<8>(wi, values, rows, first, oi);
+            break;
+          default:
+            if (first) std::fill(oi, oi + hd, 0.0f);
+            for (int32_t r = 0; r < rows; ++r) Axpy(wi[r], values + int64_t{r} * hd, oi, hd);
+        }
+      }
+    }
+  }
+  size_t q_index = 0;
+  for (const AttentionChunk& ch : chunks) {
+    for (int32_t i = 0; i < ch.num_queries; ++i) {
+      const float inv = 1.0f / sums[q_index++];
+      float* oi = ch.out + i * ch.out_stride;
+      for (int32_t d = 0; d < hd; ++d) oi[d] *= inv;
+    }
   }
 }
 

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "absl/types/span.h"
+
 namespace prefixd {
 
 // out[i] = exp(x[i]) for i in [0, n), in place allowed. One vectorised polynomial (Cephes
@@ -58,6 +60,27 @@ void AttendOne(const float* q, int32_t pos, const float* kv, const KvGeometry& g
 void AttendQueries(const float* q, int64_t q_stride, int32_t num_queries, int32_t pos0,
                    const float* kv, const KvGeometry& g, const int32_t* block_table, int32_t layer,
                    int32_t head, float* scratch, float* out, int64_t out_stride);
+
+// One sequence's queries for AttendChunks: query i (position pos0 + i) is q + i * q_stride,
+// its keys come through block_table, its output goes to out + i * out_stride.
+struct AttentionChunk {
+  const float* q = nullptr;
+  int64_t q_stride = 0;
+  int32_t num_queries = 0;
+  int32_t pos0 = 0;
+  const int32_t* block_table = nullptr;
+  float* out = nullptr;
+  int64_t out_stride = 0;
+};
+
+// AttendQueries for several chunks (of different sequences, or of one) at once, every query's
+// result bit-identical to AttendOne's. The key blocks are walked by index in the outer loop
+// and the chunks inside it, so a block that several chunks' tables share (a common prefix)
+// is read from memory once per (layer, head) and from L1 by the rest. `scratch` holds
+// AttendChunksScratch(chunks) floats.
+void AttendChunks(absl::Span<const AttentionChunk> chunks, const float* kv, const KvGeometry& g,
+                  int32_t layer, int32_t head, float* scratch);
+int64_t AttendChunksScratch(absl::Span<const AttentionChunk> chunks);
 
 }  // namespace prefixd
 

@@ -171,5 +171,62 @@ TEST(OpsTest, AttendQueriesEqualsAttendOnePerQuery) {
   }
 }
 
+TEST(OpsTest, AttendChunksOfSeveralSequencesEqualsEachChunkAlone) {
+  // Chunks of different sequences in one call (as the backend runs a step's decodes and
+  // prefill chunks): block tables that share a prefix, diverge, or have nothing in common;
+  // contexts of different lengths; one query or many. Each chunk's outputs must equal what
+  // AttendQueries gives for it alone, with ==.
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (int block_size : {4, 16}) {
+    const int hd = 64;
+    const KvGeometry g{/*n_layer=*/2, /*n_head=*/2, hd, block_size};
+    const int num_blocks = 64;
+    std::vector<float> kv(num_blocks * g.block_stride());
+    for (float& x : kv) x = dist(rng);
+    std::vector<int32_t> ids(num_blocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    // Tables: a shared prefix of 6 blocks (ids 0..5), then each its own blocks.
+    auto table = [&](int own_from, int own_count) {
+      std::vector<int32_t> t(ids.begin(), ids.begin() + 6);
+      t.insert(t.end(), ids.begin() + own_from, ids.begin() + own_from + own_count);
+      return t;
+    };
+    struct Spec {
+      std::vector<int32_t> table;
+      int pos0;
+      int count;
+    };
+    const int bs = block_size;
+    const std::vector<Spec> specs = {
+        {table(10, 2), 6 * bs + 3, 1},          // decode past the shared prefix
+        {table(12, 2), 6 * bs + 5, 1},          // another, different own blocks
+        {table(14, 4), 6 * bs - 2, 9},          // prefill chunk crossing into its own blocks
+        {table(20, 1), 2 * bs + 1, 1},          // a short context: only the first blocks
+        {std::vector<int32_t>(ids.begin() + 30, ids.begin() + 40), 5, 3},  // nothing shared
+    };
+    std::vector<std::vector<float>> q(specs.size()), got(specs.size());
+    std::vector<AttentionChunk> chunks;
+    for (size_t c = 0; c < specs.size(); ++c) {
+      q[c].resize(specs[c].count * hd);
+      for (float& x : q[c]) x = dist(rng);
+      got[c].assign(specs[c].count * hd, -1.0f);
+      chunks.push_back({q[c].data(), hd, specs[c].count, specs[c].pos0, specs[c].table.data(),
+                        got[c].data(), hd});
+    }
+    std::vector<float> scratch(AttendChunksScratch(chunks));
+    AttendChunks(chunks, kv.data(), g, 1, 1, scratch.data());
+    for (size_t c = 0; c < specs.size(); ++c) {
+      const Spec& sp = specs[c];
+      std::vector<float> alone_scratch(sp.count * (sp.pos0 + sp.count + 8));
+      std::vector<float> want(sp.count * hd);
+      AttendQueries(q[c].data(), hd, sp.count, sp.pos0, kv.data(), g, sp.table.data(), 1, 1,
+                    alone_scratch.data(), want.data(), hd);
+      EXPECT_EQ(got[c], want) << "bs=" << block_size << " chunk " << c;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace prefixd
