@@ -133,47 +133,79 @@ std::vector<uint32_t> SortedPrefix(absl::Span<const float> logits, uint32_t m) {
   return ids;
 }
 
-// One entry of Weights(): exp((l - max) / t), the same bits as the vector loop gives.
-inline float Weight(float logit, float max, float t) {
-  return ExpOfNonPositive(t == 1.0f ? logit - max : (logit - max) / t);
+// A float's bits as an unsigned key in the same order as the floats (NaN aside).
+inline uint32_t OrderKey(float x) {
+  const uint32_t b = std::bit_cast<uint32_t>(x);
+  return (b & 0x80000000u) != 0 ? ~b : (b | 0x80000000u);
 }
 
-// Candidates after top-k and top-p, most likely first. Empty means "no mask": every token,
-// in id order (no ranking needed in the common unmasked case).
+// top-p over the whole vocabulary: the smallest most-likely prefix (ties by lower id) whose
+// weight reaches `target`, found without ranking the vocabulary. Each token's weight goes to
+// the bucket of its logit's top 16 key bits (a relative width of 1/128); the buckets are
+// added from the top until they reach the target, and only the bucket where that happens is
+// ranked. Returns the tokens of the higher buckets in id order, then the boundary bucket's
+// most likely first; `w` holds the weights at this temperature.
+std::vector<uint32_t> Nucleus(absl::Span<const float> logits, const std::vector<float>& w,
+                              double target) {
+  constexpr int kBuckets = 1 << 16;
+  thread_local std::vector<double> mass;
+  mass.assign(kBuckets, 0.0);
+  const size_t n = logits.size();
+  for (size_t i = 0; i < n; ++i) mass[OrderKey(logits[i]) >> 16] += static_cast<double>(w[i]);
+  int boundary = -1;
+  double above = 0.0;  // the weight of the buckets above the boundary
+  for (int b = kBuckets - 1; b >= 0; --b) {
+    if (mass[b] == 0.0) continue;
+    boundary = b;  // rounding can leave the target unreached: then the lowest is the boundary
+    if (above + mass[b] >= target) break;
+    above += mass[b];
+  }
+  std::vector<uint32_t> ids, edge;
+  for (uint32_t i = 0; i < n; ++i) {
+    const int b = static_cast<int>(OrderKey(logits[i]) >> 16);
+    if (b > boundary) {
+      ids.push_back(i);
+    } else if (b == boundary) {
+      edge.push_back(i);
+    }
+  }
+  std::sort(edge.begin(), edge.end(), ByLogitDesc{logits});
+  double cumulative = above;
+  for (uint32_t id : edge) {
+    ids.push_back(id);
+    cumulative += static_cast<double>(w[id]);
+    if (cumulative >= target) break;
+  }
+  if (ids.empty()) ids.push_back(Argmax(logits));  // every weight was zero or NaN
+  return ids;
+}
+
+// Candidates after top-k and top-p. Empty means "no mask": every token, in id order. Top-k
+// alone gives the k most likely first; with top-p see Nucleus() for the order. `w` holds the
+// weights at this temperature.
 std::vector<uint32_t> MaskedCandidates(absl::Span<const float> logits,
-                                       const SamplingParams& params) {
+                                       const SamplingParams& params, const std::vector<float>& w) {
   const uint32_t vocab = static_cast<uint32_t>(logits.size());
   const bool use_k = params.top_k > 0 && params.top_k < vocab;
   const bool use_p = params.top_p < 1.0f;
   if (!use_k && !use_p) return {};
-  const uint32_t bound = use_k ? params.top_k : vocab;
-  if (!use_p) return SortedPrefix(logits, bound);
-  // top-p over the top-k survivors (or the whole vocabulary) at this temperature: the
-  // smallest most-likely prefix whose mass reaches top_p (at least one token). The mass is
-  // usually in a few dozen tokens, so rank a growing prefix instead of everything.
-  const float t = params.temperature;
-  const float max = MaxLogit(logits);
+  if (!use_p) return SortedPrefix(logits, params.top_k);
+  if (!use_k) return Nucleus(logits, w, static_cast<double>(params.top_p) * SumWeights(w));
+  // top-p over the top-k survivors: the smallest most-likely prefix of them whose mass
+  // reaches top_p of theirs (at least one token).
+  std::vector<uint32_t> ids = SortedPrefix(logits, params.top_k);
   double total = 0.0;
-  if (use_k) {
-    for (uint32_t id : SortedPrefix(logits, bound)) total += Weight(logits[id], max, t);
-  } else {
-    thread_local std::vector<float> w;
-    Weights(logits, max, t, &w);
-    total = SumWeights(w);
-  }
+  for (uint32_t id : ids) total += static_cast<double>(w[id]);
   const double target = static_cast<double>(params.top_p) * total;
-  for (uint32_t m = std::min<uint32_t>(bound, 64);; m = std::min<uint32_t>(bound, m * 8)) {
-    std::vector<uint32_t> ids = SortedPrefix(logits, m);
-    double cumulative = 0.0;
-    for (size_t i = 0; i < ids.size(); ++i) {
-      cumulative += Weight(logits[ids[i]], max, t);
-      if (cumulative >= target) {
-        ids.resize(i + 1);
-        return ids;
-      }
+  double cumulative = 0.0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    cumulative += static_cast<double>(w[ids[i]]);
+    if (cumulative >= target) {
+      ids.resize(i + 1);
+      break;
     }
-    if (m == bound) return ids;  // rounding: the whole set
   }
+  return ids;
 }
 
 }  // namespace
@@ -191,8 +223,11 @@ double CounterUniform(const SampleKey& key) {
 std::vector<uint32_t> EligibleTokens(absl::Span<const float> logits, const SamplingParams& params) {
   PREFIXD_CHECK(!logits.empty());
   if (params.temperature == 0.0f) return {Argmax(logits)};
-  std::vector<uint32_t> ids = MaskedCandidates(logits, params);
+  std::vector<float> w;
+  Weights(logits, MaxLogit(logits), params.temperature, &w);
+  std::vector<uint32_t> ids = MaskedCandidates(logits, params, w);
   if (ids.empty()) ids = SortedPrefix(logits, static_cast<uint32_t>(logits.size()));
+  std::sort(ids.begin(), ids.end(), ByLogitDesc{logits});
   return ids;
 }
 
@@ -217,15 +252,16 @@ SampledToken SampleToken(absl::Span<const float> logits, const SamplingParams& p
   if (t == 0.0f) {
     chosen = Argmax(logits);
   } else {
-    const std::vector<uint32_t> masked = MaskedCandidates(logits, params);
+    // The weights at this temperature (the raw ones at 1).
+    const std::vector<float>* w = &raw_weights;
+    if (t != 1.0f) {
+      Weights(logits, max, t, &tempered_weights);
+      w = &tempered_weights;
+    }
+    const std::vector<uint32_t> masked = MaskedCandidates(logits, params, *w);
     double total = 0.0;
     if (masked.empty()) {
-      // Every token, in id order: the weights at this temperature, summed in lanes.
-      const std::vector<float>* w = &raw_weights;
-      if (t != 1.0f) {
-        Weights(logits, max, t, &tempered_weights);
-        w = &tempered_weights;
-      }
+      // Every token, in id order, summed in lanes.
       total = SumWeights(*w);
       const double target = CounterUniform(key) * total;
       double cumulative = 0.0;
@@ -238,12 +274,12 @@ SampledToken SampleToken(absl::Span<const float> logits, const SamplingParams& p
         }
       }
     } else {
-      for (uint32_t id : masked) total += Weight(logits[id], max, t);
+      for (uint32_t id : masked) total += static_cast<double>((*w)[id]);
       const double target = CounterUniform(key) * total;
       double cumulative = 0.0;
       chosen = masked.back();  // rounding can leave target just above the last partial sum
       for (uint32_t id : masked) {
-        cumulative += Weight(logits[id], max, t);
+        cumulative += static_cast<double>((*w)[id]);
         if (target < cumulative) {
           chosen = id;
           break;

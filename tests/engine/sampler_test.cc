@@ -1,5 +1,6 @@
 #include "engine/sampler.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -186,6 +187,47 @@ TEST(SamplerTest, FullVocabularyLogprobsMatchDoublePrecisionAndArgmaxTakesLowest
     EXPECT_NE(t.token.token_id, 18u);
     EXPECT_NEAR(t.token.logprob, reference(t.token.token_id), 2e-6);
   }
+}
+
+// top-p over a GPT-2-sized vocabulary against a brute-force nucleus: rank everything (logit
+// descending, ties by lower id), take the smallest prefix whose mass reaches top_p.
+TEST(SamplerTest, TopPOverAFullVocabularyMatchesRankingEverything) {
+  const uint32_t vocab = 50257;
+  std::vector<float> logits(vocab);
+  uint64_t state = 99;
+  for (float& l : logits) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    // A sum of uniforms: roughly normal, with repeated values (two decimals), so that ties
+    // straddle bucket and nucleus boundaries.
+    double u = 0.0;
+    for (int k = 0; k < 4; ++k) u += static_cast<double>((state >> (16 * k)) & 0xffff) / 65536.0;
+    l = static_cast<float>(std::round((u - 2.0) * 400.0) / 100.0);
+  }
+  for (float temperature : {0.7f, 1.0f, 1.5f}) {
+    for (float top_p : {0.05f, 0.5f, 0.9f, 0.99f}) {
+      std::vector<uint32_t> order(vocab);
+      for (uint32_t i = 0; i < vocab; ++i) order[i] = i;
+      std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+        return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+      });
+      const double max = logits[order[0]];
+      double total = 0.0;
+      for (float l : logits) total += std::exp((double(l) - max) / temperature);
+      std::vector<uint32_t> want;
+      double cumulative = 0.0;
+      for (uint32_t id : order) {
+        want.push_back(id);
+        cumulative += std::exp((double(logits[id]) - max) / temperature);
+        if (cumulative >= top_p * total) break;
+      }
+      const std::vector<uint32_t> got = EligibleTokens(logits, Sampled(temperature, 0, top_p));
+      EXPECT_EQ(got, want) << "temperature " << temperature << " top_p " << top_p << ": "
+                           << got.size() << " tokens against " << want.size();
+    }
+  }
+  // Ties for the last place go to the lower ids: e, e, e, e, 1 with half the mass = 3 e's.
+  const std::vector<float> tied = {1.0f, 1.0f, 1.0f, 1.0f, 0.0f};
+  EXPECT_THAT(EligibleTokens(tied, Sampled(1.0f, 0, 0.5f)), ElementsAre(0u, 1u, 2u));
 }
 
 }  // namespace
