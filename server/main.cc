@@ -23,6 +23,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -192,10 +193,11 @@ absl::Status CheckFlags() {
     return absl::InvalidArgumentError(
         absl::StrCat("--block-size must be a power of two from 1 to 1024, got ", v));
   }
+  using Named = std::pair<const char*, int32_t>;
   for (const auto& [name, value] :
-       {std::pair<const char*, int32_t>{"--max-batch-tokens", absl::GetFlag(FLAGS_max_batch_tokens)},
-        {"--max-queue", absl::GetFlag(FLAGS_max_queue)},
-        {"--max-samples", absl::GetFlag(FLAGS_max_samples)}}) {
+       {Named{"--max-batch-tokens", absl::GetFlag(FLAGS_max_batch_tokens)},
+        Named{"--max-queue", absl::GetFlag(FLAGS_max_queue)},
+        Named{"--max-samples", absl::GetFlag(FLAGS_max_samples)}}) {
     if (value < 1) {
       return absl::InvalidArgumentError(absl::StrCat(name, " must be at least 1, got ", value));
     }
@@ -347,7 +349,12 @@ int Run(SignalWatcher& signals) {
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) return Fail(absl::StrCat("cannot listen on ", listen));
   server->GetHealthCheckService()->SetServingStatus(true);
-  Log(absl::StrCat("listening on ", listen.substr(0, listen.rfind(':')), ":", port,
+  // A unix socket address has no port to report (gRPC sets `port` to 1 for it).
+  const bool unix_socket =
+      absl::StartsWith(listen, "unix:") || absl::StartsWith(listen, "unix-abstract:");
+  Log(absl::StrCat("listening on ",
+                   unix_socket ? listen
+                               : absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port),
                    tls ? " (TLS)" : ""));
 
   const int sig = signals.WaitForFirstWhileServing(eng);

@@ -216,8 +216,9 @@ void CpuBackend::RunLayer(int32_t layer, int64_t rows) {
   // One task per (head, group of query chunks): a task walks one head's key blocks by index
   // for every chunk in its group at once (AttendChunks), so a K/V block that sequences share
   // (a common prefix, or a long prompt's earlier blocks) comes from memory once per task and
-  // from L1 for the other chunks, instead of once per (sequence, chunk). Heads cost the same, so whole heads balance the threads;
-  // groups only split them when there are too few heads for the pool.
+  // from L1 for the other chunks, instead of once per (sequence, chunk). Heads cost the
+  // same, so whole heads balance the threads; groups only split them when there are too few
+  // heads for the pool.
   const int32_t n_head = geometry_.n_head;
   const int64_t num_chunks = static_cast<int64_t>(chunks_.size());
   const int64_t groups =

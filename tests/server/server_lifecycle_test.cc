@@ -48,7 +48,8 @@ TEST_F(LifecycleTest, BadStartupsExitNonZeroWithAMessage) {
   EXPECT_NE(r.exit_code, 0);
   // Numeric flags are checked up front, each error naming its flag and value.
   const std::vector<std::pair<std::string, std::string>> bad_flags = {
-      {"--kv-cache-bytes=-1", "--kv-cache-bytes must be 0 (the default budget) or positive, got -1"},
+      {"--kv-cache-bytes=-1",
+       "--kv-cache-bytes must be 0 (the default budget) or positive, got -1"},
       {"--block-size=3", "--block-size must be a power of two from 1 to 1024, got 3"},
       {"--block-size=0", "--block-size must be a power of two from 1 to 1024, got 0"},
       {"--max-batch-tokens=0", "--max-batch-tokens must be at least 1, got 0"},
@@ -79,6 +80,22 @@ TEST_F(LifecycleTest, ASecondServerOnTheSamePortExitsInsteadOfSharingIt) {
   // The first one still serves.
   auto stub = v1::Inference::NewStub(InsecureChannel((*first)->address()));
   EXPECT_TRUE(Generate(*stub, IdsRequest({1, 2, 3}, 2)).status.ok());
+}
+
+TEST_F(LifecycleTest, ServesOnAUnixSocketAndLogsItsPath) {
+  TempDir dir;
+  const std::string address = "unix:" + dir.path() + "/prefixd.sock";
+  absl::StatusOr<std::unique_ptr<Process>> server =
+      Process::Start({BuiltBinary("server/prefixd"), "--model", model_, "--device", "cpu",
+                      "--listen", address, "--metrics-listen", "127.0.0.1:0"});
+  ASSERT_TRUE(server.ok()) << server.status();
+  ASSERT_TRUE((*server)->WaitForLine("listening on " + address, absl::Seconds(30)))
+      << (*server)->Output();
+  auto stub = v1::Inference::NewStub(InsecureChannel(address));
+  GenerateResult r = Generate(*stub, IdsRequest({1, 2, 3}, 2));
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  (*server)->Signal(SIGTERM);
+  EXPECT_EQ((*server)->Wait(absl::Seconds(30)), std::optional<int>(0)) << (*server)->Output();
 }
 
 TEST_F(LifecycleTest, SmallPoolRefusesWhatCouldNeverFitAndQueueOverflows) {
