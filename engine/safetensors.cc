@@ -69,7 +69,9 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& name, const json&
       return Invalid(file_label,
                      absl::StrCat(where, " has a shape entry that is not a non-negative integer"));
     }
-    if (*dim != 0 && numel > kMaxElements / *dim) {
+    // Each dimension on its own too: after a 0 the count stays 0 whatever follows, but the
+    // shape is stored as int64.
+    if (*dim > kMaxElements || (*dim != 0 && numel > kMaxElements / *dim)) {
       return Invalid(file_label, absl::StrCat(where, " has an impossibly large shape"));
     }
     numel *= *dim;

@@ -116,6 +116,9 @@ TEST(SafetensorsTest, RefusesMalformedEntries) {
       {R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[-4,0]}})", "data_offsets"},
       {R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,4]}})",
        "impossibly large"},
+      // A 0 keeps the element count at 0, but a dimension past int64 is still refused.
+      {R"({"w":{"dtype":"F32","shape":[0,18446744073709551615],"data_offsets":[0,0]}})",
+       "impossibly large"},
       {R"({"__metadata__":{"format":1}})", "__metadata__"},
   };
   for (const auto& [json, problem] : cases) {
