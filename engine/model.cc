@@ -159,7 +159,12 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
   for (const SafetensorsEntry& e : st->tensors) {
     std::string_view name = e.name;
     if (absl::StartsWith(ToAbsl(name), "transformer.")) name.remove_prefix(strlen("transformer."));
-    if (IsAttentionBuffer(name)) continue;
+    if (IsAttentionBuffer(name)) continue;  // whatever its dtype: the mask is computed
+    if (!e.float_dtype) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(weights_path, ": tensor \"", e.name, "\" has dtype ", e.dtype_name,
+                       "; weights must be F32, F16 or BF16"));
+    }
     std::vector<int64_t> want;
     if (name == "lm_head.weight") {
       want = {m.config_.vocab_size, m.config_.n_embd};

@@ -26,6 +26,15 @@ std::optional<DType> ParseSafetensorsDType(std::string_view s) {
   return std::nullopt;
 }
 
+// Element size of the format's other dtypes, which are read only to be skipped; 0 if unknown.
+uint64_t OtherDTypeSize(std::string_view s) {
+  if (s == "BOOL" || s == "U8" || s == "I8" || s == "F8_E4M3" || s == "F8_E5M2") return 1;
+  if (s == "U16" || s == "I16") return 2;
+  if (s == "U32" || s == "I32") return 4;
+  if (s == "U64" || s == "I64" || s == "F64") return 8;
+  return 0;
+}
+
 // A JSON number that is a non-negative integer, as uint64.
 std::optional<uint64_t> NonNegativeInteger(const json& v) {
   if (v.is_number_unsigned()) return v.get<uint64_t>();
@@ -50,11 +59,14 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& name, const json&
   }
   const std::string dtype_name = dtype_it->get<std::string>();
   std::optional<DType> dtype = ParseSafetensorsDType(dtype_name);
-  if (!dtype) {
-    return Invalid(file_label, absl::StrCat(where, " has unknown or unsupported dtype \"",
-                                            dtype_name, "\" (supported: F32, F16, BF16)"));
+  const uint64_t other_size = OtherDTypeSize(dtype_name);
+  if (!dtype && other_size == 0) {
+    return Invalid(file_label, absl::StrCat(where, " has unknown dtype \"", dtype_name, "\""));
   }
-  e.dtype = *dtype;
+  e.dtype = dtype.value_or(DType::kF32);
+  e.float_dtype = dtype.has_value();
+  e.dtype_name = dtype_name;
+  const uint64_t element_size = dtype ? static_cast<uint64_t>(DTypeSize(*dtype)) : other_size;
 
   auto shape_it = v.find("shape");
   if (shape_it == v.end() || !shape_it->is_array()) {
@@ -93,7 +105,7 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& name, const json&
                    absl::StrCat(where, " has data_offsets [", *begin, ", ", *end,
                                 "] out of range (the data region holds ", data_size, " bytes)"));
   }
-  const uint64_t expected = numel * static_cast<uint64_t>(DTypeSize(e.dtype));
+  const uint64_t expected = numel * element_size;
   if (*end - *begin != expected) {
     return Invalid(file_label, absl::StrCat(where, " spans ", *end - *begin,
                                             " bytes but its shape [", absl::StrJoin(e.shape, ", "),

@@ -25,11 +25,17 @@ namespace prefixd {
 
 struct SafetensorsEntry {
   std::string name;
+  // The weights' dtype when it is one prefixd computes with (F32, F16, BF16). The format's
+  // other dtypes (BOOL, U8, I64, F64, ...) are parsed, and their byte lengths checked, with
+  // `float_dtype` false and `dtype` meaningless: a checkpoint may carry such buffers (GPT-2's
+  // causal-mask "attn.bias" was saved as uint8 by some versions), and the loader decides.
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
   // Byte offsets relative to the start of the data region.
   uint64_t begin = 0;
   uint64_t end = 0;
+  bool float_dtype = true;
+  std::string dtype_name;  // as spelled in the file (set by ParseSafetensors)
 };
 
 struct SafetensorsFile {

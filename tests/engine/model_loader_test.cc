@@ -139,7 +139,7 @@ class ModelLoaderTest : public ::testing::Test {
     absl::StatusOr<std::unique_ptr<Model>> m = Model::Load(dir_.string());
     ASSERT_FALSE(m.ok()) << "loaded, expected: " << problem;
     EXPECT_THAT(m.status().message(), HasSubstr((dir_ / file).string()));
-    EXPECT_THAT(m.status().message(), HasSubstr(problem));
+    EXPECT_THAT(m.status().message(), HasSubstr(problem)) << std::string(m.status().message());
   }
 
   static fs::path* base_;
@@ -216,6 +216,9 @@ TEST_F(ModelLoaderTest, AcceptsTransformerPrefixBuffersAndLmHead) {
   // Causal-mask buffers as older exports carry them, and an untied lm_head.
   t.push_back({"transformer.h.0.attn.bias", "F32", {1, 1, 4, 4}, std::string(64, '\0')});
   t.push_back({"h.1.attn.masked_bias", "F32", {}, std::string(4, '\0')});
+  // Some versions saved the mask as uint8 or bool: skipped whatever its dtype.
+  t.push_back({"h.1.attn.bias", "U8", {1, 1, 4, 4}, std::string(16, '\1')});
+  t.push_back({"h.0.attn.masked_bias", "BOOL", {}, std::string(1, '\0')});
   t.push_back({"lm_head.weight", "F16", {50257, 64}, wte_bytes});
   WriteTensors(Weights(), t);
 
@@ -353,8 +356,16 @@ TEST_F(ModelLoaderTest, RefusesHeaderThatIsNotJson) {
 
 TEST_F(ModelLoaderTest, RefusesUnknownDtype) {
   WriteTensors(Weights(), ReadTensors(Weights()),
-               [](json& h) { h["wpe.weight"]["dtype"] = "F8_E4M3"; });
-  ExpectRefused("model.safetensors", "unknown or unsupported dtype \"F8_E4M3\"");
+               [](json& h) { h["wpe.weight"]["dtype"] = "Q4_0"; });
+  ExpectRefused("model.safetensors", "unknown dtype \"Q4_0\"");
+}
+
+TEST_F(ModelLoaderTest, RefusesWeightsInADtypeItDoesNotComputeWith) {
+  // I16 has the test model's F16 element size, so the file itself is well formed.
+  WriteTensors(Weights(), ReadTensors(Weights()),
+               [](json& h) { h["h.0.ln_1.weight"]["dtype"] = "I16"; });
+  ExpectRefused("model.safetensors",
+                "tensor \"h.0.ln_1.weight\" has dtype I16; weights must be F32, F16 or BF16");
 }
 
 TEST_F(ModelLoaderTest, RefusesOffsetsOutOfRange) {

@@ -95,12 +95,31 @@ TEST(SafetensorsTest, RefusesHeaderThatIsNotJson) {
 }
 
 TEST(SafetensorsTest, RefusesUnknownDtype) {
-  for (const char* dtype : {"F64", "I8", "bool", "f32"}) {
+  for (const char* dtype : {"Q4_0", "bool", "f32"}) {
     absl::Status s = ParseStatus(RawFile(
         std::string("{\"w\":{\"dtype\":\"") + dtype + "\",\"shape\":[1],\"data_offsets\":[0,8]}}",
         8));
-    EXPECT_THAT(s.message(), HasSubstr("unknown or unsupported dtype")) << dtype;
+    EXPECT_THAT(s.message(), HasSubstr("unknown dtype")) << dtype;
     EXPECT_THAT(s.message(), HasSubstr("\"w\"")) << dtype;
+  }
+}
+
+TEST(SafetensorsTest, OtherDtypesAreParsedAsNotFloatWithTheirSizes) {
+  for (const auto& [dtype, size] : std::vector<std::pair<std::string, int>>{
+           {"F64", 8}, {"I64", 8}, {"U8", 1}, {"BOOL", 1}, {"I16", 2}, {"U32", 4}}) {
+    auto header = [&](int bytes) {
+      return "{\"w\":{\"dtype\":\"" + dtype + "\",\"shape\":[2],\"data_offsets\":[0," +
+             std::to_string(bytes) + "]}}";
+    };
+    absl::StatusOr<SafetensorsFile> f =
+        ParseSafetensors(Bytes(RawFile(header(2 * size), 2 * size)), "t");
+    ASSERT_TRUE(f.ok()) << dtype << ": " << f.status();
+    EXPECT_FALSE(f->tensors[0].float_dtype) << dtype;
+    EXPECT_EQ(f->tensors[0].dtype_name, dtype);
+    // The element size is checked as for the float dtypes.
+    EXPECT_THAT(ParseStatus(RawFile(header(2 * size + 1), 2 * size + 1)).message(),
+                HasSubstr("need " + std::to_string(2 * size)))
+        << dtype;
   }
 }
 
