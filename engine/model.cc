@@ -193,6 +193,11 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
     bytes_per_dtype[e.dtype] += static_cast<int64_t>(e.end - e.begin);
     m.num_parameters_ += m.tensors_.find(name)->second.numel();
   }
+  if (!m.config_.tie_word_embeddings && !m.tensors_.contains("lm_head.weight")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        weights_path, ": missing tensor \"lm_head.weight\" (config.json sets "
+                      "tie_word_embeddings to false, so the output layer is not wte)"));
+  }
   for (const auto& [name, shape] : expected) {
     if (!m.tensors_.contains(name)) {
       return absl::InvalidArgumentError(absl::StrCat(weights_path, ": missing tensor \"", name,

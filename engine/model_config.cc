@@ -105,6 +105,12 @@ absl::StatusOr<ModelConfig> ParseObject(const json& j) {
     }
     c.activation_function = it->get<std::string>();
   }
+  if (auto it = j.find("tie_word_embeddings"); it != j.end() && !it->is_null()) {
+    if (!it->is_boolean()) {
+      return absl::InvalidArgumentError("\"tie_word_embeddings\" is not true or false");
+    }
+    c.tie_word_embeddings = it->get<bool>();
+  }
   if (absl::Status s = ReadTokenId(j, "bos_token_id", &c.bos_token_id); !s.ok()) return s;
   if (absl::Status s = ReadTokenId(j, "eos_token_id", &c.eos_token_id); !s.ok()) return s;
   if (auto it = j.find("n_inner"); it != j.end() && !it->is_null()) {

@@ -21,6 +21,9 @@ struct ModelConfig {
   uint32_t bos_token_id = 50256;
   uint32_t eos_token_id = 50256;
   std::string activation_function = "gelu_new";
+  // transformers' default: without an lm_head.weight the output layer is wte. False means the
+  // checkpoint must carry its own lm_head.weight.
+  bool tie_word_embeddings = true;
 
   int32_t head_dim() const { return n_head > 0 ? n_embd / n_head : 0; }
 };

@@ -354,6 +354,27 @@ TEST_F(ModelLoaderTest, RefusesHeaderThatIsNotJson) {
   ExpectRefused("model.safetensors", "header is not valid JSON");
 }
 
+TEST_F(ModelLoaderTest, UntiedConfigNeedsItsOwnLmHead) {
+  std::string config = ReadFile(dir_ / "config.json");
+  const size_t brace = config.rfind('}');
+  ASSERT_NE(brace, std::string::npos);
+  config.insert(brace, ", \"tie_word_embeddings\": false");
+  WriteFile(dir_ / "config.json", config);
+  ExpectRefused("model.safetensors", "missing tensor \"lm_head.weight\" (config.json sets "
+                                     "tie_word_embeddings to false");
+  // With its own lm_head it loads.
+  std::vector<RawTensor> t = ReadTensors(Weights());
+  std::string wte;
+  for (const RawTensor& x : t) {
+    if (x.name == "wte.weight") wte = x.bytes;
+  }
+  t.push_back({"lm_head.weight", "F16", {50257, 64}, wte});
+  WriteTensors(Weights(), t);
+  absl::StatusOr<std::unique_ptr<Model>> m = Model::Load(dir_.string());
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_NE((*m)->Find("lm_head.weight"), nullptr);
+}
+
 TEST_F(ModelLoaderTest, RefusesUnknownDtype) {
   WriteTensors(Weights(), ReadTensors(Weights()),
                [](json& h) { h["wpe.weight"]["dtype"] = "Q4_0"; });
