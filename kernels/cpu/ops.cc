@@ -152,6 +152,27 @@ inline void Axpy(float w, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] = std::fma(w, x[i], y[i]);
 }
 
+
+// Visits every (key block index, chunk, query of the chunk that sees the block), block index
+// outermost: fn(chunk, query, position of the block's first key, keys of the block the query
+// sees, the block's K (kv 0) or V (kv 1) rows for `head`). Query i of a chunk sees keys
+// [0, pos0 + i].
+template <typename F>
+inline void ForEachBlockAndQuery(absl::Span<const AttentionChunk> chunks, int32_t max_keys,
+                                 const float* kv, const KvGeometry& g, int32_t layer, int32_t which,
+                                 int32_t head, F fn) {
+  const int32_t bs = g.block_size;
+  for (int32_t j = 0, b = 0; j < max_keys; j += bs, ++b) {
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      const AttentionChunk& ch = chunks[c];
+      if (j >= ch.pos0 + ch.num_queries) continue;
+      const float* block = kv + g.Offset(ch.block_table[b], layer, which, head, 0);
+      for (int32_t i = std::max(0, j - ch.pos0); i < ch.num_queries; ++i) {
+        fn(c, i, j, std::min(bs, ch.pos0 + i + 1 - j), block);
+      }
+    }
+  }
+}
 }  // namespace
 
 void ExpInPlace(float* x, int64_t n) { Map8(x, n, Exp8); }
@@ -224,49 +245,37 @@ int64_t AttendChunksScratch(absl::Span<const AttentionChunk> chunks) {
 void AttendChunks(absl::Span<const AttentionChunk> chunks, const float* kv, const KvGeometry& g,
                   int32_t layer, int32_t head, float* scratch) {
   const int32_t hd = g.head_dim;
-  const int32_t bs = g.block_size;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   // Each chunk's scores: num_queries rows of (keys seen by its last query + 8) floats.
   absl::InlinedVector<float*, 16> scores(chunks.size());
   int32_t max_keys = 0;
-  {
-    float* next = scratch;
-    for (size_t c = 0; c < chunks.size(); ++c) {
-      scores[c] = next;
-      const int32_t n_max = chunks[c].pos0 + chunks[c].num_queries;
-      next += int64_t{chunks[c].num_queries} * (n_max + 8);
-      max_keys = std::max(max_keys, n_max);
-    }
+  auto s_stride = [&](size_t c) { return int64_t{chunks[c].pos0} + chunks[c].num_queries + 8; };
+  float* next = scratch;
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    scores[c] = next;
+    next += chunks[c].num_queries * s_stride(c);
+    max_keys = std::max(max_keys, chunks[c].pos0 + chunks[c].num_queries);
   }
   // Scores, one key block index at a time for every chunk and every query that sees it: a
   // block that several chunks' tables share is read once and stays in L1 for the others.
-  // Query i of a chunk sees keys [0, pos0 + i].
-  for (int32_t j = 0, b = 0; j < max_keys; j += bs, ++b) {
-    for (size_t c = 0; c < chunks.size(); ++c) {
-      const AttentionChunk& ch = chunks[c];
-      const int32_t n_max = ch.pos0 + ch.num_queries;
-      if (j >= n_max) continue;
-      const float* keys = kv + g.Offset(ch.block_table[b], layer, 0, head, 0);
-      const int64_t s_stride = n_max + 8;
-      for (int32_t i = std::max(0, j - ch.pos0); i < ch.num_queries; ++i) {
-        const float* qi = ch.q + i * ch.q_stride;
-        float* si = scores[c] + i * s_stride + j;
-        const int32_t rows = std::min(bs, ch.pos0 + i + 1 - j);
-        int32_t r = 0;
-        if (hd % 8 == 0) {
-          for (; r + 8 <= rows; r += 8) Dot8Keys(qi, keys + int64_t{r} * hd, hd, scale, si + r);
-        }
-        for (; r < rows; ++r) si[r] = Dot(qi, keys + int64_t{r} * hd, hd) * scale;
-      }
-    }
-  }
+  ForEachBlockAndQuery(chunks, max_keys, kv, g, layer, /*kv=*/0, head,
+                       [&](size_t c, int32_t i, int32_t j, int32_t rows, const float* keys) {
+                         const float* qi = chunks[c].q + i * chunks[c].q_stride;
+                         float* si = scores[c] + i * s_stride(c) + j;
+                         int32_t r = 0;
+                         if (hd % 8 == 0) {
+                           for (; r + 8 <= rows; r += 8) {
+                             Dot8Keys(qi, keys + int64_t{r} * hd, hd, scale, si + r);
+                           }
+                         }
+                         for (; r < rows; ++r) si[r] = Dot(qi, keys + int64_t{r} * hd, hd) * scale;
+                       });
   // Softmax weights per query (unnormalised; each output is divided by its sum at the end).
   absl::InlinedVector<float, 64> sums;
   for (size_t c = 0; c < chunks.size(); ++c) {
     const AttentionChunk& ch = chunks[c];
-    const int64_t s_stride = ch.pos0 + ch.num_queries + 8;
     for (int32_t i = 0; i < ch.num_queries; ++i) {
-      float* si = scores[c] + i * s_stride;
+      float* si = scores[c] + i * s_stride(c);
       const int32_t n = ch.pos0 + i + 1;
       const float max_score = MaxOf(si, n);
       for (int32_t k = 0; k < n; ++k) si[k] -= max_score;
@@ -278,38 +287,27 @@ void AttendChunks(absl::Span<const AttentionChunk> chunks, const float* kv, cons
   }
   // Values, again block index by block index; each output element is one fma chain over the
   // keys in position order, carried through `out` between blocks.
-  for (int32_t j = 0, b = 0; j < max_keys; j += bs, ++b) {
-    for (size_t c = 0; c < chunks.size(); ++c) {
-      const AttentionChunk& ch = chunks[c];
-      const int32_t n_max = ch.pos0 + ch.num_queries;
-      if (j >= n_max) continue;
-      const float* values = kv + g.Offset(ch.block_table[b], layer, 1, head, 0);
-      const int64_t s_stride = n_max + 8;
-      for (int32_t i = std::max(0, j - ch.pos0); i < ch.num_queries; ++i) {
-        const float* wi = scores[c] + i * s_stride + j;
-        float* oi = ch.out + i * ch.out_stride;
-        const int32_t rows = std::min(bs, ch.pos0 + i + 1 - j);
-        const bool first = j == 0;
-        switch (hd) {
-          case 8:
-            AccumulateValues<1>(wi, values, rows, first, oi);
-            break;
-          case 16:
-            AccumulateValues<2>(wi, values, rows, first, oi);
-            break;
-          case 32:
-            AccumulateValues<4>(wi, values, rows, first, oi);
-            break;
-          case 64:
-            AccumulateValues<8>(wi, values, rows, first, oi);
-            break;
-          default:
-            if (first) std::fill(oi, oi + hd, 0.0f);
-            for (int32_t r = 0; r < rows; ++r) Axpy(wi[r], values + int64_t{r} * hd, oi, hd);
-        }
-      }
-    }
-  }
+  ForEachBlockAndQuery(chunks, max_keys, kv, g, layer, /*kv=*/1, head,
+                       [&](size_t c, int32_t i, int32_t j, int32_t rows, const float* values) {
+                         const float* wi = scores[c] + i * s_stride(c) + j;
+                         float* oi = chunks[c].out + i * chunks[c].out_stride;
+                         const bool first = j == 0;
+                         switch (hd) {
+                           case 8:
+                             return AccumulateValues<1>(wi, values, rows, first, oi);
+                           case 16:
+                             return AccumulateValues<2>(wi, values, rows, first, oi);
+                           case 32:
+                             return AccumulateValues<4>(wi, values, rows, first, oi);
+                           case 64:
+                             return AccumulateValues<8>(wi, values, rows, first, oi);
+                           default:
+                             if (first) std::fill(oi, oi + hd, 0.0f);
+                             for (int32_t r = 0; r < rows; ++r) {
+                               Axpy(wi[r], values + int64_t{r} * hd, oi, hd);
+                             }
+                         }
+                       });
   size_t q_index = 0;
   for (const AttentionChunk& ch : chunks) {
     for (int32_t i = 0; i < ch.num_queries; ++i) {
