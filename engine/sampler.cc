@@ -118,7 +118,20 @@ std::vector<uint32_t> SortedPrefix(absl::Span<const float> logits, uint32_t m) {
   if (m == 0) return ids;
   if (m <= 32) {
     ids.reserve(m + 1);
+    constexpr uint32_t kChunk = 32;
     for (uint32_t i = 0; i < vocab; ++i) {
+      if (ids.size() == m && i % kChunk == 0 && i + kChunk <= vocab) {
+        // A whole chunk whose largest logit is at most the m-th best is skipped at once (a
+        // tie cannot enter either: the chunk's ids are all higher). Most chunks are.
+        float chunk_max = logits[i];
+        for (uint32_t j = 1; j < kChunk; ++j) {
+          chunk_max = chunk_max > logits[i + j] ? chunk_max : logits[i + j];
+        }
+        if (chunk_max <= logits[ids.back()]) {
+          i += kChunk - 1;
+          continue;
+        }
+      }
       if (ids.size() == m && !order(i, ids.back())) continue;
       ids.insert(std::upper_bound(ids.begin(), ids.end(), i, order), i);
       if (ids.size() > m) ids.pop_back();

@@ -225,6 +225,18 @@ TEST(SamplerTest, TopPOverAFullVocabularyMatchesRankingEverything) {
                            << got.size() << " tokens against " << want.size();
     }
   }
+  // The top log-probabilities over the same tie-heavy row: the first 20 of the full ranking.
+  std::vector<uint32_t> order(vocab);
+  for (uint32_t i = 0; i < vocab; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+  });
+  for (uint32_t n : {1u, 5u, 20u}) {
+    const SampledToken t = SampleToken(logits, Sampled(0.0f), {}, n);
+    std::vector<uint32_t> top;
+    for (const TokenLogprob& e : t.top) top.push_back(e.token_id);
+    EXPECT_EQ(top, std::vector<uint32_t>(order.begin(), order.begin() + n)) << n;
+  }
   // Ties for the last place go to the lower ids: e, e, e, e, 1 with half the mass = 3 e's.
   const std::vector<float> tied = {1.0f, 1.0f, 1.0f, 1.0f, 0.0f};
   EXPECT_THAT(EligibleTokens(tied, Sampled(1.0f, 0, 0.5f)), ElementsAre(0u, 1u, 2u));
