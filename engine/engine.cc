@@ -177,6 +177,9 @@ class EngineImpl final : public Engine {
         scheduler_.FlushEvents();
         break;
       }
+      if (options_.testing_step_delay > absl::ZeroDuration()) {
+        absl::SleepFor(options_.testing_step_delay);
+      }
       stalled = !scheduler_.Step();
       const bool newly_fatal = !scheduler_.fatal_error().ok() && !fatal_reported_;
       if (!scheduler_.fatal_error().ok()) {

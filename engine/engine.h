@@ -97,6 +97,10 @@ struct EngineOptions {
   // and Submit refuses new ones with UNAVAILABLE: the process should stop so that an
   // orchestrator restarts it.
   std::function<void(const absl::Status&)> on_fatal_error;
+  // For tests of the whole server only: a pause before each step that has work, so that a
+  // test can count on a long request still running when it cancels it, signals the server
+  // or lets a deadline pass, however fast the machine. Zero in production.
+  absl::Duration testing_step_delay = absl::ZeroDuration();
 };
 
 struct EngineStats {

@@ -60,6 +60,8 @@ ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(30),
           "On SIGTERM/SIGINT, how long running and queued requests may continue");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain; with --tls-key serves TLS");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key");
+ABSL_FLAG(absl::Duration, testing_step_delay, absl::ZeroDuration(),
+          "For tests only: pause this long before each engine step");
 ABSL_FLAG(std::string, auth_tokens, "",
           "File of \"token tenant\" lines; every Inference call then needs a bearer token");
 
@@ -123,12 +125,17 @@ class SignalWatcher {
     std::thread([this] { Loop(); }).detach();  // lives until the process exits
   }
 
-  // Serving has begun: blocks until the first signal and returns it. `engine` is the one a
+  // Serving begins: from now on a signal drains instead of exiting. `engine` is the one a
   // second signal shuts down at once, until EngineStopping().
-  int WaitForFirstWhileServing(Engine* engine) {
+  void StartServing(Engine* engine) {
     absl::MutexLock lock(&mu_);
     engine_ = engine;
     phase_ = Phase::kServing;
+  }
+
+  // Blocks until the first signal after StartServing and returns it.
+  int WaitForFirst() {
+    absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(
         +[](Phase* p) { return *p != Phase::kServing; }, &phase_));
     return first_signal_;
@@ -206,6 +213,11 @@ absl::Status CheckFlags() {
     return absl::InvalidArgumentError(
         absl::StrCat("--threads must be 0 (all cores) or positive, got ", v));
   }
+  if (const absl::Duration v = absl::GetFlag(FLAGS_testing_step_delay);
+      v < absl::ZeroDuration() || v > absl::Seconds(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--testing-step-delay must be from 0 to 1s, got ", absl::FormatDuration(v)));
+  }
   if (const absl::Duration v = absl::GetFlag(FLAGS_shutdown_grace); v < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--shutdown-grace must not be negative, got ", absl::FormatDuration(v)));
@@ -259,6 +271,11 @@ int Run(SignalWatcher& signals) {
   eopt.max_queue = absl::GetFlag(FLAGS_max_queue);
   eopt.max_samples = absl::GetFlag(FLAGS_max_samples);
   eopt.enable_prefix_cache = !absl::GetFlag(FLAGS_no_prefix_cache);
+  eopt.testing_step_delay = absl::GetFlag(FLAGS_testing_step_delay);
+  if (eopt.testing_step_delay > absl::ZeroDuration()) {
+    Log(absl::StrCat("--testing-step-delay ", absl::FormatDuration(eopt.testing_step_delay),
+                     ": every engine step waits that long first (for tests, not for serving)"));
+  }
   // A sticky device error: the engine has failed every request; drain like on SIGTERM (health
   // goes NOT_SERVING) and exit non-zero so that an orchestrator restarts the process.
   static std::atomic<bool> device_failed{false};
@@ -348,6 +365,7 @@ int Run(SignalWatcher& signals) {
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) return Fail(absl::StrCat("cannot listen on ", listen));
+  signals.StartServing(eng);  // calls can arrive now: a signal must drain them
   server->GetHealthCheckService()->SetServingStatus(true);
   // A unix socket address has no port to report (gRPC sets `port` to 1 for it).
   const bool unix_socket =
@@ -357,7 +375,7 @@ int Run(SignalWatcher& signals) {
                                : absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port),
                    tls ? " (TLS)" : ""));
 
-  const int sig = signals.WaitForFirstWhileServing(eng);
+  const int sig = signals.WaitForFirst();
   const absl::Duration grace = absl::GetFlag(FLAGS_shutdown_grace);
   server->GetHealthCheckService()->SetServingStatus(false);
   service.StartDraining();

@@ -57,6 +57,7 @@ TEST_F(LifecycleTest, BadStartupsExitNonZeroWithAMessage) {
       {"--max-samples=0", "--max-samples must be at least 1, got 0"},
       {"--threads=-1", "--threads must be 0 (all cores) or positive, got -1"},
       {"--shutdown-grace=-1s", "--shutdown-grace must not be negative, got -1s"},
+      {"--testing-step-delay=-1ms", "--testing-step-delay must be from 0 to 1s, got -1ms"},
       // More than any machine's memory: refused before the pool is allocated.
       {"--kv-cache-bytes=1000000000000000000", "is more than this machine's"},
   };
@@ -101,7 +102,8 @@ TEST_F(LifecycleTest, ServesOnAUnixSocketAndLogsItsPath) {
 TEST_F(LifecycleTest, SmallPoolRefusesWhatCouldNeverFitAndQueueOverflows) {
   // 128 KiB = 128 tokens = 8 blocks: smaller than the 256-token context.
   absl::StatusOr<std::unique_ptr<ServerProcess>> server =
-      ServerProcess::Start(model_, {"--kv-cache-bytes=131072", "--max-queue=1"});
+      ServerProcess::Start(model_, {"--kv-cache-bytes=131072", "--max-queue=1",
+                                    "--testing-step-delay=5ms"});  // A runs >= 0.6 s
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = v1::Inference::NewStub(InsecureChannel((*server)->address()));
 
@@ -142,7 +144,8 @@ TEST_F(LifecycleTest, SmallPoolRefusesWhatCouldNeverFitAndQueueOverflows) {
 
 TEST_F(LifecycleTest, SigtermDrainsTheRequestInFlightAndExitsZero) {
   absl::StatusOr<std::unique_ptr<ServerProcess>> server =
-      ServerProcess::Start(model_, {"--kv-cache-bytes=4194304", "--shutdown-grace=60s"});
+      ServerProcess::Start(model_, {"--kv-cache-bytes=4194304", "--shutdown-grace=60s",
+                                    "--testing-step-delay=5ms"});  // >= 0.5 s in flight
   ASSERT_TRUE(server.ok()) << server.status();
   auto channel = InsecureChannel((*server)->address());
   auto stub = v1::Inference::NewStub(channel);
@@ -182,10 +185,11 @@ TEST_F(LifecycleTest, SigtermDrainsTheRequestInFlightAndExitsZero) {
 
 TEST_F(LifecycleTest, ASecondSignalEndsALongGraceAtOnce) {
   absl::StatusOr<std::unique_ptr<ServerProcess>> server =
-      ServerProcess::Start(model_, {"--kv-cache-bytes=8388608", "--shutdown-grace=600s"});
+      ServerProcess::Start(model_, {"--kv-cache-bytes=8388608", "--shutdown-grace=600s",
+                                    "--testing-step-delay=5ms"});  // >= 1.2 s in flight
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = v1::Inference::NewStub(InsecureChannel((*server)->address()));
-  v1::GenerateRequest req = IdsRequest(RandomIds(7, 16), 240);  // 16 x 240: ~0.5 s
+  v1::GenerateRequest req = IdsRequest(RandomIds(7, 16), 240);
   req.set_num_samples(16);
   req.set_temperature(1.0f);
   req.set_ignore_eos(true);
@@ -211,10 +215,11 @@ TEST_F(LifecycleTest, ASecondSignalEndsALongGraceAtOnce) {
 
 TEST_F(LifecycleTest, ShortGraceEndsTheRestWithUnavailable) {
   absl::StatusOr<std::unique_ptr<ServerProcess>> server =
-      ServerProcess::Start(model_, {"--kv-cache-bytes=8388608", "--shutdown-grace=0s"});
+      ServerProcess::Start(model_, {"--kv-cache-bytes=8388608", "--shutdown-grace=0s",
+                                    "--testing-step-delay=5ms"});  // >= 1.2 s in flight
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = v1::Inference::NewStub(InsecureChannel((*server)->address()));
-  v1::GenerateRequest req = IdsRequest(RandomIds(6, 16), 240);  // 16 x 240: ~0.5 s
+  v1::GenerateRequest req = IdsRequest(RandomIds(6, 16), 240);
   req.set_num_samples(16);
   req.set_temperature(1.0f);
   grpc::ClientContext ctx;

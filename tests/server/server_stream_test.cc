@@ -23,7 +23,9 @@ class ServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     // 8 MiB of KV: 8192 tokens of the tiny model (1 KiB per token), room for every test.
-    const absl::Status s = suite_.Start({"--kv-cache-bytes=8388608"});
+    // 2 ms before each engine step: LongRequest below lasts at least 240 steps x 2 ms,
+    // however fast the machine; short requests barely notice.
+    const absl::Status s = suite_.Start({"--kv-cache-bytes=8388608", "--testing-step-delay=2ms"});
     ASSERT_TRUE(s.ok()) << s;
   }
   static void TearDownTestSuite() { suite_.Stop(); }
@@ -253,8 +255,8 @@ TEST_F(ServerTest, CacheHitsAcrossRequestsButNotAcrossSalts) {
   EXPECT_EQ(stats.blocks_total(), stats.blocks_free() + stats.blocks_cached());
 }
 
-// Slow enough that the call is still running when it is cut off: 16 x 240 tokens, about
-// half a second on this machine (most of it the 50k-entry vocabulary, once per token).
+// Still running when it is cut off: 240 decode steps of 16 samples, each step after the
+// server's 2 ms testing delay (>= 0.48 s; ~0.8 s without the delay on the build machine).
 v1::GenerateRequest LongRequest() {
   v1::GenerateRequest req = IdsRequest(RandomIds(5, 16), 240);
   req.set_num_samples(16);
