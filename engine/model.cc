@@ -71,7 +71,7 @@ class MappedFile {
   size_t size_ = 0;
 };
 
-absl::StatusOr<std::string> ReadConfigFile(const std::string& path) {
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::InvalidArgumentError(absl::StrCat(path, ": cannot open"));
   std::ostringstream s;
@@ -141,7 +141,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
   if (m.name_.empty()) m.name_ = fs::path(dir).lexically_normal().parent_path().filename().string();
 
   const std::string config_path = absl::StrCat(dir, "/config.json");
-  absl::StatusOr<std::string> config_text = ReadConfigFile(config_path);
+  absl::StatusOr<std::string> config_text = ReadWholeFile(config_path);
   if (!config_text.ok()) return config_text.status();
   absl::StatusOr<ModelConfig> config = ParseModelConfigJson(*config_text, config_path);
   if (!config.ok()) return config.status();
@@ -212,8 +212,15 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
     }
   }
 
+  // Read once: the manifest below hashes the very bytes the tokenizer was built from.
+  const std::string vocab_path = absl::StrCat(dir, "/vocab.json");
+  const std::string merges_path = absl::StrCat(dir, "/merges.txt");
+  absl::StatusOr<std::string> vocab_text = ReadWholeFile(vocab_path);
+  if (!vocab_text.ok()) return vocab_text.status();
+  absl::StatusOr<std::string> merges_text = ReadWholeFile(merges_path);
+  if (!merges_text.ok()) return merges_text.status();
   absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
-      Tokenizer::Load(absl::StrCat(dir, "/vocab.json"), absl::StrCat(dir, "/merges.txt"));
+      Tokenizer::FromText(*vocab_text, *merges_text, vocab_path, merges_path);
   if (!tokenizer.ok()) return tokenizer.status();
   m.tokenizer_ = *std::move(tokenizer);
   if (m.tokenizer_->vocab_size() > static_cast<size_t>(m.config_.vocab_size)) {
@@ -222,16 +229,14 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
                      " tokens but config.json's vocab_size is ", m.config_.vocab_size));
   }
 
-  // The weights are hashed from the mapping that is used, not re-read from disk.
+  // Every file is hashed from the bytes that were used (the weights from their mapping), not
+  // re-read from disk, so the manifest describes what this process serves.
   std::array<Digest, 4> digests;
   digests[0] = Sha256Of(*config_text);
   digests[1] =
       Sha256Of(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
-  for (int i : {2, 3}) {
-    absl::StatusOr<Digest> d = FileSha256(absl::StrCat(dir, "/", ToAbsl(kManifestFiles[i])));
-    if (!d.ok()) return d.status();
-    digests[i] = *d;
-  }
+  digests[2] = Sha256Of(*vocab_text);
+  digests[3] = Sha256Of(*merges_text);
   m.manifest_sha256_ = ManifestSha256(digests);
   m.mapping_ = *std::move(mapped);
   return model;

@@ -147,7 +147,9 @@ struct Scratch {
 
 class Gpt2Tokenizer final : public Tokenizer {
  public:
-  static absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> Create(const std::string& vocab_path,
+  static absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> Create(std::string_view vocab_text,
+                                                               std::string_view merges_text,
+                                                               const std::string& vocab_path,
                                                                const std::string& merges_path);
 
   std::vector<uint32_t> Encode(std::string_view text) const override {
@@ -243,13 +245,12 @@ class Gpt2Tokenizer final : public Tokenizer {
 };
 
 absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> Gpt2Tokenizer::Create(
-    const std::string& vocab_path, const std::string& merges_path) {
+    std::string_view vocab_text, std::string_view merges_text, const std::string& vocab_path,
+    const std::string& merges_path) {
   auto tok = std::make_unique<Gpt2Tokenizer>();
 
   // vocab.json: {"token in byte alphabet": id, ...}, ids dense from 0.
-  absl::StatusOr<std::string> vocab_text = ReadFile(vocab_path);
-  if (!vocab_text.ok()) return vocab_text.status();
-  const nlohmann::json vocab = nlohmann::json::parse(*vocab_text, nullptr, false);
+  const nlohmann::json vocab = nlohmann::json::parse(vocab_text, nullptr, false);
   if (vocab.is_discarded())
     return absl::InvalidArgumentError(absl::StrCat(vocab_path, ": not valid JSON"));
   if (!vocab.is_object() || vocab.empty()) {
@@ -303,12 +304,10 @@ absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> Gpt2Tokenizer::Create(
   }
 
   // merges.txt: an optional "#version" line, then "left right" per line, best first.
-  absl::StatusOr<std::string> merges_text = ReadFile(merges_path);
-  if (!merges_text.ok()) return merges_text.status();
   uint32_t rank = 0;
   int line_no = 0;
   std::string left_raw, right_raw;
-  const std::string_view all(*merges_text);
+  const std::string_view all = merges_text;
   for (size_t start = 0; start < all.size();) {
     size_t end = all.find('\n', start);
     if (end == std::string_view::npos) end = all.size();
@@ -347,8 +346,19 @@ absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> Gpt2Tokenizer::Create(
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& vocab_json_path,
                                                            const std::string& merges_txt_path) {
+  absl::StatusOr<std::string> vocab = ReadFile(vocab_json_path);
+  if (!vocab.ok()) return vocab.status();
+  absl::StatusOr<std::string> merges = ReadFile(merges_txt_path);
+  if (!merges.ok()) return merges.status();
+  return FromText(*vocab, *merges, vocab_json_path, merges_txt_path);
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromText(std::string_view vocab_json,
+                                                               std::string_view merges_txt,
+                                                               const std::string& vocab_json_path,
+                                                               const std::string& merges_txt_path) {
   absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> tok =
-      Gpt2Tokenizer::Create(vocab_json_path, merges_txt_path);
+      Gpt2Tokenizer::Create(vocab_json, merges_txt, vocab_json_path, merges_txt_path);
   if (!tok.ok()) return tok.status();
   return std::unique_ptr<Tokenizer>(std::move(*tok));
 }

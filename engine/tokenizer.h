@@ -17,6 +17,11 @@ class Tokenizer {
  public:
   static absl::StatusOr<std::unique_ptr<Tokenizer>> Load(const std::string& vocab_json_path,
                                                          const std::string& merges_txt_path);
+  // The same from the files' contents; the paths only name them in error messages.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromText(std::string_view vocab_json,
+                                                             std::string_view merges_txt,
+                                                             const std::string& vocab_json_path,
+                                                             const std::string& merges_txt_path);
   virtual ~Tokenizer() = default;
 
   // Any bytes, including invalid UTF-8. "<|endoftext|>" in the text is ordinary text.
