@@ -56,6 +56,7 @@ class Backend {
   virtual int64_t num_blocks() const = 0;
   virtual int32_t block_size() const = 0;
   virtual int64_t kv_bytes_per_token() const = 0;  // cache/kv_layout.h's formula
+  // Safe to call from any thread, also while Forward runs (the metrics endpoint does).
   virtual MemoryUsage memory_usage() const = 0;
 
   // Executes the copies in order; later Forward() calls see their result. A copy names two

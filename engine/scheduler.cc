@@ -269,7 +269,7 @@ void Scheduler::SampleAndEmit(Sequence* seq, absl::Span<const float> logits, abs
                          std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), id) !=
                              req.stop_token_ids.end();
     if (is_stop) {
-      FinishSequence(s, FinishReason::kStop, now);
+      FinishSequence(s, FinishReason::kStop);
       continue;
     }
     RequestEvent event;
@@ -285,9 +285,12 @@ void Scheduler::SampleAndEmit(Sequence* seq, absl::Span<const float> logits, abs
       r->has_first_token = true;
       ttft_.push_back(absl::ToDoubleSeconds(now - r->submit_time));
     }
-    if (s->generated == 1) s->first_token_time = now;
+    // Time per output token: one observation per token after the sample's first, the time
+    // since that sample's previous token (also for samples that end early).
+    if (s->generated >= 2) tpot_.push_back(absl::ToDoubleSeconds(now - s->last_token_time));
+    s->last_token_time = now;
     if (s->generated == req.max_new_tokens) {
-      FinishSequence(s, FinishReason::kLength, now);
+      FinishSequence(s, FinishReason::kLength);
       continue;
     }
     cache_->AppendTokens(s->cache_seq, {id});
@@ -296,11 +299,8 @@ void Scheduler::SampleAndEmit(Sequence* seq, absl::Span<const float> logits, abs
   }
 }
 
-void Scheduler::FinishSequence(Sequence* seq, FinishReason reason, absl::Time now) {
+void Scheduler::FinishSequence(Sequence* seq, FinishReason reason) {
   RequestState* r = seq->request;
-  if (seq->generated >= 2) {
-    tpot_.push_back(absl::ToDoubleSeconds(now - seq->first_token_time) / (seq->generated - 1));
-  }
   ReleaseSequence(seq);
   RequestEvent event;
   event.kind = RequestEvent::Kind::kSampleFinished;

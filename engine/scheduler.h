@@ -99,7 +99,7 @@ class Scheduler {
   // Samples the token at the end of `seq` from `logits`, emits it, and finishes the
   // sequence on a stop condition.
   void SampleAndEmit(Sequence* seq, absl::Span<const float> logits, absl::Time now);
-  void FinishSequence(Sequence* seq, FinishReason reason, absl::Time now);
+  void FinishSequence(Sequence* seq, FinishReason reason);
   void EndRequest(RequestState* request, const absl::Status& status);
   void ReleaseSequence(Sequence* seq);
   void Prune();  // drops finished sequences from the queues

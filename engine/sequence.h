@@ -39,7 +39,9 @@ struct Sequence {
   int64_t admit_order = -1;
   // The next forwarded token is the sampled one (a decode), not prompt or recomputed text.
   bool decoding = false;
-  absl::Time first_token_time;
+  // When this sample's latest token was emitted: the next one's time per output token is
+  // measured from here (a preemption in between counts, as the client waited through it).
+  absl::Time last_token_time;
 };
 
 struct RequestState {

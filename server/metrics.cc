@@ -75,8 +75,9 @@ ServerMetrics::ServerMetrics(MetricsSources sources)
                      .Help("KV blocks copied on write (partial prefix matches, sample forks)")
                      .Register(r)
                      .Add({});
-  // = sum over admissions (re-admissions after preemption included) of
-  //   prompt tokens - tokens taken from the cache: tokens the backend computed in prefill.
+  // = sum over admissions (re-admissions after preemption included) of the sequence's tokens
+  //   (the prompt, plus on a re-admission the tokens it had generated) - tokens taken from
+  //   the cache: tokens the backend computed in prefill.
   prefill_tokens_ = &BuildCounter()
                          .Name("prefixd_prefill_tokens_total")
                          .Help("Prompt tokens computed in prefill (not served from the cache)")

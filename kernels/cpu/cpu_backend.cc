@@ -1,6 +1,7 @@
 #include "kernels/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -51,6 +52,7 @@ class CpuBackend final : public Backend {
  private:
   absl::Status Validate(absl::Span<const SequenceStep> steps) const;
   float* Workspace(std::vector<float>& buffer, int64_t n);
+  std::atomic<int64_t> workspace_bytes_{0};  // of the vectors below, kept by Forward
   void RunLayer(int32_t layer, int64_t rows);
 
   ModelConfig config_;
@@ -128,7 +130,7 @@ MemoryUsage CpuBackend::memory_usage() const {
   }
   u.weights_bytes = w;
   u.kv_pool_bytes = num_blocks_ * geometry_.block_stride() * 4;
-  u.workspace_bytes = vec(x_) + vec(h_) + vec(qkv_) + vec(att_) + vec(fc_) + vec(tmp_);
+  u.workspace_bytes = workspace_bytes_.load(std::memory_order_relaxed);
   return u;
 }
 
@@ -264,6 +266,12 @@ absl::Status CpuBackend::Forward(absl::Span<const SequenceStep> steps, std::vect
   Workspace(att_, rows * e);
   Workspace(fc_, rows * 4 * e);
   Workspace(tmp_, rows * e);
+  // For memory_usage(), which a metrics scrape calls on its own thread: the vectors' sizes
+  // themselves are this thread's alone.
+  auto bytes = [](const std::vector<float>& v) { return static_cast<int64_t>(v.size() * 4); };
+  workspace_bytes_.store(bytes(x_) + bytes(h_) + bytes(qkv_) + bytes(att_) + bytes(fc_) +
+                             bytes(tmp_),
+                         std::memory_order_relaxed);
 
   std::vector<int64_t> logit_rows;
   chunks_.clear();
