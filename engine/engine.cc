@@ -228,6 +228,11 @@ class EngineImpl final : public Engine {
     stats_.generated_tokens = k.generated_tokens;
     stats_.preemptions = k.preemptions;
     scheduler_.DrainLatencies(&latencies_.ttft, &latencies_.tpot);
+    for (std::vector<double>* v : {&latencies_.ttft, &latencies_.tpot}) {
+      if (v->size() > kMaxPendingLatencies) {
+        v->erase(v->begin(), v->end() - kMaxPendingLatencies / 2);  // keep the latest half
+      }
+    }
   }
 
   const EngineOptions options_;

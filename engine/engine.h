@@ -142,6 +142,11 @@ class Engine {
     std::vector<double> ttft;
     std::vector<double> tpot;
   };
+  // Observations waiting for DrainLatencies are bounded: with nobody draining (no metrics
+  // scrape) a long-running server would otherwise grow by 8 bytes per token. Past this many
+  // of a kind, the oldest are dropped down to half as many (a scraper that comes back late
+  // sees the latest).
+  static constexpr size_t kMaxPendingLatencies = size_t{1} << 20;
   virtual Latencies DrainLatencies() = 0;
 };
 
