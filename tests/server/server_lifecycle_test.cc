@@ -17,6 +17,16 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// 16 samples x 240 tokens: on a server started with --testing-step-delay=5ms, at least
+// 1.2 s in flight, so a test can signal the server while it runs.
+v1::GenerateRequest LongSampledRequest(uint32_t seed) {
+  v1::GenerateRequest req = IdsRequest(RandomIds(seed, 16), 240);
+  req.set_num_samples(16);
+  req.set_temperature(1.0f);
+  req.set_ignore_eos(true);
+  return req;
+}
+
 class LifecycleTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -186,15 +196,11 @@ TEST_F(LifecycleTest, SigtermDrainsTheRequestInFlightAndExitsZero) {
 TEST_F(LifecycleTest, ASecondSignalEndsALongGraceAtOnce) {
   absl::StatusOr<std::unique_ptr<ServerProcess>> server =
       ServerProcess::Start(model_, {"--kv-cache-bytes=8388608", "--shutdown-grace=600s",
-                                    "--testing-step-delay=5ms"});  // >= 1.2 s in flight
+                                    "--testing-step-delay=5ms"});
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = v1::Inference::NewStub(InsecureChannel((*server)->address()));
-  v1::GenerateRequest req = IdsRequest(RandomIds(7, 16), 240);
-  req.set_num_samples(16);
-  req.set_temperature(1.0f);
-  req.set_ignore_eos(true);
   grpc::ClientContext ctx;
-  auto reader = stub->Generate(&ctx, req);
+  auto reader = stub->Generate(&ctx, LongSampledRequest(7));
   v1::GenerateResponse msg;
   ASSERT_TRUE(reader->Read(&msg));
   (*server)->process().Signal(SIGTERM);
@@ -216,14 +222,11 @@ TEST_F(LifecycleTest, ASecondSignalEndsALongGraceAtOnce) {
 TEST_F(LifecycleTest, ShortGraceEndsTheRestWithUnavailable) {
   absl::StatusOr<std::unique_ptr<ServerProcess>> server =
       ServerProcess::Start(model_, {"--kv-cache-bytes=8388608", "--shutdown-grace=0s",
-                                    "--testing-step-delay=5ms"});  // >= 1.2 s in flight
+                                    "--testing-step-delay=5ms"});
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = v1::Inference::NewStub(InsecureChannel((*server)->address()));
-  v1::GenerateRequest req = IdsRequest(RandomIds(6, 16), 240);
-  req.set_num_samples(16);
-  req.set_temperature(1.0f);
   grpc::ClientContext ctx;
-  auto reader = stub->Generate(&ctx, req);
+  auto reader = stub->Generate(&ctx, LongSampledRequest(6));
   v1::GenerateResponse msg;
   ASSERT_TRUE(reader->Read(&msg));
   (*server)->process().Signal(SIGINT);
