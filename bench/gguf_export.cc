@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "engine/model.h"
+#include "engine/read_file.h"
 #include "engine/tokenizer.h"  // Model holds a unique_ptr<Tokenizer>
 #include "nlohmann/json.hpp"
 
@@ -103,14 +104,6 @@ std::vector<float> Transpose(const std::vector<float>& a, int64_t rows, int64_t 
   return t;
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 // The tokenizer as GGUF stores it for tokenizer.ggml.model "gpt2": the byte-level BPE token
 // strings of vocab.json in id order (e.g. "Ġthe", not raw bytes) and merges.txt's lines.
 struct Vocab {
@@ -121,7 +114,7 @@ struct Vocab {
 
 absl::StatusOr<Vocab> ReadVocab(const Model& model) {
   const ModelConfig& c = model.config();
-  auto vocab_text = ReadFile(model.dir() + "/vocab.json");
+  auto vocab_text = ReadWholeFile(model.dir() + "/vocab.json");
   if (!vocab_text.ok()) return vocab_text.status();
   const nlohmann::json vocab =
       nlohmann::json::parse(*vocab_text, nullptr, /*allow_exceptions=*/false);
@@ -144,7 +137,7 @@ absl::StatusOr<Vocab> ReadVocab(const Model& model) {
   if (c.eos_token_id < v.types.size()) v.types[c.eos_token_id] = kTokenControl;
   if (c.bos_token_id < v.types.size()) v.types[c.bos_token_id] = kTokenControl;
 
-  auto merges_text = ReadFile(model.dir() + "/merges.txt");
+  auto merges_text = ReadWholeFile(model.dir() + "/merges.txt");
   if (!merges_text.ok()) return merges_text.status();
   std::istringstream lines(*merges_text);
   for (std::string line; std::getline(lines, line);) {

@@ -227,26 +227,24 @@ absl::StatusOr<AdmissionPlan> KvCache::Impl::PlanAdmission(const AdmissionReques
     return (capacity + bs_ - 1) / bs_;
   };
   int64_t capacity_blocks = capacity_blocks_for(plan.num_cached);
-  if (in->partial_src >= 0) {
-    // A cached copy source that only this admission would hold takes one more block.
-    const int64_t source = blocks_[in->partial_src].ref == 0 ? 1 : 0;
-    if (capacity_blocks > num_blocks_ ||
-        capacity_blocks - shared_blocks > available - source) {
-      // It does not fit with the partial copy: compute those rows instead. Otherwise a
-      // request that needs the whole pool would wait forever behind its own copy source.
-      plan.num_cached -= in->partial_rows;
-      in->partial_rows = 0;
-      in->partial_src = -1;
-      capacity_blocks = capacity_blocks_for(plan.num_cached);
-    }
+  // A cached copy source that only this admission would hold takes one more block.
+  int64_t source_cost = in->partial_src >= 0 && blocks_[in->partial_src].ref == 0 ? 1 : 0;
+  if (in->partial_src >= 0 && (capacity_blocks > num_blocks_ ||
+                               capacity_blocks - shared_blocks > available - source_cost)) {
+    // It does not fit with the partial copy: compute those rows instead. Otherwise a request
+    // that needs the whole pool would wait forever behind its own copy source.
+    plan.num_cached -= in->partial_rows;
+    in->partial_rows = 0;
+    in->partial_src = -1;
+    source_cost = 0;
+    capacity_blocks = capacity_blocks_for(plan.num_cached);
   }
   if (capacity_blocks > num_blocks_) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "request needs %d KV blocks of %d tokens but the pool has only %d; it can never fit",
         capacity_blocks, bs_, num_blocks_));
   }
-  const int64_t usable =
-      available - (in->partial_src >= 0 && blocks_[in->partial_src].ref == 0 ? 1 : 0);
+  const int64_t usable = available - source_cost;
   plan.pending_match_tokens =
       static_cast<int32_t>(std::max<int64_t>(0, pending_upto - plan.num_cached));
   in->capacity_blocks = static_cast<int32_t>(capacity_blocks);

@@ -8,8 +8,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -19,6 +17,7 @@
 #include "cache/check.h"
 #include "cache/sha256.h"
 #include "engine/manifest.h"
+#include "engine/read_file.h"
 #include "engine/safetensors.h"
 #include "engine/tokenizer.h"
 
@@ -70,15 +69,6 @@ class MappedFile {
   const std::byte* data_ = nullptr;
   size_t size_ = 0;
 };
-
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat(path, ": cannot open"));
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) return absl::InvalidArgumentError(absl::StrCat(path, ": read error"));
-  return std::move(s).str();
-}
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");

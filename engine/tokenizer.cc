@@ -6,12 +6,10 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <fstream>
 #include <limits>
 #include <memory>
 #include <mutex>
 #include <queue>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -23,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "engine/internal/bpe_pretokenizer.h"
+#include "engine/read_file.h"
 #include "nlohmann/json.hpp"
 
 namespace prefixd {
@@ -65,15 +64,6 @@ bool AlphabetToBytes(std::string_view spelled, std::string* out) {
     out->push_back(static_cast<char>(kToByte[cp]));
   }
   return true;
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open file"));
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read error"));
-  return std::move(buf).str();
 }
 
 uint64_t PairKey(uint32_t left, uint32_t right) {
@@ -346,9 +336,9 @@ absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> Gpt2Tokenizer::Create(
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& vocab_json_path,
                                                            const std::string& merges_txt_path) {
-  absl::StatusOr<std::string> vocab = ReadFile(vocab_json_path);
+  absl::StatusOr<std::string> vocab = ReadWholeFile(vocab_json_path);
   if (!vocab.ok()) return vocab.status();
-  absl::StatusOr<std::string> merges = ReadFile(merges_txt_path);
+  absl::StatusOr<std::string> merges = ReadWholeFile(merges_txt_path);
   if (!merges.ok()) return merges.status();
   return FromText(*vocab, *merges, vocab_json_path, merges_txt_path);
 }

@@ -10,9 +10,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -30,6 +28,7 @@
 #include "absl/time/time.h"
 #include "engine/engine.h"
 #include "engine/model.h"
+#include "engine/read_file.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -76,14 +75,6 @@ void Log(const std::string& line) {
 int Fail(const std::string& line) {
   Log(absl::StrCat("error: ", line));
   return 1;
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 // CivetWeb (under prometheus-cpp's Exposer) cannot bind port 0, so for "host:0" ask the OS
@@ -345,8 +336,8 @@ int Run(SignalWatcher& signals) {
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   const bool tls = !absl::GetFlag(FLAGS_tls_cert).empty();
   if (tls) {
-    absl::StatusOr<std::string> cert = ReadFile(absl::GetFlag(FLAGS_tls_cert));
-    absl::StatusOr<std::string> key = ReadFile(absl::GetFlag(FLAGS_tls_key));
+    absl::StatusOr<std::string> cert = ReadWholeFile(absl::GetFlag(FLAGS_tls_cert));
+    absl::StatusOr<std::string> key = ReadWholeFile(absl::GetFlag(FLAGS_tls_key));
     if (!cert.ok()) return Fail(std::string(cert.status().message()));
     if (!key.ok()) return Fail(std::string(key.status().message()));
     grpc::SslServerCredentialsOptions ssl;
