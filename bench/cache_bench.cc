@@ -8,7 +8,7 @@
 
 #include "benchmark/benchmark.h"
 #include "cache/block_key.h"
-#include "cache/check.h"
+#include "base/check.h"
 #include "cache/kv_cache.h"
 #include "cache/kv_layout.h"
 

@@ -151,7 +151,7 @@ RunResult RunWorkload(const Model& model, const Flags& f, bool prefix_cache) {
   }
   for (auto& t : clients) t.join();
   result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  result.prefill_tokens = (*engine)->Stats().prefill_tokens;
+  result.prefill_tokens = (*engine)->Stats().scheduler.prefill_tokens;
   (*engine)->Shutdown(absl::ZeroDuration());
   return result;
 }

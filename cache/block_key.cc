@@ -5,7 +5,7 @@
 #include <cstring>
 #include <vector>
 
-#include "cache/check.h"
+#include "base/check.h"
 
 namespace prefixd {
 

@@ -7,7 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "cache/block_key.h"
-#include "cache/check.h"
+#include "base/check.h"
 #include "cache/internal/kv_cache_impl.h"
 
 namespace prefixd {

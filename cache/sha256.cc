@@ -2,7 +2,7 @@
 
 #include <openssl/evp.h>
 
-#include "cache/check.h"
+#include "base/check.h"
 
 namespace prefixd {
 

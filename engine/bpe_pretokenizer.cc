@@ -4,7 +4,7 @@
 #include <string>
 #include <string_view>
 
-#include "cache/check.h"
+#include "base/check.h"
 #include "re2/re2.h"
 
 namespace prefixd::internal {

@@ -16,7 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "cache/block_key.h"
-#include "cache/check.h"
+#include "base/check.h"
 #include "cache/kv_cache.h"
 #include "engine/engine_testing.h"
 #include "engine/request_stream.h"
@@ -94,15 +94,17 @@ class EngineImpl final : public Engine {
     return std::shared_ptr<RequestStream>(std::move(stream));
   }
 
-  void Shutdown(absl::Duration grace) override {
-    {
-      absl::MutexLock lock(&shared_->mu);
-      const absl::Time deadline = absl::Now() + grace;
-      if (!shared_->draining || deadline < shared_->drain_deadline) {
-        shared_->drain_deadline = deadline;
-      }
-      shared_->draining = true;
+  void BeginShutdown(absl::Duration grace) override {
+    absl::MutexLock lock(&shared_->mu);
+    const absl::Time deadline = absl::Now() + grace;
+    if (!shared_->draining || deadline < shared_->drain_deadline) {
+      shared_->drain_deadline = deadline;
     }
+    shared_->draining = true;
+  }
+
+  void Shutdown(absl::Duration grace) override {
+    BeginShutdown(grace);
     absl::MutexLock lock(&join_mu_);
     if (thread_.joinable()) thread_.join();
   }
@@ -177,9 +179,6 @@ class EngineImpl final : public Engine {
         scheduler_.FlushEvents();
         break;
       }
-      if (options_.testing_step_delay > absl::ZeroDuration()) {
-        absl::SleepFor(options_.testing_step_delay);
-      }
       stalled = !scheduler_.Step();
       const bool newly_fatal = !scheduler_.fatal_error().ok() && !fatal_reported_;
       if (!scheduler_.fatal_error().ok()) {
@@ -208,25 +207,10 @@ class EngineImpl final : public Engine {
   }
 
   void PublishStats() {
-    const KvCacheStats c = cache_->Stats();
-    const SchedulerCounters& k = scheduler_.counters();
-    shared_->scheduler_waiting.store(static_cast<int64_t>(k.waiting_requests));
+    EngineStats now{.cache = cache_->Stats(), .scheduler = scheduler_.counters()};
+    shared_->scheduler_waiting.store(static_cast<int64_t>(now.scheduler.waiting_requests));
     absl::MutexLock lock(&stats_mu_);
-    stats_.queried_tokens = c.queried_tokens;
-    stats_.hit_tokens = c.hit_tokens;
-    stats_.blocks_total = c.blocks_total;
-    stats_.blocks_free = c.blocks_free;
-    stats_.blocks_active = c.blocks_active;
-    stats_.blocks_cached = c.blocks_cached;
-    stats_.evictions = c.evictions;
-    stats_.cow_copies = c.cow_copies;
-    stats_.pool_bytes = c.pool_bytes;
-    stats_.bytes_per_token = c.bytes_per_token;
-    stats_.waiting_requests = k.waiting_requests;
-    stats_.running_requests = k.running_requests;
-    stats_.prefill_tokens = k.prefill_tokens;
-    stats_.generated_tokens = k.generated_tokens;
-    stats_.preemptions = k.preemptions;
+    stats_ = now;
     scheduler_.DrainLatencies(&latencies_.ttft, &latencies_.tpot);
     for (std::vector<double>* v : {&latencies_.ttft, &latencies_.tpot}) {
       if (v->size() > kMaxPendingLatencies) {

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "cache/kv_cache.h"
 #include "engine/backend.h"
 #include "engine/model_config.h"
 
@@ -97,27 +98,24 @@ struct EngineOptions {
   // and Submit refuses new ones with UNAVAILABLE: the process should stop so that an
   // orchestrator restarts it.
   std::function<void(const absl::Status&)> on_fatal_error;
-  // For tests of the whole server only: a pause before each step that has work, so that a
-  // test can count on a long request still running when it cancels it, signals the server
-  // or lets a deadline pass, however fast the machine. Zero in production.
-  absl::Duration testing_step_delay = absl::ZeroDuration();
 };
 
-struct EngineStats {
-  // Cache (tokens and blocks).
-  uint64_t queried_tokens = 0;  // prompt tokens of first admissions
-  uint64_t hit_tokens = 0;      // their cached_prompt_tokens
-  uint64_t blocks_total = 0, blocks_free = 0, blocks_active = 0, blocks_cached = 0;
-  uint64_t evictions = 0;
-  uint64_t cow_copies = 0;
-  uint64_t pool_bytes = 0;
-  uint64_t bytes_per_token = 0;
-  // Engine.
-  uint64_t waiting_requests = 0;
-  uint64_t running_requests = 0;
-  uint64_t prefill_tokens = 0;    // computed, not served from the cache
-  uint64_t generated_tokens = 0;
+// The scheduler's own counters (engine/scheduler.h keeps them).
+struct SchedulerCounters {
+  uint64_t prefill_tokens = 0;    // forwarded tokens that were not decodes of sampled tokens
+  uint64_t generated_tokens = 0;  // emitted tokens (stop/EOS not counted)
   uint64_t preemptions = 0;
+  uint64_t steps = 0;
+  uint64_t waiting_requests = 0;  // not running (never admitted, or all preempted)
+  uint64_t running_requests = 0;  // at least one sequence running
+};
+
+// One snapshot, published by the engine thread after each step. Each part is its owner's
+// struct, copied whole: a field added there reaches the metrics and GetCacheStats without a
+// copy here that could forget it.
+struct EngineStats {
+  KvCacheStats cache;
+  SchedulerCounters scheduler;
 };
 
 class Engine {
@@ -131,7 +129,9 @@ class Engine {
   virtual absl::StatusOr<std::shared_ptr<RequestStream>> Submit(EngineRequest request) = 0;
 
   // Refuses new requests; queued and running ones go on until `grace` ends, the rest end
-  // with UNAVAILABLE. Returns when the engine thread has stopped.
+  // with UNAVAILABLE. Does not wait: a later call may shorten the grace (never lengthen it).
+  virtual void BeginShutdown(absl::Duration grace) = 0;
+  // BeginShutdown(grace), then returns when the engine thread has stopped.
   virtual void Shutdown(absl::Duration grace) = 0;
 
   virtual EngineStats Stats() const = 0;

@@ -14,7 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "cache/check.h"
+#include "base/check.h"
 #include "cache/sha256.h"
 #include "engine/manifest.h"
 #include "engine/read_file.h"

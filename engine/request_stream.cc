@@ -2,7 +2,7 @@
 
 #include <utility>
 
-#include "cache/check.h"
+#include "base/check.h"
 
 namespace prefixd {
 

@@ -1,5 +1,8 @@
-// The engine's own guard on a request: what the engine knows (model, pool, limits). The
-// server validates too; this keeps a request that could never run out of the queue.
+// The rules a request must meet, in one place with one set of messages: the engine applies
+// them on Submit, so every front end refuses the same requests with the same words. Each
+// refusal is INVALID_ARGUMENT with a message naming the field (by its gRPC name) and saying
+// what to change; being a function that returns a Status, no caller can report an error
+// and carry on.
 #ifndef PREFIXD_ENGINE_REQUEST_VALIDATION_H_
 #define PREFIXD_ENGINE_REQUEST_VALIDATION_H_
 

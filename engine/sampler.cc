@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "cache/check.h"
+#include "base/check.h"
 
 namespace prefixd {
 namespace {

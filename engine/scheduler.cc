@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "cache/check.h"
+#include "base/check.h"
 #include "engine/sampler.h"
 
 namespace prefixd {

@@ -45,15 +45,6 @@ struct SchedulerOptions {
   std::function<absl::Time()> clock;  // required
 };
 
-struct SchedulerCounters {
-  uint64_t prefill_tokens = 0;    // forwarded tokens that were not decodes of sampled tokens
-  uint64_t generated_tokens = 0;  // emitted tokens (stop/EOS not counted)
-  uint64_t preemptions = 0;
-  uint64_t steps = 0;
-  uint64_t waiting_requests = 0;  // not running (never admitted, or all preempted)
-  uint64_t running_requests = 0;  // at least one sequence running
-};
-
 class Scheduler {
  public:
   explicit Scheduler(const SchedulerOptions& options);

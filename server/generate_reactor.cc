@@ -1,13 +1,10 @@
 #include "server/generate_reactor.h"
 
-#include <random>
 #include <utility>
 
-#include "cache/check.h"
-#include "server/cache_namespace.h"
+#include "base/check.h"
 #include "server/grpc_status.h"
 #include "server/inference_service.h"
-#include "server/validation.h"
 
 namespace prefixd {
 namespace {
@@ -22,11 +19,6 @@ v1::FinishReason ToProto(FinishReason r) {
       break;
   }
   return v1::FINISH_REASON_UNSPECIFIED;
-}
-
-uint64_t RandomSeed() {
-  std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
 }
 
 }  // namespace
@@ -47,62 +39,31 @@ GenerateReactor::GenerateReactor(InferenceService* service, const v1::GenerateRe
 }
 
 void GenerateReactor::FinishCall(const grpc::Status& status) {
-  if (service_->options().metrics != nullptr) {
-    service_->options().metrics->RecordRequest(status.error_code());
-  }
+  service_->path().FinishGenerate(static_cast<absl::StatusCode>(status.error_code()));
   Finish(status);  // `this` may be deleted from here on
 }
 
 void GenerateReactor::Begin(grpc::CallbackServerContext* context) {
-  const InferenceServiceOptions& opt = service_->options();
-  request_id_ = request_->request_id().empty() ? service_->NextRequestId() : request_->request_id();
   deadline_ = context->deadline();
-  absl::StatusOr<std::string> tenant = service_->Admit(context);
-  if (!tenant.ok()) {
+  GenerateCall call = ToGenerateCall(*request_);
+  call.authorization = AuthorizationOf(*context);
+  absl::StatusOr<StartedGenerate> started = service_->path().StartGenerate(call);
+  if (!started.ok()) {
     {
       absl::MutexLock l(&mu_);
       finished_ = true;
     }
-    return FinishCall(ToGrpcStatus(tenant.status()));
+    // Counted by the request path already: this call never started.
+    Finish(ToGrpcStatus(started.status()));
+    return;
   }
-  EngineRequest req;
-  if (request_->prompt_case() == v1::GenerateRequest::kText) {
-    req.prompt = opt.tokenizer->Encode(request_->text());
-  } else if (request_->prompt_case() == v1::GenerateRequest::kTokenIds) {
-    req.prompt.assign(request_->token_ids().ids().begin(), request_->token_ids().ids().end());
-  }
-  absl::Status valid = ValidateGenerateRequest(*request_, req.prompt, opt.limits);
-  if (!valid.ok()) {
-    {
-      absl::MutexLock l(&mu_);
-      finished_ = true;
-    }
-    return FinishCall(ToGrpcStatus(valid));
-  }
-  req.request_id = request_id_;
-  req.cache_namespace = DeriveCacheNamespace(*tenant, request_->cache_salt());
-  req.max_new_tokens = request_->max_new_tokens();
-  req.sampling.temperature = request_->temperature();
-  req.sampling.top_k = request_->top_k();
-  req.sampling.top_p = request_->has_top_p() ? request_->top_p() : 1.0f;
-  req.sampling.seed = request_->has_seed() ? request_->seed() : RandomSeed();
-  req.stop_token_ids.assign(request_->stop_token_ids().begin(), request_->stop_token_ids().end());
-  req.ignore_eos = request_->ignore_eos();
-  req.num_samples = request_->num_samples() == 0 ? 1 : request_->num_samples();
-  req.top_logprobs = request_->top_logprobs();
+  request_id_ = started->request_id;
+  top_logprobs_ = started->top_logprobs;
   {
     absl::MutexLock l(&mu_);
-    decoders_.resize(req.num_samples);
+    decoders_.resize(started->num_samples);
   }
-  absl::StatusOr<std::shared_ptr<RequestStream>> stream = opt.engine->Submit(std::move(req));
-  if (!stream.ok()) {
-    {
-      absl::MutexLock l(&mu_);
-      finished_ = true;
-    }
-    return FinishCall(ToGrpcStatus(stream.status()));
-  }
-  stream_ = *std::move(stream);
+  stream_ = std::move(started->stream);
   std::weak_ptr<Link> weak = link_;
   stream_->SetNotify([weak] {
     std::shared_ptr<Link> link = weak.lock();
@@ -135,7 +96,7 @@ bool GenerateReactor::BuildMessageLocked() {
   PREFIXD_CHECK(sample < decoders_.size());
   msg_.set_sample_index(sample);
   Utf8StreamDecoder& decoder = decoders_[sample];
-  const Tokenizer& tok = *service_->options().tokenizer;
+  const Tokenizer& tok = service_->path().tokenizer();
   std::string text;
   std::deque<RequestEvent> rest;
   bool sample_ended = false;
@@ -150,7 +111,7 @@ bool GenerateReactor::BuildMessageLocked() {
       msg_.add_token_ids(e.token.token_id);
       msg_.add_logprobs(e.token.logprob);
       text += decoder.Push(tok.TokenBytes(e.token.token_id));
-      if (request_->top_logprobs() > 0) {
+      if (top_logprobs_ > 0) {
         v1::TopLogprobs* top = msg_.add_top_logprobs();
         for (const TokenLogprob& t : e.top) {
           top->add_token_ids(t.token_id);

@@ -32,7 +32,7 @@ class InferenceService;
 
 class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
-  // Authenticates, validates and submits; on any refusal the call is finished at once.
+  // Hands the call to the request path; on any refusal the call is finished at once.
   static GenerateReactor* Start(InferenceService* service, grpc::CallbackServerContext* context,
                                 const v1::GenerateRequest* request);
 
@@ -60,6 +60,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   // reported, and counted in the metrics, as DEADLINE_EXCEEDED rather than CANCELLED.
   std::chrono::system_clock::time_point deadline_ = std::chrono::system_clock::time_point::max();
   std::string request_id_;
+  uint32_t top_logprobs_ = 0;
   std::shared_ptr<Link> link_;
   std::shared_ptr<RequestStream> stream_;  // set once in Begin, before any notify
 

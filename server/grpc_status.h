@@ -21,9 +21,6 @@ inline absl::Status ToAbslStatus(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
-// "OK", "INVALID_ARGUMENT", ...: the `code` label of prefixd_requests_total.
-std::string GrpcCodeName(grpc::StatusCode code);
-
 }  // namespace prefixd
 
 #endif  // PREFIXD_SERVER_GRPC_STATUS_H_

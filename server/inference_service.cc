@@ -1,19 +1,75 @@
 #include "server/inference_service.h"
 
-#include <optional>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "server/generate_reactor.h"
 #include "server/grpc_status.h"
 
 namespace prefixd {
 
-InferenceService::InferenceService(InferenceServiceOptions options)
-    : options_(std::move(options)) {}
+std::optional<std::string> AuthorizationOf(const grpc::CallbackServerContext& context) {
+  const auto& md = context.client_metadata();
+  if (auto it = md.find("authorization"); it != md.end()) {
+    return std::string(it->second.data(), it->second.size());
+  }
+  return std::nullopt;
+}
 
-std::string InferenceService::NextRequestId() {
-  return absl::StrCat("prefixd-", next_request_id_.fetch_add(1));
+GenerateCall ToGenerateCall(const v1::GenerateRequest& request) {
+  GenerateCall call;
+  call.request_id = request.request_id();
+  switch (request.prompt_case()) {
+    case v1::GenerateRequest::kText:
+      call.prompt_kind = GenerateCall::PromptKind::kText;
+      call.text = request.text();
+      break;
+    case v1::GenerateRequest::kTokenIds:
+      call.prompt_kind = GenerateCall::PromptKind::kTokenIds;
+      call.token_ids.assign(request.token_ids().ids().begin(), request.token_ids().ids().end());
+      break;
+    case v1::GenerateRequest::PROMPT_NOT_SET:
+      break;
+  }
+  call.cache_salt = request.cache_salt();
+  call.max_new_tokens = request.max_new_tokens();
+  call.temperature = request.temperature();
+  call.top_k = request.top_k();
+  if (request.has_top_p()) call.top_p = request.top_p();
+  if (request.has_seed()) call.seed = request.seed();
+  call.num_samples = request.num_samples();
+  call.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
+  call.ignore_eos = request.ignore_eos();
+  call.top_logprobs = request.top_logprobs();
+  return call;
+}
+
+void ToProto(const ServedModel& model, v1::ModelInfo* out) {
+  out->set_model_name(model.name);
+  out->set_manifest_sha256(model.manifest_sha256);
+  out->set_n_layer(model.config.n_layer);
+  out->set_n_head(model.config.n_head);
+  out->set_n_embd(model.config.n_embd);
+  out->set_vocab_size(model.config.vocab_size);
+  out->set_context_length(model.config.n_positions);
+  out->set_dtype(model.dtype);
+  out->set_device(model.device);
+  out->set_block_size(model.block_size);
+  out->set_kv_pool_blocks(model.kv_pool_blocks);
+  out->set_kv_bytes_per_token(model.kv_bytes_per_token);
+}
+
+void ToProto(const EngineStats& stats, v1::CacheStats* out) {
+  const KvCacheStats& c = stats.cache;
+  out->set_queried_tokens(c.queried_tokens);
+  out->set_hit_tokens(c.hit_tokens);
+  out->set_blocks_total(c.blocks_total);
+  out->set_blocks_free(c.blocks_free);
+  out->set_blocks_active(c.blocks_active);
+  out->set_blocks_cached(c.blocks_cached);
+  out->set_evictions(c.evictions);
+  out->set_cow_copies(c.cow_copies);
+  out->set_pool_bytes(c.pool_bytes);
+  out->set_cow_rows(c.cow_rows);
 }
 
 void InferenceService::GenerateStarted() {
@@ -26,20 +82,15 @@ void InferenceService::GenerateDone() {
   --live_generates_;
 }
 
+int64_t InferenceService::live_generates() const {
+  absl::MutexLock l(&calls_mu_);
+  return live_generates_;
+}
+
 bool InferenceService::WaitForNoGenerates(absl::Duration timeout) {
   absl::MutexLock l(&calls_mu_);
   auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu_) { return live_generates_ == 0; };
   return calls_mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
-}
-
-absl::StatusOr<std::string> InferenceService::Admit(grpc::CallbackServerContext* context) const {
-  if (draining_.load()) return absl::UnavailableError("prefixd is shutting down");
-  std::optional<std::string_view> authorization;
-  const auto& md = context->client_metadata();
-  if (auto it = md.find("authorization"); it != md.end()) {
-    authorization = std::string_view(it->second.data(), it->second.size());
-  }
-  return options_.auth->Authenticate(authorization);
 }
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::Generate(
@@ -51,13 +102,12 @@ grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext
                                                      const v1::TokenizeRequest* request,
                                                      v1::TokenizeResponse* response) {
   auto* reactor = context->DefaultReactor();
-  absl::StatusOr<std::string> tenant = Admit(context);
-  if (!tenant.ok()) {
-    reactor->Finish(ToGrpcStatus(tenant.status()));
-    return reactor;
+  absl::StatusOr<std::vector<uint32_t>> ids =
+      path_->Tokenize(AuthorizationOf(*context), request->text());
+  if (ids.ok()) {
+    for (uint32_t id : *ids) response->add_token_ids(id);
   }
-  for (uint32_t id : options_.tokenizer->Encode(request->text())) response->add_token_ids(id);
-  reactor->Finish(grpc::Status::OK);
+  reactor->Finish(ToGrpcStatus(ids.status()));
   return reactor;
 }
 
@@ -65,13 +115,9 @@ grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerCon
                                                          const v1::GetModelInfoRequest*,
                                                          v1::ModelInfo* response) {
   auto* reactor = context->DefaultReactor();
-  absl::StatusOr<std::string> tenant = Admit(context);
-  if (!tenant.ok()) {
-    reactor->Finish(ToGrpcStatus(tenant.status()));
-    return reactor;
-  }
-  *response = options_.model_info;
-  reactor->Finish(grpc::Status::OK);
+  absl::StatusOr<ServedModel> model = path_->ModelInfo(AuthorizationOf(*context));
+  if (model.ok()) ToProto(*model, response);
+  reactor->Finish(ToGrpcStatus(model.status()));
   return reactor;
 }
 
@@ -79,22 +125,9 @@ grpc::ServerUnaryReactor* InferenceService::GetCacheStats(grpc::CallbackServerCo
                                                           const v1::GetCacheStatsRequest*,
                                                           v1::CacheStats* response) {
   auto* reactor = context->DefaultReactor();
-  absl::StatusOr<std::string> tenant = Admit(context);
-  if (!tenant.ok()) {
-    reactor->Finish(ToGrpcStatus(tenant.status()));
-    return reactor;
-  }
-  const EngineStats s = options_.engine->Stats();
-  response->set_queried_tokens(s.queried_tokens);
-  response->set_hit_tokens(s.hit_tokens);
-  response->set_blocks_total(s.blocks_total);
-  response->set_blocks_free(s.blocks_free);
-  response->set_blocks_active(s.blocks_active);
-  response->set_blocks_cached(s.blocks_cached);
-  response->set_evictions(s.evictions);
-  response->set_cow_copies(s.cow_copies);
-  response->set_pool_bytes(s.pool_bytes);
-  reactor->Finish(grpc::Status::OK);
+  absl::StatusOr<EngineStats> stats = path_->CacheStats(AuthorizationOf(*context));
+  if (stats.ok()) ToProto(*stats, response);
+  reactor->Finish(ToGrpcStatus(stats.status()));
   return reactor;
 }
 

@@ -3,7 +3,6 @@
 #include <utility>
 
 #include "prometheus/text_serializer.h"
-#include "server/grpc_status.h"
 
 namespace prefixd {
 namespace {
@@ -19,27 +18,19 @@ const prometheus::Histogram::BucketBoundaries kTtftBuckets = {0.005, 0.01, 0.025
 const prometheus::Histogram::BucketBoundaries kTpotBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025,
                                                               0.05,  0.1,    0.25,  0.5,  1};
 
-void AddDelta(prometheus::Counter* c, uint64_t now, uint64_t before) {
-  if (now > before) c->Increment(static_cast<double>(now - before));
-}
-
 }  // namespace
 
 ServerMetrics::ServerMetrics(MetricsSources sources)
     : sources_(std::move(sources)), registry_(std::make_shared<prometheus::Registry>()) {
   auto& r = *registry_;
   // = sum of prompt lengths of requests at their first admission.
-  queried_tokens_ = &BuildCounter()
-                         .Name("prefixd_prefix_cache_queried_tokens_total")
-                         .Help("Prompt tokens of admitted requests, looked up in the prefix cache")
-                         .Register(r)
-                         .Add({});
+  AddStatsCounter("prefixd_prefix_cache_queried_tokens_total",
+                  "Prompt tokens of admitted requests, looked up in the prefix cache",
+                  [](const EngineStats& s) { return s.cache.queried_tokens; });
   // = sum of cached_prompt_tokens = min(matched prefix, prompt length - 1) at first admission.
-  hit_tokens_ = &BuildCounter()
-                     .Name("prefixd_prefix_cache_hit_tokens_total")
-                     .Help("Prompt tokens served from the prefix cache (cached_prompt_tokens)")
-                     .Register(r)
-                     .Add({});
+  AddStatsCounter("prefixd_prefix_cache_hit_tokens_total",
+                  "Prompt tokens served from the prefix cache (cached_prompt_tokens)",
+                  [](const EngineStats& s) { return s.cache.hit_tokens; });
   // free + active + cached = the pool's blocks.
   auto& blocks = BuildGauge()
                      .Name("prefixd_kv_blocks")
@@ -63,38 +54,32 @@ ServerMetrics::ServerMetrics(MetricsSources sources)
                           .Register(r)
                           .Add({});
   // = number of cached blocks taken back (their index entry dropped) to satisfy allocations.
-  evictions_ = &BuildCounter()
-                    .Name("prefixd_kv_evictions_total")
-                    .Help("Cached KV blocks evicted (least recently used first)")
-                    .Register(r)
-                    .Add({});
+  AddStatsCounter("prefixd_kv_evictions_total",
+                  "Cached KV blocks evicted (least recently used first)",
+                  [](const EngineStats& s) { return s.cache.evictions; });
   // = number of block copies made: partial-block prefix matches + first writes into a block
   //   shared by forked samples.
-  cow_copies_ = &BuildCounter()
-                     .Name("prefixd_kv_cow_copies_total")
-                     .Help("KV blocks copied on write (partial prefix matches, sample forks)")
-                     .Register(r)
-                     .Add({});
+  AddStatsCounter("prefixd_kv_cow_copies_total",
+                  "KV blocks copied on write (partial prefix matches, sample forks)",
+                  [](const EngineStats& s) { return s.cache.cow_copies; });
+  // = sum over those copies of the rows (token positions) each moved.
+  AddStatsCounter("prefixd_kv_cow_rows_total",
+                  "KV rows (token positions) moved by copy-on-write block copies",
+                  [](const EngineStats& s) { return s.cache.cow_rows; });
   // = sum over admissions (re-admissions after preemption included) of the sequence's tokens
   //   (the prompt, plus on a re-admission the tokens it had generated) - tokens taken from
   //   the cache: tokens the backend computed in prefill.
-  prefill_tokens_ = &BuildCounter()
-                         .Name("prefixd_prefill_tokens_total")
-                         .Help("Prompt tokens computed in prefill (not served from the cache)")
-                         .Register(r)
-                         .Add({});
+  AddStatsCounter("prefixd_prefill_tokens_total",
+                  "Prompt tokens computed in prefill (not served from the cache)",
+                  [](const EngineStats& s) { return s.scheduler.prefill_tokens; });
   // = sum of tokens sampled over all samples, stop/EOS tokens excluded.
-  generated_tokens_ = &BuildCounter()
-                           .Name("prefixd_generated_tokens_total")
-                           .Help("Tokens generated (completion tokens of all samples)")
-                           .Register(r)
-                           .Add({});
+  AddStatsCounter("prefixd_generated_tokens_total",
+                  "Tokens generated (completion tokens of all samples)",
+                  [](const EngineStats& s) { return s.scheduler.generated_tokens; });
   // = number of times a running sequence was preempted by recompute for lack of blocks.
-  preemptions_ = &BuildCounter()
-                      .Name("prefixd_preemptions_total")
-                      .Help("Sequences preempted (blocks released, recomputed later)")
-                      .Register(r)
-                      .Add({});
+  AddStatsCounter("prefixd_preemptions_total",
+                  "Sequences preempted (blocks released, recomputed later)",
+                  [](const EngineStats& s) { return s.scheduler.preemptions; });
   // = number of Generate calls finished, by gRPC status code.
   requests_ = &BuildCounter()
                    .Name("prefixd_requests_total")
@@ -131,37 +116,36 @@ ServerMetrics::ServerMetrics(MetricsSources sources)
   requests_->Add({{"code", "OK"}});
 }
 
-void ServerMetrics::RecordRequest(grpc::StatusCode code) {
-  requests_->Add({{"code", GrpcCodeName(code)}}).Increment();
+prometheus::Counter* ServerMetrics::AddStatsCounter(const std::string& name,
+                                                    const std::string& help,
+                                                    uint64_t (*read)(const EngineStats&)) {
+  prometheus::Counter* c = &BuildCounter().Name(name).Help(help).Register(*registry_).Add({});
+  absl::MutexLock lock(&mu_);
+  stats_counters_.push_back({c, read, 0});
+  return c;
+}
+
+void ServerMetrics::RecordRequest(absl::StatusCode code) {
+  requests_->Add({{"code", absl::StatusCodeToString(code)}}).Increment();
 }
 
 void ServerMetrics::RefreshLocked() const {
   if (sources_.stats) {
     const EngineStats now = sources_.stats();
-    AddDelta(queried_tokens_, now.queried_tokens, last_.queried_tokens);
-    AddDelta(hit_tokens_, now.hit_tokens, last_.hit_tokens);
-    AddDelta(evictions_, now.evictions, last_.evictions);
-    AddDelta(cow_copies_, now.cow_copies, last_.cow_copies);
-    AddDelta(prefill_tokens_, now.prefill_tokens, last_.prefill_tokens);
-    AddDelta(generated_tokens_, now.generated_tokens, last_.generated_tokens);
-    AddDelta(preemptions_, now.preemptions, last_.preemptions);
-    blocks_free_->Set(static_cast<double>(now.blocks_free));
-    blocks_active_->Set(static_cast<double>(now.blocks_active));
-    blocks_cached_->Set(static_cast<double>(now.blocks_cached));
-    pool_bytes_->Set(static_cast<double>(now.pool_bytes));
-    bytes_per_token_->Set(static_cast<double>(now.bytes_per_token));
-    running_->Set(static_cast<double>(now.running_requests));
-    waiting_->Set(static_cast<double>(now.waiting_requests));
-    // Keep the maximum seen so a (never expected) decrease cannot make a counter go back.
-    EngineStats next = now;
-    next.queried_tokens = std::max(now.queried_tokens, last_.queried_tokens);
-    next.hit_tokens = std::max(now.hit_tokens, last_.hit_tokens);
-    next.evictions = std::max(now.evictions, last_.evictions);
-    next.cow_copies = std::max(now.cow_copies, last_.cow_copies);
-    next.prefill_tokens = std::max(now.prefill_tokens, last_.prefill_tokens);
-    next.generated_tokens = std::max(now.generated_tokens, last_.generated_tokens);
-    next.preemptions = std::max(now.preemptions, last_.preemptions);
-    last_ = next;
+    for (StatsCounter& c : stats_counters_) {
+      const uint64_t value = c.read(now);
+      if (value > c.last) {
+        c.counter->Increment(static_cast<double>(value - c.last));
+        c.last = value;
+      }
+    }
+    blocks_free_->Set(static_cast<double>(now.cache.blocks_free));
+    blocks_active_->Set(static_cast<double>(now.cache.blocks_active));
+    blocks_cached_->Set(static_cast<double>(now.cache.blocks_cached));
+    pool_bytes_->Set(static_cast<double>(now.cache.pool_bytes));
+    bytes_per_token_->Set(static_cast<double>(now.cache.bytes_per_token));
+    running_->Set(static_cast<double>(now.scheduler.running_requests));
+    waiting_->Set(static_cast<double>(now.scheduler.waiting_requests));
   }
   if (sources_.latencies) {
     const Engine::Latencies lat = sources_.latencies();

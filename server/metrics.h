@@ -16,7 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "engine/backend.h"
 #include "engine/engine.h"
-#include "grpcpp/support/status.h"
+#include "absl/status/status.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -36,8 +36,8 @@ class ServerMetrics : public prometheus::Collectable {
  public:
   explicit ServerMetrics(MetricsSources sources);
 
-  // One finished Generate call, by its gRPC status code.
-  void RecordRequest(grpc::StatusCode code);
+  // One finished Generate call, by its status code (the gRPC code of the same number).
+  void RecordRequest(absl::StatusCode code);
 
   // Refreshes from the sources, then returns every family (the Exposer calls this per scrape).
   std::vector<prometheus::MetricFamily> Collect() const override;
@@ -48,23 +48,26 @@ class ServerMetrics : public prometheus::Collectable {
  private:
   void RefreshLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // A counter that follows a cumulative field of EngineStats: each refresh adds what the
+  // field grew by since the last one (never a decrease, so the counter never goes back).
+  struct StatsCounter {
+    prometheus::Counter* counter;
+    uint64_t (*read)(const EngineStats&);
+    uint64_t last = 0;
+  };
+  prometheus::Counter* AddStatsCounter(const std::string& name, const std::string& help,
+                                       uint64_t (*read)(const EngineStats&));
+
   MetricsSources sources_;
   std::shared_ptr<prometheus::Registry> registry_;
   mutable absl::Mutex mu_;
-  mutable EngineStats last_ ABSL_GUARDED_BY(mu_);
+  mutable std::vector<StatsCounter> stats_counters_ ABSL_GUARDED_BY(mu_);
 
-  prometheus::Counter* queried_tokens_;
-  prometheus::Counter* hit_tokens_;
   prometheus::Gauge* blocks_free_;
   prometheus::Gauge* blocks_active_;
   prometheus::Gauge* blocks_cached_;
   prometheus::Gauge* pool_bytes_;
   prometheus::Gauge* bytes_per_token_;
-  prometheus::Counter* evictions_;
-  prometheus::Counter* cow_copies_;
-  prometheus::Counter* prefill_tokens_;
-  prometheus::Counter* generated_tokens_;
-  prometheus::Counter* preemptions_;
   prometheus::Family<prometheus::Counter>* requests_;
   prometheus::Gauge* running_;
   prometheus::Gauge* waiting_;

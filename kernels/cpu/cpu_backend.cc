@@ -10,7 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "cache/check.h"
+#include "base/check.h"
 #include "cache/kv_layout.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"

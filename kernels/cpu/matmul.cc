@@ -10,7 +10,7 @@
 #include <cstring>
 #include <functional>
 
-#include "cache/check.h"
+#include "base/check.h"
 #include "kernels/cpu/matmul_avx512.h"
 
 namespace prefixd {

@@ -5,7 +5,7 @@
 
 #include <immintrin.h>
 
-#include "cache/check.h"
+#include "base/check.h"
 #include "kernels/cpu/matmul.h"
 
 #define PREFIXD_TARGET_AVX512 __attribute__((target("avx512f,avx512vl,fma")))

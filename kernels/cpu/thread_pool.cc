@@ -2,7 +2,7 @@
 
 #include <immintrin.h>
 
-#include "cache/check.h"
+#include "base/check.h"
 
 namespace prefixd {
 namespace {

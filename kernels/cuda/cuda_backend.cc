@@ -31,7 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "cache/check.h"
+#include "base/check.h"
 #include "cache/kv_layout.h"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/block_copy.cuh"

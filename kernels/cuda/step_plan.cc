@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "cache/check.h"
+#include "base/check.h"
 
 namespace prefixd::cuda {
 

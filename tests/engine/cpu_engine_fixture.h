@@ -10,7 +10,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "cache/check.h"
+#include "base/check.h"
 #include "cache/kv_layout.h"
 #include "engine/engine.h"
 #include "engine/model.h"

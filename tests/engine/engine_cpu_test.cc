@@ -75,11 +75,11 @@ void ExpectConcurrencyIsInvisible(Mix mix) {
     EXPECT_EQ(together.usage.completion_tokens, alone[i].usage.completion_tokens);
   }
   const EngineStats stats = busy.engine->Stats();
-  EXPECT_GT(stats.preemptions, 0u);
+  EXPECT_GT(stats.scheduler.preemptions, 0u);
   std::printf("preemptions: %llu, cached prompt tokens: %llu\n",
-              static_cast<unsigned long long>(stats.preemptions),
-              static_cast<unsigned long long>(stats.hit_tokens));
-  EXPECT_GT(stats.hit_tokens, 0u);
+              static_cast<unsigned long long>(stats.scheduler.preemptions),
+              static_cast<unsigned long long>(stats.cache.hit_tokens));
+  EXPECT_GT(stats.cache.hit_tokens, 0u);
   RunWithKvCacheForTest(*busy.engine, [](const KvCache& cache) {
     cache.CheckInvariants();
     EXPECT_EQ(cache.Stats().blocks_active, 0);
@@ -114,11 +114,11 @@ TEST(EngineCpuTest, PrefixCacheServesPartialBlocksAndStaysInItsNamespace) {
   EngineRequest same = base;
   same.max_new_tokens = 30;
 
-  const uint64_t copies_before = warm.engine->Stats().cow_copies;
+  const uint64_t copies_before = warm.engine->Stats().cache.cow_copies;
   const RequestResult warm_suffixed = RunOne(*warm.engine, suffixed);
   // 12 whole shared blocks (192 tokens) + 8 rows of the 13th copied on write.
   EXPECT_EQ(warm_suffixed.usage.cached_prompt_tokens, 200u);
-  EXPECT_EQ(warm.engine->Stats().cow_copies, copies_before + 1);
+  EXPECT_EQ(warm.engine->Stats().cache.cow_copies, copies_before + 1);
   const RequestResult warm_same = RunOne(*warm.engine, same);
   EXPECT_EQ(warm_same.usage.cached_prompt_tokens, 199u);  // the last token is recomputed
 

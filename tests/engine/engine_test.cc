@@ -154,22 +154,22 @@ TEST(EngineTest, SubmitRefusesRequestsThatCouldNeverRun) {
   ok.max_new_tokens = 4;
   EngineRequest r = ok;
   r.prompt.clear();
-  refused(r, "prompt is empty");
+  refused(r, "empty prompt");
   r = ok;
   r.prompt[1] = kVocab;
-  refused(r, "below the vocabulary size 64");
+  refused(r, "ids must be < vocab_size 64");
   r = ok;
   r.max_new_tokens = 0;
   refused(r, "max_new_tokens is 0");
   r = ok;
   r.prompt.assign(200, 1);
   r.max_new_tokens = 57;
-  refused(r, "context length of 256");
+  refused(r, "context length 256");
   r = ok;
   r.num_samples = 0;
-  refused(r, "between 1 and 16");
+  refused(r, "num_samples is 0");
   r.num_samples = 17;
-  refused(r, "between 1 and 16");
+  refused(r, "exceeds this server's limit 16");
   r = ok;
   r.sampling.temperature = -1.0f;
   refused(r, "temperature");
@@ -184,14 +184,14 @@ TEST(EngineTest, SubmitRefusesRequestsThatCouldNeverRun) {
   refused(r, "top_p");
   r = ok;
   r.top_logprobs = 21;
-  refused(r, "at most 20");
+  refused(r, "use 0..20");
   r = ok;
   r.stop_token_ids = {5, kVocab + 3};
   refused(r, "stop token id 67");
   r = ok;
   r.prompt.assign(120, 1);
   r.max_new_tokens = 9;  // 129 tokens = 9 blocks of 16; the pool has 8
-  refused(r, "pool holds only 8 blocks (128 tokens)");
+  refused(r, "whole pool holds 8 blocks (128 tokens)");
   r.max_new_tokens = 8;  // exactly the pool: accepted
   EXPECT_TRUE(RunOne(*h.engine, r).status.ok());
 }
@@ -267,7 +267,7 @@ TEST(EngineTest, ConcurrentRequestsUnderPreemptionMatchTheReference) {
     ASSERT_NE(streams[i], nullptr);
     ExpectMatchesReference(Collect(*streams[i]), requests[i]);
   }
-  EXPECT_GT(h.engine->Stats().preemptions, 0u);
+  EXPECT_GT(h.engine->Stats().scheduler.preemptions, 0u);
   ExpectPoolQuiet(*h.engine);
 }
 
@@ -287,10 +287,10 @@ TEST(EngineTest, SecondRequestWaitsForTheFirstsPrefixInsteadOfRecomputingIt) {
   EXPECT_EQ(ra.usage.cached_prompt_tokens, 0u);
   EXPECT_EQ(rb.usage.cached_prompt_tokens, 63u);
   const EngineStats s = h.engine->Stats();
-  EXPECT_EQ(s.prefill_tokens, 64u + 1u);  // the second computed only its last prompt token
-  EXPECT_EQ(s.queried_tokens, 128u);
-  EXPECT_EQ(s.hit_tokens, 63u);
-  EXPECT_EQ(s.generated_tokens, 6u);
+  EXPECT_EQ(s.scheduler.prefill_tokens, 64u + 1u);  // the second computed only its last prompt token
+  EXPECT_EQ(s.cache.queried_tokens, 128u);
+  EXPECT_EQ(s.cache.hit_tokens, 63u);
+  EXPECT_EQ(s.scheduler.generated_tokens, 6u);
 }
 
 TEST(EngineTest, RequestNeedingTheWholePoolRunsEvenWhenItsMatchEndsInACachedBlock) {
@@ -335,8 +335,8 @@ TEST(EngineTest, PrefixCacheOffComputesEverything) {
   const RequestResult again = RunOne(*h.engine, r);
   ExpectMatchesReference(again, r);
   EXPECT_EQ(again.usage.cached_prompt_tokens, 0u);
-  EXPECT_EQ(h.engine->Stats().prefill_tokens, 80u);
-  EXPECT_EQ(h.engine->Stats().blocks_cached, 0u);
+  EXPECT_EQ(h.engine->Stats().scheduler.prefill_tokens, 80u);
+  EXPECT_EQ(h.engine->Stats().cache.blocks_cached, 0);
 }
 
 TEST(EngineTest, CancelEndsTheStreamAndReleasesBlocks) {
@@ -383,7 +383,7 @@ TEST(EngineTest, CancelWhileWaitingNeverRuns) {
   const RequestResult rb = Collect(**b);
   EXPECT_EQ(rb.status.code(), absl::StatusCode::kCancelled);
   EXPECT_TRUE(rb.samples.empty());
-  EXPECT_EQ(h.engine->Stats().queried_tokens, 8u);  // b was never admitted
+  EXPECT_EQ(h.engine->Stats().cache.queried_tokens, 8u);  // b was never admitted
 }
 
 TEST(EngineTest, NotifyFiresWhenEventsArrive) {
@@ -541,14 +541,14 @@ TEST(EngineTest, StatsAndLatenciesCountWhatHappened) {
   for (size_t i = 0; i < streams.size(); ++i)
     ExpectMatchesReference(Collect(*streams[i]), requests[i]);
   const EngineStats s = h.engine->Stats();  // published before the events were
-  EXPECT_EQ(s.prefill_tokens, prompt);
-  EXPECT_EQ(s.generated_tokens, generated);
-  EXPECT_EQ(s.queried_tokens, prompt);
-  EXPECT_EQ(s.waiting_requests, 0u);
-  EXPECT_EQ(s.running_requests, 0u);
-  EXPECT_EQ(s.blocks_total, 64u);
-  EXPECT_EQ(s.blocks_active, 0u);
-  EXPECT_EQ(s.bytes_per_token, 8u);
+  EXPECT_EQ(s.scheduler.prefill_tokens, prompt);
+  EXPECT_EQ(s.scheduler.generated_tokens, generated);
+  EXPECT_EQ(s.cache.queried_tokens, prompt);
+  EXPECT_EQ(s.scheduler.waiting_requests, 0u);
+  EXPECT_EQ(s.scheduler.running_requests, 0u);
+  EXPECT_EQ(s.cache.blocks_total, 64);
+  EXPECT_EQ(s.cache.blocks_active, 0);
+  EXPECT_EQ(s.cache.bytes_per_token, 8);
   const Engine::Latencies l = h.engine->DrainLatencies();
   ASSERT_EQ(l.ttft.size(), 5u);
   // One per token after each sample's first: 4 + 5 + 6 + 7 + 8 tokens, 5 first ones.

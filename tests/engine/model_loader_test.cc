@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "cache/check.h"
+#include "base/check.h"
 #include "engine/manifest.h"
 #include "engine/model.h"
 #include "engine/safetensors.h"

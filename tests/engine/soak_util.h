@@ -115,11 +115,11 @@ inline void RunSoak(Engine& engine, const SoakOptions& o) {
   EXPECT_GT(cancelled, o.num_requests / 20);
   // No token lost or counted twice: the engine's counter equals what the streams carried.
   const EngineStats stats = engine.Stats();
-  EXPECT_EQ(stats.generated_tokens, completion_total);
-  EXPECT_EQ(stats.waiting_requests, 0u);
-  EXPECT_EQ(stats.running_requests, 0u);
-  EXPECT_GT(stats.preemptions, 0u);
-  EXPECT_GT(stats.hit_tokens, 0u);
+  EXPECT_EQ(stats.scheduler.generated_tokens, completion_total);
+  EXPECT_EQ(stats.scheduler.waiting_requests, 0u);
+  EXPECT_EQ(stats.scheduler.running_requests, 0u);
+  EXPECT_GT(stats.scheduler.preemptions, 0u);
+  EXPECT_GT(stats.cache.hit_tokens, 0u);
   RunWithKvCacheForTest(engine, [](const KvCache& cache) {
     cache.CheckInvariants();
     const KvCacheStats s = cache.Stats();

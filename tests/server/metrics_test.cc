@@ -49,20 +49,21 @@ double Value(const std::string& text, const std::string& series) {
 TEST(MetricsTest, CountersFollowEngineDeltasAndGaugesItsState) {
   FakeEngine fake;
   ServerMetrics m(fake.Sources());
-  fake.stats.queried_tokens = 100;
-  fake.stats.hit_tokens = 40;
-  fake.stats.blocks_free = 5;
-  fake.stats.blocks_active = 2;
-  fake.stats.blocks_cached = 3;
-  fake.stats.pool_bytes = 10240;
-  fake.stats.bytes_per_token = 64;
-  fake.stats.evictions = 1;
-  fake.stats.cow_copies = 2;
-  fake.stats.prefill_tokens = 60;
-  fake.stats.generated_tokens = 7;
-  fake.stats.preemptions = 1;
-  fake.stats.running_requests = 2;
-  fake.stats.waiting_requests = 4;
+  fake.stats.cache.queried_tokens = 100;
+  fake.stats.cache.hit_tokens = 40;
+  fake.stats.cache.blocks_free = 5;
+  fake.stats.cache.blocks_active = 2;
+  fake.stats.cache.blocks_cached = 3;
+  fake.stats.cache.pool_bytes = 10240;
+  fake.stats.cache.bytes_per_token = 64;
+  fake.stats.cache.evictions = 1;
+  fake.stats.cache.cow_copies = 2;
+  fake.stats.cache.cow_rows = 9;
+  fake.stats.scheduler.prefill_tokens = 60;
+  fake.stats.scheduler.generated_tokens = 7;
+  fake.stats.scheduler.preemptions = 1;
+  fake.stats.scheduler.running_requests = 2;
+  fake.stats.scheduler.waiting_requests = 4;
   std::string text = m.ExpositionText();
   EXPECT_EQ(Value(text, "prefixd_prefix_cache_queried_tokens_total"), 100);
   EXPECT_EQ(Value(text, "prefixd_prefix_cache_hit_tokens_total"), 40);
@@ -73,6 +74,7 @@ TEST(MetricsTest, CountersFollowEngineDeltasAndGaugesItsState) {
   EXPECT_EQ(Value(text, "prefixd_kv_bytes_per_token"), 64);
   EXPECT_EQ(Value(text, "prefixd_kv_evictions_total"), 1);
   EXPECT_EQ(Value(text, "prefixd_kv_cow_copies_total"), 2);
+  EXPECT_EQ(Value(text, "prefixd_kv_cow_rows_total"), 9);
   EXPECT_EQ(Value(text, "prefixd_prefill_tokens_total"), 60);
   EXPECT_EQ(Value(text, "prefixd_generated_tokens_total"), 7);
   EXPECT_EQ(Value(text, "prefixd_preemptions_total"), 1);
@@ -83,18 +85,18 @@ TEST(MetricsTest, CountersFollowEngineDeltasAndGaugesItsState) {
   EXPECT_EQ(Value(text, "prefixd_memory_bytes{kind=\"workspace\"}"), 300);
 
   // The next scrape adds only what changed; gauges follow the current state.
-  fake.stats.hit_tokens = 55;
-  fake.stats.blocks_active = 0;
+  fake.stats.cache.hit_tokens = 55;
+  fake.stats.cache.blocks_active = 0;
   text = m.ExpositionText();
   EXPECT_EQ(Value(text, "prefixd_prefix_cache_hit_tokens_total"), 55);
   EXPECT_EQ(Value(text, "prefixd_prefix_cache_queried_tokens_total"), 100);
   EXPECT_EQ(Value(text, "prefixd_kv_blocks{state=\"active\"}"), 0);
 
   // A value that went backwards never makes a counter decrease (or double count later).
-  fake.stats.hit_tokens = 50;
+  fake.stats.cache.hit_tokens = 50;
   text = m.ExpositionText();
   EXPECT_EQ(Value(text, "prefixd_prefix_cache_hit_tokens_total"), 55);
-  fake.stats.hit_tokens = 60;
+  fake.stats.cache.hit_tokens = 60;
   text = m.ExpositionText();
   EXPECT_EQ(Value(text, "prefixd_prefix_cache_hit_tokens_total"), 60);
 }
@@ -118,9 +120,9 @@ TEST(MetricsTest, RequestsAreCountedByCode) {
   FakeEngine fake;
   ServerMetrics m(fake.Sources());
   EXPECT_EQ(Value(m.ExpositionText(), "prefixd_requests_total{code=\"OK\"}"), 0);
-  m.RecordRequest(grpc::StatusCode::OK);
-  m.RecordRequest(grpc::StatusCode::OK);
-  m.RecordRequest(grpc::StatusCode::INVALID_ARGUMENT);
+  m.RecordRequest(absl::StatusCode::kOk);
+  m.RecordRequest(absl::StatusCode::kOk);
+  m.RecordRequest(absl::StatusCode::kInvalidArgument);
   const std::string text = m.ExpositionText();
   EXPECT_EQ(Value(text, "prefixd_requests_total{code=\"OK\"}"), 2);
   EXPECT_EQ(Value(text, "prefixd_requests_total{code=\"INVALID_ARGUMENT\"}"), 1);
@@ -154,9 +156,9 @@ TEST(MetricsTest, ExpositionPassesPromtool) {
   if (access("/usr/bin/promtool", X_OK) != 0) GTEST_SKIP() << "promtool not installed";
   FakeEngine fake;
   ServerMetrics m(fake.Sources());
-  fake.stats.hit_tokens = 3;
+  fake.stats.cache.hit_tokens = 3;
   fake.latencies.ttft = {0.1};
-  m.RecordRequest(grpc::StatusCode::UNAVAILABLE);
+  m.RecordRequest(absl::StatusCode::kUnavailable);
   testing::TempDir dir;
   const std::string path = dir.path() + "/metrics.txt";
   std::ofstream(path) << m.ExpositionText();

@@ -1,5 +1,5 @@
-// End-to-end tests of prefixd over gRPC: a real `prefixd` process on a free loopback port
-// serving a tiny random model on the CPU.
+// prefixd over gRPC, in-process: a prefixd::Server on a free loopback port serving a tiny
+// random model on the CPU backend. (Holding requests in flight: server_flow_test.cc.)
 #include <filesystem>
 #include <numeric>
 
@@ -7,10 +7,12 @@
 #include "engine/tokenizer.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
-#include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
+#include "src/proto/grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
+#include "server/server.h"
 #include "tests/server/grpc_helpers.h"
+#include "tests/server/in_process_server.h"
 #include "tests/server/process.h"
 
 namespace prefixd::testing {
@@ -22,20 +24,30 @@ using ::testing::HasSubstr;
 class ServerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    // 8 MiB of KV: 8192 tokens of the tiny model (1 KiB per token), room for every test.
-    // 2 ms before each engine step: LongRequest below lasts at least 240 steps x 2 ms,
-    // however fast the machine; short requests barely notice.
-    const absl::Status s = suite_.Start({"--kv-cache-bytes=8388608", "--testing-step-delay=2ms"});
-    ASSERT_TRUE(s.ok()) << s;
+    dir_ = new TempDir();
+    model_dir_ = dir_->path() + "/tiny-model";
+    ASSERT_TRUE(WriteTinyModel(model_dir_).ok());
+    ServerOptions o = TestServerOptions(model_dir_);
+    o.device.kv_cache_bytes = 8388608;  // 8192 tokens of the tiny model: room for every test
+    o.metrics_listen = "127.0.0.1:0";
+    absl::StatusOr<std::unique_ptr<Server>> s = Server::Start(std::move(o));
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = s->release();
   }
-  static void TearDownTestSuite() { suite_.Stop(); }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+    delete dir_;
+  }
   void SetUp() override {
-    ASSERT_NE(suite_.server(), nullptr);
-    channel_ = InsecureChannel(suite_.server()->address());
+    ASSERT_NE(server_, nullptr);
+    channel_ = InsecureChannel(server_->grpc_address());
     stub_ = v1::Inference::NewStub(channel_);
   }
 
-  static inline SuiteServer suite_;
+  static inline TempDir* dir_ = nullptr;
+  static inline std::string model_dir_;
+  static inline Server* server_ = nullptr;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Inference::Stub> stub_;
 };
@@ -61,7 +73,7 @@ TEST_F(ServerTest, StreamsTokenIdsTextAndUsage) {
   // The streamed text is the tokens' bytes with no character split (the model is random,
   // so invalid sequences become U+FFFD exactly as one decoder over all bytes makes them).
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok =
-      Tokenizer::Load(suite_.model_dir() + "/vocab.json", suite_.model_dir() + "/merges.txt");
+      Tokenizer::Load(model_dir_ + "/vocab.json", model_dir_ + "/merges.txt");
   ASSERT_TRUE(tok.ok());
   absl::StatusOr<std::string> bytes = (*tok)->Decode(s.token_ids);
   ASSERT_TRUE(bytes.ok());
@@ -249,57 +261,27 @@ TEST_F(ServerTest, CacheHitsAcrossRequestsButNotAcrossSalts) {
   EXPECT_EQ(s2.usage.cached_prompt_tokens(), 47u);
   EXPECT_EQ(s2.samples[0].token_ids, cold.samples[0].token_ids);
 
+  // A prompt that leaves the cached one inside its third block: two blocks are shared, and
+  // the third block's first 8 rows are copied into a block of its own (copy-on-write).
+  const v1::CacheStats before = GetStats(*stub_);
+  std::vector<uint32_t> diverged(prompt.begin(), prompt.begin() + 40);
+  for (uint32_t id : RandomIds(5, 8)) diverged.push_back(id);
+  GenerateResult partial = Generate(*stub_, IdsRequest(diverged, 4));
+  ASSERT_TRUE(partial.status.ok());
+  EXPECT_EQ(partial.usage.cached_prompt_tokens(), 40u);
+  const v1::CacheStats after = GetStats(*stub_);
+  EXPECT_EQ(after.cow_copies(), before.cow_copies() + 1);
+  EXPECT_EQ(after.cow_rows(), before.cow_rows() + 8);
+  // The metrics read the same numbers.
+  absl::StatusOr<std::string> text = HttpGet(server_->metrics_port(), "/metrics");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(MetricValue(*text, "prefixd_kv_cow_rows_total"), after.cow_rows());
+  EXPECT_EQ(MetricValue(*text, "prefixd_kv_cow_copies_total"), after.cow_copies());
+
   const v1::CacheStats stats = GetStats(*stub_);
-  EXPECT_GE(stats.hit_tokens(), 47u + 48u + 47u);
+  EXPECT_GE(stats.hit_tokens(), 47u + 48u + 47u + 40u);
   EXPECT_EQ(stats.blocks_active(), 0u);
   EXPECT_EQ(stats.blocks_total(), stats.blocks_free() + stats.blocks_cached());
-}
-
-// Still running when it is cut off: 240 decode steps of 16 samples, each step after the
-// server's 2 ms testing delay (>= 0.48 s; ~0.8 s without the delay on the build machine).
-v1::GenerateRequest LongRequest() {
-  v1::GenerateRequest req = IdsRequest(RandomIds(5, 16), 240);
-  req.set_num_samples(16);
-  req.set_temperature(1.0f);
-  req.set_seed(1);
-  return req;
-}
-
-TEST_F(ServerTest, CancellingReleasesTheBlocks) {
-  grpc::ClientContext ctx;
-  auto reader = stub_->Generate(&ctx, LongRequest());
-  v1::GenerateResponse msg;
-  ASSERT_TRUE(reader->Read(&msg));  // running: it holds blocks now
-  EXPECT_GT(GetStats(*stub_).blocks_active(), 0u);
-  ctx.TryCancel();
-  while (reader->Read(&msg)) {
-  }
-  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
-  EXPECT_TRUE(PollUntil([&] { return GetStats(*stub_).blocks_active() == 0; }, absl::Seconds(10)));
-}
-
-TEST_F(ServerTest, DeadlineReleasesTheBlocks) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
-  auto reader = stub_->Generate(&ctx, LongRequest());
-  v1::GenerateResponse msg;
-  int messages = 0;
-  while (reader->Read(&msg)) ++messages;
-  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
-  EXPECT_TRUE(PollUntil([&] { return GetStats(*stub_).blocks_active() == 0; }, absl::Seconds(10)));
-  // The server counts it as a passed deadline, not as a cancellation (only this test lets a
-  // deadline pass on this suite's server). Only if the call reached the handler, which the
-  // messages show: gRPC refuses a call whose deadline passed on arrival before any handler.
-  ASSERT_GT(messages, 0) << "the call never started: the machine was too slow for this test";
-  EXPECT_TRUE(PollUntil(
-      [&] {
-        absl::StatusOr<std::string> text = HttpGet(suite_.server()->metrics_port(), "/metrics");
-        return text.ok() &&
-               MetricValue(*text, "prefixd_requests_total{code=\"DEADLINE_EXCEEDED\"}") == 1;
-      },
-      absl::Seconds(10)));
-  // The server goes on serving.
-  EXPECT_TRUE(Generate(*stub_, IdsRequest({1, 2}, 2)).status.ok());
 }
 
 TEST_F(ServerTest, HealthAndReflection) {
@@ -337,7 +319,7 @@ TEST_F(ServerTest, MetricsEndpointReportsCacheHits) {
   ASSERT_TRUE(Generate(*stub_, IdsRequest(prompt, 2)).status.ok());
   const v1::CacheStats stats = GetStats(*stub_);
   EXPECT_GE(stats.hit_tokens(), 31u);
-  absl::StatusOr<std::string> text = HttpGet(suite_.server()->metrics_port(), "/metrics");
+  absl::StatusOr<std::string> text = HttpGet(server_->metrics_port(), "/metrics");
   ASSERT_TRUE(text.ok()) << text.status();
   EXPECT_EQ(MetricValue(*text, "prefixd_prefix_cache_hit_tokens_total"), stats.hit_tokens());
   EXPECT_EQ(MetricValue(*text, "prefixd_prefix_cache_queried_tokens_total"),

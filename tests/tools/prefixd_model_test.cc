@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "cache/check.h"
+#include "base/check.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "cache/check.h"
+#include "base/check.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
 #include "gmock/gmock.h"

@@ -3,8 +3,8 @@
 // absl 20220623 has no absl/log, so this is the project's one CHECK macro. A failed check
 // means prefixd's own state is corrupt (never bad user input: that is an absl::Status), so it
 // prints the condition and location and aborts.
-#ifndef PREFIXD_CACHE_CHECK_H_
-#define PREFIXD_CACHE_CHECK_H_
+#ifndef PREFIXD_BASE_CHECK_H_
+#define PREFIXD_BASE_CHECK_H_
 
 #include <cstdio>
 #include <cstdlib>
@@ -26,4 +26,4 @@
     }                                                                                  \
   } while (0)
 
-#endif  // PREFIXD_CACHE_CHECK_H_
+#endif  // PREFIXD_BASE_CHECK_H_

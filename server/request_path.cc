@@ -1,0 +1,118 @@
+#include "server/request_path.h"
+
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/cache_namespace.h"
+
+namespace prefixd {
+namespace {
+
+uint64_t RandomSeed() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+}  // namespace
+
+RequestPath::RequestPath(RequestPathOptions options) : options_(std::move(options)) {}
+
+absl::StatusOr<std::string> RequestPath::Authorize(
+    const std::optional<std::string>& authorization) const {
+  if (draining_.load()) return absl::UnavailableError("prefixd is shutting down");
+  std::optional<std::string_view> header;
+  if (authorization.has_value()) header = *authorization;
+  return options_.auth->Authenticate(header);
+}
+
+absl::StatusOr<EngineRequest> RequestPath::BuildEngineRequest(const GenerateCall& call,
+                                                              const std::string& tenant) {
+  EngineRequest req;
+  switch (call.prompt_kind) {
+    case GenerateCall::PromptKind::kNone:
+      return absl::InvalidArgumentError("no prompt: set `text` or `token_ids`");
+    case GenerateCall::PromptKind::kText:
+      req.prompt = options_.tokenizer->Encode(call.text);
+      if (req.prompt.empty()) {
+        return absl::InvalidArgumentError("empty prompt: `text` must produce at least one token");
+      }
+      break;
+    case GenerateCall::PromptKind::kTokenIds:
+      req.prompt = call.token_ids;
+      break;
+  }
+  req.request_id = call.request_id.empty()
+                       ? absl::StrCat("prefixd-", next_request_id_.fetch_add(1))
+                       : call.request_id;
+  req.cache_namespace = DeriveCacheNamespace(tenant, call.cache_salt);
+  req.max_new_tokens = call.max_new_tokens;
+  req.sampling.temperature = call.temperature;
+  req.sampling.top_k = call.top_k;
+  req.sampling.top_p = call.top_p.value_or(1.0f);
+  req.sampling.seed = call.seed.has_value() ? *call.seed : RandomSeed();
+  req.stop_token_ids = call.stop_token_ids;
+  req.ignore_eos = call.ignore_eos;
+  req.num_samples = call.num_samples == 0 ? 1 : call.num_samples;
+  req.top_logprobs = call.top_logprobs;
+  return req;
+}
+
+absl::StatusOr<StartedGenerate> RequestPath::StartGenerate(const GenerateCall& call) {
+  absl::StatusOr<std::string> tenant = Authorize(call.authorization);
+  if (!tenant.ok()) {
+    Count(tenant.status().code());
+    return tenant.status();
+  }
+  absl::StatusOr<EngineRequest> req = BuildEngineRequest(call, *tenant);
+  if (!req.ok()) {
+    Count(req.status().code());
+    return req.status();
+  }
+  StartedGenerate started;
+  started.request_id = req->request_id;
+  started.num_samples = req->num_samples;
+  started.top_logprobs = req->top_logprobs;
+  // Submit validates against the engine's limits (engine/request_validation.h): the one set
+  // of rules, so nothing is checked twice with different words.
+  absl::StatusOr<std::shared_ptr<RequestStream>> stream = options_.engine->Submit(*std::move(req));
+  if (!stream.ok()) {
+    Count(stream.status().code());
+    return stream.status();
+  }
+  started.stream = *std::move(stream);
+  accepted_generates_.fetch_add(1);
+  return started;
+}
+
+void RequestPath::FinishGenerate(absl::StatusCode code) { Count(code); }
+
+void RequestPath::Count(absl::StatusCode code) {
+  if (options_.metrics != nullptr) options_.metrics->RecordRequest(code);
+}
+
+absl::StatusOr<std::vector<uint32_t>> RequestPath::Tokenize(
+    const std::optional<std::string>& authorization, std::string_view text) const {
+  if (absl::StatusOr<std::string> tenant = Authorize(authorization); !tenant.ok()) {
+    return tenant.status();
+  }
+  return options_.tokenizer->Encode(text);
+}
+
+absl::StatusOr<ServedModel> RequestPath::ModelInfo(
+    const std::optional<std::string>& authorization) const {
+  if (absl::StatusOr<std::string> tenant = Authorize(authorization); !tenant.ok()) {
+    return tenant.status();
+  }
+  return options_.model;
+}
+
+absl::StatusOr<EngineStats> RequestPath::CacheStats(
+    const std::optional<std::string>& authorization) const {
+  if (absl::StatusOr<std::string> tenant = Authorize(authorization); !tenant.ok()) {
+    return tenant.status();
+  }
+  return options_.engine->Stats();
+}
+
+}  // namespace prefixd

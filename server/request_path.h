@@ -1,0 +1,123 @@
+// The one request path that every front end calls: authenticate → tenant namespace →
+// tokenize → validate → submit → stream → finish and count. A front end (gRPC today) only
+// translates its protocol into a GenerateCall, the results back into its messages, and a
+// Status into its protocol's status; it adds no rule of its own, so every front end refuses
+// the same requests with the same messages.
+//
+// The rules themselves live with what they protect: request limits in
+// engine/request_validation.h (the engine enforces them on Submit), tokens in server/auth.h,
+// namespaces in server/cache_namespace.h. This class puts them in one order.
+#ifndef PREFIXD_SERVER_REQUEST_PATH_H_
+#define PREFIXD_SERVER_REQUEST_PATH_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/engine.h"
+#include "engine/tokenizer.h"
+#include "server/auth.h"
+#include "server/metrics.h"
+
+namespace prefixd {
+
+// A generate request as every front end hands it over, before any rule is applied.
+struct GenerateCall {
+  // The `authorization` header or metadata value, absent when the call carried none.
+  std::optional<std::string> authorization;
+  std::string request_id;  // empty: the server names the request
+  enum class PromptKind { kNone, kText, kTokenIds };
+  PromptKind prompt_kind = PromptKind::kNone;
+  std::string text;                 // kText
+  std::vector<uint32_t> token_ids;  // kTokenIds
+  std::string cache_salt;
+  uint32_t max_new_tokens = 0;
+  float temperature = 0.0f;
+  uint32_t top_k = 0;
+  std::optional<float> top_p;      // unset = 1
+  std::optional<uint64_t> seed;    // unset = the server picks one
+  uint32_t num_samples = 0;        // 0 = 1
+  std::vector<uint32_t> stop_token_ids;
+  bool ignore_eos = false;
+  uint32_t top_logprobs = 0;
+};
+
+// A generate call that passed every rule and is queued in the engine.
+struct StartedGenerate {
+  std::string request_id;
+  uint32_t num_samples = 1;
+  uint32_t top_logprobs = 0;
+  std::shared_ptr<RequestStream> stream;
+};
+
+// What is served, fixed at start-up (GetModelInfo, and the HTTP API's model list).
+struct ServedModel {
+  std::string name;  // the model directory's base name
+  std::string manifest_sha256;
+  ModelConfig config;
+  std::string dtype;   // "f32" | "f16" | "bf16"
+  std::string device;  // "cpu" | "cuda:0" | ...
+  int32_t block_size = 0;
+  int64_t kv_pool_blocks = 0;
+  int64_t kv_bytes_per_token = 0;
+};
+
+struct RequestPathOptions {
+  Engine* engine = nullptr;              // not owned
+  const Tokenizer* tokenizer = nullptr;  // not owned
+  const Authenticator* auth = nullptr;   // not owned
+  ServerMetrics* metrics = nullptr;      // not owned; may be null
+  ServedModel model;
+};
+
+class RequestPath {
+ public:
+  explicit RequestPath(RequestPathOptions options);
+
+  // From now on every new call is refused with UNAVAILABLE; calls already started go on.
+  void StartDraining() { draining_.store(true); }
+  bool draining() const { return draining_.load(); }
+
+  // The gate every call passes first: UNAVAILABLE while draining, else the caller's tenant
+  // (UNAUTHENTICATED without a known token when tokens are required).
+  absl::StatusOr<std::string> Authorize(const std::optional<std::string>& authorization) const;
+
+  // Generate up to submission. A refusal ends the call, and is counted here; a started call
+  // must be ended with FinishGenerate exactly once.
+  absl::StatusOr<StartedGenerate> StartGenerate(const GenerateCall& call);
+  // A started generate call ended with `code` (OK after its last message, CANCELLED,
+  // DEADLINE_EXCEEDED, or the engine's error): counted in prefixd_requests_total.
+  void FinishGenerate(absl::StatusCode code);
+
+  absl::StatusOr<std::vector<uint32_t>> Tokenize(const std::optional<std::string>& authorization,
+                                                 std::string_view text) const;
+  absl::StatusOr<ServedModel> ModelInfo(const std::optional<std::string>& authorization) const;
+  absl::StatusOr<EngineStats> CacheStats(const std::optional<std::string>& authorization) const;
+
+  // Generate calls that passed every rule and were queued, since start-up.
+  uint64_t accepted_generates() const { return accepted_generates_.load(); }
+
+  const Tokenizer& tokenizer() const { return *options_.tokenizer; }
+  const ServedModel& model() const { return options_.model; }
+
+ private:
+  // The engine request for a call whose caller is `tenant`; the engine validates it.
+  absl::StatusOr<EngineRequest> BuildEngineRequest(const GenerateCall& call,
+                                                   const std::string& tenant);
+  void Count(absl::StatusCode code);
+
+  RequestPathOptions options_;
+  std::atomic<bool> draining_{false};
+  std::atomic<uint64_t> next_request_id_{1};
+  std::atomic<uint64_t> accepted_generates_{0};
+};
+
+}  // namespace prefixd
+
+#endif  // PREFIXD_SERVER_REQUEST_PATH_H_

@@ -1,0 +1,382 @@
+#include "server/server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <exception>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "CivetServer.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "engine/read_file.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "prometheus/exposer.h"
+#include "server/auth.h"
+#include "server/backend_factory.h"
+#include "server/inference_service.h"
+#include "server/metrics.h"
+#include "server/request_path.h"
+
+namespace prefixd {
+namespace {
+
+void LogToStderr(std::string_view line) {
+  std::fprintf(stderr, "prefixd: %.*s\n", static_cast<int>(line.size()), line.data());
+  std::fflush(stderr);
+}
+
+// CivetWeb (under prometheus-cpp's Exposer) cannot bind port 0, so for "host:0" ask the OS
+// for a free port first. The port could be taken in between; start-up then fails clearly.
+std::string ResolveMetricsAddress(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || address.substr(colon + 1) != "0") return address;
+  const std::string host = address.substr(0, colon);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) return address;
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return address;
+  std::string resolved = address;
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    resolved = absl::StrCat(host, ":", ntohs(addr.sin_port));
+  }
+  close(fd);
+  return resolved;
+}
+
+// CivetWeb reports why it failed only through this hook; it has no user pointer, so the
+// lines go to stderr whatever ServerOptions::log is.
+int LogCivetMessage(const mg_connection*, const char* message) {
+  LogToStderr(absl::StrCat("metrics http: ", message));
+  return 1;
+}
+
+bool IsUnixAddress(const std::string& address) {
+  return absl::StartsWith(address, "unix:") || absl::StartsWith(address, "unix-abstract:");
+}
+
+}  // namespace
+
+absl::Status ValidateServerOptions(const ServerOptions& o) {
+  using absl::InvalidArgumentError;
+  using absl::StrCat;
+  if (o.model_dir.empty()) return InvalidArgumentError("--model DIR is required");
+  if (o.device.kv_cache_bytes < 0) {
+    return InvalidArgumentError(StrCat(
+        "--kv-cache-bytes must be 0 (the default budget) or positive, got ",
+        o.device.kv_cache_bytes));
+  }
+  if (const int32_t v = o.device.block_size; v < 1 || v > 1024 || (v & (v - 1))) {
+    return InvalidArgumentError(
+        StrCat("--block-size must be a power of two from 1 to 1024, got ", v));
+  }
+  using Named = std::pair<const char*, int32_t>;
+  for (const auto& [name, value] :
+       {Named{"--max-batch-tokens", o.max_batch_tokens}, Named{"--max-queue", o.max_queue},
+        Named{"--max-samples", o.max_samples}}) {
+    if (value < 1) return InvalidArgumentError(StrCat(name, " must be at least 1, got ", value));
+  }
+  if (o.device.threads < 0) {
+    return InvalidArgumentError(
+        StrCat("--threads must be 0 (all cores) or positive, got ", o.device.threads));
+  }
+  if (o.shutdown_grace < absl::ZeroDuration()) {
+    return InvalidArgumentError(StrCat("--shutdown-grace must not be negative, got ",
+                                       absl::FormatDuration(o.shutdown_grace)));
+  }
+  if (o.tls_cert_file.empty() != o.tls_key_file.empty()) {
+    return InvalidArgumentError("--tls-cert and --tls-key go together");
+  }
+  if (o.listen.empty()) return InvalidArgumentError("--listen must not be empty");
+  if (o.metrics_listen.empty()) {
+    return InvalidArgumentError("--metrics-listen must not be empty (\"off\" disables it)");
+  }
+  return absl::OkStatus();
+}
+
+// Everything the server owns, declared in the order it is built: members are destroyed in
+// reverse, so the exposer stops scraping before the engine goes, the gRPC server stops
+// before its service, the engine before the backend, the backend before the model.
+struct Server::Parts {
+  ServerOptions options;
+  std::function<void(std::string_view)> log;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Backend> backend;
+  Authenticator auth = Authenticator::AllowAll();
+  std::unique_ptr<Engine> engine;
+  std::shared_ptr<ServerMetrics> metrics;
+  std::unique_ptr<RequestPath> path;
+  std::unique_ptr<InferenceService> service;
+  std::unique_ptr<grpc::Server> grpc_server;
+  std::unique_ptr<prometheus::Exposer> exposer;
+  std::string grpc_address;
+  int grpc_port = 0;
+  int metrics_port = 0;
+  bool tls = false;
+
+  absl::Mutex mu;
+  bool drain_started ABSL_GUARDED_BY(mu) = false;
+  absl::Status fatal ABSL_GUARDED_BY(mu);
+  std::thread drain_thread;  // started once, by the first BeginDrain
+  absl::Notification stopped;
+  absl::Mutex join_mu;  // one Wait() joins the drain thread
+
+  ~Parts() {
+    // A drain thread still running would use what is destroyed below.
+    absl::MutexLock lock(&join_mu);
+    if (drain_thread.joinable()) drain_thread.join();
+  }
+
+  void BeginDrain(absl::Duration grace) {
+    absl::MutexLock lock(&mu);
+    engine->BeginShutdown(grace);  // only ever shortens the grace
+    if (drain_started) return;
+    drain_started = true;
+    if (grpc_server != nullptr) grpc_server->GetHealthCheckService()->SetServingStatus(false);
+    path->StartDraining();
+    drain_thread = std::thread([this] { DrainAndStop(); });
+  }
+
+  void DrainAndStop() {
+    engine->Shutdown(absl::InfiniteDuration());  // BeginDrain set the grace; waits for it
+    log("engine stopped");
+    if (grpc_server != nullptr) {
+      // Reactors now only flush their last messages; a client that stopped reading is cut
+      // off. Waited for here rather than in Shutdown: gRPC 1.51's Shutdown can sit out its
+      // whole deadline after the last call ended (seen with clients that keep their
+      // connection).
+      if (!service->WaitForNoGenerates(absl::Seconds(5))) log("cutting off calls still writing");
+      grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+    }
+    // Waits for a scrape in progress, so none reads the engine once it is gone.
+    if (exposer != nullptr) exposer->RemoveCollectable(metrics);
+    stopped.Notify();
+  }
+
+  void OnFatalError(const absl::Status& status) {
+    log(absl::StrCat("fatal backend error, shutting down: ", status.message()));
+    {
+      absl::MutexLock lock(&mu);
+      fatal = status;
+    }
+    BeginDrain(options.shutdown_grace);
+  }
+
+  absl::Status Build();
+  absl::Status StartMetrics();
+  absl::Status StartGrpc(const std::shared_ptr<grpc::ServerCredentials>& creds);
+};
+
+absl::Status Server::Parts::Build() {
+  // Cheap checks first: TLS files and tokens are read before the model loads, so a typo in
+  // them costs no model load (or CUDA probe).
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  if (!options.tls_cert_file.empty()) {
+    absl::StatusOr<std::string> cert = ReadWholeFile(options.tls_cert_file);
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key = ReadWholeFile(options.tls_key_file);
+    if (!key.ok()) return key.status();
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({*key, *cert});
+    creds = grpc::SslServerCredentials(ssl);
+    tls = true;
+  }
+  if (!options.auth_tokens_file.empty()) {
+    absl::StatusOr<Authenticator> a = Authenticator::FromFile(options.auth_tokens_file);
+    if (!a.ok()) return a.status();
+    auth = *std::move(a);
+  }
+
+  // Probing CUDA initialises its runtime (seconds without a GPU): only when it may be used.
+  DevicePlan plan;
+  if (!options.backend_factory) {
+    const std::string& device = options.device.device;
+    const absl::Status cuda_usable = device == "auto" || device == "cuda"
+                                         ? CudaUsable()
+                                         : absl::UnavailableError("not probed");
+    absl::StatusOr<DevicePlan> p = PlanDevice(device, options.device.dtype, cuda_usable);
+    if (!p.ok()) return p.status();
+    plan = *std::move(p);
+    if (!plan.note.empty()) log(plan.note);
+  }
+
+  absl::StatusOr<std::unique_ptr<Model>> loaded = Model::Load(options.model_dir);
+  if (!loaded.ok()) return loaded.status();
+  model = *std::move(loaded);
+  const ModelConfig& config = model->config();
+  log(absl::StrFormat("model %s: %d layers, %d heads, n_embd %d, vocab %d, context %d",
+                      model->name(), config.n_layer, config.n_head, config.n_embd,
+                      config.vocab_size, config.n_positions));
+  log(absl::StrCat("manifest sha256 ", model->manifest_sha256()));
+
+  absl::StatusOr<std::unique_ptr<Backend>> built;
+  if (options.backend_factory) {
+    built = options.backend_factory(*model);
+  } else {
+    BackendOptions bopt;
+    bopt.model = model.get();
+    bopt.plan = plan;
+    bopt.kv_cache_bytes = options.device.kv_cache_bytes;
+    bopt.block_size = options.device.block_size;
+    bopt.threads = options.device.threads;
+    built = CreateBackend(bopt);
+  }
+  if (!built.ok()) {
+    return absl::Status(built.status().code(), absl::StrCat("backend: ", built.status().message()));
+  }
+  backend = *std::move(built);
+  log(absl::StrCat("device ", backend->device_name(), ", dtype ",
+                   std::string(DTypeName(backend->dtype()))));
+  log(absl::StrFormat("KV pool: %d blocks x %d tokens, %d bytes per token, %d bytes",
+                      backend->num_blocks(), backend->block_size(), backend->kv_bytes_per_token(),
+                      backend->memory_usage().kv_pool_bytes));
+
+  EngineOptions eopt;
+  eopt.backend = backend.get();
+  eopt.model_config = config;
+  eopt.manifest_sha256 = model->manifest_sha256();
+  eopt.max_batch_tokens = options.max_batch_tokens;
+  eopt.max_queue = options.max_queue;
+  eopt.max_samples = options.max_samples;
+  eopt.enable_prefix_cache = options.enable_prefix_cache;
+  // From the engine thread: BeginDrain does not block, so the engine can stop afterwards.
+  eopt.on_fatal_error = [this](const absl::Status& status) { OnFatalError(status); };
+  absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(eopt);
+  if (!e.ok()) return absl::Status(e.status().code(), absl::StrCat("engine: ", e.status().message()));
+  engine = *std::move(e);
+  if (!options.enable_prefix_cache) log("prefix cache disabled (--no-prefix-cache)");
+  if (auth.enabled()) log(absl::StrCat("bearer tokens required (", auth.num_tokens(), " tokens)"));
+
+  Engine* eng = engine.get();
+  Backend* be = backend.get();
+  metrics = std::make_shared<ServerMetrics>(
+      MetricsSources{[eng] { return eng->Stats(); }, [eng] { return eng->DrainLatencies(); },
+                     [be] { return be->memory_usage(); }});
+  if (absl::Status s = StartMetrics(); !s.ok()) return s;
+
+  RequestPathOptions popt;
+  popt.engine = eng;
+  popt.tokenizer = &model->tokenizer();
+  popt.auth = &auth;
+  popt.metrics = metrics.get();
+  popt.model = ServedModel{.name = model->name(),
+                           .manifest_sha256 = model->manifest_sha256(),
+                           .config = config,
+                           .dtype = std::string(DTypeName(backend->dtype())),
+                           .device = backend->device_name(),
+                           .block_size = backend->block_size(),
+                           .kv_pool_blocks = backend->num_blocks(),
+                           .kv_bytes_per_token = backend->kv_bytes_per_token()};
+  path = std::make_unique<RequestPath>(std::move(popt));
+  service = std::make_unique<InferenceService>(path.get());
+  return StartGrpc(creds);
+}
+
+absl::Status Server::Parts::StartMetrics() {
+  if (options.metrics_listen == "off") return absl::OkStatus();
+  const std::string address = ResolveMetricsAddress(options.metrics_listen);
+  try {
+    static CivetCallbacks callbacks;
+    callbacks.log_message = &LogCivetMessage;
+    exposer = std::make_unique<prometheus::Exposer>(address, 2, &callbacks);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
+  }
+  exposer->RegisterCollectable(metrics);
+  if (std::vector<int> ports = exposer->GetListeningPorts(); !ports.empty()) {
+    metrics_port = ports[0];
+    log(absl::StrCat("metrics on http://", address.substr(0, address.rfind(':')), ":",
+                     metrics_port, "/metrics"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Server::Parts::StartGrpc(const std::shared_ptr<grpc::ServerCredentials>& creds) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  // gRPC sets SO_REUSEPORT by default on Linux: a second prefixd on a busy port would then
+  // start and take half of the first one's new connections. Refuse the port instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddListeningPort(options.listen, creds, &grpc_port);
+  builder.RegisterService(service.get());
+  grpc_server = builder.BuildAndStart();
+  if (grpc_server == nullptr || grpc_port == 0) {
+    grpc_server.reset();
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
+  }
+  grpc_server->GetHealthCheckService()->SetServingStatus(true);
+  // A unix socket address has no port to report (gRPC sets `grpc_port` to 1 for it).
+  if (IsUnixAddress(options.listen)) {
+    grpc_address = options.listen;
+    grpc_port = 0;
+  } else {
+    grpc_address =
+        absl::StrCat(options.listen.substr(0, options.listen.rfind(':')), ":", grpc_port);
+  }
+  log(absl::StrCat("listening on ", grpc_address, tls ? " (TLS)" : ""));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
+  if (absl::Status s = ValidateServerOptions(options); !s.ok()) return s;
+  auto parts = std::make_unique<Parts>();
+  parts->log = options.log ? options.log : LogToStderr;
+  parts->options = std::move(options);
+  if (absl::Status s = parts->Build(); !s.ok()) {
+    // Nothing was accepted: stop what was built, at once.
+    if (parts->engine != nullptr && parts->path != nullptr) {
+      parts->BeginDrain(absl::ZeroDuration());
+      parts->stopped.WaitForNotification();
+    } else if (parts->exposer != nullptr) {
+      parts->exposer->RemoveCollectable(parts->metrics);
+    }
+    return s;
+  }
+  return std::unique_ptr<Server>(new Server(std::move(parts)));
+}
+
+Server::Server(std::unique_ptr<Parts> parts) : parts_(std::move(parts)) {}
+
+Server::~Server() {
+  BeginDrain(absl::ZeroDuration());
+  Wait().IgnoreError();
+}
+
+void Server::BeginDrain(absl::Duration grace) { parts_->BeginDrain(grace); }
+
+absl::Status Server::Wait() {
+  parts_->stopped.WaitForNotification();
+  {
+    absl::MutexLock lock(&parts_->join_mu);
+    if (parts_->drain_thread.joinable()) parts_->drain_thread.join();
+  }
+  absl::MutexLock lock(&parts_->mu);
+  return parts_->fatal;
+}
+
+bool Server::draining() const { return parts_->path->draining(); }
+const std::string& Server::grpc_address() const { return parts_->grpc_address; }
+int Server::grpc_port() const { return parts_->grpc_port; }
+int Server::metrics_port() const { return parts_->metrics_port; }
+bool Server::tls() const { return parts_->tls; }
+const Model& Server::model() const { return *parts_->model; }
+Engine& Server::engine() { return *parts_->engine; }
+int64_t Server::live_generate_calls() const { return parts_->service->live_generates(); }
+uint64_t Server::accepted_generates() const { return parts_->path->accepted_generates(); }
+
+}  // namespace prefixd

@@ -1,0 +1,104 @@
+// prefixd::Server: the composition root as a library. It loads the model, builds the backend
+// (or takes one from an injected factory), the engine, the request path and its front ends
+// (gRPC with health and reflection), and the Prometheus exposer; serves until BeginDrain;
+// and stops them in order. `prefixd` (server/main.cc) is this class plus flags and signals;
+// tests run it in-process on a fake backend.
+//
+// Life: Start() returns once every listener accepts calls (or an error naming what failed,
+// with nothing left running). BeginDrain(grace) turns health NOT_SERVING, refuses new calls
+// with UNAVAILABLE, and lets queued and running requests go on until `grace` ends; calling
+// it again can only shorten the grace. Wait() returns when everything has stopped. A fatal
+// backend error drains the server by itself (with `shutdown_grace`), and Wait() returns it.
+#ifndef PREFIXD_SERVER_SERVER_H_
+#define PREFIXD_SERVER_SERVER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "engine/backend.h"
+#include "engine/engine.h"
+#include "engine/model.h"
+
+namespace prefixd {
+
+// Where the backend comes from when no factory is given (the --device ... flags).
+struct DeviceOptions {
+  std::string device = "auto";  // auto | cpu | cuda
+  std::string dtype = "auto";   // auto | f32 | f16 | bf16
+  int64_t kv_cache_bytes = 0;   // 0 = the backend's default budget
+  int32_t block_size = 16;
+  int32_t threads = 0;  // CPU backend threads; 0 = all cores
+};
+
+// Every field mirrors the `prefixd` flag of the same name (docs/SERVER.md), and errors name
+// the flag.
+struct ServerOptions {
+  std::string model_dir;
+  // Builds the backend for the loaded model; unset = the backend `device` describes.
+  std::function<absl::StatusOr<std::unique_ptr<Backend>>(const Model&)> backend_factory;
+  DeviceOptions device;
+  int32_t max_batch_tokens = 512;
+  int32_t max_queue = 1024;
+  int32_t max_samples = 16;
+  bool enable_prefix_cache = true;
+  // Listeners. Port 0 picks a free port (see grpc_address()/metrics_port()); `unix:PATH`
+  // serves gRPC on a unix socket; metrics_listen "off" serves no /metrics.
+  std::string listen = "127.0.0.1:50051";
+  std::string metrics_listen = "127.0.0.1:9464";
+  std::string auth_tokens_file;  // empty: every call is the default tenant
+  std::string tls_cert_file;     // with tls_key_file: gRPC serves TLS
+  std::string tls_key_file;
+  // The grace of a drain the server starts itself (after a fatal backend error).
+  absl::Duration shutdown_grace = absl::Seconds(30);
+  // Start-up and shutdown log lines; unset = stderr, prefixed "prefixd: ".
+  std::function<void(std::string_view)> log;
+};
+
+// The option checks Start() makes first, before anything slow: each error names its flag
+// and the value given. Exposed so that main can check its flags the same way.
+absl::Status ValidateServerOptions(const ServerOptions& options);
+
+class Server {
+ public:
+  static absl::StatusOr<std::unique_ptr<Server>> Start(ServerOptions options);
+  // Drains with no grace if nobody did, waits, and releases everything.
+  ~Server();
+
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Does not block (may be called from any thread, a signal watcher included).
+  void BeginDrain(absl::Duration grace);
+  // Blocks until the drain has finished: OK, or the fatal backend error that ended serving.
+  absl::Status Wait();
+
+  bool draining() const;
+  // "HOST:PORT" with the port actually bound, or the `unix:` address as given.
+  const std::string& grpc_address() const;
+  int grpc_port() const;     // 0 for a unix socket
+  int metrics_port() const;  // 0 when metrics are off
+  bool tls() const;
+
+  const Model& model() const;
+  Engine& engine();
+  // Generate calls whose gRPC reactor still exists, and those queued in the engine since
+  // start-up (for tests that hold calls in flight).
+  int64_t live_generate_calls() const;
+  uint64_t accepted_generates() const;
+
+ private:
+  struct Parts;
+  explicit Server(std::unique_ptr<Parts> parts);
+
+  std::unique_ptr<Parts> parts_;
+};
+
+}  // namespace prefixd
+
+#endif  // PREFIXD_SERVER_SERVER_H_

@@ -1,0 +1,139 @@
+// The one set of request rules (engine/request_validation.h): each refusal and its message.
+#include "engine/request_validation.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace prefixd {
+namespace {
+
+using ::testing::HasSubstr;
+
+RequestLimits Limits() {
+  RequestLimits l;
+  l.model_config.vocab_size = 100;
+  l.model_config.n_positions = 64;
+  l.max_samples = 4;
+  l.block_size = 16;
+  l.pool_blocks = 3;  // 48 tokens: smaller than the context on purpose
+  return l;
+}
+
+EngineRequest Valid() {
+  EngineRequest r;
+  r.prompt = {1, 2};
+  r.max_new_tokens = 8;
+  return r;
+}
+
+absl::Status Check(const EngineRequest& r) { return ValidateEngineRequest(r, Limits()); }
+
+void ExpectInvalid(const absl::Status& s, const std::string& what) {
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr(what));
+}
+
+TEST(RequestValidationTest, AcceptsAValidRequest) { EXPECT_TRUE(Check(Valid()).ok()); }
+
+TEST(RequestValidationTest, EmptyPrompt) {
+  EngineRequest r = Valid();
+  r.prompt.clear();
+  ExpectInvalid(Check(r), "empty prompt");
+}
+
+TEST(RequestValidationTest, TokenIdAtVocabSize) {
+  EngineRequest r = Valid();
+  r.prompt.push_back(100);
+  ExpectInvalid(Check(r), "prompt token id 100 at position 2 is out of range: ids must be < "
+                          "vocab_size 100");
+  r.prompt[2] = 99;
+  EXPECT_TRUE(Check(r).ok());
+}
+
+TEST(RequestValidationTest, BeyondContextLength) {
+  EngineRequest r = Valid();
+  r.max_new_tokens = 63;  // 2 + 63 = 65 > 64
+  ExpectInvalid(Check(r), "prompt (2 tokens) + max_new_tokens (63) = 65 exceeds the model's "
+                          "context length 64");
+}
+
+TEST(RequestValidationTest, MaxNewTokensZero) {
+  EngineRequest r = Valid();
+  r.max_new_tokens = 0;
+  ExpectInvalid(Check(r), "max_new_tokens is 0");
+}
+
+TEST(RequestValidationTest, Samples) {
+  EngineRequest r = Valid();
+  r.num_samples = 5;
+  ExpectInvalid(Check(r), "num_samples 5 exceeds this server's limit 4 (--max-samples)");
+  r.num_samples = 4;
+  EXPECT_TRUE(Check(r).ok());
+  r.num_samples = 0;  // the request path turns a client's 0 into 1 before this
+  ExpectInvalid(Check(r), "num_samples is 0");
+}
+
+TEST(RequestValidationTest, Temperature) {
+  EngineRequest r = Valid();
+  for (float t : {-0.1f, std::numeric_limits<float>::infinity(), std::nanf("")}) {
+    r.sampling.temperature = t;
+    ExpectInvalid(Check(r), "temperature");
+  }
+  r.sampling.temperature = 1.5f;
+  EXPECT_TRUE(Check(r).ok());
+}
+
+TEST(RequestValidationTest, TopP) {
+  EngineRequest r = Valid();
+  for (float p : {0.0f, -1.0f, 1.0001f, std::nanf(""), std::numeric_limits<float>::infinity()}) {
+    r.sampling.top_p = p;
+    ExpectInvalid(Check(r), "top_p");
+  }
+  // Enough digits that a value just above 1 is not printed as "1".
+  r.sampling.top_p = 1.0000001f;
+  ExpectInvalid(Check(r), "top_p 1.00000012 is invalid");
+  r.sampling.top_p = 1.0f;
+  EXPECT_TRUE(Check(r).ok());
+  r.sampling.top_p = 0.01f;
+  EXPECT_TRUE(Check(r).ok());
+}
+
+TEST(RequestValidationTest, TopLogprobs) {
+  EngineRequest r = Valid();
+  r.top_logprobs = 21;
+  ExpectInvalid(Check(r), "top_logprobs 21 is too large: use 0..20");
+  r.top_logprobs = 20;
+  EXPECT_TRUE(Check(r).ok());
+}
+
+TEST(RequestValidationTest, StopIds) {
+  EngineRequest r = Valid();
+  r.stop_token_ids.push_back(5);
+  EXPECT_TRUE(Check(r).ok());
+  r.stop_token_ids.push_back(100);
+  ExpectInvalid(Check(r), "stop token id 100");
+}
+
+TEST(RequestValidationTest, MoreBlocksThanThePool) {
+  EngineRequest r = Valid();
+  r.max_new_tokens = 46;  // 48 tokens = 3 blocks: fits exactly
+  EXPECT_TRUE(Check(r).ok());
+  r.max_new_tokens = 47;  // 49 tokens = 4 blocks > 3
+  absl::Status s = Check(r);
+  ExpectInvalid(s, "needs 4 KV blocks");
+  EXPECT_THAT(std::string(s.message()), HasSubstr("whole pool holds 3 blocks (48 tokens)"));
+}
+
+TEST(RequestValidationTest, BlocksForTokensRoundsUp) {
+  EXPECT_EQ(BlocksForTokens(1, 16), 1);
+  EXPECT_EQ(BlocksForTokens(16, 16), 1);
+  EXPECT_EQ(BlocksForTokens(17, 16), 2);
+  EXPECT_EQ(BlocksForTokens(240, 16), 15);
+}
+
+}  // namespace
+}  // namespace prefixd

@@ -1,0 +1,253 @@
+// A request held in flight: prefixd::Server in-process on the gated fake backend
+// (tests/engine/fake_backend.h), whose first engine step blocks until the test opens the gate.
+// Cancels, deadlines, disconnects, a full queue and the drain then happen while the request
+// is certainly running, however fast or slow the machine.
+#include <signal.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "server/server.h"
+#include "tests/engine/fake_backend.h"
+#include "tests/server/grpc_helpers.h"
+#include "tests/server/in_process_server.h"
+#include "tests/server/process.h"
+
+namespace prefixd::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct FlowSetup {
+  int64_t blocks = 64;      // of 16 tokens: 1024 tokens, more than the 256-token context
+  bool gate_first_step = true;
+  bool fail_first_step = false;  // with a fatal device error
+  int32_t max_queue = 1024;
+};
+
+class ServerFlowTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    model_dir_ = dir_->path() + "/tiny-model";
+    ASSERT_TRUE(WriteTinyModel(model_dir_).ok());
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  void StartServer(const FlowSetup& setup = {}) {
+    ServerOptions o = TestServerOptions(model_dir_, log_.Writer());
+    o.metrics_listen = "127.0.0.1:0";
+    o.max_queue = setup.max_queue;
+    o.backend_factory = [this, setup](const Model& m) -> absl::StatusOr<std::unique_ptr<Backend>> {
+      auto b = std::make_unique<FakeBackend>(setup.blocks, 16, m.config().vocab_size);
+      if (setup.gate_first_step) b->set_gate(&gate_, 0);
+      if (setup.fail_first_step) {
+        b->set_fail_at_call(0);
+        b->set_fail_fatally(true);
+      }
+      backend_ = b.get();
+      return std::unique_ptr<Backend>(std::move(b));
+    };
+    absl::StatusOr<std::unique_ptr<Server>> s = Server::Start(std::move(o));
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+    channel_ = InsecureChannel(server_->grpc_address());
+    stub_ = v1::Inference::NewStub(channel_);
+  }
+
+  void TearDown() override {
+    if (!gate_.HasBeenNotified()) gate_.Notify();  // the server cannot stop inside a step
+    server_.reset();
+  }
+
+  // Blocks until the engine is inside its first step: the request is admitted, holds blocks,
+  // and stays that way until OpenGate().
+  void WaitUntilRunning() {
+    ASSERT_TRUE(backend_->entered().WaitForNotificationWithTimeout(absl::Seconds(30)));
+  }
+  void OpenGate() { gate_.Notify(); }
+
+  bool BlocksReleased() {
+    const EngineStats s = server_->engine().Stats();
+    return s.cache.blocks_active == 0 && s.scheduler.running_requests == 0;
+  }
+
+  double Metric(const std::string& series) {
+    absl::StatusOr<std::string> text = HttpGet(server_->metrics_port(), "/metrics");
+    return text.ok() ? MetricValue(*text, series) : -1;
+  }
+
+  static v1::GenerateRequest Long(uint32_t seed, uint32_t samples = 1) {
+    v1::GenerateRequest req = IdsRequest(RandomIds(seed, 20), 200);
+    req.set_num_samples(samples);
+    req.set_temperature(1.0f);
+    req.set_seed(seed);
+    req.set_ignore_eos(true);
+    return req;
+  }
+
+  static inline TempDir* dir_ = nullptr;
+  static inline std::string model_dir_;
+  LogSink log_;
+  absl::Notification gate_;
+  FakeBackend* backend_ = nullptr;  // owned by server_
+  std::unique_ptr<Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Inference::Stub> stub_;
+};
+
+TEST_F(ServerFlowTest, CancelReleasesTheBlocksAndIsCounted) {
+  StartServer();
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, Long(1));
+  WaitUntilRunning();
+  ctx.TryCancel();
+  v1::GenerateResponse msg;
+  while (reader->Read(&msg)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  OpenGate();
+  EXPECT_TRUE(PollUntil([&] { return BlocksReleased(); }, absl::Seconds(10)));
+  EXPECT_TRUE(PollUntil([&] { return Metric("prefixd_requests_total{code=\"CANCELLED\"}") == 1; },
+                        absl::Seconds(10)));
+  // The server goes on serving.
+  EXPECT_TRUE(Generate(*stub_, IdsRequest({1, 2, 3}, 2)).status.ok());
+}
+
+TEST_F(ServerFlowTest, ADeadlineThatPassesMidRequestIsDeadlineExceeded) {
+  StartServer();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  auto reader = stub_->Generate(&ctx, Long(2));
+  WaitUntilRunning();
+  v1::GenerateResponse msg;
+  while (reader->Read(&msg)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  OpenGate();
+  EXPECT_TRUE(PollUntil([&] { return BlocksReleased(); }, absl::Seconds(10)));
+  // Counted as a passed deadline, not as a cancellation.
+  EXPECT_TRUE(PollUntil(
+      [&] { return Metric("prefixd_requests_total{code=\"DEADLINE_EXCEEDED\"}") == 1; },
+      absl::Seconds(10)));
+  EXPECT_EQ(Metric("prefixd_requests_total{code=\"CANCELLED\"}"), -1);
+}
+
+TEST_F(ServerFlowTest, AClientThatDisconnectsIsCancelled) {
+  StartServer();
+  // A real client process, killed mid-stream: its connection closes without a cancel.
+  absl::StatusOr<std::unique_ptr<Process>> client =
+      Process::Start({BuiltBinary("client/prefixctl"), "--server", server_->grpc_address(),
+                      "generate", "--ids", "1,2,3,4,5,6,7,8", "--max-tokens", "200"});
+  ASSERT_TRUE(client.ok()) << client.status();
+  WaitUntilRunning();
+  (*client)->Signal(SIGKILL);
+  (*client)->Wait(absl::Seconds(10));
+  EXPECT_TRUE(PollUntil([&] { return server_->live_generate_calls() == 0; }, absl::Seconds(10)));
+  OpenGate();
+  EXPECT_TRUE(PollUntil([&] { return BlocksReleased(); }, absl::Seconds(10)));
+  EXPECT_TRUE(PollUntil([&] { return Metric("prefixd_requests_total{code=\"CANCELLED\"}") == 1; },
+                        absl::Seconds(10)));
+}
+
+TEST_F(ServerFlowTest, AFullQueueRefusesWithResourceExhausted) {
+  StartServer({.max_queue = 1});
+  grpc::ClientContext actx;
+  auto a = stub_->Generate(&actx, IdsRequest(RandomIds(3, 8), 20));
+  WaitUntilRunning();  // A runs
+  grpc::ClientContext bctx;
+  auto b = stub_->Generate(&bctx, IdsRequest(RandomIds(4, 8), 20));
+  // B waits behind A (the one queue slot) once the server has accepted it.
+  ASSERT_TRUE(PollUntil([&] { return server_->accepted_generates() == 2; }, absl::Seconds(10)));
+  GenerateResult c = Generate(*stub_, IdsRequest(RandomIds(5, 8), 20));
+  EXPECT_EQ(c.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(c.status.error_message(), HasSubstr("request queue is full (1 requests waiting)"));
+  OpenGate();
+  v1::GenerateResponse msg;
+  while (a->Read(&msg)) {
+  }
+  EXPECT_TRUE(a->Finish().ok());
+  while (b->Read(&msg)) {
+  }
+  EXPECT_TRUE(b->Finish().ok()) << "the queued request runs once A is done";
+  EXPECT_EQ(Metric("prefixd_requests_total{code=\"RESOURCE_EXHAUSTED\"}"), 1);
+}
+
+TEST_F(ServerFlowTest, ARequestLargerThanThePoolIsRefusedAtOnce) {
+  StartServer({.blocks = 8, .gate_first_step = false});  // 128 tokens < the 256 context
+  GenerateResult big = Generate(*stub_, IdsRequest(RandomIds(1, 100), 40));
+  EXPECT_EQ(big.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(big.status.error_message(), HasSubstr("whole pool holds 8 blocks (128 tokens)"));
+  EXPECT_TRUE(Generate(*stub_, IdsRequest(RandomIds(1, 100), 20)).status.ok());
+}
+
+TEST_F(ServerFlowTest, DrainLetsTheRequestInFlightFinish) {
+  StartServer();
+  v1::GenerateRequest req = Long(5, 2);
+  req.set_max_new_tokens(50);
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, req);
+  WaitUntilRunning();
+
+  server_->BeginDrain(absl::Seconds(60));
+  EXPECT_TRUE(server_->draining());
+  auto health = grpc::health::v1::Health::NewStub(channel_);
+  grpc::ClientContext hctx;
+  grpc::health::v1::HealthCheckResponse hresp;
+  ASSERT_TRUE(health->Check(&hctx, grpc::health::v1::HealthCheckRequest(), &hresp).ok());
+  EXPECT_EQ(hresp.status(), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  GenerateResult refused = Generate(*stub_, IdsRequest({1, 2}, 2));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(refused.status.error_message(), HasSubstr("shutting down"));
+
+  OpenGate();
+  uint32_t tokens = 0;
+  v1::Usage usage;
+  v1::GenerateResponse msg;
+  while (reader->Read(&msg)) {
+    tokens += msg.token_ids_size();
+    if (msg.has_usage()) usage = msg.usage();
+  }
+  EXPECT_TRUE(reader->Finish().ok()) << "the request in flight completes";
+  EXPECT_EQ(tokens, 2u * 50u);
+  EXPECT_EQ(usage.completion_tokens(), 2u * 50u);
+  EXPECT_TRUE(server_->Wait().ok());
+  EXPECT_THAT(log_.Text(), HasSubstr("engine stopped"));
+}
+
+TEST_F(ServerFlowTest, ASecondDrainEndsALongGraceAtOnce) {
+  StartServer();
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, Long(6, 16));
+  WaitUntilRunning();
+  server_->BeginDrain(absl::Seconds(600));
+  server_->BeginDrain(absl::ZeroDuration());
+  OpenGate();
+  uint32_t tokens = 0;
+  v1::GenerateResponse msg;
+  while (reader->Read(&msg)) tokens += msg.token_ids_size();
+  const grpc::Status status = reader->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("shutting down"));
+  EXPECT_LT(tokens, 16u * 200u) << "the request was cut short, not run to its end";
+  EXPECT_TRUE(server_->Wait().ok());
+}
+
+TEST_F(ServerFlowTest, AFatalBackendErrorDrainsTheServerAndWaitReportsIt) {
+  StartServer({.gate_first_step = false, .fail_first_step = true});
+  GenerateResult r = Generate(*stub_, IdsRequest({1, 2, 3}, 4));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INTERNAL);
+  const absl::Status ended = server_->Wait();
+  EXPECT_FALSE(ended.ok());
+  EXPECT_THAT(std::string(ended.message()), HasSubstr("injected failure"));
+  EXPECT_TRUE(server_->draining());
+  EXPECT_THAT(log_.Text(), HasSubstr("fatal backend error, shutting down"));
+}
+
+}  // namespace
+}  // namespace prefixd::testing
