@@ -41,8 +41,9 @@ namespace prefixd {
 struct CudaBackendOptions {
   const Model* model = nullptr;  // read during CreateCudaBackend only (weights are copied)
   DType dtype = DType::kBF16;
-  // KV pool size in bytes; 0: kv_cache_fraction of the device memory left free after the
-  // weights and activation buffers.
+  // KV pool size in bytes, its scratch block included; at most the device memory left free
+  // after the weights and activation buffers less a headroom (kernels/cuda/kv_budget.h).
+  // 0: kv_cache_fraction of that free memory, within the same headroom.
   int64_t kv_cache_bytes = 0;
   double kv_cache_fraction = 0.8;
   int32_t block_size = 16;
@@ -62,7 +63,7 @@ struct CudaBackendOptions {
 // text otherwise ("CUDA driver version is insufficient for CUDA runtime version" on a machine
 // without a GPU; cudaErrorDevicesUnavailable for an exclusive-process device held by another
 // process). For the server's --device auto. Leaves the calling thread's current device as it
-// was and no error behind.
+// was and, where a driver is present, no last error behind.
 absl::Status CudaDeviceAvailable(int device = 0);
 
 // UNAVAILABLE when no usable device, INVALID_ARGUMENT for bad options or an unsupported
