@@ -650,7 +650,8 @@ absl::Status CudaBackend::RunGraph(absl::Span<const SequenceStep> steps,
 
 absl::Status CudaBackend::CaptureGraph(const PassMeta& meta, cudaGraphExec_t* exec) {
   *exec = nullptr;
-  // Capture executes nothing. Each phase's CUDA error is kept; the first failure decides.
+  // Capture executes nothing. `status` is the first failure; `failure` the CUDA error that
+  // AfterGraphFailure judges (cudaSuccess where only cuBLAS failed).
   cudaError_t failure = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal);
   absl::Status status = failure == cudaSuccess
                             ? absl::OkStatus()
