@@ -653,10 +653,10 @@ absl::Status CudaBackend::CaptureGraph(const PassMeta& meta, cudaGraphExec_t* ex
   // Capture executes nothing. `status` is the first failure; `failure` the CUDA error that
   // AfterGraphFailure judges (cudaSuccess where only cuBLAS failed).
   cudaError_t failure = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal);
-  absl::Status status = failure == cudaSuccess
-                            ? absl::OkStatus()
-                            : cuda::CudaErrorStatus(failure, "cudaStreamBeginCapture", __FILE__,
-                                                    __LINE__);
+  absl::Status status =
+      failure == cudaSuccess
+          ? absl::OkStatus()
+          : cuda::CudaErrorStatus(failure, "cudaStreamBeginCapture", __FILE__, __LINE__);
   if (failure == cudaSuccess) {
     status = EnqueueForward(meta);
     // End the capture even after a failed enqueue so the stream leaves capture mode.
@@ -668,9 +668,8 @@ absl::Status CudaBackend::CaptureGraph(const PassMeta& meta, cudaGraphExec_t* ex
     // A failed enqueue invalidates the capture: EndCapture's error is the CUDA one to judge.
     failure = ended;
     if (status.ok()) {
-      failure = options_.testing_fail_graph_instantiation
-                    ? cudaErrorNotSupported
-                    : cudaGraphInstantiate(exec, graph, 0);
+      failure = options_.testing_fail_graph_instantiation ? cudaErrorNotSupported
+                                                          : cudaGraphInstantiate(exec, graph, 0);
       if (failure != cudaSuccess) {
         *exec = nullptr;
         status = cuda::CudaErrorStatus(failure, "cudaGraphInstantiate", __FILE__, __LINE__);

@@ -54,9 +54,8 @@ absl::Status AllocationStatus(cudaError_t error, size_t bytes, MemoryKind kind) 
   const bool device = kind == MemoryKind::kDevice;
   const char* call = device ? "cudaMalloc" : "cudaMallocHost";
   if (error == cudaErrorMemoryAllocation) {
-    return absl::ResourceExhaustedError(absl::StrFormat("%s of %d bytes failed: out of %s memory",
-                                                        call, bytes,
-                                                        device ? "device" : "pinned host"));
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "%s of %d bytes failed: out of %s memory", call, bytes, device ? "device" : "pinned host"));
   }
   return CudaErrorStatus(error, call, __FILE__, __LINE__);
 }

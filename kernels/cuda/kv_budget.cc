@@ -13,8 +13,8 @@ absl::StatusOr<KvPoolPlan> PlanKvPool(const KvPoolRequest& r) {
   const int64_t available = std::max<int64_t>(r.free_bytes - kDeviceHeadroomBytes, 0);
   int64_t budget = r.budget_bytes;
   if (budget == 0) {
-    budget = std::min(static_cast<int64_t>(static_cast<double>(r.free_bytes) * r.fraction),
-                      available);
+    budget =
+        std::min(static_cast<int64_t>(static_cast<double>(r.free_bytes) * r.fraction), available);
   } else if (budget > available) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "KV budget of %d bytes does not fit: the device has %d bytes free after the weights "

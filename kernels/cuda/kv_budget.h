@@ -22,16 +22,16 @@ namespace prefixd::cuda {
 inline constexpr int64_t kDeviceHeadroomBytes = int64_t{256} << 20;
 
 struct KvPoolRequest {
-  int64_t budget_bytes = 0;     // explicit budget for the whole pool; 0: fraction x free
-  double fraction = 0.8;        // of free_bytes, when budget_bytes is 0
-  int64_t free_bytes = 0;       // device memory free once weights and buffers are allocated
-  int64_t block_bytes = 0;      // one block: all layers, K and V, block_size rows
-  int32_t block_size = 16;      // rows per block (slots block * block_size + row are int32)
+  int64_t budget_bytes = 0;  // explicit budget for the whole pool; 0: fraction x free
+  double fraction = 0.8;     // of free_bytes, when budget_bytes is 0
+  int64_t free_bytes = 0;    // device memory free once weights and buffers are allocated
+  int64_t block_bytes = 0;   // one block: all layers, K and V, block_size rows
+  int32_t block_size = 16;   // rows per block (slots block * block_size + row are int32)
 };
 
 struct KvPoolPlan {
-  int64_t num_blocks = 0;  // blocks cache/ may hand out
-  int64_t pool_bytes = 0;  // (num_blocks + 1) x block_bytes: what is allocated
+  int64_t num_blocks = 0;    // blocks cache/ may hand out
+  int64_t pool_bytes = 0;    // (num_blocks + 1) x block_bytes: what is allocated
   int64_t budget_bytes = 0;  // the budget the plan was cut from (the fraction resolved)
 };
 

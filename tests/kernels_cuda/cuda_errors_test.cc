@@ -74,7 +74,6 @@ TEST(CudaErrorsTest, FactoryRejectsMissingModel) {
   EXPECT_EQ(CreateCudaBackend(options).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-using ::testing::HasSubstr;
 using cuda::AfterGraphFailure;
 using cuda::AllocationStatus;
 using cuda::DeviceProbe;
@@ -82,24 +81,26 @@ using cuda::DeviceProbeStatus;
 using cuda::GraphFailureAction;
 using cuda::IsStickyCudaError;
 using cuda::MemoryKind;
+using ::testing::HasSubstr;
 
 TEST(CudaErrorsTest, StickyErrorsAreTheOnesThatBreakTheContext) {
-  for (cudaError_t e : {cudaErrorIllegalAddress, cudaErrorLaunchFailure, cudaErrorAssert,
-                        cudaErrorLaunchTimeout, cudaErrorMisalignedAddress,
-                        cudaErrorIllegalInstruction, cudaErrorECCUncorrectable}) {
+  for (cudaError_t e :
+       {cudaErrorIllegalAddress, cudaErrorLaunchFailure, cudaErrorAssert, cudaErrorLaunchTimeout,
+        cudaErrorMisalignedAddress, cudaErrorIllegalInstruction, cudaErrorECCUncorrectable}) {
     EXPECT_TRUE(IsStickyCudaError(e)) << cudaGetErrorName(e);
   }
-  for (cudaError_t e : {cudaSuccess, cudaErrorMemoryAllocation, cudaErrorInvalidValue,
-                        cudaErrorNotSupported, cudaErrorStreamCaptureInvalidated,
-                        cudaErrorStreamCaptureUnsupported, cudaErrorDevicesUnavailable,
-                        cudaErrorInsufficientDriver}) {
+  for (cudaError_t e :
+       {cudaSuccess, cudaErrorMemoryAllocation, cudaErrorInvalidValue, cudaErrorNotSupported,
+        cudaErrorStreamCaptureInvalidated, cudaErrorStreamCaptureUnsupported,
+        cudaErrorDevicesUnavailable, cudaErrorInsufficientDriver}) {
     EXPECT_FALSE(IsStickyCudaError(e)) << cudaGetErrorName(e);
   }
 }
 
 TEST(CudaErrorsTest, OutOfMemoryIsResourceExhaustedAndNotFatal) {
   EXPECT_TRUE(AllocationStatus(cudaSuccess, 1024, MemoryKind::kDevice).ok());
-  const absl::Status device = AllocationStatus(cudaErrorMemoryAllocation, 1024, MemoryKind::kDevice);
+  const absl::Status device =
+      AllocationStatus(cudaErrorMemoryAllocation, 1024, MemoryKind::kDevice);
   EXPECT_EQ(device.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_FALSE(IsFatalDeviceError(device));
   EXPECT_THAT(std::string(device.message()), HasSubstr("cudaMalloc of 1024 bytes"));
@@ -130,9 +131,9 @@ TEST(CudaErrorsTest, FailedAllocationReturnsNullAndAnError) {
 }
 
 TEST(CudaErrorsTest, FailedGraphCaptureOnAHealthyContextRunsEagerly) {
-  for (cudaError_t failure : {cudaSuccess, cudaErrorStreamCaptureInvalidated,
-                              cudaErrorStreamCaptureUnsupported, cudaErrorMemoryAllocation,
-                              cudaErrorNotSupported}) {
+  for (cudaError_t failure :
+       {cudaSuccess, cudaErrorStreamCaptureInvalidated, cudaErrorStreamCaptureUnsupported,
+        cudaErrorMemoryAllocation, cudaErrorNotSupported}) {
     EXPECT_EQ(AfterGraphFailure(failure, cudaSuccess), GraphFailureAction::kRunEagerly)
         << cudaGetErrorName(failure);
   }
@@ -204,9 +205,9 @@ TEST(CudaErrorsTest, ExhaustionDoesNotFailTheNextLaunch) {
   cuda_test::DeviceBuffer bias(std::vector<float>(4, 0.0f));
   cuda_test::DeviceBuffer out(8 * sizeof(float));
   ASSERT_TRUE(fc.ok() && bias.ok() && out.ok());
-  EXPECT_EQ(cuda::LaunchBiasGelu(DType::kF32, fc.get<float>(), bias.get(), 2, 4, out.get(),
-                                 nullptr),
-            cudaSuccess);
+  EXPECT_EQ(
+      cuda::LaunchBiasGelu(DType::kF32, fc.get<float>(), bias.get(), 2, 4, out.get(), nullptr),
+      cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
