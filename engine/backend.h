@@ -38,6 +38,13 @@ struct MemoryUsage {
   int64_t workspace_bytes = 0;
 };
 
+// Events a backend counts over its life (each only grows), for logs and metrics.
+struct BackendCounters {
+  // Decode batch shapes whose CUDA graph could not be captured or instantiated and that run
+  // eagerly from then on (the CUDA backend; always 0 elsewhere).
+  int64_t graph_fallbacks = 0;
+};
+
 // The payload key that marks a status as a sticky device failure: the backend is unusable
 // from then on, so the server fails requests in flight, turns health NOT_SERVING and exits
 // non-zero for an orchestrator to restart it. Backends add it; anyone can test for it.
@@ -58,6 +65,8 @@ class Backend {
   virtual int64_t kv_bytes_per_token() const = 0;  // cache/kv_layout.h's formula
   // Safe to call from any thread, also while Forward runs (the metrics endpoint does).
   virtual MemoryUsage memory_usage() const = 0;
+  // Safe to call from any thread, also while Forward runs. Default: nothing counted.
+  virtual BackendCounters counters() const { return {}; }
 
   // Executes the copies in order; later Forward() calls see their result. A copy names two
   // different blocks of the pool and at most block_size rows; otherwise InvalidArgument and
