@@ -81,6 +81,11 @@ class RequestStream {
   // Idempotent. The sequence's blocks are released before the engine's next step and the
   // stream ends with kDone(CANCELLED).
   virtual void Cancel() = 0;
+  // Ends one sample as if it had met a stop condition (a stop string the caller found in its
+  // text): before its next step the engine releases the sample's blocks and emits its
+  // kSampleFinished(kStop); the other samples go on. Idempotent; ignored for a sample that
+  // has already finished. Tokens the engine emitted before it saw the call still arrive.
+  virtual void StopSample(uint32_t sample_index) = 0;
 };
 
 struct EngineOptions {

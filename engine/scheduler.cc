@@ -37,9 +37,22 @@ void Scheduler::Enqueue(std::unique_ptr<RequestState> request) {
 void Scheduler::HandleCancellations() {
   bool any = false;
   for (auto& r : requests_) {
-    if (!r->ended && r->stream->cancel_requested()) {
+    if (r->ended) continue;
+    if (r->stream->cancel_requested()) {
       EndRequest(r.get(), absl::CancelledError("request cancelled"));
       any = true;
+      continue;
+    }
+    for (uint32_t sample : r->stream->TakeSampleStops()) {
+      for (auto& seq : r->sequences) {
+        // A pre-fork sequence has emitted nothing yet, so no caller can have stopped it.
+        if (seq->sample_index == sample && !seq->pre_fork &&
+            seq->state != Sequence::State::kFinished) {
+          FinishSequence(seq.get(), FinishReason::kStop);
+          any = true;
+        }
+      }
+      if (r->ended) break;
     }
   }
   if (any) Prune();

@@ -54,7 +54,8 @@ class Scheduler {
 
   // Queues a validated request at the back. `request->root` must be set.
   void Enqueue(std::unique_ptr<RequestState> request);
-  // Ends (CANCELLED) every request whose stream asked to cancel, releasing its blocks.
+  // Ends (CANCELLED) every request whose stream asked to cancel, and finishes (kStop) every
+  // sample a stream asked to stop, releasing their blocks.
   void HandleCancellations();
   // One batch (see above). Returns false when nothing could run (no batch was formed).
   bool Step();

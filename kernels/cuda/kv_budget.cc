@@ -4,7 +4,7 @@
 #include <climits>
 
 #include "absl/strings/str_format.h"
-#include "cache/check.h"
+#include "base/check.h"
 
 namespace prefixd::cuda {
 
