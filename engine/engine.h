@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "cache/disk/disk_tier.h"
 #include "engine/backend.h"
 #include "engine/model_config.h"
 
@@ -101,7 +102,18 @@ struct EngineOptions {
   // test can count on a long request still running when it cancels it, signals the server
   // or lets a deadline pass, however fast the machine. Zero in production.
   absl::Duration testing_step_delay = absl::ZeroDuration();
+  // Second cache tier on local disk (cache/disk/disk_tier.h); off while disk_tier.dir is
+  // empty. Cached blocks the pool evicts are written there (off the engine thread, dropped
+  // when the write queue is full), admissions continue their prefix match into it, and on
+  // Shutdown the blocks still cached are written within what is left of the grace, at most
+  // kDiskTierShutdownSpill. Needs enable_prefix_cache. Engine::Create fails with the tier's
+  // FAILED_PRECONDITION when the directory cannot be used (not writable, locked by another
+  // process).
+  DiskTierOptions disk_tier;
 };
+
+// The longest Shutdown spends writing cached blocks to the disk tier.
+inline constexpr absl::Duration kDiskTierShutdownSpill = absl::Seconds(10);
 
 struct EngineStats {
   // Cache (tokens and blocks).
@@ -118,7 +130,22 @@ struct EngineStats {
   uint64_t prefill_tokens = 0;    // computed, not served from the cache
   uint64_t generated_tokens = 0;
   uint64_t preemptions = 0;
+  // Disk tier (all zero without one; cache/disk/disk_tier.h DiskTierStats says more).
+  uint64_t disk_hit_tokens = 0;  // cached_prompt_tokens of first admissions read from disk
+  uint64_t disk_blocks = 0;      // block files of this model's layout on disk
+  uint64_t disk_bytes = 0;       // bytes of block files counted against the cap
+  uint64_t disk_cap_bytes = 0;
+  uint64_t disk_spills = 0;           // blocks written
+  uint64_t disk_spills_dropped = 0;   // evicted blocks not written (queue full, write error)
+  uint64_t disk_write_errors = 0;     // failed writes among the dropped (disk full, I/O)
+  uint64_t disk_loads = 0;            // blocks read back into the pool
+  uint64_t disk_corrupt_blocks = 0;   // files that failed verification: deleted, recomputed
+  uint64_t disk_evicted_files = 0;    // files deleted to stay under the cap
 };
+
+// The disk tier layout of an engine's blocks: its manifest, the backend's dtype and block
+// size, the model's layer and head geometry.
+DiskLayout EngineDiskLayout(const EngineOptions& options);
 
 class Engine {
  public:
@@ -141,6 +168,7 @@ class Engine {
   struct Latencies {
     std::vector<double> ttft;
     std::vector<double> tpot;
+    std::vector<double> disk_load;  // per block read from the disk tier (read, verify, upload)
   };
   // Observations waiting for DrainLatencies are bounded: with nobody draining (no metrics
   // scrape) a long-running server would otherwise grow by 8 bytes per token. Past this many
