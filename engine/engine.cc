@@ -152,6 +152,8 @@ class EngineImpl final : public Engine {
     return out;
   }
 
+  DiskTier* disk_tier() { return tier_.get(); }
+
   void RunWithKvCache(std::function<void(const KvCache&)> fn) {
     absl::Notification done;
     bool posted = false;
@@ -372,6 +374,12 @@ void RunWithKvCacheForTest(Engine& engine, std::function<void(const KvCache&)> f
   auto* impl = dynamic_cast<EngineImpl*>(&engine);
   PREFIXD_CHECK(impl != nullptr);
   impl->RunWithKvCache(std::move(fn));
+}
+
+bool FlushDiskTierForTest(Engine& engine, absl::Time deadline) {
+  auto* impl = dynamic_cast<EngineImpl*>(&engine);
+  PREFIXD_CHECK(impl != nullptr && impl->disk_tier() != nullptr);
+  return impl->disk_tier()->Flush(deadline);
 }
 
 }  // namespace prefixd
