@@ -201,8 +201,9 @@ void RestartAndBlock(const Model& model, const Flags& f, const std::string& root
     }
     fs::remove_all(dir);
   }
-  std::printf("\n== restart: %d-token prompt (%d-token prefix cached before the restart), %d reps\n",
-              static_cast<int>(prompt_len), f.prefix, f.reps);
+  std::printf(
+      "\n== restart: %d-token prompt (%d-token prefix cached before the restart), %d reps\n",
+      static_cast<int>(prompt_len), f.prefix, f.reps);
   std::printf("cold TTFT mean %.3f s  (each: ", Mean(cold));
   for (double x : cold) std::printf("%.3f ", x);
   std::printf(")\nrestart TTFT, page cache warm: mean %.3f s (each: ", Mean(warm));
@@ -216,15 +217,16 @@ void RestartAndBlock(const Model& model, const Flags& f, const std::string& root
   }
   std::printf("engine start with the tier (open, lock, index %d files): mean %.4f s\n",
               f.prefix / 16 + 1, Mean(open_s));
-  std::printf("\n== block: one 16-token block (%lld bytes of K/V)\n",
-              static_cast<long long>(16 * KvBytesPerToken(model.config().n_layer,
-                                                          model.config().n_head,
-                                                          model.config().head_dim(), 4)));
+  std::printf(
+      "\n== block: one 16-token block (%lld bytes of K/V)\n",
+      static_cast<long long>(16 * KvBytesPerToken(model.config().n_layer, model.config().n_head,
+                                                  model.config().head_dim(), 4)));
   std::sort(loads.begin(), loads.end());
-  std::printf("read from the tier, page cache warm: mean %.2f ms, p50 %.2f ms, max %.2f ms (%zu "
-              "blocks)\n",
-              1e3 * Mean(loads), loads.empty() ? 0 : 1e3 * loads[loads.size() / 2],
-              loads.empty() ? 0 : 1e3 * loads.back(), loads.size());
+  std::printf(
+      "read from the tier, page cache warm: mean %.2f ms, p50 %.2f ms, max %.2f ms (%zu "
+      "blocks)\n",
+      1e3 * Mean(loads), loads.empty() ? 0 : 1e3 * loads[loads.size() / 2],
+      loads.empty() ? 0 : 1e3 * loads.back(), loads.size());
   if (f.drop_caches) {
     std::sort(loads_dropped.begin(), loads_dropped.end());
     std::printf("read from the tier, page cache dropped: mean %.2f ms, p50 %.2f ms, max %.2f ms\n",
@@ -242,7 +244,8 @@ struct PassResult {
   uint64_t generated = 0, prompt = 0, cached = 0;
 };
 
-PassResult Pass(Engine& engine, const std::vector<std::vector<uint32_t>>& prompts, int concurrency) {
+PassResult Pass(Engine& engine, const std::vector<std::vector<uint32_t>>& prompts,
+                int concurrency) {
   PassResult r;
   std::mutex mu;
   std::atomic<size_t> next{0};
@@ -271,10 +274,11 @@ void Capacity(const Model& model, const Flags& f, const std::string& root) {
   // Room for pool_prompts prompts with their 16 new tokens (whole blocks), plus slack.
   const int64_t per_prompt = (f.prompt_tokens + 16 + 15) / 16 * 16;
   const int64_t pool_tokens = f.pool_prompts * per_prompt + 8 * 16;
-  std::printf("\n== capacity: %d distinct %d-token prompts, a pool of %lld tokens (%d of them), "
-              "%d in flight, 16 new tokens each\n",
-              f.prompts, f.prompt_tokens, static_cast<long long>(pool_tokens), f.pool_prompts,
-              f.concurrency);
+  std::printf(
+      "\n== capacity: %d distinct %d-token prompts, a pool of %lld tokens (%d of them), "
+      "%d in flight, 16 new tokens each\n",
+      f.prompts, f.prompt_tokens, static_cast<long long>(pool_tokens), f.pool_prompts,
+      f.concurrency);
   PassResult off;
   {
     Served engine(model, f, pool_tokens, "");
@@ -302,8 +306,7 @@ void Capacity(const Model& model, const Flags& f, const std::string& root) {
               static_cast<unsigned long long>(stats.disk_spills),
               static_cast<unsigned long long>(stats.disk_spills_dropped),
               static_cast<unsigned long long>(stats.disk_loads),
-              static_cast<unsigned long long>(stats.disk_corrupt_blocks),
-              stats.disk_bytes / 1e6);
+              static_cast<unsigned long long>(stats.disk_corrupt_blocks), stats.disk_bytes / 1e6);
   std::printf("second pass vs without: %.1fx throughput\n",
               (on.generated / on.wall_s) / (off.generated / off.wall_s));
 }
@@ -319,17 +322,28 @@ int Main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--model") f.model = value();
-    else if (a == "--dir") f.dir = value();
-    else if (a == "--threads") f.threads = std::stoi(value());
-    else if (a == "--prefix") f.prefix = std::stoi(value());
-    else if (a == "--reps") f.reps = std::stoi(value());
-    else if (a == "--prompts") f.prompts = std::stoi(value());
-    else if (a == "--prompt-tokens") f.prompt_tokens = std::stoi(value());
-    else if (a == "--pool-prompts") f.pool_prompts = std::stoi(value());
-    else if (a == "--concurrency") f.concurrency = std::stoi(value());
-    else if (a == "--drop-caches") f.drop_caches = true;
-    else if (a == "--only") f.only = value();
+    if (a == "--model")
+      f.model = value();
+    else if (a == "--dir")
+      f.dir = value();
+    else if (a == "--threads")
+      f.threads = std::stoi(value());
+    else if (a == "--prefix")
+      f.prefix = std::stoi(value());
+    else if (a == "--reps")
+      f.reps = std::stoi(value());
+    else if (a == "--prompts")
+      f.prompts = std::stoi(value());
+    else if (a == "--prompt-tokens")
+      f.prompt_tokens = std::stoi(value());
+    else if (a == "--pool-prompts")
+      f.pool_prompts = std::stoi(value());
+    else if (a == "--concurrency")
+      f.concurrency = std::stoi(value());
+    else if (a == "--drop-caches")
+      f.drop_caches = true;
+    else if (a == "--only")
+      f.only = value();
     else {
       std::fprintf(stderr, "unknown flag %s (see the header of disk_tier_bench.cc)\n", a.c_str());
       return 2;
@@ -339,10 +353,9 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "--only takes restart or capacity, got %s\n", f.only.c_str());
     return 2;
   }
-  const std::string root =
-      (fs::path(f.dir.empty() ? fs::temp_directory_path().string() : f.dir) /
-       absl::StrCat("prefixd_disk_tier_bench_", ::getpid()))
-          .string();
+  const std::string root = (fs::path(f.dir.empty() ? fs::temp_directory_path().string() : f.dir) /
+                            absl::StrCat("prefixd_disk_tier_bench_", ::getpid()))
+                               .string();
   std::string model_dir = f.model;
   const bool temporary = model_dir.empty();
   if (temporary) {

@@ -262,7 +262,7 @@ class EngineImpl final : public Engine {
     shared_->scheduler_waiting.store(static_cast<int64_t>(k.waiting_requests));
     absl::MutexLock lock(&stats_mu_);
     stats_.queried_tokens = c.queried_tokens;
-    stats_.hit_tokens = c.hit_tokens;
+    stats_.hit_tokens = c.hit_tokens + k.disk_hit_tokens;  // = Σ cached_prompt_tokens
     stats_.blocks_total = c.blocks_total;
     stats_.blocks_free = c.blocks_free;
     stats_.blocks_active = c.blocks_active;

@@ -118,7 +118,7 @@ inline constexpr absl::Duration kDiskTierShutdownSpill = absl::Seconds(10);
 struct EngineStats {
   // Cache (tokens and blocks).
   uint64_t queried_tokens = 0;  // prompt tokens of first admissions
-  uint64_t hit_tokens = 0;      // their cached_prompt_tokens
+  uint64_t hit_tokens = 0;      // their cached_prompt_tokens, from either tier (pool or disk)
   uint64_t blocks_total = 0, blocks_free = 0, blocks_active = 0, blocks_cached = 0;
   uint64_t evictions = 0;
   uint64_t cow_copies = 0;
@@ -131,7 +131,7 @@ struct EngineStats {
   uint64_t generated_tokens = 0;
   uint64_t preemptions = 0;
   // Disk tier (all zero without one; cache/disk/disk_tier.h DiskTierStats says more).
-  uint64_t disk_hit_tokens = 0;  // cached_prompt_tokens of first admissions read from disk
+  uint64_t disk_hit_tokens = 0;  // the part of hit_tokens read from disk
   uint64_t disk_blocks = 0;      // block files of this model's layout on disk
   uint64_t disk_bytes = 0;       // bytes of block files counted against the cap
   uint64_t disk_cap_bytes = 0;

@@ -243,6 +243,7 @@ absl::Status Scheduler::RunDiskLoads(absl::Span<Scheduled> batch) {
   std::vector<DiskLoad> loads;
   loads.swap(pending_loads_);
   load_buffer_.resize(static_cast<size_t>(backend_->KvBlockBytes()));
+  for (const DiskLoad& load : loads) options_.disk_tier->Prefetch(load.keys);
   for (DiskLoad& load : loads) {
     Sequence* seq = load.seq;
     auto entry = std::find_if(batch.begin(), batch.end(),

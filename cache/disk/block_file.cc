@@ -121,8 +121,8 @@ absl::StatusOr<absl::Span<const uint8_t>> DecodeBlockFile(std::string_view bytes
   Reader in(bytes.data() + sizeof(kMagic));
   const uint32_t version = in.U32();
   if (version != kBlockFileVersion) {
-    return Lost(absl::StrFormat("format version %d, this build reads %d", version,
-                                kBlockFileVersion));
+    return Lost(
+        absl::StrFormat("format version %d, this build reads %d", version, kBlockFileVersion));
   }
   if (in.U32() != kBlockFileHeaderBytes) return Lost("header size");
   DiskLayout got;
@@ -139,8 +139,8 @@ absl::StatusOr<absl::Span<const uint8_t>> DecodeBlockFile(std::string_view bytes
   const Digest parent_key = in.D();
   const Digest stored_key = in.D();
   if (static_cast<int64_t>(bytes.size()) != layout.file_bytes()) {
-    return Lost(absl::StrFormat("size: %d bytes, the layout needs %d", bytes.size(),
-                                layout.file_bytes()));
+    return Lost(
+        absl::StrFormat("size: %d bytes, the layout needs %d", bytes.size(), layout.file_bytes()));
   }
   const size_t body = bytes.size() - kBlockFileChecksumBytes;
   const Digest sum = Sha256Of(bytes.substr(0, body));

@@ -23,9 +23,10 @@
 //
 // A block is accepted only when all of these hold: the size is exactly what the header says,
 // magic, version and layout equal the reader's, the checksum matches, the root and chain key
-// are the ones asked for, ChainKey(parent key, tokens) reproduces it, and the tokens are the prompt's own
-// (a SHA-256 collision can never serve another prefix). Anything else is an error saying which
-// check failed; the tier then drops the file and the engine computes the block instead.
+// are the ones asked for, ChainKey(parent key, tokens) reproduces it, and the tokens are the
+// prompt's own (a SHA-256 collision can never serve another prefix). Anything else is an error
+// saying which check failed; the tier then drops the file and the engine computes the block
+// instead.
 #ifndef PREFIXD_CACHE_DISK_BLOCK_FILE_H_
 #define PREFIXD_CACHE_DISK_BLOCK_FILE_H_
 

@@ -147,17 +147,17 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
     const int err = errno;
     ::close(fd);
     return absl::FailedPreconditionError(absl::StrFormat(
-        "cache dir %s is not writable (%s: %s); fix its permissions or choose another",
-        options.dir, lock_path, ErrnoText(err)));
+        "cache dir %s is not writable (%s: %s); fix its permissions or choose another", options.dir,
+        lock_path, ErrnoText(err)));
   }
   // A directory whose LOCK file is writable may still refuse new files.
   const std::string probe = options.dir + "/probe" + kTempSuffix;
   if (int err = WriteFileAtomically(options.dir + "/probe.w" + kTempSuffix, probe, "probe");
       err != 0) {
     ::close(fd);
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "cache dir %s is not writable (%s); fix its permissions or choose another", options.dir,
-        ErrnoText(err)));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cache dir %s is not writable (%s); fix its permissions or choose another",
+                        options.dir, ErrnoText(err)));
   }
   ::unlink(probe.c_str());
   int64_t cap = options.max_bytes;
@@ -184,8 +184,7 @@ DiskTier::DiskTier(const DiskTierOptions& options, const DiskLayout& layout, int
       layout_(layout),
       layout_id_(layout.Id()),
       max_queued_(options.max_queued_blocks),
-      clock_(options.clock ? options.clock
-                           : [] { return absl::ToUnixNanos(absl::Now()); }),
+      clock_(options.clock ? options.clock : [] { return absl::ToUnixNanos(absl::Now()); }),
       lock_fd_(lock_fd),
       cap_(cap) {
   stats_.cap_bytes = cap;
@@ -265,6 +264,15 @@ bool DiskTier::Contains(const Digest& key) const {
   return index_.Contains(key);
 }
 
+void DiskTier::Prefetch(absl::Span<const Digest> keys) const {
+  for (const Digest& key : keys) {
+    const int fd = ::open(PathOf(key).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
+    ::close(fd);
+  }
+}
+
 absl::Status DiskTier::Load(const BlockExpectation& expect, absl::Span<uint8_t> out) {
   PREFIXD_CHECK(static_cast<int64_t>(out.size()) == layout_.data_bytes());
   {
@@ -332,9 +340,7 @@ void DiskTier::WriterLoop() {
     BlockRecord record;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !queue_.empty() || stop_;
-      };
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty() || stop_; };
       mu_.Await(absl::Condition(&ready));
       if (stop_) {
         stats_.spills_dropped += queue_.size();

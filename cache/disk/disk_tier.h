@@ -92,6 +92,11 @@ class DiskTier {
   std::vector<Digest> MatchFrom(const Digest& parent, absl::Span<const uint32_t> tokens) const;
   bool Contains(const Digest& key) const;
 
+  // Asks the kernel to start reading the files of `keys` (posix_fadvise WILLNEED), so that
+  // the Loads that follow find them in the page cache instead of waiting for the device one
+  // file at a time. Best effort; absent files are skipped.
+  void Prefetch(absl::Span<const Digest> keys) const;
+
   // Reads the block `expect.key` and verifies it (block_file.h) into `out`
   // (layout().data_bytes() bytes). NOT_FOUND when absent (also when the writer deleted it a
   // moment ago); DATA_LOSS when it failed verification: the file is deleted and counted.

@@ -59,8 +59,8 @@ class TierIndex {
     int64_t stamp = 0;
     uint64_t seq = 0;
   };
-  using OwnLru = std::tuple<int64_t, uint64_t, Digest>;                // (stamp, seq, key)
-  using ForeignLru = std::tuple<int64_t, std::string>;                 // (stamp, name)
+  using OwnLru = std::tuple<int64_t, uint64_t, Digest>;  // (stamp, seq, key)
+  using ForeignLru = std::tuple<int64_t, std::string>;   // (stamp, name)
 
   absl::flat_hash_map<Digest, Own, DigestHash> own_;
   std::set<OwnLru> own_lru_;

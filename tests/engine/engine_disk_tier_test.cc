@@ -113,6 +113,7 @@ TEST(EngineDiskTierTest, EvictedBlocksComeBackFromDiskWithTheSameTokens) {
   EXPECT_EQ(again.usage.cached_prompt_tokens, 96u);
   s = engine.engine->Stats();
   EXPECT_EQ(s.disk_hit_tokens, 96u);
+  EXPECT_EQ(s.hit_tokens, 96u);
   EXPECT_EQ(s.disk_loads, 6u);
   EXPECT_EQ(s.disk_corrupt_blocks, 0u);
   EXPECT_EQ(engine.engine->DrainLatencies().disk_load.size(), 6u);
@@ -132,7 +133,7 @@ TEST(EngineDiskTierTest, ARestartOnTheSameDirectoryServesThePrefixFromDisk) {
   ASSERT_TRUE(warm.status.ok()) << warm.status;
   EXPECT_EQ(warm.usage.cached_prompt_tokens, 96u);
   EXPECT_EQ(second.engine->Stats().disk_hit_tokens, 96u);
-  EXPECT_EQ(second.engine->Stats().hit_tokens, 0u);  // the pool's own hits: none
+  EXPECT_EQ(second.engine->Stats().hit_tokens, 96u);  // both tiers: all of it from disk
   EXPECT_EQ(warm.samples[0], Cold(a).samples[0]);
   // Longer prompt with the same start: the whole blocks of the first run's continuation
   // (generated tokens included) match too when the new prompt repeats them.
@@ -185,7 +186,8 @@ TEST(EngineDiskTierTest, CorruptedFilesAreDroppedAndRecomputed) {
     };
   };
   auto cut = [](int64_t size) { return [size](const fs::path& p) { fs::resize_file(p, size); }; };
-  const int64_t file_size = static_cast<int64_t>(fs::file_size(FileOfBlock(templ.path(), a.prompt, 2)));
+  const int64_t file_size =
+      static_cast<int64_t>(fs::file_size(FileOfBlock(templ.path(), a.prompt, 2)));
   const std::vector<Damage> damages = {
       {"header byte", flip(60)},
       {"token byte", flip(kBlockFileHeaderBytes + 5)},
@@ -196,7 +198,8 @@ TEST(EngineDiskTierTest, CorruptedFilesAreDroppedAndRecomputed) {
       {"cut in the data", cut(tokens_end + 500)},
       {"cut in the checksum", cut(file_size - 10)},
       {"empty", cut(0)},
-      {"another block's file", [&](const fs::path& p) {
+      {"another block's file",
+       [&](const fs::path& p) {
          fs::copy_file(FileOfBlock(templ.path(), a.prompt, 3), p,
                        fs::copy_options::overwrite_existing);
        }},
@@ -215,7 +218,8 @@ TEST(EngineDiskTierTest, CorruptedFilesAreDroppedAndRecomputed) {
     EXPECT_EQ(s.disk_corrupt_blocks, 1u);
     EXPECT_EQ(s.disk_loads, 2u);
     EXPECT_EQ(s.disk_hit_tokens, 32u);
-    EXPECT_FALSE(fs::exists(fs::path(dir.path()) / FileOfBlock(templ.path(), a.prompt, 2).filename()));
+    EXPECT_FALSE(
+        fs::exists(fs::path(dir.path()) / FileOfBlock(templ.path(), a.prompt, 2).filename()));
     EXPECT_EQ(BlockFiles(dir.path()).size(), 6u);
     EXPECT_EQ(out.samples[0], cold.samples[0]);
   }

@@ -83,12 +83,24 @@ TEST(BlockFileTest, EveryHeaderFieldIsCheckedEvenWithAValidChecksum) {
     std::string expected_message;
   };
   const Field fields[] = {
-      {0, "magic"},        {8, "format version"}, {12, "header size"},
-      {16, "layout"},      {47, "layout"},        {48, "layout"},  // manifest, dtype
-      {52, "layout"},      {56, "layout"},        {60, "layout"},  // elem, block, layers
-      {64, "layout"},      {68, "layout"},        {72, "data size"},
-      {80, "root key"},    {111, "root key"},     {112, "tokens do not hash"},  // parent
-      {144, "chain key"},  {175, "chain key"},    {kHeader, "tokens do not hash"},
+      {0, "magic"},
+      {8, "format version"},
+      {12, "header size"},
+      {16, "layout"},
+      {47, "layout"},
+      {48, "layout"},  // manifest, dtype
+      {52, "layout"},
+      {56, "layout"},
+      {60, "layout"},  // elem, block, layers
+      {64, "layout"},
+      {68, "layout"},
+      {72, "data size"},
+      {80, "root key"},
+      {111, "root key"},
+      {112, "tokens do not hash"},  // parent
+      {144, "chain key"},
+      {175, "chain key"},
+      {kHeader, "tokens do not hash"},
       {kTokensEnd - 1, "tokens do not hash"},
   };
   for (const Field& f : fields) {
@@ -124,13 +136,33 @@ TEST(BlockFileTest, TheReaderExpectationMustMatch) {
   for (int field = 0; field < 7; ++field) {
     DiskLayout other = layout;
     switch (field) {
-      case 0: other.manifest_key = Sha256Of("manifest-2"); break;
-      case 1: other.dtype = 2; break;
-      case 2: other.element_bytes = 2; other.head_dim = 8; break;
-      case 3: other.block_size = 8; other.head_dim = 2; break;
-      case 4: other.n_layer = 2; other.head_dim = 2; break;
-      case 5: other.n_head = 1; other.head_dim = 8; break;
-      case 6: other.head_dim = 8; other.n_head = 1; other.dtype = 1; break;
+      case 0:
+        other.manifest_key = Sha256Of("manifest-2");
+        break;
+      case 1:
+        other.dtype = 2;
+        break;
+      case 2:
+        other.element_bytes = 2;
+        other.head_dim = 8;
+        break;
+      case 3:
+        other.block_size = 8;
+        other.head_dim = 2;
+        break;
+      case 4:
+        other.n_layer = 2;
+        other.head_dim = 2;
+        break;
+      case 5:
+        other.n_head = 1;
+        other.head_dim = 8;
+        break;
+      case 6:
+        other.head_dim = 8;
+        other.n_head = 1;
+        other.dtype = 1;
+        break;
     }
     EXPECT_NE(other.Id(), layout.Id()) << field;
     auto data = DecodeBlockFile(file, other, ExpectationOf(chain[1]));

@@ -32,8 +32,7 @@ constexpr absl::Duration kWait = absl::Seconds(30);
 class DiskTierTest : public ::testing::Test {
  protected:
   std::unique_ptr<DiskTier> Open(int64_t max_bytes = int64_t{1} << 20,
-                                 const DiskLayout& layout = SmallLayout(),
-                                 int32_t queue = 64) {
+                                 const DiskLayout& layout = SmallLayout(), int32_t queue = 64) {
     DiskTierOptions o;
     o.dir = dir_.path();
     o.max_bytes = max_bytes;
@@ -132,8 +131,8 @@ TEST_F(DiskTierTest, PoolMatchContinuesIntoTheTier) {
   auto cache = *KvCache::Create(o);
   const Digest root = testing::TestRoot();
   auto prefill = [&](const std::vector<uint32_t>& prompt) {
-    AdmissionRequest r{.root = root, .prompt = prompt,
-                       .reserve_tokens = static_cast<int32_t>(prompt.size())};
+    AdmissionRequest r{
+        .root = root, .prompt = prompt, .reserve_tokens = static_cast<int32_t>(prompt.size())};
     auto a = cache->Admit(r);
     ASSERT_TRUE(a.ok()) << a.status();
     cache->MarkComputed(a->seq, static_cast<int32_t>(prompt.size()));
@@ -150,8 +149,8 @@ TEST_F(DiskTierTest, PoolMatchContinuesIntoTheTier) {
 
   std::vector<uint32_t> prompt = a;
   prompt.push_back(99);
-  AdmissionRequest r{.root = root, .prompt = prompt,
-                     .reserve_tokens = static_cast<int32_t>(prompt.size())};
+  AdmissionRequest r{
+      .root = root, .prompt = prompt, .reserve_tokens = static_cast<int32_t>(prompt.size())};
   auto plan = cache->PlanAdmission(r);
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->matched_tokens, 4);  // a0 only in the pool
@@ -161,8 +160,8 @@ TEST_F(DiskTierTest, PoolMatchContinuesIntoTheTier) {
   EXPECT_EQ(more[0], evicted[1]);
   EXPECT_EQ(more[1], evicted[0]);
   std::vector<uint8_t> data(static_cast<size_t>(layout.data_bytes()));
-  BlockExpectation e{.root = root, .key = more[1],
-                     .tokens = absl::MakeConstSpan(prompt).subspan(8, 4)};
+  BlockExpectation e{
+      .root = root, .key = more[1], .tokens = absl::MakeConstSpan(prompt).subspan(8, 4)};
   ASSERT_TRUE(tier->Load(e, absl::MakeSpan(data)).ok());
   EXPECT_EQ(data[0], 8);  // the pattern written by the hook for a2
 }
@@ -178,7 +177,7 @@ TEST_F(DiskTierTest, CorruptTruncatedOrMissingFilesAreDroppedAndCounted) {
     f.put('\x5a');
   }
   std::filesystem::resize_file(tier->PathOf(chain[1].key), 100);  // truncated
-  std::filesystem::remove(tier->PathOf(chain[2].key));             // deleted behind our back
+  std::filesystem::remove(tier->PathOf(chain[2].key));            // deleted behind our back
   std::vector<uint8_t> data;
   EXPECT_EQ(LoadInto(*tier, chain[0], &data).code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(LoadInto(*tier, chain[1], &data).code(), absl::StatusCode::kDataLoss);
@@ -218,7 +217,7 @@ TEST_F(DiskTierTest, TheCapDeletesForeignFilesFirstThenTheLeastRecentlyUsed) {
   EXPECT_EQ(tier->Stats().evicted_files, 2u);
   std::vector<uint8_t> data;
   ASSERT_TRUE(LoadInto(*tier, chain[0], &data).ok());  // chain[0] is now the most recent
-  SpillAll(*tier, {chain[3]});                          // evicts chain[1], the LRU
+  SpillAll(*tier, {chain[3]});                         // evicts chain[1], the LRU
   EXPECT_TRUE(tier->Contains(chain[0].key));
   EXPECT_FALSE(tier->Contains(chain[1].key));
   EXPECT_FALSE(std::filesystem::exists(tier->PathOf(chain[1].key)));
@@ -260,8 +259,7 @@ TEST_F(DiskTierTest, UnusableDirectoriesAreRefusedClearly) {
   EXPECT_TRUE(absl::StrContains(read_only.status().message(), "not writable"))
       << read_only.status();
   o.dir = "";
-  EXPECT_EQ(DiskTier::Open(o, SmallLayout()).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DiskTier::Open(o, SmallLayout()).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(DiskTierTest, DefaultCapIsAtMostHalfTheFreeSpaceAndEightGiB) {
