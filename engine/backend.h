@@ -73,6 +73,16 @@ class Backend {
   // nothing is copied.
   virtual absl::Status CopyBlocks(absl::Span<const BlockCopy> copies) = 0;
 
+  // One block's K/V as host bytes, for the disk tier: every row of every layer, laid out
+  // [n_layer][2 (K, V)][n_head][block_size][head_dim] elements of dtype(), exactly
+  // KvBlockBytes() of them. Both backends store a block this way, so the bytes depend only on
+  // the model's geometry, the dtype and the block size. ReadKvBlock sees every copy and
+  // Forward before it; WriteKvBlock's rows are what later calls read. INVALID_ARGUMENT for a
+  // block outside the pool or a span of another size (nothing is copied).
+  int64_t KvBlockBytes() const { return int64_t{block_size()} * kv_bytes_per_token(); }
+  virtual absl::Status ReadKvBlock(int32_t block, absl::Span<uint8_t> out) = 0;
+  virtual absl::Status WriteKvBlock(int32_t block, absl::Span<const uint8_t> data) = 0;
+
   // Runs one step over `steps` (prefill chunks and decode tokens mixed, each sequence at most
   // once, each step with at least one token; otherwise InvalidArgument). Writes K/V of every new token into its row, and appends to `logits` one row of
   // vocab_size floats per step with want_logits, in step order. Each logit depends only on

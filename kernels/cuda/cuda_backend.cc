@@ -144,6 +144,8 @@ class CudaBackend final : public Backend {
   }
 
   absl::Status CopyBlocks(absl::Span<const BlockCopy> copies) override;
+  absl::Status ReadKvBlock(int32_t block, absl::Span<uint8_t> out) override;
+  absl::Status WriteKvBlock(int32_t block, absl::Span<const uint8_t> data) override;
   absl::Status Forward(absl::Span<const SequenceStep> steps, std::vector<float>* logits) override;
 
  private:
@@ -151,6 +153,7 @@ class CudaBackend final : public Backend {
   absl::Status UploadWeights();
   absl::Status UploadTensor(std::string_view name, const void** out, char** arena);
   absl::Status ValidateSteps(absl::Span<const SequenceStep> steps) const;
+  absl::Status CheckBlockBytes(int32_t block, size_t size) const;
   // Fills the pinned metadata for `pieces` with the given caps and returns device pointers.
   PassMeta WriteMeta(absl::Span<const SequenceStep> steps, absl::Span<const StepPiece> pieces,
                      int32_t token_cap, int32_t row_cap, int32_t num_tokens, int32_t num_rows);
@@ -757,6 +760,52 @@ absl::Status CudaBackend::CopyBlocks(absl::Span<const BlockCopy> copies) {
       PREFIXD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
       begin = end;
     }
+    return absl::OkStatus();
+  };
+  absl::Status s = run();
+  return s.ok() ? s : Fail(s);
+}
+
+absl::Status CudaBackend::CheckBlockBytes(int32_t block, size_t size) const {
+  if (block < 0 || block >= num_blocks_) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("KV block %d is outside the pool of %d blocks", block, num_blocks_));
+  }
+  if (static_cast<int64_t>(size) != KvBlockBytes()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("a KV block is %d bytes, not %d", KvBlockBytes(), size));
+  }
+  return absl::OkStatus();
+}
+
+// A block is one contiguous range of the pool (kv_pool_layout.h), already in the byte layout
+// the interface promises. The copies run on stream_, so they are ordered after every copy and
+// Forward enqueued before; the host buffer is pageable, hence the synchronisation before
+// returning (the caller may reuse or free it at once).
+absl::Status CudaBackend::ReadKvBlock(int32_t block, absl::Span<uint8_t> out) {
+  if (!broken_.ok()) return broken_;
+  if (absl::Status s = CheckBlockBytes(block, out.size()); !s.ok()) return s;
+  auto run = [&]() -> absl::Status {
+    PREFIXD_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+    const char* src = static_cast<const char*>(kv_pool_) + int64_t{block} * KvBlockBytes();
+    PREFIXD_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(out.data(), src, out.size(), cudaMemcpyDeviceToHost, stream_));
+    PREFIXD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  };
+  absl::Status s = run();
+  return s.ok() ? s : Fail(s);
+}
+
+absl::Status CudaBackend::WriteKvBlock(int32_t block, absl::Span<const uint8_t> data) {
+  if (!broken_.ok()) return broken_;
+  if (absl::Status s = CheckBlockBytes(block, data.size()); !s.ok()) return s;
+  auto run = [&]() -> absl::Status {
+    PREFIXD_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+    char* dst = static_cast<char*>(kv_pool_) + int64_t{block} * KvBlockBytes();
+    PREFIXD_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst, data.data(), data.size(), cudaMemcpyHostToDevice, stream_));
+    PREFIXD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     return absl::OkStatus();
   };
   absl::Status s = run();

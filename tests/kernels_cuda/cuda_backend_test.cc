@@ -403,6 +403,50 @@ TEST_P(CudaBackendTest, ReportsSizesFromTheKvFormula) {
   EXPECT_EQ(gpu->dtype(), GetParam());
 }
 
+// The disk tier's path: a block read to host bytes and written into another block holds the
+// same bytes, and a decode over the copies gives the logits of a decode over the originals.
+TEST_P(CudaBackendTest, KvBlocksRoundTripThroughHostBytes) {
+  auto gpu = Cuda(/*graphs=*/false);
+  ASSERT_TRUE(gpu);
+  const std::vector<uint32_t> tokens = RandomTokens(41);
+  const std::vector<int32_t> original = {2, 5, 9};
+  SequenceStep prefill;
+  prefill.token_ids = absl::MakeConstSpan(tokens).subspan(0, 40);
+  prefill.block_table = original;
+  std::vector<float> unused;
+  ASSERT_TRUE(gpu->Forward({&prefill, 1}, &unused).ok());
+  const size_t bytes = static_cast<size_t>(gpu->KvBlockBytes());
+  ASSERT_EQ(bytes, 16u * gpu->kv_bytes_per_token());
+  const std::vector<int32_t> copies = {20, 21, 22};
+  for (size_t i = 0; i < original.size(); ++i) {
+    std::vector<uint8_t> host(bytes), back(bytes, 0xee);
+    ASSERT_TRUE(gpu->ReadKvBlock(original[i], absl::MakeSpan(host)).ok());
+    ASSERT_TRUE(gpu->WriteKvBlock(copies[i], host).ok());
+    ASSERT_TRUE(gpu->ReadKvBlock(copies[i], absl::MakeSpan(back)).ok());
+    EXPECT_EQ(back, host) << "block " << i;
+  }
+  auto decode = [&](const std::vector<int32_t>& table) {
+    SequenceStep step;
+    step.token_ids = absl::MakeConstSpan(tokens).subspan(40, 1);
+    step.start_pos = 40;
+    step.block_table = table;
+    step.want_logits = true;
+    std::vector<float> logits;
+    EXPECT_TRUE(gpu->Forward({&step, 1}, &logits).ok());
+    return logits;
+  };
+  const std::vector<float> from_original = decode(original);
+  ExpectRowsClose(decode(copies), from_original, RelTolerance(GetParam()), "copied_blocks");
+  // Bad block ids and sizes change nothing and leave the backend usable.
+  std::vector<uint8_t> host(bytes);
+  EXPECT_EQ(gpu->ReadKvBlock(-1, absl::MakeSpan(host)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpu->WriteKvBlock(static_cast<int32_t>(gpu->num_blocks()), host).code(),
+            absl::StatusCode::kInvalidArgument);
+  host.pop_back();
+  EXPECT_EQ(gpu->ReadKvBlock(0, absl::MakeSpan(host)).code(), absl::StatusCode::kInvalidArgument);
+  ExpectRowsClose(decode(original), from_original, RelTolerance(GetParam()), "after_errors");
+}
+
 INSTANTIATE_TEST_SUITE_P(AllDTypes, CudaBackendTest,
                          ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
                          cuda_test::DTypeParamName);
