@@ -73,6 +73,10 @@ class ServerMetrics : public prometheus::Collectable {
   prometheus::Gauge* waiting_;
   prometheus::Histogram* ttft_;
   prometheus::Histogram* tpot_;
+  prometheus::Gauge* disk_bytes_;
+  prometheus::Gauge* disk_cap_bytes_;
+  prometheus::Gauge* disk_blocks_;
+  prometheus::Histogram* disk_load_;
   prometheus::Gauge* mem_weights_;
   prometheus::Gauge* mem_kv_pool_;
   prometheus::Gauge* mem_workspace_;

@@ -93,6 +93,13 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
     return InvalidArgumentError(
         StrCat("--threads must be 0 (all cores) or positive, got ", o.device.threads));
   }
+  if (o.cache_dir_bytes < 0) {
+    return InvalidArgumentError(StrCat(
+        "--cache-dir-bytes must be 0 (the default cap) or positive, got ", o.cache_dir_bytes));
+  }
+  if (!o.cache_dir.empty() && !o.enable_prefix_cache) {
+    return InvalidArgumentError("--cache-dir needs the prefix cache: drop --no-prefix-cache");
+  }
   if (o.shutdown_grace < absl::ZeroDuration()) {
     return InvalidArgumentError(StrCat("--shutdown-grace must not be negative, got ",
                                        absl::FormatDuration(o.shutdown_grace)));
@@ -252,12 +259,23 @@ absl::Status Server::Parts::Build() {
   eopt.max_queue = options.max_queue;
   eopt.max_samples = options.max_samples;
   eopt.enable_prefix_cache = options.enable_prefix_cache;
+  eopt.disk_tier.dir = options.cache_dir;
+  eopt.disk_tier.max_bytes = options.cache_dir_bytes;
   // From the engine thread: BeginDrain does not block, so the engine can stop afterwards.
   eopt.on_fatal_error = [this](const absl::Status& status) { OnFatalError(status); };
   absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(eopt);
   if (!e.ok()) return absl::Status(e.status().code(), absl::StrCat("engine: ", e.status().message()));
   engine = *std::move(e);
   if (!options.enable_prefix_cache) log("prefix cache disabled (--no-prefix-cache)");
+  if (!options.cache_dir.empty()) {
+    const DiskTierStats d = engine->Stats().disk;
+    log(absl::StrFormat(
+        "disk cache %s: %d blocks of this model (%d bytes on disk, %d files of other models), "
+        "cap %d bytes%s",
+        options.cache_dir, d.blocks, d.bytes, d.foreign_files, d.cap_bytes,
+        options.cache_dir_bytes > 0 ? " (--cache-dir-bytes)"
+                                    : " (the smaller of 8 GiB and half the free space)"));
+  }
   if (auth.enabled()) log(absl::StrCat("bearer tokens required (", auth.num_tokens(), " tokens)"));
 
   Engine* eng = engine.get();

@@ -47,6 +47,10 @@ struct ServerOptions {
   int32_t max_queue = 1024;
   int32_t max_samples = 16;
   bool enable_prefix_cache = true;
+  // Second cache tier on local disk (empty: none); cap in bytes (0: the smaller of 8 GiB and
+  // half the free space of its filesystem at start-up).
+  std::string cache_dir;
+  int64_t cache_dir_bytes = 0;
   // Listeners. Port 0 picks a free port (see grpc_address()/metrics_port()); `unix:PATH`
   // serves gRPC on a unix socket; metrics_listen "off" serves no /metrics.
   std::string listen = "127.0.0.1:50051";
