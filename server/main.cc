@@ -25,6 +25,8 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "gRPC address; port 0 picks a free port; unix:PATH for a unix socket");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "Prometheus /metrics address; port 0 picks a free port; off disables it");
+ABSL_FLAG(std::string, http_listen, "127.0.0.1:8000",
+          "OpenAI-compatible HTTP API address; port 0 picks a free port; off disables it");
 ABSL_FLAG(std::string, device, "auto", "auto | cpu | cuda (auto: CUDA when usable)");
 ABSL_FLAG(std::string, dtype, "auto", "auto | f32 | f16 | bf16 (auto: f32 on CPU, bf16 on CUDA)");
 ABSL_FLAG(int64_t, kv_cache_bytes, 0,
@@ -134,6 +136,7 @@ ServerOptions OptionsFromFlags() {
   o.cache_dir_bytes = absl::GetFlag(FLAGS_cache_dir_bytes);
   o.listen = absl::GetFlag(FLAGS_listen);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  o.http_listen = absl::GetFlag(FLAGS_http_listen);
   o.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens);
   o.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   o.tls_key_file = absl::GetFlag(FLAGS_tls_key);

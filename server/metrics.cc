@@ -113,10 +113,11 @@ ServerMetrics::ServerMetrics(MetricsSources sources)
   AddStatsCounter("prefixd_preemptions_total",
                   "Sequences preempted (blocks released, recomputed later)",
                   [](const EngineStats& s) { return s.scheduler.preemptions; });
-  // = number of Generate calls finished, by gRPC status code.
+  // = number of generate requests finished (gRPC Generate calls; HTTP completions, one per
+  //   prompt), by front end and status code (gRPC's name for it in both).
   requests_ = &BuildCounter()
                    .Name("prefixd_requests_total")
-                   .Help("Generate calls finished, by gRPC status code")
+                   .Help("Generate requests finished, by front end (api) and status code")
                    .Register(r);
   running_ = &BuildGauge()
                   .Name("prefixd_running_requests")
@@ -162,7 +163,8 @@ ServerMetrics::ServerMetrics(MetricsSources sources)
   mem_kv_pool_ = &memory.Add({{"kind", "kv_pool"}});
   mem_workspace_ = &memory.Add({{"kind", "workspace"}});
   // Make OK visible at 0 from the first scrape, so rate() works from the start.
-  requests_->Add({{"code", "OK"}});
+  requests_->Add({{"api", "grpc"}, {"code", "OK"}});
+  requests_->Add({{"api", "http"}, {"code", "OK"}});
 }
 
 prometheus::Counter* ServerMetrics::AddStatsCounter(const std::string& name,
@@ -174,8 +176,10 @@ prometheus::Counter* ServerMetrics::AddStatsCounter(const std::string& name,
   return c;
 }
 
-void ServerMetrics::RecordRequest(absl::StatusCode code) {
-  requests_->Add({{"code", absl::StatusCodeToString(code)}}).Increment();
+const char* ApiName(Api api) { return api == Api::kGrpc ? "grpc" : "http"; }
+
+void ServerMetrics::RecordRequest(Api api, absl::StatusCode code) {
+  requests_->Add({{"api", ApiName(api)}, {"code", absl::StatusCodeToString(code)}}).Increment();
 }
 
 void ServerMetrics::RefreshLocked() const {

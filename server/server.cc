@@ -24,6 +24,7 @@
 #include "prometheus/exposer.h"
 #include "server/auth.h"
 #include "server/backend_factory.h"
+#include "server/http_front_end.h"
 #include "server/inference_service.h"
 #include "server/metrics.h"
 #include "server/request_path.h"
@@ -108,6 +109,9 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
     return InvalidArgumentError("--tls-cert and --tls-key go together");
   }
   if (o.listen.empty()) return InvalidArgumentError("--listen must not be empty");
+  if (o.http_listen.empty()) {
+    return InvalidArgumentError("--http-listen must not be empty (\"off\" disables it)");
+  }
   if (o.metrics_listen.empty()) {
     return InvalidArgumentError("--metrics-listen must not be empty (\"off\" disables it)");
   }
@@ -128,10 +132,12 @@ struct Server::Parts {
   std::unique_ptr<RequestPath> path;
   std::unique_ptr<InferenceService> service;
   std::unique_ptr<grpc::Server> grpc_server;
+  std::unique_ptr<HttpFrontEnd> http;
   std::unique_ptr<prometheus::Exposer> exposer;
   std::string grpc_address;
   int grpc_port = 0;
   int metrics_port = 0;
+  int http_port = 0;
   bool tls = false;
 
   absl::Mutex mu;
@@ -168,6 +174,11 @@ struct Server::Parts {
       if (!service->WaitForNoGenerates(absl::Seconds(5))) log("cutting off calls still writing");
       grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
     }
+    if (http != nullptr) {
+      // The same for HTTP responses still being written; then every connection closes.
+      if (!http->WaitForNoCompletions(absl::Seconds(5))) log("cutting off HTTP responses");
+      http->Stop();
+    }
     // Waits for a scrape in progress, so none reads the engine once it is gone.
     if (exposer != nullptr) exposer->RemoveCollectable(metrics);
     stopped.Notify();
@@ -185,6 +196,7 @@ struct Server::Parts {
   absl::Status Build();
   absl::Status StartMetrics();
   absl::Status StartGrpc(const std::shared_ptr<grpc::ServerCredentials>& creds);
+  absl::Status StartHttp();
 };
 
 absl::Status Server::Parts::Build() {
@@ -300,7 +312,23 @@ absl::Status Server::Parts::Build() {
                            .kv_bytes_per_token = backend->kv_bytes_per_token()};
   path = std::make_unique<RequestPath>(std::move(popt));
   service = std::make_unique<InferenceService>(path.get());
-  return StartGrpc(creds);
+  if (absl::Status s = StartGrpc(creds); !s.ok()) return s;
+  return StartHttp();
+}
+
+absl::Status Server::Parts::StartHttp() {
+  if (options.http_listen == "off") return absl::OkStatus();
+  HttpFrontEndOptions hopt;
+  hopt.listen = options.http_listen;
+  hopt.path = path.get();
+  hopt.log = log;
+  absl::StatusOr<std::unique_ptr<HttpFrontEnd>> h = HttpFrontEnd::Start(std::move(hopt));
+  if (!h.ok()) return h.status();
+  http = *std::move(h);
+  http_port = http->port();
+  log(absl::StrCat("http on http://", options.http_listen.substr(0, options.http_listen.rfind(':')),
+                   ":", http_port));
+  return absl::OkStatus();
 }
 
 absl::Status Server::Parts::StartMetrics() {
@@ -391,6 +419,7 @@ bool Server::draining() const { return parts_->path->draining(); }
 const std::string& Server::grpc_address() const { return parts_->grpc_address; }
 int Server::grpc_port() const { return parts_->grpc_port; }
 int Server::metrics_port() const { return parts_->metrics_port; }
+int Server::http_port() const { return parts_->http_port; }
 bool Server::tls() const { return parts_->tls; }
 const Model& Server::model() const { return *parts_->model; }
 Engine& Server::engine() { return *parts_->engine; }
