@@ -12,6 +12,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -184,6 +186,14 @@ int main(int argc, char** argv) {
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 
+  // --help lists the flags of this file (absl's default matches only files named like the
+  // program); --helpfull adds the libraries'.
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view path) {
+    return absl::EndsWith(path, "server/main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
       "prefixd --model DIR [--listen 127.0.0.1:50051] [--metrics-listen 127.0.0.1:9464] "
       "[--device auto|cpu|cuda] [--dtype auto|f32|f16|bf16] ... (see docs/SERVER.md)");
