@@ -8,7 +8,7 @@
 // weights' storage (the checkpoint is rounded to it at load; arithmetic stays fp32); --quick 1 runs
 // only prefill 512, decode batch 1 at context 256 and decode batch 8 (for before/after checks);
 // 2, 3 and 4 run just one of those three; 5 runs what scripts/bench-peer compares with llama.cpp
-// (prefill 17 and 512 tokens, decode batch 1 at context 16 and 256).
+// (prefill 17 and 512 tokens, decode batch 1 at context 16 and 256, decode batch 8).
 // Without --model, writes a random GPT-2 (tools/random_model.h) into a temp dir first. Each
 // figure is the best of --reps runs (the machine is shared; the minimum is the least noisy
 // estimate of what the code costs). Prints a Markdown table for docs/BENCHMARKS.md.
@@ -217,6 +217,9 @@ int Main(int argc, char** argv) {
       std::printf("| decode batch 1, context %d | %.1f ms/step | %.1f ms/step | %.1f |\n", ctx,
                   t.wall * 1e3, t.cpu * 1e3, 1 / t.wall);
     }
+    const Timing d8 = bench.Decode(8, 128, 8);
+    std::printf("| decode batch 8, context 128 | %.1f ms/step | %.1f ms/step | %.1f |\n",
+                d8.wall * 1e3, d8.cpu * 1e3, 8 / d8.wall);
     if (!temp_dir.empty()) std::filesystem::remove_all(temp_dir);
     return 0;
   }
