@@ -203,7 +203,7 @@ void PanelRowsAvx2(const float* a, int64_t rows, int64_t lda, PanelRef panel, fl
 }
 
 void PanelBatchAvx2(const float* a, int64_t rows, int64_t lda, PanelRef panel, float* out) {
-  PREFIXD_CHECK(rows >= kMinBatchRows && rows <= kMaxBatchRows);
+  PREFIXD_CHECK(rows >= 1 && rows <= kMaxBatchRows);
   switch (panel.dtype) {
     case DType::kF32:
       return Batch<DType::kF32>(a, rows, lda, panel.data, panel.k, out);

@@ -64,15 +64,14 @@ bool CpuHasAvx512();
 
 // Row counts the batched blocks serve: a decode step of several sequences, where the
 // weights still stream from memory once per step but the rows' arithmetic is as long as the
-// stream.
+// stream. (AVX2, which has no few-row kernel, uses them from 2 rows.)
 inline constexpr int64_t kMinBatchRows = 4;
 inline constexpr int64_t kMaxBatchRows = 64;
 
-// out[r, 0..64) = a[r, 0..k) · panel for r in [0, rows), kMinBatchRows <= rows <=
-// kMaxBatchRows; `out` is [rows, 64], 64-byte aligned, and holds partial sums between K
-// chunks. The panel is walked once in chunks of rows that fit L1: each chunk is prefetched
-// while the previous one is multiplied by every row block, so the arithmetic of all rows
-// overlaps the stream instead of following it.
+// out[r, 0..64) = a[r, 0..k) · panel for r in [0, rows), 1 <= rows <= kMaxBatchRows; `out` is
+// [rows, 64], 64-byte aligned, and holds partial sums between K chunks. The panel is walked once in
+// chunks of rows that fit L1: each chunk is prefetched while the previous one is multiplied by
+// every row block, so the arithmetic of all rows overlaps the stream instead of following it.
 void PanelBatchAvx2(const float* a, int64_t rows, int64_t lda, PanelRef panel, float* out);
 void PanelBatchAvx512(const float* a, int64_t rows, int64_t lda, PanelRef panel, float* out);
 
