@@ -32,7 +32,8 @@ ABSL_FLAG(std::string, http_listen, "127.0.0.1:8000",
 ABSL_FLAG(std::string, device, "auto", "auto | cpu | cuda (auto: CUDA when usable)");
 ABSL_FLAG(std::string, dtype, "auto", "auto | f32 | f16 | bf16 (auto: f32 on CPU, bf16 on CUDA)");
 ABSL_FLAG(int64_t, kv_cache_bytes, 0,
-          "KV pool budget in bytes; 0 = 256 MiB on the CPU, 80% of free memory on CUDA");
+          "KV pool budget in bytes; 0 = on the CPU 16 sequences at full context (at most 1/4 "
+          "of memory), on CUDA 80% of free memory");
 ABSL_FLAG(int32_t, block_size, 16, "Tokens per KV block (a power of two)");
 ABSL_FLAG(int32_t, max_batch_tokens, 512, "Tokens per engine step (prefill chunks + decodes)");
 ABSL_FLAG(int32_t, max_queue, 1024, "Waiting requests before RESOURCE_EXHAUSTED");
