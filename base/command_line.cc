@@ -122,8 +122,8 @@ template <typename T>
 absl::StatusOr<T> ParseNonNegative(std::string_view text, std::string_view what) {
   T v;
   if (!absl::SimpleAtoi(ToAbsl(text), &v)) {
-    return Bad(absl::StrCat(ToAbsl(what), " expects a non-negative integer, got \"", ToAbsl(text),
-                            "\""));
+    return Bad(
+        absl::StrCat(ToAbsl(what), " expects a non-negative integer, got \"", ToAbsl(text), "\""));
   }
   return v;
 }
