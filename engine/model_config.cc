@@ -202,6 +202,8 @@ std::string ModelConfigToJson(const ModelConfig& c, std::string_view torch_dtype
       {"summary_proj_to_labels", true},
       {"summary_type", "cls_index"},
       {"summary_use_proj", true},
+      // Always written: omitted, it would read back as true whatever the config said.
+      {"tie_word_embeddings", c.tie_word_embeddings},
       {"torch_dtype", torch_dtype},
       {"use_cache", true},
       {"vocab_size", c.vocab_size},
