@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/escape.h"
 #include "nlohmann/json.hpp"
 
 namespace prefixd {
@@ -153,7 +154,8 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
                                                    " must be below vocab_size ", c.vocab_size));
   }
   if (c.activation_function != "gelu_new") {
-    return absl::InvalidArgumentError(absl::StrCat("activation_function \"", c.activation_function,
+    return absl::InvalidArgumentError(absl::StrCat("activation_function \"",
+                                                   EscapeBytes(c.activation_function),
                                                    "\" is not supported (only \"gelu_new\")"));
   }
   return absl::OkStatus();

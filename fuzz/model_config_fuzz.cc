@@ -27,8 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                 // Written with 7 significant digits, as transformers spells it ("1e-05").
                 std::fabs(again->layer_norm_epsilon - c->layer_norm_epsilon) <=
                     c->layer_norm_epsilon * 1e-6f &&
-                again->bos_token_id == c->bos_token_id &&
-                again->eos_token_id == c->eos_token_id &&
+                again->bos_token_id == c->bos_token_id && again->eos_token_id == c->eos_token_id &&
                 again->activation_function == c->activation_function &&
                 again->tie_word_embeddings == c->tie_word_embeddings);
   return 0;
