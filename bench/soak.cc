@@ -12,7 +12,10 @@
 // its tokens, first column, spread the calls over tenants). Cancels and deadlines act only
 // once the first message arrived, so the server has seen every call.
 //
+// A scraper reads /metrics once a second throughout, as Prometheus would.
+//
 // Checks, each printed with its figures; exit 0 only when all hold:
+//   0. /metrics answered every scrape;
 //   1. every call ended exactly once with a status from its fate's set, and a call that
 //      ended OK carried every sample to its length with one finish each and one usage;
 //   2. prefixd_kv_blocks{state="active"} drops to 0 and free + cached = the pool;
@@ -304,6 +307,16 @@ int Run() {
   std::vector<int> ended(requests, 0);                // statuses per call; guarded by mu
   long rss_first_tenth = -1;                           // guarded by mu
   const int tenth = requests / 10;
+  // A scraper, as Prometheus would run one: the server buffers latency observations until
+  // a scrape takes them (bounded, engine.h), so without one RSS grows by design.
+  std::atomic<bool> stop_scraping{false};
+  std::atomic<int> scrapes{0}, failed_scrapes{0};
+  std::thread scraper([&] {
+    while (!stop_scraping.load()) {
+      (ScrapeMetrics(metrics_port).empty() ? failed_scrapes : scrapes).fetch_add(1);
+      for (int i = 0; i < 10 && !stop_scraping.load(); ++i) absl::SleepFor(absl::Milliseconds(100));
+    }
+  });
   const absl::Time start = absl::Now();
   std::vector<std::thread> workers;
   for (int w = 0; w < concurrency; ++w) {
@@ -323,6 +336,8 @@ int Run() {
   }
   for (std::thread& t : workers) t.join();
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  stop_scraping.store(true);
+  scraper.join();
 
   bool ok = true;
   const auto check = [&](bool pass, const std::string& what) {
@@ -336,6 +351,9 @@ int Run() {
     std::printf("  %-9s status %2d: %d\n", kFateNames[fate_code.first], fate_code.second, n);
     client_codes[fate_code.second] += n;
   }
+  check(failed_scrapes.load() == 0,
+        absl::StrCat("/metrics answered every scrape during the run: ", scrapes.load(), " of ",
+                     scrapes.load() + failed_scrapes.load()));
   int once = 0;
   for (int e : ended) once += e == 1 ? 1 : 0;
   check(once == requests && problems.empty(),
