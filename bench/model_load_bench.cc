@@ -32,10 +32,10 @@ std::vector<std::string> TensorNames(const Model& m) {
   std::vector<std::string> names = {"wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"};
   if (m.Find("lm_head.weight") != nullptr) names.push_back("lm_head.weight");
   for (int i = 0; i < m.config().n_layer; ++i) {
-    for (const char* part : {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
-                             "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
-                             "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight",
-                             "mlp.c_proj.bias"}) {
+    for (const char* part :
+         {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
+          "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight",
+          "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"}) {
       names.push_back("h." + std::to_string(i) + "." + part);
     }
   }

@@ -119,10 +119,18 @@ Call MakeCall(uint32_t seed, int index, const std::vector<std::string>& tokens) 
   } else if (fate < 94 || tokens.empty()) {
     c.fate = Fate::kInvalid;
     switch (uniform(0, 3)) {
-      case 0: r.set_max_new_tokens(0); break;
-      case 1: r.mutable_token_ids()->add_ids(60000); break;  // beyond the vocabulary
-      case 2: r.set_top_p(1.5f); break;
-      default: r.set_max_new_tokens(100000); break;  // beyond the context
+      case 0:
+        r.set_max_new_tokens(0);
+        break;
+      case 1:  // an id beyond the vocabulary
+        r.mutable_token_ids()->add_ids(60000);
+        break;
+      case 2:
+        r.set_top_p(1.5f);
+        break;
+      default:  // beyond the context
+        r.set_max_new_tokens(100000);
+        break;
     }
   } else {
     c.fate = Fate::kBadToken;
@@ -135,11 +143,16 @@ Call MakeCall(uint32_t seed, int index, const std::vector<std::string>& tokens) 
 // call's own end, so OK is allowed there.
 bool Allowed(Fate fate, grpc::StatusCode code) {
   switch (fate) {
-    case Fate::kComplete: return code == grpc::OK;
-    case Fate::kCancel: return code == grpc::CANCELLED || code == grpc::OK;
-    case Fate::kDeadline: return code == grpc::DEADLINE_EXCEEDED || code == grpc::OK;
-    case Fate::kInvalid: return code == grpc::INVALID_ARGUMENT;
-    case Fate::kBadToken: return code == grpc::UNAUTHENTICATED;
+    case Fate::kComplete:
+      return code == grpc::OK;
+    case Fate::kCancel:
+      return code == grpc::CANCELLED || code == grpc::OK;
+    case Fate::kDeadline:
+      return code == grpc::DEADLINE_EXCEEDED || code == grpc::OK;
+    case Fate::kInvalid:
+      return code == grpc::INVALID_ARGUMENT;
+    case Fate::kBadToken:
+      return code == grpc::UNAUTHENTICATED;
   }
   return false;
 }
@@ -155,8 +168,7 @@ Outcome RunCall(v1::Inference::Stub& stub, const Call& c) {
   ctx.set_deadline(now + (c.fate == Fate::kDeadline ? std::chrono::milliseconds(c.deadline_ms)
                                                     : std::chrono::milliseconds(120000)));
   if (!c.token.empty()) ctx.AddMetadata("authorization", "Bearer " + c.token);
-  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
-      stub.Generate(&ctx, c.request);
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader = stub.Generate(&ctx, c.request);
   const uint32_t samples = c.request.num_samples() == 0 ? 1 : c.request.num_samples();
   std::map<uint32_t, int> tokens, finishes;
   int usages = 0, messages = 0;
@@ -191,14 +203,13 @@ Outcome RunCall(v1::Inference::Stub& stub, const Call& c) {
     for (uint32_t s = 0; s < samples; ++s) {
       if (tokens[s] != static_cast<int>(c.request.max_new_tokens()) || finishes[s] != 1) {
         out.problem = absl::StrCat("sample ", s, " got ", tokens[s], " tokens of ",
-                                   c.request.max_new_tokens(), " and ", finishes[s],
-                                   " finishes");
+                                   c.request.max_new_tokens(), " and ", finishes[s], " finishes");
       }
       total += tokens[s];
     }
     if (usages != 1 || completion != total) {
-      out.problem = absl::StrCat(usages, " usage messages; completion_tokens ", completion,
-                                 " for ", total, " tokens received");
+      out.problem = absl::StrCat(usages, " usage messages; completion_tokens ", completion, " for ",
+                                 total, " tokens received");
     }
   }
   return out;
@@ -285,8 +296,8 @@ int Run() {
     std::fprintf(stderr, "soak: no metrics on 127.0.0.1:%d\n", metrics_port);
     return 2;
   }
-  auto channel = grpc::CreateChannel(absl::GetFlag(FLAGS_target),
-                                     grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel(absl::GetFlag(FLAGS_target), grpc::InsecureChannelCredentials());
   auto stub = v1::Inference::NewStub(channel);
   v1::ModelInfo info;
   {
@@ -303,9 +314,9 @@ int Run() {
   std::atomic<int> next{0}, done{0};
   std::mutex mu;
   std::map<std::pair<int, int>, int> by_fate_and_code;  // guarded by mu
-  std::vector<std::string> problems;                  // guarded by mu
-  std::vector<int> ended(requests, 0);                // statuses per call; guarded by mu
-  long rss_first_tenth = -1;                           // guarded by mu
+  std::vector<std::string> problems;                    // guarded by mu
+  std::vector<int> ended(requests, 0);                  // statuses per call; guarded by mu
+  long rss_first_tenth = -1;                            // guarded by mu
   const int tenth = requests / 10;
   // A scraper, as Prometheus would run one: the server buffers latency observations until
   // a scrape takes them (bounded, engine.h), so without one RSS grows by design.
@@ -344,8 +355,8 @@ int Run() {
     std::printf("%s %s\n", pass ? "ok  " : "FAIL", what.c_str());
     ok = ok && pass;
   };
-  std::printf("%d calls in %.1f s (%.0f calls/s), concurrency %d, %zu tenants\n", requests,
-              seconds, requests / seconds, concurrency, tokens.empty() ? size_t{1} : tokens.size());
+  std::printf("%d calls in %.1f s (%.0f calls/s), concurrency %d, %zu tenants\n", requests, seconds,
+              requests / seconds, concurrency, tokens.empty() ? size_t{1} : tokens.size());
   std::map<int, long> client_codes;
   for (const auto& [fate_code, n] : by_fate_and_code) {
     std::printf("  %-9s status %2d: %d\n", kFateNames[fate_code.first], fate_code.second, n);
@@ -378,10 +389,9 @@ int Run() {
                      " blocks; the pool (GetModelInfo kv_pool_blocks) is ", pool_blocks));
 
   // What the pool went through (counter rises during the run).
-  for (const char* name :
-       {"prefixd_prefix_cache_hit_tokens_total", "prefixd_prefill_tokens_total",
-        "prefixd_generated_tokens_total", "prefixd_kv_evictions_total",
-        "prefixd_kv_cow_copies_total", "prefixd_preemptions_total"}) {
+  for (const char* name : {"prefixd_prefix_cache_hit_tokens_total", "prefixd_prefill_tokens_total",
+                           "prefixd_generated_tokens_total", "prefixd_kv_evictions_total",
+                           "prefixd_kv_cow_copies_total", "prefixd_preemptions_total"}) {
     const double b = Series(before, name), a = Series(after, name);
     std::printf("  %-38s +%.0f\n", name, a - (b < 0 ? 0 : b));
   }
@@ -400,18 +410,16 @@ int Run() {
   check(server_ok >= client_ok && server_ok <= client_ok + client_cut &&
             server_code("INVALID_ARGUMENT") == client_codes[grpc::INVALID_ARGUMENT] &&
             server_code("UNAUTHENTICATED") == client_codes[grpc::UNAUTHENTICATED],
-        absl::StrCat("server counts agree: OK ", server_ok, " (client ", client_ok,
-                     " + at most ", client_cut, " cut short), INVALID_ARGUMENT ",
-                     server_code("INVALID_ARGUMENT"), ", UNAUTHENTICATED ",
-                     server_code("UNAUTHENTICATED")));
+        absl::StrCat("server counts agree: OK ", server_ok, " (client ", client_ok, " + at most ",
+                     client_cut, " cut short), INVALID_ARGUMENT ", server_code("INVALID_ARGUMENT"),
+                     ", UNAUTHENTICATED ", server_code("UNAUTHENTICATED")));
 
   if (pid > 0) {
     const long rss_end = RssKb(pid);
     const double growth = rss_first_tenth > 0 ? double(rss_end) / rss_first_tenth - 1 : 1;
     check(rss_first_tenth > 0 && rss_end > 0 && growth <= 0.05 && growth >= -0.05,
           absl::StrCat("server VmRSS ", rss_first_tenth, " kB after ", tenth, " calls, ", rss_end,
-                       " kB after ", requests, " (", absl::StrFormat("%+.1f", 100 * growth),
-                       "%)"));
+                       " kB after ", requests, " (", absl::StrFormat("%+.1f", 100 * growth), "%)"));
   }
   std::printf("%s\n", ok ? "soak: all checks passed" : "soak: FAILED");
   return ok ? 0 : 1;

@@ -168,8 +168,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
     if (!e.float_dtype) {
       return absl::InvalidArgumentError(
           absl::StrCat(weights_path, ": tensor \"", EscapeBytes(e.name), "\" has dtype ",
-                       EscapeBytes(e.dtype_name),
-                       "; weights must be F32, F16 or BF16"));
+                       EscapeBytes(e.dtype_name), "; weights must be F32, F16 or BF16"));
     }
     std::vector<int64_t> want;
     if (name == "lm_head.weight") {
@@ -178,22 +177,21 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
       want = it->second;
     } else {
       return absl::InvalidArgumentError(absl::StrCat(weights_path, ": unexpected tensor \"",
-                                                     EscapeBytes(e.name),
-                                                     "\" for a ", m.config_.n_layer,
-                                                     "-layer GPT-2"));
+                                                     EscapeBytes(e.name), "\" for a ",
+                                                     m.config_.n_layer, "-layer GPT-2"));
     }
     if (e.shape != want) {
       return absl::InvalidArgumentError(
           absl::StrCat(weights_path, ": tensor \"", EscapeBytes(e.name), "\" has shape ",
-                       ShapeString(e.shape),
-                       " but config.json implies ", ShapeString(want)));
+                       ShapeString(e.shape), " but config.json implies ", ShapeString(want)));
     }
     const std::byte* data = bytes.data() + st->data_start + e.begin;
     if (const int64_t bad = FirstNonFinite(e.dtype, {data, e.end - e.begin}); bad >= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          weights_path, ": tensor \"", EscapeBytes(e.name), "\" holds ",
-          NonFiniteName(e.dtype, data, bad), " at element ", bad, " of ", (e.end - e.begin) /
-          DTypeSize(e.dtype), ": the weights are corrupt (a model must be finite everywhere)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(weights_path, ": tensor \"", EscapeBytes(e.name), "\" holds ",
+                       NonFiniteName(e.dtype, data, bad), " at element ", bad, " of ",
+                       (e.end - e.begin) / DTypeSize(e.dtype),
+                       ": the weights are corrupt (a model must be finite everywhere)"));
     }
     Tensor t;
     t.dtype = e.dtype;

@@ -62,7 +62,8 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& name, const json&
   std::optional<DType> dtype = ParseSafetensorsDType(dtype_name);
   const uint64_t other_size = OtherDTypeSize(dtype_name);
   if (!dtype && other_size == 0) {
-    return Invalid(file_label, absl::StrCat(where, " has unknown dtype \"", EscapeBytes(dtype_name), "\""));
+    return Invalid(file_label,
+                   absl::StrCat(where, " has unknown dtype \"", EscapeBytes(dtype_name), "\""));
   }
   e.dtype = dtype.value_or(DType::kF32);
   e.float_dtype = dtype.has_value();
@@ -108,9 +109,10 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& name, const json&
   }
   const uint64_t expected = numel * element_size;
   if (*end - *begin != expected) {
-    return Invalid(file_label, absl::StrCat(where, " spans ", *end - *begin,
-                                            " bytes but its shape [", absl::StrJoin(e.shape, ", "),
-                                            "] and dtype ", EscapeBytes(dtype_name), " need ", expected));
+    return Invalid(file_label,
+                   absl::StrCat(where, " spans ", *end - *begin, " bytes but its shape [",
+                                absl::StrJoin(e.shape, ", "), "] and dtype ",
+                                EscapeBytes(dtype_name), " need ", expected));
   }
   e.begin = *begin;
   e.end = *end;
@@ -160,8 +162,8 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::Span<const std::byte> fil
       if (!value.is_object()) return Invalid(file_label, "__metadata__ is not a JSON object");
       for (const auto& [mk, mv] : value.items()) {
         if (!mv.is_string()) {
-          return Invalid(file_label,
-                         absl::StrCat("__metadata__ value \"", EscapeBytes(mk), "\" is not a string"));
+          return Invalid(file_label, absl::StrCat("__metadata__ value \"", EscapeBytes(mk),
+                                                  "\" is not a string"));
         }
         out.metadata[mk] = mv.get<std::string>();
       }
@@ -184,10 +186,9 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::Span<const std::byte> fil
                                   ") overlaps the previous tensor, which ends at ", cursor));
     }
     if (e.begin > cursor) {
-      return Invalid(file_label,
-                     absl::StrCat("gap of ", e.begin - cursor,
-                                  " bytes in the data region before tensor \"", EscapeBytes(e.name),
-                                  "\""));
+      return Invalid(file_label, absl::StrCat("gap of ", e.begin - cursor,
+                                              " bytes in the data region before tensor \"",
+                                              EscapeBytes(e.name), "\""));
     }
     cursor = e.end;
   }

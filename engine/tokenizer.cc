@@ -258,8 +258,7 @@ absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> Gpt2Tokenizer::Create(
     const std::string& spelled = item.key();
     const nlohmann::json& value = item.value();
     if (!value.is_number_unsigned() || value.get<uint64_t>() >= n) {
-      return absl::InvalidArgumentError(absl::StrCat(vocab_path, ": token \"",
-                                                     EscapeBytes(spelled),
+      return absl::InvalidArgumentError(absl::StrCat(vocab_path, ": token \"", EscapeBytes(spelled),
                                                      "\" has an id that is not an integer in [0, ",
                                                      n, ")"));
     }

@@ -26,12 +26,12 @@ TEST(SoakTest, FiveHundredCallsOfEveryKindLeaveTheServerClean) {
   absl::StatusOr<std::unique_ptr<ServerProcess>> server =
       ServerProcess::Start(model, {"--kv-cache-bytes=1048576", "--auth-tokens=" + tokens});
   ASSERT_TRUE(server.ok()) << server.status();
-  const CommandResult r = RunCommand(
-      {BuiltBinary("bench/soak"), "--target=" + (*server)->address(),
-       "--metrics_port=" + std::to_string((*server)->metrics_port()),
-       "--server_pid=" + std::to_string((*server)->process().pid()), "--requests=500",
-       "--concurrency=16", "--auth_tokens=" + tokens, "--seed=7"},
-      absl::Seconds(120));
+  const CommandResult r =
+      RunCommand({BuiltBinary("bench/soak"), "--target=" + (*server)->address(),
+                  "--metrics_port=" + std::to_string((*server)->metrics_port()),
+                  "--server_pid=" + std::to_string((*server)->process().pid()), "--requests=500",
+                  "--concurrency=16", "--auth_tokens=" + tokens, "--seed=7"},
+                 absl::Seconds(120));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("soak: all checks passed")) << r.output;
   // Every fate was exercised.

@@ -485,17 +485,16 @@ TEST_F(ModelLoaderTest, RefusesNonFiniteWeightsNamingTheTensor) {
     uint16_t f16_bits;
     const char* shown;
   };
-  for (const Case& c : {Case{"h.1.mlp.c_fc.weight", 12345, 0x7e00, "NaN"},
-                        Case{"wte.weight", 0, 0x7c00, "+Inf"},
-                        Case{"ln_f.bias", 63, 0xfc00, "-Inf"}}) {
+  for (const Case& c :
+       {Case{"h.1.mlp.c_fc.weight", 12345, 0x7e00, "NaN"}, Case{"wte.weight", 0, 0x7c00, "+Inf"},
+        Case{"ln_f.bias", 63, 0xfc00, "-Inf"}}) {
     std::vector<RawTensor> t = ReadTensors(Weights());
     for (RawTensor& x : t) {
       if (x.name == c.tensor) std::memcpy(x.bytes.data() + 2 * c.element, &c.f16_bits, 2);
     }
     WriteTensors(Weights(), t);
-    ExpectRefused("model.safetensors", std::string("tensor \"") + c.tensor + "\" holds " +
-                                           c.shown + " at element " +
-                                           std::to_string(c.element));
+    ExpectRefused("model.safetensors", std::string("tensor \"") + c.tensor + "\" holds " + c.shown +
+                                           " at element " + std::to_string(c.element));
     fs::copy_file(*base_ / "f16" / "model.safetensors", Weights(),
                   fs::copy_options::overwrite_existing);
   }

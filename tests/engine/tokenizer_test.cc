@@ -360,9 +360,8 @@ TEST_F(TinyVocabTest, MultiByteTokensWithoutMergesAreRefused) {
     const std::string merges = Write("merges.txt", content);
     auto tok = Tokenizer::Load(vocab, merges);
     EXPECT_EQ(tok.status().code(), absl::StatusCode::kInvalidArgument) << content;
-    EXPECT_THAT(tok.status().message(),
-                HasSubstr(merges + ": holds no merges, but " + vocab +
-                          " has 2 tokens longer than one byte"));
+    EXPECT_THAT(tok.status().message(), HasSubstr(merges + ": holds no merges, but " + vocab +
+                                                  " has 2 tokens longer than one byte"));
   }
   // One merge is enough to make a tokenizer (the rest of "abc" is a byte).
   auto one = Tokenizer::Load(vocab, Write("merges.txt", Spell("a") + " " + Spell("b") + "\n"));
