@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <utility>
@@ -15,11 +16,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/check.h"
+#include "base/escape.h"
 #include "cache/sha256.h"
 #include "engine/manifest.h"
 #include "engine/read_file.h"
 #include "engine/safetensors.h"
 #include "engine/tokenizer.h"
+#include "engine/weights_scan.h"
 
 namespace prefixd {
 namespace {
@@ -31,11 +34,9 @@ absl::string_view ToAbsl(std::string_view s) { return absl::string_view(s.data()
 class MappedFile {
  public:
   static absl::StatusOr<std::shared_ptr<const MappedFile>> Open(const std::string& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": cannot open: ", std::strerror(errno)));
-    }
+    absl::StatusOr<int> opened = OpenRegularFile(path);
+    if (!opened.ok()) return opened.status();
+    const int fd = *opened;
     struct stat st;
     if (::fstat(fd, &st) != 0) {
       const int err = errno;
@@ -108,6 +109,20 @@ bool IsAttentionBuffer(std::string_view name) {
          absl::EndsWith(ToAbsl(name), ".attn.masked_bias");
 }
 
+// "NaN", "+Inf" or "-Inf": element `i` of a tensor FirstNonFinite flagged.
+std::string NonFiniteName(DType dtype, const std::byte* data, int64_t i) {
+  float f;
+  if (dtype == DType::kF32) {
+    std::memcpy(&f, data + 4 * i, 4);
+  } else {
+    uint16_t h;
+    std::memcpy(&h, data + 2 * i, 2);
+    f = dtype == DType::kF16 ? HalfToFloat(h) : BF16ToFloat(h);
+  }
+  if (std::isnan(f)) return "NaN";
+  return f > 0 ? "+Inf" : "-Inf";
+}
+
 class LoadedModel : public Model {};
 
 }  // namespace
@@ -116,11 +131,11 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
   namespace fs = std::filesystem;
   for (std::string_view file : kManifestFiles) {
     const std::string path = absl::StrCat(dir, "/", ToAbsl(file));
-    std::error_code ec;
-    if (!fs::is_regular_file(path, ec)) {
+    if (absl::Status s = CheckRegularFile(path); !s.ok()) {
+      if (s.code() != absl::StatusCode::kNotFound) return s;  // says what is there instead
       return absl::NotFoundError(
-          absl::StrCat(path,
-                       ": missing (a model directory holds config.json, model.safetensors, "
+          absl::StrCat(s.message(),
+                       " (a model directory holds config.json, model.safetensors, "
                        "vocab.json and merges.txt)"));
     }
   }
@@ -152,8 +167,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
     if (IsAttentionBuffer(name)) continue;  // whatever its dtype: the mask is computed
     if (!e.float_dtype) {
       return absl::InvalidArgumentError(
-          absl::StrCat(weights_path, ": tensor \"", e.name, "\" has dtype ", e.dtype_name,
-                       "; weights must be F32, F16 or BF16"));
+          absl::StrCat(weights_path, ": tensor \"", EscapeBytes(e.name), "\" has dtype ",
+                       EscapeBytes(e.dtype_name), "; weights must be F32, F16 or BF16"));
     }
     std::vector<int64_t> want;
     if (name == "lm_head.weight") {
@@ -161,22 +176,30 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
     } else if (auto it = expected.find(std::string(name)); it != expected.end()) {
       want = it->second;
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(weights_path, ": unexpected tensor \"", e.name,
-                                                     "\" for a ", m.config_.n_layer,
-                                                     "-layer GPT-2"));
+      return absl::InvalidArgumentError(absl::StrCat(weights_path, ": unexpected tensor \"",
+                                                     EscapeBytes(e.name), "\" for a ",
+                                                     m.config_.n_layer, "-layer GPT-2"));
     }
     if (e.shape != want) {
       return absl::InvalidArgumentError(
-          absl::StrCat(weights_path, ": tensor \"", e.name, "\" has shape ", ShapeString(e.shape),
-                       " but config.json implies ", ShapeString(want)));
+          absl::StrCat(weights_path, ": tensor \"", EscapeBytes(e.name), "\" has shape ",
+                       ShapeString(e.shape), " but config.json implies ", ShapeString(want)));
+    }
+    const std::byte* data = bytes.data() + st->data_start + e.begin;
+    if (const int64_t bad = FirstNonFinite(e.dtype, {data, e.end - e.begin}); bad >= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(weights_path, ": tensor \"", EscapeBytes(e.name), "\" holds ",
+                       NonFiniteName(e.dtype, data, bad), " at element ", bad, " of ",
+                       (e.end - e.begin) / DTypeSize(e.dtype),
+                       ": the weights are corrupt (a model must be finite everywhere)"));
     }
     Tensor t;
     t.dtype = e.dtype;
     t.shape = e.shape;
-    t.data = bytes.data() + st->data_start + e.begin;
+    t.data = data;
     t.size_bytes = e.end - e.begin;
     if (!m.tensors_.emplace(std::string(name), std::move(t)).second) {
-      return absl::InvalidArgumentError(absl::StrCat(weights_path, ": tensor \"", ToAbsl(name),
+      return absl::InvalidArgumentError(absl::StrCat(weights_path, ": tensor \"", EscapeBytes(name),
                                                      "\" appears twice (with and without the "
                                                      "\"transformer.\" prefix)"));
     }

@@ -2,8 +2,8 @@
 // config.json, model.safetensors, vocab.json, merges.txt (other files are ignored).
 //
 // Load() validates everything before returning (see model_loader tests for each refusal);
-// after that every tensor named in kTensorNames exists with the shape the config implies,
-// so backends can Get() without checking.
+// after that every tensor named in kTensorNames exists with the shape the config implies
+// and holds only finite values, so backends can Get() without checking.
 #ifndef PREFIXD_ENGINE_MODEL_H_
 #define PREFIXD_ENGINE_MODEL_H_
 

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/escape.h"
 #include "nlohmann/json.hpp"
 
 namespace prefixd {
@@ -153,7 +154,8 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
                                                    " must be below vocab_size ", c.vocab_size));
   }
   if (c.activation_function != "gelu_new") {
-    return absl::InvalidArgumentError(absl::StrCat("activation_function \"", c.activation_function,
+    return absl::InvalidArgumentError(absl::StrCat("activation_function \"",
+                                                   EscapeBytes(c.activation_function),
                                                    "\" is not supported (only \"gelu_new\")"));
   }
   return absl::OkStatus();
@@ -202,6 +204,8 @@ std::string ModelConfigToJson(const ModelConfig& c, std::string_view torch_dtype
       {"summary_proj_to_labels", true},
       {"summary_type", "cls_index"},
       {"summary_use_proj", true},
+      // Always written: omitted, it would read back as true whatever the config said.
+      {"tie_word_embeddings", c.tie_word_embeddings},
       {"torch_dtype", torch_dtype},
       {"use_cache", true},
       {"vocab_size", c.vocab_size},

@@ -1,25 +1,100 @@
 #include "engine/read_file.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
+#include <string>
 
 #include "absl/strings/str_cat.h"
+#include "base/escape.h"
 
 namespace prefixd {
+namespace {
+
+// What a non-regular file is, for the message.
+const char* KindOf(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "not a regular file";
+}
+
+// The message for an open() that failed with `err`.
+absl::Status OpenError(const std::string& path, int err) {
+  const std::string where = EscapeBytes(path);
+  if (err == ENOENT) {
+    struct stat link;
+    if (::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
+      std::string target(4096, '\0');
+      const ssize_t n = ::readlink(path.c_str(), target.data(), target.size());
+      target.resize(n > 0 ? static_cast<size_t>(n) : 0);
+      return absl::NotFoundError(absl::StrCat(where, ": missing (a symbolic link to \"",
+                                              EscapeBytes(target), "\", which does not exist)"));
+    }
+    return absl::NotFoundError(absl::StrCat(where, ": missing"));
+  }
+  if (err == ELOOP) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": a symbolic link loop (too many levels of symbolic links)"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(where, ": cannot open: ", std::strerror(err)));
+}
+
+}  // namespace
+
+absl::StatusOr<int> OpenRegularFile(const std::string& path) {
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer. It has no
+  // effect on regular files.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return OpenError(path, errno);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(EscapeBytes(path), ": cannot stat: ", std::strerror(err)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(EscapeBytes(path), ": is ", KindOf(st.st_mode), ", not a regular file"));
+  }
+  return fd;
+}
+
+absl::Status CheckRegularFile(const std::string& path) {
+  absl::StatusOr<int> fd = OpenRegularFile(path);
+  if (!fd.ok()) return fd.status();
+  ::close(*fd);
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    const int err = errno;
-    const std::string msg = absl::StrCat(path, ": cannot open: ", std::strerror(err));
-    return err == ENOENT ? absl::NotFoundError(msg) : absl::InvalidArgumentError(msg);
+  absl::StatusOr<int> fd = OpenRegularFile(path);
+  if (!fd.ok()) return fd.status();
+  std::string out;
+  struct stat st;
+  if (::fstat(*fd, &st) == 0 && st.st_size > 0) out.reserve(static_cast<size_t>(st.st_size));
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(*fd, buf, sizeof(buf));
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(*fd);
+      return absl::DataLossError(
+          absl::StrCat(EscapeBytes(path), ": read error: ", std::strerror(err)));
+    }
+    out.append(buf, static_cast<size_t>(n));
   }
-  std::ostringstream s;
-  s << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read error"));
-  return std::move(s).str();
+  ::close(*fd);
+  return out;
 }
 
 }  // namespace prefixd

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/escape.h"
 #include "nlohmann/json.hpp"
 
 namespace prefixd {
@@ -48,7 +49,7 @@ absl::Status Invalid(std::string_view file_label, std::string_view problem) {
 
 absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& name, const json& v,
                                             uint64_t data_size, std::string_view file_label) {
-  const std::string where = absl::StrCat("tensor \"", name, "\"");
+  const std::string where = absl::StrCat("tensor \"", EscapeBytes(name), "\"");
   if (!v.is_object()) return Invalid(file_label, absl::StrCat(where, " is not a JSON object"));
   SafetensorsEntry e;
   e.name = name;
@@ -61,7 +62,8 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& name, const json&
   std::optional<DType> dtype = ParseSafetensorsDType(dtype_name);
   const uint64_t other_size = OtherDTypeSize(dtype_name);
   if (!dtype && other_size == 0) {
-    return Invalid(file_label, absl::StrCat(where, " has unknown dtype \"", dtype_name, "\""));
+    return Invalid(file_label,
+                   absl::StrCat(where, " has unknown dtype \"", EscapeBytes(dtype_name), "\""));
   }
   e.dtype = dtype.value_or(DType::kF32);
   e.float_dtype = dtype.has_value();
@@ -107,9 +109,10 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& name, const json&
   }
   const uint64_t expected = numel * element_size;
   if (*end - *begin != expected) {
-    return Invalid(file_label, absl::StrCat(where, " spans ", *end - *begin,
-                                            " bytes but its shape [", absl::StrJoin(e.shape, ", "),
-                                            "] and dtype ", dtype_name, " need ", expected));
+    return Invalid(file_label,
+                   absl::StrCat(where, " spans ", *end - *begin, " bytes but its shape [",
+                                absl::StrJoin(e.shape, ", "), "] and dtype ",
+                                EscapeBytes(dtype_name), " need ", expected));
   }
   e.begin = *begin;
   e.end = *end;
@@ -159,8 +162,8 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::Span<const std::byte> fil
       if (!value.is_object()) return Invalid(file_label, "__metadata__ is not a JSON object");
       for (const auto& [mk, mv] : value.items()) {
         if (!mv.is_string()) {
-          return Invalid(file_label,
-                         absl::StrCat("__metadata__ value \"", mk, "\" is not a string"));
+          return Invalid(file_label, absl::StrCat("__metadata__ value \"", EscapeBytes(mk),
+                                                  "\" is not a string"));
         }
         out.metadata[mk] = mv.get<std::string>();
       }
@@ -179,13 +182,13 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::Span<const std::byte> fil
   for (const SafetensorsEntry& e : out.tensors) {
     if (e.begin < cursor) {
       return Invalid(file_label,
-                     absl::StrCat("tensor \"", e.name, "\" [", e.begin, ", ", e.end,
+                     absl::StrCat("tensor \"", EscapeBytes(e.name), "\" [", e.begin, ", ", e.end,
                                   ") overlaps the previous tensor, which ends at ", cursor));
     }
     if (e.begin > cursor) {
-      return Invalid(file_label,
-                     absl::StrCat("gap of ", e.begin - cursor,
-                                  " bytes in the data region before tensor \"", e.name, "\""));
+      return Invalid(file_label, absl::StrCat("gap of ", e.begin - cursor,
+                                              " bytes in the data region before tensor \"",
+                                              EscapeBytes(e.name), "\""));
     }
     cursor = e.end;
   }

@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "base/escape.h"
 #include "engine/internal/bpe_pretokenizer.h"
 #include "engine/read_file.h"
 #include "nlohmann/json.hpp"
@@ -257,7 +258,7 @@ absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> Gpt2Tokenizer::Create(
     const std::string& spelled = item.key();
     const nlohmann::json& value = item.value();
     if (!value.is_number_unsigned() || value.get<uint64_t>() >= n) {
-      return absl::InvalidArgumentError(absl::StrCat(vocab_path, ": token \"", spelled,
+      return absl::InvalidArgumentError(absl::StrCat(vocab_path, ": token \"", EscapeBytes(spelled),
                                                      "\" has an id that is not an integer in [0, ",
                                                      n, ")"));
     }
@@ -267,12 +268,12 @@ absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> Gpt2Tokenizer::Create(
     }
     if (!AlphabetToBytes(spelled, &raw) || raw.empty()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(vocab_path, ": token \"", spelled,
+          absl::StrCat(vocab_path, ": token \"", EscapeBytes(spelled),
                        "\" is empty or not spelled in GPT-2's byte alphabet"));
     }
     if (!id_of.try_emplace(raw, id).second) {
       return absl::InvalidArgumentError(
-          absl::StrCat(vocab_path, ": token \"", spelled, "\" appears twice"));
+          absl::StrCat(vocab_path, ": token \"", EscapeBytes(spelled), "\" appears twice"));
     }
     present[id] = true;
     tokens[id] = raw;
@@ -311,7 +312,7 @@ absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> Gpt2Tokenizer::Create(
     if (space == std::string_view::npos || space == 0 || space + 1 == line.size() ||
         line.find(' ', space + 1) != std::string_view::npos) {
       return absl::InvalidArgumentError(
-          absl::StrCat(where(), "expected \"left right\", got \"", std::string(line), "\""));
+          absl::StrCat(where(), "expected \"left right\", got \"", EscapeBytes(line), "\""));
     }
     if (!AlphabetToBytes(line.substr(0, space), &left_raw) ||
         !AlphabetToBytes(line.substr(space + 1), &right_raw)) {
@@ -322,12 +323,25 @@ absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> Gpt2Tokenizer::Create(
     const auto right = id_of.find(right_raw);
     const auto merged = id_of.find(left_raw + right_raw);
     if (left == id_of.end() || right == id_of.end() || merged == id_of.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(where(), "\"", std::string(line),
+      return absl::InvalidArgumentError(absl::StrCat(where(), "\"", EscapeBytes(line),
                                                      "\" uses or makes a token that is not in ",
                                                      vocab_path));
     }
     // As encoder.py's dict(zip(merges, range(...))): a repeated pair keeps its last rank.
     tok->merges_[PairKey(left->second, right->second)] = Merge{rank++, merged->second};
+  }
+  // Without merges every token longer than a byte is unreachable: text would silently
+  // encode as single bytes (an empty or header-only merges.txt next to GPT-2's vocab.json
+  // turns "Hello world" into 11 tokens). A vocabulary of byte tokens needs no merges.
+  if (tok->merges_.empty()) {
+    size_t multi_byte = 0;
+    for (const std::string& t : tokens) multi_byte += t.size() > 1 ? 1 : 0;
+    if (multi_byte > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          merges_path, ": holds no merges, but ", vocab_path, " has ", multi_byte,
+          " tokens longer than one byte that only merges can produce (GPT-2's merges.txt "
+          "has a \"#version\" line, then 50,000 lines \"left right\")"));
+    }
   }
   return tok;
 }

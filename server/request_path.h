@@ -116,13 +116,16 @@ class RequestPath {
   // Generate calls that passed every rule and were queued, since start-up.
   uint64_t accepted_generates() const { return accepted_generates_.load(); }
 
+  // The engine request for a call whose caller is `tenant`, before the engine validates it
+  // (engine/request_validation.h). Public for the request fuzz target (fuzz/), which runs
+  // this translation and the rules without an engine; uses only the tokenizer.
+  absl::StatusOr<EngineRequest> BuildEngineRequest(const GenerateCall& call,
+                                                   const std::string& tenant);
+
   const Tokenizer& tokenizer() const { return *options_.tokenizer; }
   const ServedModel& model() const { return options_.model; }
 
  private:
-  // The engine request for a call whose caller is `tenant`; the engine validates it.
-  absl::StatusOr<EngineRequest> BuildEngineRequest(const GenerateCall& call,
-                                                   const std::string& tenant);
   void Count(Api api, absl::StatusCode code);
 
   RequestPathOptions options_;

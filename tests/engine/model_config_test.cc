@@ -165,6 +165,22 @@ TEST(ModelConfigTest, ToJsonWritesWhatTransformersWritesAndParsesBack) {
   EXPECT_EQ(back->n_layer, 2);
   EXPECT_EQ(back->n_embd, 64);
   EXPECT_EQ(back->n_positions, 256);
+  EXPECT_TRUE(back->tie_word_embeddings);
+}
+
+// Found by fuzz/model_config_fuzz: an untied config was written without the key, so it read
+// back as tied.
+TEST(ModelConfigTest, ToJsonKeepsAnUntiedLmHead) {
+  ModelConfig c;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 64;
+  c.n_positions = 256;
+  c.vocab_size = 50257;
+  c.tie_word_embeddings = false;
+  absl::StatusOr<ModelConfig> back = Parse(json::parse(ModelConfigToJson(c, "float32")));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_FALSE(back->tie_word_embeddings);
 }
 
 }  // namespace

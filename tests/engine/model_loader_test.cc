@@ -1,6 +1,7 @@
 // Model::Load on a tiny random model (tools/random_model.h) and on every malformed variant
 // the loader must refuse, each crafted from the valid one in a fresh temporary directory.
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cmath>
@@ -441,6 +442,104 @@ TEST_F(ModelLoaderTest, RefusesTokenizerLargerThanVocabulary) {
     j["eos_token_id"] = 0;
   });
   ExpectRefused("vocab.json", "holds 50257 tokens but config.json's vocab_size is 50000");
+}
+
+// What sits where a file should is named: a directory, a FIFO (without blocking on it), a
+// symbolic link loop, a dangling link.
+TEST_F(ModelLoaderTest, RefusesWhatIsNotARegularFileAsWhatItIs) {
+  for (const char* file : {"config.json", "model.safetensors", "vocab.json", "merges.txt"}) {
+    const fs::path p = dir_ / file;
+    const std::string saved = ReadFile(p);
+    fs::remove(p);
+    fs::create_directory(p);
+    ExpectRefused(file, "is a directory, not a regular file");
+    fs::remove(p);
+    ASSERT_EQ(::mkfifo(p.c_str(), 0600), 0);
+    ExpectRefused(file, "is a FIFO (named pipe), not a regular file");
+    fs::remove(p);
+    fs::create_symlink(dir_ / "loop", p);
+    fs::create_symlink(p, dir_ / "loop");
+    ExpectRefused(file, "a symbolic link loop");
+    fs::remove(dir_ / "loop");
+    ExpectRefused(file, "missing (a symbolic link to");
+    fs::remove(p);
+    WriteFile(p, saved);
+  }
+  ASSERT_TRUE(Model::Load(dir_.string()).ok());
+}
+
+TEST_F(ModelLoaderTest, RefusesEmptyOrHeaderOnlyMerges) {
+  // GPT-2's vocabulary without merges would encode "Hello world" as 11 byte tokens.
+  for (const char* merges : {"", "#version: 0.2\n", "\n\n"}) {
+    WriteFile(dir_ / "merges.txt", merges);
+    ExpectRefused("merges.txt", "holds no merges, but " + (dir_ / "vocab.json").string() +
+                                    " has 50001 tokens longer than one byte");
+  }
+}
+
+// Each float dtype, NaN and both infinities, at the first element and deep inside a tensor.
+TEST_F(ModelLoaderTest, RefusesNonFiniteWeightsNamingTheTensor) {
+  struct Case {
+    const char* tensor;
+    size_t element;
+    uint16_t f16_bits;
+    const char* shown;
+  };
+  for (const Case& c :
+       {Case{"h.1.mlp.c_fc.weight", 12345, 0x7e00, "NaN"}, Case{"wte.weight", 0, 0x7c00, "+Inf"},
+        Case{"ln_f.bias", 63, 0xfc00, "-Inf"}}) {
+    std::vector<RawTensor> t = ReadTensors(Weights());
+    for (RawTensor& x : t) {
+      if (x.name == c.tensor) std::memcpy(x.bytes.data() + 2 * c.element, &c.f16_bits, 2);
+    }
+    WriteTensors(Weights(), t);
+    ExpectRefused("model.safetensors", std::string("tensor \"") + c.tensor + "\" holds " + c.shown +
+                                           " at element " + std::to_string(c.element));
+    fs::copy_file(*base_ / "f16" / "model.safetensors", Weights(),
+                  fs::copy_options::overwrite_existing);
+  }
+  ASSERT_TRUE(Model::Load(dir_.string()).ok());
+
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    RandomModelOptions o;
+    o.out_dir = (dir_.parent_path() / std::string(DTypeName(dtype))).string();
+    o.tokenizer_dir = PREFIXD_TOKENIZER_DIR;
+    o.config = SmallConfig();
+    o.seed = 7;
+    o.dtype = dtype;
+    ASSERT_TRUE(WriteRandomModel(o).ok());
+    const fs::path weights = fs::path(o.out_dir) / "model.safetensors";
+    std::vector<RawTensor> t = ReadTensors(weights);
+    for (RawTensor& x : t) {
+      if (x.name != "h.0.attn.c_proj.bias") continue;
+      if (dtype == DType::kF32) {
+        const float nan = std::nanf("");
+        std::memcpy(x.bytes.data() + 4 * 5, &nan, 4);
+      } else {
+        const uint16_t inf = 0x7f80;
+        std::memcpy(x.bytes.data() + 2 * 5, &inf, 2);
+      }
+    }
+    WriteTensors(weights, t);
+    absl::StatusOr<std::unique_ptr<Model>> m = Model::Load(o.out_dir);
+    ASSERT_FALSE(m.ok()) << DTypeName(dtype);
+    EXPECT_THAT(m.status().message(),
+                HasSubstr(weights.string() + ": tensor \"h.0.attn.c_proj.bias\" holds " +
+                          (dtype == DType::kF32 ? "NaN" : "+Inf") + " at element 5 of 64"));
+  }
+}
+
+TEST_F(ModelLoaderTest, BytesFromFilesAreEscapedInMessages) {
+  WriteTensors(Weights(), ReadTensors(Weights()), [](json& h) {
+    json v = h["ln_f.bias"];
+    h.erase("ln_f.bias");
+    h["ln_f.bias\x1b[2J\u00ff"] = v;  // ESC and U+00FF; json.dump writes the ESC as \u001b
+  });
+  ExpectRefused("model.safetensors", "unexpected tensor \"ln_f.bias\\x1b[2J\xc3\xbf\"");
+  fs::copy_file(*base_ / "f16" / "model.safetensors", Weights(),
+                fs::copy_options::overwrite_existing);
+  WriteFile(dir_ / "merges.txt", "#version: 0.2\n\xff\xfe\x07\n");
+  ExpectRefused("merges.txt", "got \"\\xff\\xfe\\x07\"");
 }
 
 TEST_F(ModelLoaderTest, RefusesBrokenTokenizerFiles) {

@@ -353,6 +353,22 @@ TEST_F(TinyVocabTest, MissingFilesNameThePath) {
   EXPECT_THAT((*bytes_only)->Encode("hi"), ElementsAre('h', 'i'));
 }
 
+TEST_F(TinyVocabTest, MultiByteTokensWithoutMergesAreRefused) {
+  // "ab" could never be produced: every text would encode byte by byte.
+  const std::string vocab = Write("vocab.json", VocabJson({"ab", "abc"}));
+  for (const char* content : {"", "#version: 0.2\n", "\r\n\n"}) {
+    const std::string merges = Write("merges.txt", content);
+    auto tok = Tokenizer::Load(vocab, merges);
+    EXPECT_EQ(tok.status().code(), absl::StatusCode::kInvalidArgument) << content;
+    EXPECT_THAT(tok.status().message(), HasSubstr(merges + ": holds no merges, but " + vocab +
+                                                  " has 2 tokens longer than one byte"));
+  }
+  // One merge is enough to make a tokenizer (the rest of "abc" is a byte).
+  auto one = Tokenizer::Load(vocab, Write("merges.txt", Spell("a") + " " + Spell("b") + "\n"));
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_THAT((*one)->Encode("abc"), ElementsAre(256, 'c'));
+}
+
 TEST_F(TinyVocabTest, BadVocabIsRefusedWithTheFileName) {
   const std::string merges = Write("merges.txt", "#version: 0.2\n");
   const std::vector<std::pair<std::string, std::string>> cases = {

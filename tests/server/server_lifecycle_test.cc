@@ -3,6 +3,7 @@
 // tested in-process: server_flow_test.cc.)
 #include <signal.h>
 
+#include <fstream>
 #include <thread>
 
 #include "absl/time/clock.h"
@@ -116,6 +117,33 @@ TEST_F(LifecycleTest, SigtermAndSigintDrainAndExitZero) {
                 HasSubstr(name + ": draining for up to 1m (a second signal ends it now)"));
     EXPECT_THAT((*server)->process().Output(), HasSubstr("prefixd: stopped"));
   }
+}
+
+// A model directory that would serve wrong answers stops start-up (exit 1) with a message
+// naming the file, or the tensor: merges.txt without merges, NaN weights.
+TEST_F(LifecycleTest, ABadModelDirectoryExitsOneNamingTheFile) {
+  const std::string prefixd = BuiltBinary("server/prefixd");
+  for (const char* name : {"no_merges", "nan"}) {
+    const std::string dir = dir_->path() + "/" + name;
+    ASSERT_TRUE(WriteTinyModel(dir).ok());
+  }
+  std::ofstream(dir_->path() + "/no_merges/merges.txt", std::ios::trunc).flush();
+  {
+    // The weights file ends with the last tensor's last element (f32): make it NaN.
+    std::fstream w(dir_->path() + "/nan/model.safetensors",
+                   std::ios::binary | std::ios::in | std::ios::out);
+    w.seekp(-4, std::ios::end);
+    const unsigned char nan[4] = {0x00, 0x00, 0xc0, 0x7f};
+    w.write(reinterpret_cast<const char*>(nan), 4);
+  }
+  CommandResult r =
+      RunCommand({prefixd, "--model", dir_->path() + "/no_merges", "--device", "cpu"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("no_merges/merges.txt: holds no merges")) << r.output;
+  r = RunCommand({prefixd, "--model", dir_->path() + "/nan", "--device", "cpu"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("nan/model.safetensors: tensor \"")) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("holds NaN at element")) << r.output;
 }
 
 }  // namespace

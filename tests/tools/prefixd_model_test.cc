@@ -204,6 +204,35 @@ TEST_F(PrefixdModelTest, BadInputsExitNonZeroWithOneLine) {
   EXPECT_FALSE(fs::exists(root_ / "x"));
 }
 
+// A directory that would serve wrong answers is refused by inspect, naming the file and, for
+// weights, the tensor.
+TEST_F(PrefixdModelTest, InspectRefusesEmptyMergesAndNonFiniteWeights) {
+  ASSERT_EQ(Run({"random", "--out", "m", "--tokenizer-dir", Tokenizer()}).exit_code, 0);
+  for (const char* dir : {"no_merges", "nan"}) {
+    fs::create_directories(root_ / dir);
+    for (const char* f : {"config.json", "model.safetensors", "vocab.json", "merges.txt"}) {
+      fs::copy_file(root_ / "m" / f, root_ / dir / f);
+    }
+  }
+  std::ofstream(root_ / "no_merges" / "merges.txt", std::ios::trunc) << "#version: 0.2\n";
+  {
+    // The file ends with the last tensor's last element (f32): make it NaN.
+    std::fstream w(root_ / "nan" / "model.safetensors",
+                   std::ios::binary | std::ios::in | std::ios::out);
+    w.seekp(-4, std::ios::end);
+    const unsigned char nan[4] = {0x00, 0x00, 0xc0, 0x7f};
+    w.write(reinterpret_cast<const char*>(nan), 4);
+  }
+  ExpectOneLineError({"inspect", "no_merges"}, "no_merges/merges.txt: holds no merges");
+  EXPECT_EQ(Run({"inspect", "no_merges"}).exit_code, 1);
+  ExpectOneLineError({"inspect", "nan"}, "nan/model.safetensors: tensor \"");
+  Result r = Run({"inspect", "nan"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("holds NaN at element"));
+  // The same files load through the other commands' loader too.
+  ExpectOneLineError({"tokenize", "no_merges", "Hello world"}, "holds no merges");
+}
+
 TEST_F(PrefixdModelTest, HelpListsEveryCommand) {
   Result r = Run({"--help"});
   EXPECT_EQ(r.exit_code, 0);
