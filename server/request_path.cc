@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "server/cache_namespace.h"
 
 namespace prefixd {
@@ -26,18 +27,41 @@ absl::StatusOr<std::string> RequestPath::Authorize(
   return options_.auth->Authenticate(header);
 }
 
+size_t RequestPath::max_text_bytes() const {
+  return static_cast<size_t>(options_.model.config.n_positions) *
+         options_.tokenizer->max_token_bytes();
+}
+
+absl::Status RequestPath::CheckTextBytes(std::string_view text) const {
+  if (text.size() <= max_text_bytes()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "text is %d bytes, more than any text of at most %d tokens (the model's context "
+      "length) can be: %d bytes (%d tokens x %d bytes, the longest token); shorten it",
+      text.size(), options_.model.config.n_positions, max_text_bytes(),
+      options_.model.config.n_positions, options_.tokenizer->max_token_bytes()));
+}
+
 absl::StatusOr<EngineRequest> RequestPath::BuildEngineRequest(const GenerateCall& call,
                                                               const std::string& tenant) {
   EngineRequest req;
   switch (call.prompt_kind) {
     case GenerateCall::PromptKind::kNone:
       return absl::InvalidArgumentError("no prompt: set `text` or `token_ids`");
-    case GenerateCall::PromptKind::kText:
-      req.prompt = options_.tokenizer->Encode(call.text);
+    case GenerateCall::PromptKind::kText: {
+      if (absl::Status s = CheckTextBytes(call.text); !s.ok()) return s;
+      // Stops tokenizing once the prompt alone passes the context: it is refused anyway.
+      const size_t context = static_cast<size_t>(options_.model.config.n_positions);
+      req.prompt = options_.tokenizer->EncodeAtMost(call.text, context);
       if (req.prompt.empty()) {
         return absl::InvalidArgumentError("empty prompt: `text` must produce at least one token");
       }
+      if (req.prompt.size() > context) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "text has more than %d tokens, the model's context length: shorten the prompt",
+            context));
+      }
       break;
+    }
     case GenerateCall::PromptKind::kTokenIds:
       req.prompt = call.token_ids;
       break;
@@ -96,6 +120,7 @@ absl::StatusOr<std::vector<uint32_t>> RequestPath::Tokenize(
   if (absl::StatusOr<std::string> tenant = Authorize(authorization); !tenant.ok()) {
     return tenant.status();
   }
+  if (absl::Status s = CheckTextBytes(text); !s.ok()) return s;
   return options_.tokenizer->Encode(text);
 }
 

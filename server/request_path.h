@@ -95,10 +95,16 @@ class RequestPath {
   // DEADLINE_EXCEEDED, or the engine's error): counted in prefixd_requests_total.
   void FinishGenerate(absl::StatusCode code);
 
+  // Texts longer than max_text_bytes() are refused, as for a Generate prompt.
   absl::StatusOr<std::vector<uint32_t>> Tokenize(const std::optional<std::string>& authorization,
                                                  std::string_view text) const;
   absl::StatusOr<ServedModel> ModelInfo(const std::optional<std::string>& authorization) const;
   absl::StatusOr<EngineStats> CacheStats(const std::optional<std::string>& authorization) const;
+
+  // The longest text a prompt or Tokenize accepts: context length × the longest token's
+  // bytes. A longer text has more tokens than the context holds, so it is refused before
+  // any tokenizing.
+  size_t max_text_bytes() const;
 
   // Generate calls that passed every rule and were queued, since start-up.
   uint64_t accepted_generates() const { return accepted_generates_.load(); }
@@ -111,6 +117,8 @@ class RequestPath {
   absl::StatusOr<EngineRequest> BuildEngineRequest(const GenerateCall& call,
                                                    const std::string& tenant);
   void Count(absl::StatusCode code);
+  // INVALID_ARGUMENT for a text over max_text_bytes().
+  absl::Status CheckTextBytes(std::string_view text) const;
 
   RequestPathOptions options_;
   std::atomic<bool> draining_{false};

@@ -64,6 +64,10 @@ int LogCivetMessage(const mg_connection*, const char* message) {
   return 1;
 }
 
+// More CPU backend threads than any machine has cores would only cost memory (each has a
+// stack) and start-up time; far more fail to start at all.
+constexpr int32_t kMaxThreads = 1024;
+
 bool IsUnixAddress(const std::string& address) {
   return absl::StartsWith(address, "unix:") || absl::StartsWith(address, "unix-abstract:");
 }
@@ -89,9 +93,9 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
         Named{"--max-samples", o.max_samples}}) {
     if (value < 1) return InvalidArgumentError(StrCat(name, " must be at least 1, got ", value));
   }
-  if (o.device.threads < 0) {
-    return InvalidArgumentError(
-        StrCat("--threads must be 0 (all cores) or positive, got ", o.device.threads));
+  if (o.device.threads < 0 || o.device.threads > kMaxThreads) {
+    return InvalidArgumentError(StrCat("--threads must be 0 (all cores) or 1 to ", kMaxThreads,
+                                       ", got ", o.device.threads));
   }
   if (o.shutdown_grace < absl::ZeroDuration()) {
     return InvalidArgumentError(StrCat("--shutdown-grace must not be negative, got ",

@@ -56,7 +56,9 @@ TEST_F(LifecycleTest, BadStartupsExitNonZeroWithAMessage) {
       {"--max-batch-tokens=0", "--max-batch-tokens must be at least 1, got 0"},
       {"--max-queue=-5", "--max-queue must be at least 1, got -5"},
       {"--max-samples=0", "--max-samples must be at least 1, got 0"},
-      {"--threads=-1", "--threads must be 0 (all cores) or positive, got -1"},
+      {"--threads=-1", "--threads must be 0 (all cores) or 1 to 1024, got -1"},
+      {"--threads=1025", "--threads must be 0 (all cores) or 1 to 1024, got 1025"},
+      {"--threads=100000", "--threads must be 0 (all cores) or 1 to 1024, got 100000"},
       {"--shutdown-grace=-1s", "--shutdown-grace must not be negative, got -1s"},
       // More than any machine's memory: refused before the pool is allocated.
       {"--kv-cache-bytes=1000000000000000000", "is more than this machine's"},

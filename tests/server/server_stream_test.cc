@@ -184,6 +184,23 @@ TEST_F(ServerTest, EveryValidationCaseIsInvalidArgument) {
   r = ok;
   r.add_stop_token_ids(60000);
   expect_invalid(r, "stop token id 60000");
+  r = ok;
+  r.set_request_id(std::string(257, 'x'));
+  expect_invalid(r, "request_id is 257 bytes: use at most 256");
+  r = ok;
+  r.set_request_id("tab\there");
+  expect_invalid(r, "request_id has byte 0x09 at offset 3");
+  r = ok;
+  for (int i = 0; i < 1025; ++i) r.add_stop_token_ids(i);
+  expect_invalid(r, "1025 stop_token_ids is too many");
+  r = ok;
+  r.set_text(std::string(256 * 128 + 1, 'a'));  // context 256 x 128 bytes, GPT-2's longest
+  expect_invalid(r, "text is 32769 bytes, more than any text of at most 256 tokens");
+  r = ok;
+  std::string words;
+  for (int i = 0; i < 300; ++i) words += " a";  // 300 tokens in 600 bytes
+  r.set_text(words);
+  expect_invalid(r, "text has more than 256 tokens, the model's context length");
   // Nothing was queued by any of them.
   EXPECT_EQ(GetStats(*stub_).blocks_active(), 0u);
   EXPECT_TRUE(Generate(*stub_, ok).status.ok());
@@ -215,6 +232,17 @@ TEST_F(ServerTest, InvalidUtf8IsAnErrorAndTheServerCarriesOn) {
   v1::TokenizeResponse tresp;
   EXPECT_TRUE(stub_->Tokenize(&ctx2, treq, &tresp).ok());
   EXPECT_GT(tresp.token_ids_size(), 0);
+}
+
+TEST_F(ServerTest, TokenizeRefusesTextsLongerThanAnyPrompt) {
+  grpc::ClientContext ctx;
+  v1::TokenizeRequest req;
+  req.set_text(std::string(256 * 128 + 1, 'a'));
+  v1::TokenizeResponse resp;
+  const grpc::Status s = stub_->Tokenize(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("text is 32769 bytes"));
+  EXPECT_EQ(resp.token_ids_size(), 0);
 }
 
 TEST_F(ServerTest, ModelInfo) {
