@@ -19,12 +19,29 @@ uint64_t RandomSeed() {
 
 RequestPath::RequestPath(RequestPathOptions options) : options_(std::move(options)) {}
 
-absl::StatusOr<std::string> RequestPath::Authorize(
+absl::StatusOr<Caller> RequestPath::Identify(
     const std::optional<std::string>& authorization) const {
   if (draining_.load()) return absl::UnavailableError("prefixd is shutting down");
   std::optional<std::string_view> header;
   if (authorization.has_value()) header = *authorization;
-  return options_.auth->Authenticate(header);
+  std::shared_ptr<const Authenticator> auth;
+  {
+    absl::MutexLock lock(&auth_mu_);
+    auth = options_.auth;
+  }
+  return auth->Identify(header);
+}
+
+absl::StatusOr<std::string> RequestPath::Authorize(
+    const std::optional<std::string>& authorization) const {
+  absl::StatusOr<Caller> caller = Identify(authorization);
+  if (!caller.ok()) return caller.status();
+  return std::move(caller->tenant);
+}
+
+void RequestPath::SetAuthenticator(std::shared_ptr<const Authenticator> auth) {
+  absl::MutexLock lock(&auth_mu_);
+  options_.auth = std::move(auth);
 }
 
 size_t RequestPath::max_text_bytes() const {
@@ -134,8 +151,12 @@ absl::StatusOr<ServedModel> RequestPath::ModelInfo(
 
 absl::StatusOr<EngineStats> RequestPath::CacheStats(
     const std::optional<std::string>& authorization) const {
-  if (absl::StatusOr<std::string> tenant = Authorize(authorization); !tenant.ok()) {
-    return tenant.status();
+  absl::StatusOr<Caller> caller = Identify(authorization);
+  if (!caller.ok()) return caller.status();
+  if (!caller->admin) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "cache statistics are pool-wide (they show every tenant's traffic): tenant \"",
+        caller->tenant, "\" is not marked admin in the --auth-tokens file"));
   }
   return options_.engine->Stats();
 }

@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "engine/engine.h"
 #include "engine/tokenizer.h"
 #include "server/auth.h"
@@ -71,7 +72,7 @@ struct ServedModel {
 struct RequestPathOptions {
   Engine* engine = nullptr;              // not owned
   const Tokenizer* tokenizer = nullptr;  // not owned
-  const Authenticator* auth = nullptr;   // not owned
+  std::shared_ptr<const Authenticator> auth;  // replaced by SetAuthenticator
   ServerMetrics* metrics = nullptr;      // not owned; may be null
   ServedModel model;
 };
@@ -88,6 +89,9 @@ class RequestPath {
   // (UNAUTHENTICATED without a known token when tokens are required).
   absl::StatusOr<std::string> Authorize(const std::optional<std::string>& authorization) const;
 
+  // Tokens from now on (a reload of --auth-tokens); calls already authorized go on.
+  void SetAuthenticator(std::shared_ptr<const Authenticator> auth);
+
   // Generate up to submission. A refusal ends the call, and is counted here; a started call
   // must be ended with FinishGenerate exactly once.
   absl::StatusOr<StartedGenerate> StartGenerate(const GenerateCall& call);
@@ -99,6 +103,7 @@ class RequestPath {
   absl::StatusOr<std::vector<uint32_t>> Tokenize(const std::optional<std::string>& authorization,
                                                  std::string_view text) const;
   absl::StatusOr<ServedModel> ModelInfo(const std::optional<std::string>& authorization) const;
+  // Pool-wide counters: PERMISSION_DENIED unless the caller is admin.
   absl::StatusOr<EngineStats> CacheStats(const std::optional<std::string>& authorization) const;
 
   // The longest text a prompt or Tokenize accepts: context length × the longest token's
@@ -117,10 +122,13 @@ class RequestPath {
   absl::StatusOr<EngineRequest> BuildEngineRequest(const GenerateCall& call,
                                                    const std::string& tenant);
   void Count(absl::StatusCode code);
+  // Authorize's gate, returning the whole caller.
+  absl::StatusOr<Caller> Identify(const std::optional<std::string>& authorization) const;
   // INVALID_ARGUMENT for a text over max_text_bytes().
   absl::Status CheckTextBytes(std::string_view text) const;
 
-  RequestPathOptions options_;
+  RequestPathOptions options_;  // options_.auth is guarded by auth_mu_
+  mutable absl::Mutex auth_mu_;
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> next_request_id_{1};
   std::atomic<uint64_t> accepted_generates_{0};

@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "engine/read_file.h"
@@ -27,6 +28,7 @@
 #include "server/inference_service.h"
 #include "server/metrics.h"
 #include "server/request_path.h"
+#include "server/tls_identity.h"
 
 namespace prefixd {
 namespace {
@@ -67,6 +69,21 @@ int LogCivetMessage(const mg_connection*, const char* message) {
 // More CPU backend threads than any machine has cores would only cost memory (each has a
 // stack) and start-up time; far more fail to start at all.
 constexpr int32_t kMaxThreads = 1024;
+
+// Keeps the reflection plugin (initialised for the whole process) off one server.
+class ReflectionOff : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    for (auto it = plugins->begin(); it != plugins->end();) {
+      if ((*it)->name() == "proto_server_reflection") {
+        it = plugins->erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+};
 
 bool IsUnixAddress(const std::string& address) {
   return absl::StartsWith(address, "unix:") || absl::StartsWith(address, "unix-abstract:");
@@ -119,7 +136,8 @@ struct Server::Parts {
   std::function<void(std::string_view)> log;
   std::unique_ptr<Model> model;
   std::unique_ptr<Backend> backend;
-  Authenticator auth = Authenticator::AllowAll();
+  std::shared_ptr<const Authenticator> auth = std::make_shared<Authenticator>(Authenticator::AllowAll());
+  std::unique_ptr<TlsIdentity> tls_identity;  // with --tls-cert
   std::unique_ptr<Engine> engine;
   std::shared_ptr<ServerMetrics> metrics;
   std::unique_ptr<RequestPath> path;
@@ -136,7 +154,8 @@ struct Server::Parts {
   absl::Status fatal ABSL_GUARDED_BY(mu);
   std::thread drain_thread;  // started once, by the first BeginDrain
   absl::Notification stopped;
-  absl::Mutex join_mu;  // one Wait() joins the drain thread
+  absl::Mutex join_mu;    // one Wait() joins the drain thread
+  absl::Mutex reload_mu;  // one Reload() at a time
 
   ~Parts() {
     // A drain thread still running would use what is destroyed below.
@@ -180,28 +199,27 @@ struct Server::Parts {
   }
 
   absl::Status Build();
+  absl::Status Reload();
   absl::Status StartMetrics();
   absl::Status StartGrpc(const std::shared_ptr<grpc::ServerCredentials>& creds);
 };
 
 absl::Status Server::Parts::Build() {
-  // Cheap checks first: TLS files and tokens are read before the model loads, so a typo in
-  // them costs no model load (or CUDA probe).
+  // Cheap checks first: TLS files and tokens are read (and the TLS pair checked) before the
+  // model loads, so a typo in them costs no model load (or CUDA probe).
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (!options.tls_cert_file.empty()) {
-    absl::StatusOr<std::string> cert = ReadWholeFile(options.tls_cert_file);
-    if (!cert.ok()) return cert.status();
-    absl::StatusOr<std::string> key = ReadWholeFile(options.tls_key_file);
-    if (!key.ok()) return key.status();
-    grpc::SslServerCredentialsOptions ssl;
-    ssl.pem_key_cert_pairs.push_back({*key, *cert});
-    creds = grpc::SslServerCredentials(ssl);
+    absl::StatusOr<std::unique_ptr<TlsIdentity>> id =
+        TlsIdentity::Create(options.tls_cert_file, options.tls_key_file);
+    if (!id.ok()) return id.status();
+    tls_identity = *std::move(id);
+    creds = tls_identity->credentials();
     tls = true;
   }
   if (!options.auth_tokens_file.empty()) {
     absl::StatusOr<Authenticator> a = Authenticator::FromFile(options.auth_tokens_file);
     if (!a.ok()) return a.status();
-    auth = *std::move(a);
+    auth = std::make_shared<Authenticator>(*std::move(a));
   }
 
   // Probing CUDA initialises its runtime (seconds without a GPU): only when it may be used.
@@ -262,7 +280,9 @@ absl::Status Server::Parts::Build() {
   if (!e.ok()) return absl::Status(e.status().code(), absl::StrCat("engine: ", e.status().message()));
   engine = *std::move(e);
   if (!options.enable_prefix_cache) log("prefix cache disabled (--no-prefix-cache)");
-  if (auth.enabled()) log(absl::StrCat("bearer tokens required (", auth.num_tokens(), " tokens)"));
+  if (auth->enabled()) {
+    log(absl::StrCat("bearer tokens required (", auth->num_tokens(), " tokens)"));
+  }
 
   Engine* eng = engine.get();
   Backend* be = backend.get();
@@ -274,7 +294,7 @@ absl::Status Server::Parts::Build() {
   RequestPathOptions popt;
   popt.engine = eng;
   popt.tokenizer = &model->tokenizer();
-  popt.auth = &auth;
+  popt.auth = auth;
   popt.metrics = metrics.get();
   popt.model = ServedModel{.name = model->name(),
                            .manifest_sha256 = model->manifest_sha256(),
@@ -287,6 +307,35 @@ absl::Status Server::Parts::Build() {
   path = std::make_unique<RequestPath>(std::move(popt));
   service = std::make_unique<InferenceService>(path.get());
   return StartGrpc(creds);
+}
+
+absl::Status Server::Parts::Reload() {
+  std::vector<std::string> failed;
+  if (!options.auth_tokens_file.empty()) {
+    absl::StatusOr<Authenticator> a = Authenticator::FromFile(options.auth_tokens_file);
+    if (a.ok()) {
+      const size_t n = a->num_tokens();
+      path->SetAuthenticator(std::make_shared<Authenticator>(*std::move(a)));
+      log(absl::StrCat("reload: ", n, " bearer tokens from ", options.auth_tokens_file));
+    } else {
+      failed.push_back(std::string(a.status().message()));
+      log(absl::StrCat("reload: keeping the previous tokens: ", a.status().message()));
+    }
+  }
+  if (tls_identity != nullptr) {
+    if (absl::Status s = tls_identity->Reload(); s.ok()) {
+      log(absl::StrCat("reload: TLS certificate ", options.tls_cert_file, " and key ",
+                       options.tls_key_file, " (new connections use them within ~1 s)"));
+    } else {
+      failed.push_back(std::string(s.message()));
+      log(absl::StrCat("reload: keeping the previous TLS certificate and key: ", s.message()));
+    }
+  }
+  if (options.auth_tokens_file.empty() && tls_identity == nullptr) {
+    log("reload: nothing to reload (no --auth-tokens, no --tls-cert)");
+  }
+  if (failed.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrJoin(failed, "; "));
 }
 
 absl::Status Server::Parts::StartMetrics() {
@@ -311,8 +360,13 @@ absl::Status Server::Parts::StartMetrics() {
 
 absl::Status Server::Parts::StartGrpc(const std::shared_ptr<grpc::ServerCredentials>& creds) {
   grpc::EnableDefaultHealthCheckService(true);
+  // The plugin is process-wide once initialised; each builder then asks it whether to add
+  // reflection.
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  if (!options.reflection) {
+    builder.SetOption(std::make_unique<ReflectionOff>());
+  }
   // gRPC sets SO_REUSEPORT by default on Linux: a second prefixd on a busy port would then
   // start and take half of the first one's new connections. Refuse the port instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -362,6 +416,11 @@ Server::~Server() {
 }
 
 void Server::BeginDrain(absl::Duration grace) { parts_->BeginDrain(grace); }
+
+absl::Status Server::Reload() {
+  absl::MutexLock lock(&parts_->reload_mu);
+  return parts_->Reload();
+}
 
 absl::Status Server::Wait() {
   parts_->stopped.WaitForNotification();

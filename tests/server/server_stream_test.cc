@@ -312,6 +312,27 @@ TEST_F(ServerTest, CacheHitsAcrossRequestsButNotAcrossSalts) {
   EXPECT_EQ(stats.blocks_total(), stats.blocks_free() + stats.blocks_cached());
 }
 
+TEST_F(ServerTest, ReflectionCanBeTurnedOff) {
+  ServerOptions o = TestServerOptions(model_dir_);
+  o.reflection = false;
+  absl::StatusOr<std::unique_ptr<Server>> off = Server::Start(std::move(o));
+  ASSERT_TRUE(off.ok()) << off.status();
+  auto channel = InsecureChannel((*off)->grpc_address());
+  auto reflection = grpc::reflection::v1alpha::ServerReflection::NewStub(channel);
+  grpc::ClientContext rctx;
+  auto stream = reflection->ServerReflectionInfo(&rctx);
+  grpc::reflection::v1alpha::ServerReflectionRequest rreq;
+  rreq.set_list_services("");
+  stream->Write(rreq);
+  stream->WritesDone();
+  grpc::reflection::v1alpha::ServerReflectionResponse rresp;
+  EXPECT_FALSE(stream->Read(&rresp));
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  // The API itself is served.
+  auto stub = v1::Inference::NewStub(channel);
+  EXPECT_TRUE(Generate(*stub, IdsRequest({1, 2, 3}, 2)).status.ok());
+}
+
 TEST_F(ServerTest, HealthAndReflection) {
   auto health = grpc::health::v1::Health::NewStub(channel_);
   grpc::ClientContext hctx;
