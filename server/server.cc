@@ -70,6 +70,10 @@ int LogCivetMessage(const mg_connection*, const char* message) {
 // stack) and start-up time; far more fail to start at all.
 constexpr int32_t kMaxThreads = 1024;
 
+// The metrics endpoint's HTTP threads and how long one waits for a request to arrive.
+constexpr int kMetricsThreads = 8;
+constexpr int kMetricsRequestTimeoutMs = 2000;
+
 // Keeps the reflection plugin (initialised for the whole process) off one server.
 class ReflectionOff : public grpc::ServerBuilderOption {
  public:
@@ -344,7 +348,14 @@ absl::Status Server::Parts::StartMetrics() {
   try {
     static CivetCallbacks callbacks;
     callbacks.log_message = &LogCivetMessage;
-    exposer = std::make_unique<prometheus::Exposer>(address, 2, &callbacks);
+    // A connection that sends no (or half a) request holds a CivetWeb thread until the
+    // request timeout (30 s by default): so a short timeout, and threads to spare, so that a
+    // few such connections cannot hold back a scrape.
+    exposer = std::make_unique<prometheus::Exposer>(
+        std::vector<std::string>{"listening_ports", address, "num_threads",
+                                 std::to_string(kMetricsThreads), "request_timeout_ms",
+                                 std::to_string(kMetricsRequestTimeoutMs)},
+        &callbacks);
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));

@@ -1,6 +1,8 @@
 // prefixd over gRPC, in-process: a prefixd::Server on a free loopback port serving a tiny
 // random model on the CPU backend. (Holding requests in flight: server_flow_test.cc.)
 #include <filesystem>
+#include <unistd.h>
+
 #include <numeric>
 
 #include "absl/synchronization/notification.h"
@@ -331,6 +333,28 @@ TEST_F(ServerTest, ReflectionCanBeTurnedOff) {
   // The API itself is served.
   auto stub = v1::Inference::NewStub(channel);
   EXPECT_TRUE(Generate(*stub, IdsRequest({1, 2, 3}, 2)).status.ok());
+}
+
+// Connections that send half a request (or nothing) hold an exposer thread only until its
+// request timeout, and there are threads to spare: a scrape still answers at once.
+TEST_F(ServerTest, MetricsAnswerDespiteHalfOpenConnections) {
+  std::vector<int> idle;
+  for (int i = 0; i < 4; ++i) {
+    const int fd = ConnectLoopback(server_->metrics_port());
+    ASSERT_GE(fd, 0);
+    if (i % 2 == 0) {
+      const std::string half = "GET /metrics HTTP/1.1\r\nHost: x\r\n";
+      ASSERT_EQ(write(fd, half.data(), half.size()), static_cast<ssize_t>(half.size()));
+    }
+    idle.push_back(fd);
+  }
+  for (int round = 0; round < 3; ++round) {
+    absl::StatusOr<std::string> text =
+        HttpGet(server_->metrics_port(), "/metrics", absl::Seconds(3));
+    ASSERT_TRUE(text.ok()) << text.status();
+    EXPECT_THAT(*text, HasSubstr("prefixd_kv_pool_bytes"));
+  }
+  for (int fd : idle) close(fd);
 }
 
 TEST_F(ServerTest, HealthAndReflection) {
