@@ -26,7 +26,9 @@
 #include "server/auth.h"
 #include "server/backend_factory.h"
 #include "server/inference_service.h"
+#include "server/malformed_request_interceptor.h"
 #include "server/metrics.h"
+#include "server/rate_limited_log.h"
 #include "server/request_path.h"
 #include "server/tls_identity.h"
 
@@ -378,6 +380,9 @@ absl::Status Server::Parts::StartGrpc(const std::shared_ptr<grpc::ServerCredenti
   if (!options.reflection) {
     builder.SetOption(std::make_unique<ReflectionOff>());
   }
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<MalformedRequestInterceptorFactory>(metrics.get()));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   // gRPC sets SO_REUSEPORT by default on Linux: a second prefixd on a busy port would then
   // start and take half of the first one's new connections. Refuse the port instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -403,6 +408,8 @@ absl::Status Server::Parts::StartGrpc(const std::shared_ptr<grpc::ServerCredenti
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (absl::Status s = ValidateServerOptions(options); !s.ok()) return s;
+  // A client can make protobuf log a line per request (invalid UTF-8 in a string field).
+  RouteProtobufLogThroughRateLimit();
   auto parts = std::make_unique<Parts>();
   parts->log = options.log ? options.log : LogToStderr;
   parts->options = std::move(options);

@@ -208,25 +208,68 @@ TEST_F(ServerTest, EveryValidationCaseIsInvalidArgument) {
   EXPECT_TRUE(Generate(*stub_, ok).status.ok());
 }
 
-TEST_F(ServerTest, InvalidUtf8IsAnErrorAndTheServerCarriesOn) {
-  // TokenizeRequest{text = "\xC3\x28"}: field 1, length 2, an invalid UTF-8 sequence that
-  // protobuf refuses to parse into a `string` field.
-  grpc::GenericStub generic(channel_);
-  const char raw[] = {0x0A, 0x02, static_cast<char>(0xC3), 0x28};
-  grpc::Slice slice(raw, sizeof(raw));
+// Sends `raw` bytes as the request of `method` (a Inference method name) and returns the status.
+grpc::Status RawUnaryCall(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
+                          const std::string& raw) {
+  grpc::GenericStub generic(channel);
+  grpc::Slice slice(raw.data(), raw.size());
   grpc::ByteBuffer request(&slice, 1);
   grpc::ByteBuffer response;
   grpc::ClientContext ctx;
   absl::Notification done;
   grpc::Status status;
-  generic.UnaryCall(&ctx, "/prefixd.v1.Inference/Tokenize", grpc::StubOptions(), &request,
+  generic.UnaryCall(&ctx, "/prefixd.v1.Inference/" + method, grpc::StubOptions(), &request,
                     &response, [&](grpc::Status s) {
                       status = std::move(s);
                       done.Notify();
                     });
-  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
-  EXPECT_FALSE(status.ok());
-  EXPECT_NE(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  return status;
+}
+
+TEST_F(ServerTest, UnparsableRequestsAreInvalidArgumentAndCounted) {
+  const auto invalid_argument = [&] {
+    absl::StatusOr<std::string> text = HttpGet(server_->metrics_port(), "/metrics");
+    return text.ok() ? MetricValue(*text, "prefixd_requests_total{code=\"INVALID_ARGUMENT\"}")
+                     : -2;
+  };
+  const double before = std::max(0.0, invalid_argument());
+  // TokenizeRequest{text = "\xC3\x28"}: field 1, length 2, an invalid UTF-8 sequence that
+  // protobuf refuses to parse into a `string` field.
+  grpc::Status status = RawUnaryCall(channel_, "Tokenize", std::string("\x0A\x02\xC3\x28", 4));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("the request is not a valid prefixd.v1.TokenizeRequest: it did not parse"));
+  // Not protobuf at all (a field 1 of length 100 in 3 bytes).
+  status = RawUnaryCall(channel_, "GetModelInfo", std::string("\x0A\x64xy", 4));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  // GenerateRequest{request_id = "\xff"}, as a server-streaming call: refused the same way,
+  // and counted with the Generate calls.
+  grpc::GenericStub generic(channel_);
+  const std::string raw("\x0A\x01\xFF", 3);
+  grpc::Slice slice(raw.data(), raw.size());
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ClientContext ctx;
+  grpc::CompletionQueue cq;
+  auto call = generic.PrepareCall(&ctx, "/prefixd.v1.Inference/Generate", &cq);
+  void* tag;
+  bool ok;
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  call->Write(request, reinterpret_cast<void*>(2));
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  call->WritesDone(reinterpret_cast<void*>(3));
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  grpc::Status gstatus;
+  call->Finish(&gstatus, reinterpret_cast<void*>(4));
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  EXPECT_EQ(gstatus.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(gstatus.error_message(), HasSubstr("prefixd.v1.GenerateRequest"));
+  EXPECT_EQ(invalid_argument(), before + 1);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
 
   grpc::ClientContext ctx2;
   v1::TokenizeRequest treq;
