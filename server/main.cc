@@ -2,6 +2,7 @@
 // SIGTERM/SIGINT drain, SIGHUP reloads tokens and TLS files, SIGUSR1/SIGUSR2 are ignored
 // (docs/SERVER.md); the exit code says how serving ended.
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -44,6 +45,11 @@ ABSL_FLAG(std::string, auth_tokens, "",
           "File of \"token tenant [admin]\" lines; every Inference call then needs a bearer "
           "token (SIGHUP re-reads it)");
 ABSL_FLAG(std::string, reflection, "on", "gRPC server reflection: on | off");
+ABSL_FLAG(int32_t, max_connections, 0,
+          "Open gRPC connections at once (more wait to be accepted); 0 = derived from the "
+          "descriptor limit (RLIMIT_NOFILE, raised to its hard limit at start-up)");
+ABSL_FLAG(absl::Duration, connection_idle_timeout, absl::Seconds(300),
+          "Close a gRPC connection that has had no call for this long");
 
 namespace prefixd {
 namespace {
@@ -169,6 +175,8 @@ ServerOptions OptionsFromFlags() {
   o.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   o.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   o.reflection = absl::GetFlag(FLAGS_reflection) != "off";
+  o.max_connections = absl::GetFlag(FLAGS_max_connections);
+  o.connection_idle_timeout = absl::GetFlag(FLAGS_connection_idle_timeout);
   return o;
 }
 
@@ -182,6 +190,11 @@ int Run() {
   if (absl::Status s = ValidateServerOptions(options); !s.ok()) {
     Log(absl::StrCat("error: ", s.message()));
     return 1;
+  }
+  // Connections take descriptors: use all the hard limit allows.
+  if (rlimit rl{}; getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) Log("could not raise the descriptor limit");
   }
   // Never destroyed: it may be in sigwait when the process exits.
   static SignalWatcher* signals = new SignalWatcher(options.shutdown_grace);

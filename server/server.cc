@@ -2,9 +2,11 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <thread>
@@ -22,9 +24,11 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/server_posix.h"
 #include "prometheus/exposer.h"
 #include "server/auth.h"
 #include "server/backend_factory.h"
+#include "server/connection_acceptor.h"
 #include "server/inference_service.h"
 #include "server/malformed_request_interceptor.h"
 #include "server/metrics.h"
@@ -75,6 +79,38 @@ constexpr int32_t kMaxThreads = 1024;
 // The metrics endpoint's HTTP threads and how long one waits for a request to arrive.
 constexpr int kMetricsThreads = 8;
 constexpr int kMetricsRequestTimeoutMs = 2000;
+
+// How long a new gRPC connection may take to complete its TLS and HTTP/2 handshakes (gRPC's
+// default), or the idle timeout when that is shorter.
+constexpr int64_t kHandshakeTimeoutMs = 120000;
+
+// Descriptors kept for everything but gRPC connections: the model's files, the metrics
+// endpoint's connections, gRPC's and CUDA's own descriptors, the log.
+constexpr int64_t kReservedDescriptors = 128;
+// The derived connection limit's ceiling: each connection costs gRPC memory too.
+constexpr int64_t kMaxDerivedConnections = 16384;
+
+// --max-connections, or its default from RLIMIT_NOFILE: what the limit leaves once
+// kReservedDescriptors are set aside, up to kMaxDerivedConnections.
+absl::StatusOr<int> ResolveMaxConnections(int32_t flag) {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return absl::InternalError("getrlimit failed");
+  const int64_t limit = rl.rlim_cur == RLIM_INFINITY ? int64_t{1} << 30
+                                                      : static_cast<int64_t>(rl.rlim_cur);
+  const int64_t usable = limit - kReservedDescriptors;
+  if (usable < 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the descriptor limit (RLIMIT_NOFILE) is ", limit, ": prefixd needs more than ",
+        kReservedDescriptors, " (raise it with ulimit -n)"));
+  }
+  if (flag == 0) return static_cast<int>(std::min(usable, kMaxDerivedConnections));
+  if (flag > usable) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-connections ", flag, " is more than the descriptor limit (RLIMIT_NOFILE ", limit,
+        ") leaves for connections: use at most ", usable, ", or raise the limit (ulimit -n)"));
+  }
+  return static_cast<int>(flag);
+}
 
 // Keeps the reflection plugin (initialised for the whole process) off one server.
 class ReflectionOff : public grpc::ServerBuilderOption {
@@ -128,6 +164,15 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
     return InvalidArgumentError("--tls-cert and --tls-key go together");
   }
   if (o.listen.empty()) return InvalidArgumentError("--listen must not be empty");
+  if (o.max_connections < 0) {
+    return InvalidArgumentError(StrCat(
+        "--max-connections must be 0 (derived from the descriptor limit) or positive, got ",
+        o.max_connections));
+  }
+  if (o.connection_idle_timeout <= absl::ZeroDuration()) {
+    return InvalidArgumentError(StrCat("--connection-idle-timeout must be positive, got ",
+                                       absl::FormatDuration(o.connection_idle_timeout)));
+  }
   if (o.metrics_listen.empty()) {
     return InvalidArgumentError("--metrics-listen must not be empty (\"off\" disables it)");
   }
@@ -149,6 +194,9 @@ struct Server::Parts {
   std::unique_ptr<RequestPath> path;
   std::unique_ptr<InferenceService> service;
   std::unique_ptr<grpc::Server> grpc_server;
+  std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> external_acceptor;
+  std::unique_ptr<ConnectionAcceptor> acceptor;  // null for TLS on a unix socket
+  int max_connections = 0;  // resolved from --max-connections and RLIMIT_NOFILE
   std::unique_ptr<prometheus::Exposer> exposer;
   std::string grpc_address;
   int grpc_port = 0;
@@ -188,6 +236,7 @@ struct Server::Parts {
       // whole deadline after the last call ended (seen with clients that keep their
       // connection).
       if (!service->WaitForNoGenerates(absl::Seconds(5))) log("cutting off calls still writing");
+      if (acceptor != nullptr) acceptor->Stop();
       grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
     }
     // Waits for a scrape in progress, so none reads the engine once it is gone.
@@ -211,8 +260,12 @@ struct Server::Parts {
 };
 
 absl::Status Server::Parts::Build() {
-  // Cheap checks first: TLS files and tokens are read (and the TLS pair checked) before the
-  // model loads, so a typo in them costs no model load (or CUDA probe).
+  // Cheap checks first: the descriptor budget, the TLS files and tokens are read (and the
+  // TLS pair checked) before the model loads, so a typo in them costs no model load (or CUDA
+  // probe).
+  absl::StatusOr<int> max_conn = ResolveMaxConnections(options.max_connections);
+  if (!max_conn.ok()) return max_conn.status();
+  max_connections = *max_conn;
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (!options.tls_cert_file.empty()) {
     absl::StatusOr<std::unique_ptr<TlsIdentity>> id =
@@ -383,26 +436,69 @@ absl::Status Server::Parts::StartGrpc(const std::shared_ptr<grpc::ServerCredenti
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
   interceptors.push_back(std::make_unique<MalformedRequestInterceptorFactory>(metrics.get()));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
-  // gRPC sets SO_REUSEPORT by default on Linux: a second prefixd on a busy port would then
-  // start and take half of the first one's new connections. Refuse the port instead.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(options.listen, creds, &grpc_port);
+  // A connection without calls for the idle timeout gets a GOAWAY and is closed; one that
+  // never completes its TLS or HTTP/2 handshake is closed after the handshake timeout.
+  const int64_t idle_ms = absl::ToInt64Milliseconds(options.connection_idle_timeout);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                             static_cast<int>(std::min<int64_t>(idle_ms, INT32_MAX)));
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             static_cast<int>(std::min<int64_t>(idle_ms, kHandshakeTimeoutMs)));
+  const bool unix_socket = IsUnixAddress(options.listen);
+  // prefixd accepts itself (server/connection_acceptor.h) everywhere but TLS on a unix
+  // socket: TCP connections go to gRPC through an external connection acceptor (plaintext
+  // or TLS), unix ones through AddInsecureChannelFromFd (gRPC 1.51's external acceptor
+  // drops unix peers, whose address is unnamed).
+  const bool own_accept = !(unix_socket && tls);
+  if (own_accept) {
+    absl::StatusOr<std::unique_ptr<ConnectionAcceptor>> a =
+        ConnectionAcceptor::Listen(options.listen);
+    if (!a.ok()) return a.status();
+    acceptor = *std::move(a);
+    if (!unix_socket) {
+      external_acceptor = builder.experimental().AddExternalConnectionAcceptor(
+          grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD, creds);
+    }
+  } else {
+    // gRPC sets SO_REUSEPORT by default on Linux: a second prefixd on a busy port would then
+    // start and take half of the first one's new connections. Refuse the port instead.
+    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    builder.AddListeningPort(options.listen, creds, &grpc_port);
+  }
   builder.RegisterService(service.get());
   grpc_server = builder.BuildAndStart();
-  if (grpc_server == nullptr || grpc_port == 0) {
+  if (grpc_server == nullptr || (!own_accept && grpc_port == 0)) {
     grpc_server.reset();
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
   }
   grpc_server->GetHealthCheckService()->SetServingStatus(true);
+  if (own_accept) {
+    ConnectionAcceptor::Handoff handoff;
+    if (unix_socket) {
+      grpc::Server* server = grpc_server.get();
+      handoff = [server](int, int fd) { grpc::AddInsecureChannelFromFd(server, fd); };
+    } else {
+      grpc::experimental::ExternalConnectionAcceptor* external = external_acceptor.get();
+      handoff = [external](int listener_fd, int fd) {
+        grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters p;
+        p.listener_fd = listener_fd;
+        p.fd = fd;
+        external->HandleNewConnection(&p);
+      };
+    }
+    acceptor->Start(std::move(handoff), max_connections, log);
+    grpc_port = acceptor->port();
+  }
   // A unix socket address has no port to report (gRPC sets `grpc_port` to 1 for it).
-  if (IsUnixAddress(options.listen)) {
+  if (unix_socket) {
     grpc_address = options.listen;
     grpc_port = 0;
   } else {
     grpc_address =
         absl::StrCat(options.listen.substr(0, options.listen.rfind(':')), ":", grpc_port);
   }
-  log(absl::StrCat("listening on ", grpc_address, tls ? " (TLS)" : ""));
+  log(absl::StrCat("listening on ", grpc_address, tls ? " (TLS)" : "",
+                   own_accept ? absl::StrCat(", at most ", max_connections, " connections")
+                              : std::string(", no connection limit (TLS on a unix socket)")));
   return absl::OkStatus();
 }
 

@@ -55,6 +55,10 @@ struct ServerOptions {
   std::string tls_cert_file;     // with tls_key_file: gRPC serves TLS
   std::string tls_key_file;
   bool reflection = true;  // gRPC server reflection (needs no token; see docs/SERVER.md)
+  // Open gRPC connections accepted at once; 0 = what RLIMIT_NOFILE leaves (docs/SERVER.md).
+  int32_t max_connections = 0;
+  // A gRPC connection without calls this long is closed (GOAWAY).
+  absl::Duration connection_idle_timeout = absl::Seconds(300);
   // The grace of a drain the server starts itself (after a fatal backend error).
   absl::Duration shutdown_grace = absl::Seconds(30);
   // Start-up and shutdown log lines; unset = stderr, prefixed "prefixd: ".
