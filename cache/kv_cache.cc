@@ -83,8 +83,15 @@ void KvCache::Impl::EvictOne() {
   lru_.erase(lru_.begin());
   Block& blk = blocks_[b];
   PREFIXD_CHECK(blk.ref == 0 && blk.indexed && blk.num_children == 0);
-  PREFIXD_CHECK(index_.erase(blk.key) == 1);
   const Digest& parent_key = blk.parent >= 0 ? blocks_[blk.parent].key : blk.root;
+  if (options_.on_evict) {
+    options_.on_evict(EvictedBlock{.block = b,
+                                   .key = &blk.key,
+                                   .parent_key = &parent_key,
+                                   .root = &blk.root,
+                                   .tokens = absl::MakeConstSpan(StoredTokens(b), bs_)});
+  }
+  PREFIXD_CHECK(index_.erase(blk.key) == 1);
   auto it = children_.find(parent_key);
   PREFIXD_CHECK(it != children_.end());
   auto& siblings = it->second;
@@ -175,7 +182,7 @@ absl::StatusOr<AdmissionPlan> KvCache::Impl::PlanAdmission(const AdmissionReques
     // tokens with the rest of the prompt (first such child on ties).
     const int64_t start = int64_t{matched_blocks} * bs_;
     const int64_t rest = std::min<int64_t>(bs_, prompt_len - start);
-    if (rest > 0) {
+    if (rest > 0 && !request.whole_blocks_only) {
       auto it = children_.find(parent);
       if (it != children_.end()) {
         for (int32_t child : it->second) {

@@ -47,6 +47,16 @@ namespace prefixd {
 // Sequence ids are never reused within one KvCache.
 using SequenceId = int64_t;
 
+// A cached block on its way out of the pool (KvCacheOptions::on_evict). The spans and
+// references are valid during the call only.
+struct EvictedBlock {
+  int32_t block = -1;
+  const Digest* key = nullptr;         // its chain key
+  const Digest* parent_key = nullptr;  // the key before it: the root for a first block
+  const Digest* root = nullptr;        // CacheRootKey(manifest, namespace) of its chain
+  absl::Span<const uint32_t> tokens;   // its block_size token ids
+};
+
 struct KvCacheOptions {
   int32_t num_blocks = 0;   // > 0; fixed for the cache's lifetime
   int32_t block_size = 16;  // tokens per block; a power of two
@@ -57,6 +67,11 @@ struct KvCacheOptions {
   // LRU time of cached blocks. Ties (and the default, when unset) are broken by an internal
   // counter that increases on every use, so eviction is deterministic either way.
   std::function<int64_t()> clock;
+  // Called for every cached block that is evicted (by an admission, Reserve or Evict), before
+  // the block returns to the free list: its K/V rows are still intact during the call, and
+  // any block id handed out afterwards may be this one. A disk tier copies the rows here.
+  // Must not call back into the KvCache.
+  std::function<void(const EvictedBlock&)> on_evict;
 };
 
 // Counted in tokens and blocks. queried_tokens and hit_tokens count first admissions only
@@ -90,6 +105,9 @@ struct AdmissionRequest {
   int32_t reserve_uncached_tokens = 0;
   // A request coming back after preemption: not counted in queried/hit stats.
   bool readmission = false;
+  // Share whole matching blocks only, no token-granular partial copy after them: the caller
+  // fills the following blocks itself (from a disk tier) before marking them computed.
+  bool whole_blocks_only = false;
 };
 
 // The outcome of PlanAdmission: what Commit will do. Valid only until the next call that

@@ -38,6 +38,13 @@ struct MemoryUsage {
   int64_t workspace_bytes = 0;
 };
 
+// Events a backend counts over its life (each only grows), for logs and metrics.
+struct BackendCounters {
+  // Decode batch shapes whose CUDA graph could not be captured or instantiated and that run
+  // eagerly from then on (the CUDA backend; always 0 elsewhere).
+  int64_t graph_fallbacks = 0;
+};
+
 // The payload key that marks a status as a sticky device failure: the backend is unusable
 // from then on, so the server fails requests in flight, turns health NOT_SERVING and exits
 // non-zero for an orchestrator to restart it. Backends add it; anyone can test for it.
@@ -58,11 +65,23 @@ class Backend {
   virtual int64_t kv_bytes_per_token() const = 0;  // cache/kv_layout.h's formula
   // Safe to call from any thread, also while Forward runs (the metrics endpoint does).
   virtual MemoryUsage memory_usage() const = 0;
+  // Safe to call from any thread, also while Forward runs. Default: nothing counted.
+  virtual BackendCounters counters() const { return {}; }
 
   // Executes the copies in order; later Forward() calls see their result. A copy names two
   // different blocks of the pool and at most block_size rows; otherwise InvalidArgument and
   // nothing is copied.
   virtual absl::Status CopyBlocks(absl::Span<const BlockCopy> copies) = 0;
+
+  // One block's K/V as host bytes, for the disk tier: every row of every layer, laid out
+  // [n_layer][2 (K, V)][n_head][block_size][head_dim] elements of dtype(), exactly
+  // KvBlockBytes() of them. Both backends store a block this way, so the bytes depend only on
+  // the model's geometry, the dtype and the block size. ReadKvBlock sees every copy and
+  // Forward before it; WriteKvBlock's rows are what later calls read. INVALID_ARGUMENT for a
+  // block outside the pool or a span of another size (nothing is copied).
+  int64_t KvBlockBytes() const { return int64_t{block_size()} * kv_bytes_per_token(); }
+  virtual absl::Status ReadKvBlock(int32_t block, absl::Span<uint8_t> out) = 0;
+  virtual absl::Status WriteKvBlock(int32_t block, absl::Span<const uint8_t> data) = 0;
 
   // Runs one step over `steps` (prefill chunks and decode tokens mixed, each sequence at most
   // once, each step with at least one token; otherwise InvalidArgument). Writes K/V of every new token into its row, and appends to `logits` one row of

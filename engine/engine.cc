@@ -18,6 +18,7 @@
 #include "cache/block_key.h"
 #include "base/check.h"
 #include "cache/kv_cache.h"
+#include "engine/dtype.h"
 #include "engine/engine_testing.h"
 #include "engine/request_stream.h"
 #include "engine/request_validation.h"
@@ -42,17 +43,49 @@ struct Shared {
   std::atomic<int64_t> scheduler_waiting{0};
 };
 
+// The pool's eviction hook with a disk tier: copies an evicted block's K/V out of the backend
+// (while its rows are still intact) and queues it for the tier's writer. Engine thread only.
+class DiskSpiller {
+ public:
+  DiskSpiller(Backend* backend, DiskTier* tier) : backend_(backend), tier_(tier) {}
+
+  void Spill(const EvictedBlock& e) {
+    if (!tier_->WantsSpill(*e.key, wait_until_)) return;
+    BlockRecord r;
+    r.root = *e.root;
+    r.parent_key = *e.parent_key;
+    r.key = *e.key;
+    r.tokens.assign(e.tokens.begin(), e.tokens.end());
+    r.data.resize(static_cast<size_t>(backend_->KvBlockBytes()));
+    // A failed read is a backend failure that the next Forward reports; the block is simply
+    // not written.
+    if (!backend_->ReadKvBlock(e.block, absl::MakeSpan(r.data)).ok()) return;
+    tier_->Spill(std::move(r));
+  }
+  // Spills wait for room in the write queue until `t` (shutdown); by default they never wait.
+  void set_wait_until(absl::Time t) { wait_until_ = t; }
+
+ private:
+  Backend* const backend_;
+  DiskTier* const tier_;
+  absl::Time wait_until_ = absl::InfinitePast();
+};
+
 class EngineImpl final : public Engine {
  public:
-  EngineImpl(const EngineOptions& options, std::unique_ptr<KvCache> cache)
+  EngineImpl(const EngineOptions& options, std::unique_ptr<DiskTier> tier,
+             std::unique_ptr<DiskSpiller> spiller, std::unique_ptr<KvCache> cache)
       : options_(options),
+        tier_(std::move(tier)),
+        spiller_(std::move(spiller)),
         cache_(std::move(cache)),
         shared_(std::make_shared<Shared>()),
         scheduler_(SchedulerOptions{.backend = options.backend,
                                     .cache = cache_.get(),
                                     .model_config = options.model_config,
                                     .max_batch_tokens = options.max_batch_tokens,
-                                    .clock = options_.clock}) {
+                                    .clock = options_.clock,
+                                    .disk_tier = tier_.get()}) {
     limits_.model_config = options.model_config;
     limits_.max_samples = options.max_samples;
     limits_.pool_blocks = cache_->num_blocks();
@@ -121,6 +154,8 @@ class EngineImpl final : public Engine {
     return out;
   }
 
+  DiskTier* disk_tier() { return tier_.get(); }
+
   void RunWithKvCache(std::function<void(const KvCache&)> fn) {
     absl::Notification done;
     bool posted = false;
@@ -177,6 +212,8 @@ class EngineImpl final : public Engine {
         scheduler_.EndAll(absl::UnavailableError("server is shutting down"));
         PublishStats();
         scheduler_.FlushEvents();
+        SpillAtShutdown(deadline);
+        PublishStats();
         break;
       }
       stalled = !scheduler_.Step();
@@ -206,13 +243,26 @@ class EngineImpl final : public Engine {
     for (auto& t : tasks) t();
   }
 
+  // Writes the blocks still cached in the pool to the disk tier, within what is left of the
+  // grace and at most kDiskTierShutdownSpill: evicting them all runs the spill hook on each
+  // (least recently used first), which now waits for room in the write queue.
+  void SpillAtShutdown(absl::Time grace_deadline) {
+    if (tier_ == nullptr) return;
+    const absl::Time end = std::min(grace_deadline, absl::Now() + kDiskTierShutdownSpill);
+    if (absl::Now() >= end) return;
+    spiller_->set_wait_until(end);
+    cache_->Evict(cache_->num_blocks());
+    tier_->Flush(end);
+  }
+
   void PublishStats() {
     EngineStats now{.cache = cache_->Stats(), .scheduler = scheduler_.counters()};
     shared_->scheduler_waiting.store(static_cast<int64_t>(now.scheduler.waiting_requests));
     absl::MutexLock lock(&stats_mu_);
     stats_ = now;
-    scheduler_.DrainLatencies(&latencies_.ttft, &latencies_.tpot);
-    for (std::vector<double>* v : {&latencies_.ttft, &latencies_.tpot}) {
+    if (tier_ != nullptr) stats_.disk = tier_->Stats();
+    scheduler_.DrainLatencies(&latencies_.ttft, &latencies_.tpot, &latencies_.disk_load);
+    for (std::vector<double>* v : {&latencies_.ttft, &latencies_.tpot, &latencies_.disk_load}) {
       if (v->size() > kMaxPendingLatencies) {
         v->erase(v->begin(), v->end() - kMaxPendingLatencies / 2);  // keep the latest half
       }
@@ -221,6 +271,9 @@ class EngineImpl final : public Engine {
 
   const EngineOptions options_;
   RequestLimits limits_;
+  // The tier and the spill hook outlive the cache that calls it.
+  std::unique_ptr<DiskTier> tier_;
+  std::unique_ptr<DiskSpiller> spiller_;
   std::unique_ptr<KvCache> cache_;
   std::shared_ptr<Shared> shared_;
   Scheduler scheduler_;         // engine thread only
@@ -233,6 +286,19 @@ class EngineImpl final : public Engine {
 };
 
 }  // namespace
+
+DiskLayout EngineDiskLayout(const EngineOptions& options) {
+  const ModelConfig& c = options.model_config;
+  DiskLayout l;
+  l.manifest_key = Sha256Of(options.manifest_sha256);
+  l.dtype = static_cast<uint32_t>(options.backend->dtype());
+  l.element_bytes = static_cast<uint32_t>(DTypeSize(options.backend->dtype()));
+  l.block_size = static_cast<uint32_t>(options.backend->block_size());
+  l.n_layer = static_cast<uint32_t>(c.n_layer);
+  l.n_head = static_cast<uint32_t>(c.n_head);
+  l.head_dim = static_cast<uint32_t>(c.head_dim());
+  return l;
+}
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   if (options.backend == nullptr)
@@ -254,17 +320,38 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   cache_options.block_size = options.backend->block_size();
   cache_options.bytes_per_token = options.backend->kv_bytes_per_token();
   cache_options.enable_prefix_cache = options.enable_prefix_cache;
+  std::unique_ptr<DiskTier> tier;
+  std::unique_ptr<DiskSpiller> spiller;
+  if (!options.disk_tier.dir.empty()) {
+    if (!options.enable_prefix_cache) {
+      return absl::InvalidArgumentError(
+          "the disk cache tier needs the prefix cache: drop --no-prefix-cache or --cache-dir");
+    }
+    absl::StatusOr<std::unique_ptr<DiskTier>> opened =
+        DiskTier::Open(options.disk_tier, EngineDiskLayout(options));
+    if (!opened.ok()) return opened.status();
+    tier = *std::move(opened);
+    spiller = std::make_unique<DiskSpiller>(options.backend, tier.get());
+    cache_options.on_evict = [s = spiller.get()](const EvictedBlock& e) { s->Spill(e); };
+  }
   absl::StatusOr<std::unique_ptr<KvCache>> cache = KvCache::Create(cache_options);
   if (!cache.ok()) return cache.status();
   EngineOptions resolved = options;
   if (!resolved.clock) resolved.clock = [] { return absl::Now(); };
-  return std::unique_ptr<Engine>(new EngineImpl(resolved, *std::move(cache)));
+  return std::unique_ptr<Engine>(
+      new EngineImpl(resolved, std::move(tier), std::move(spiller), *std::move(cache)));
 }
 
 void RunWithKvCacheForTest(Engine& engine, std::function<void(const KvCache&)> fn) {
   auto* impl = dynamic_cast<EngineImpl*>(&engine);
   PREFIXD_CHECK(impl != nullptr);
   impl->RunWithKvCache(std::move(fn));
+}
+
+bool FlushDiskTierForTest(Engine& engine, absl::Time deadline) {
+  auto* impl = dynamic_cast<EngineImpl*>(&engine);
+  PREFIXD_CHECK(impl != nullptr && impl->disk_tier() != nullptr);
+  return impl->disk_tier()->Flush(deadline);
 }
 
 }  // namespace prefixd

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "cache/disk/disk_tier.h"
 #include "cache/kv_cache.h"
 #include "engine/backend.h"
 #include "engine/model_config.h"
@@ -81,6 +82,11 @@ class RequestStream {
   // Idempotent. The sequence's blocks are released before the engine's next step and the
   // stream ends with kDone(CANCELLED).
   virtual void Cancel() = 0;
+  // Ends one sample as if it had met a stop condition (a stop string the caller found in its
+  // text): before its next step the engine releases the sample's blocks and emits its
+  // kSampleFinished(kStop); the other samples go on. Idempotent; ignored for a sample that
+  // has already finished. Tokens the engine emitted before it saw the call still arrive.
+  virtual void StopSample(uint32_t sample_index) = 0;
 };
 
 struct EngineOptions {
@@ -98,7 +104,18 @@ struct EngineOptions {
   // and Submit refuses new ones with UNAVAILABLE: the process should stop so that an
   // orchestrator restarts it.
   std::function<void(const absl::Status&)> on_fatal_error;
+  // Second cache tier on local disk (cache/disk/disk_tier.h); off while disk_tier.dir is
+  // empty. Cached blocks the pool evicts are written there (off the engine thread, dropped
+  // when the write queue is full), admissions continue their prefix match into it, and on
+  // Shutdown the blocks still cached are written within what is left of the grace, at most
+  // kDiskTierShutdownSpill. Needs enable_prefix_cache. Engine::Create fails with the tier's
+  // FAILED_PRECONDITION when the directory cannot be used (not writable, locked by another
+  // process).
+  DiskTierOptions disk_tier;
 };
+
+// The longest Shutdown spends writing cached blocks to the disk tier.
+inline constexpr absl::Duration kDiskTierShutdownSpill = absl::Seconds(10);
 
 // The scheduler's own counters (engine/scheduler.h keeps them).
 struct SchedulerCounters {
@@ -108,6 +125,7 @@ struct SchedulerCounters {
   uint64_t steps = 0;
   uint64_t waiting_requests = 0;  // not running (never admitted, or all preempted)
   uint64_t running_requests = 0;  // at least one sequence running
+  uint64_t disk_hit_tokens = 0;   // prompt tokens of first admissions loaded from the disk tier
 };
 
 // One snapshot, published by the engine thread after each step. Each part is its owner's
@@ -116,7 +134,18 @@ struct SchedulerCounters {
 struct EngineStats {
   KvCacheStats cache;
   SchedulerCounters scheduler;
+  DiskTierStats disk;  // all zero without a disk tier
 };
+
+// = Σ cached_prompt_tokens of first admissions: prompt tokens served from the pool plus
+// those loaded from the disk tier.
+inline uint64_t HitTokens(const EngineStats& s) {
+  return s.cache.hit_tokens + s.scheduler.disk_hit_tokens;
+}
+
+// The disk tier layout of an engine's blocks: its manifest, the backend's dtype and block
+// size, the model's layer and head geometry.
+DiskLayout EngineDiskLayout(const EngineOptions& options);
 
 class Engine {
  public:
@@ -141,6 +170,7 @@ class Engine {
   struct Latencies {
     std::vector<double> ttft;
     std::vector<double> tpot;
+    std::vector<double> disk_load;  // per block read from the disk tier (read, verify, upload)
   };
   // Observations waiting for DrainLatencies are bounded: with nobody draining (no metrics
   // scrape) a long-running server would otherwise grow by 8 bytes per token. Past this many

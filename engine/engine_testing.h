@@ -4,6 +4,7 @@
 
 #include <functional>
 
+#include "absl/time/time.h"
 #include "cache/kv_cache.h"
 #include "engine/engine.h"
 
@@ -13,6 +14,10 @@ namespace prefixd {
 // only user), or on the calling thread once the engine has stopped; returns after it ran.
 // `engine` must come from Engine::Create.
 void RunWithKvCacheForTest(Engine& engine, std::function<void(const KvCache&)> fn);
+
+// Waits until the engine's disk tier has written every queued spill (true) or `deadline`
+// passes (false). CHECKs that the engine has a disk tier.
+bool FlushDiskTierForTest(Engine& engine, absl::Time deadline);
 
 }  // namespace prefixd
 

@@ -43,6 +43,22 @@ void RequestStreamImpl::Cancel() {
   if (wake_engine_) wake_engine_();
 }
 
+void RequestStreamImpl::StopSample(uint32_t sample_index) {
+  {
+    absl::MutexLock lock(&mu_);
+    sample_stops_.push_back(sample_index);
+    has_sample_stops_.store(true, std::memory_order_release);
+  }
+  if (wake_engine_) wake_engine_();
+}
+
+std::vector<uint32_t> RequestStreamImpl::TakeSampleStops() {
+  if (!has_sample_stops_.load(std::memory_order_acquire)) return {};
+  absl::MutexLock lock(&mu_);
+  has_sample_stops_.store(false, std::memory_order_relaxed);
+  return std::exchange(sample_stops_, {});
+}
+
 void RequestStreamImpl::Push(std::vector<RequestEvent> events) {
   if (events.empty()) return;
   std::function<void()> notify;

@@ -27,9 +27,12 @@ class RequestStreamImpl final : public RequestStream {
   bool Wait(RequestEvent* out, absl::Time deadline) override;
   void SetNotify(std::function<void()> notify) override;
   void Cancel() override;
+  void StopSample(uint32_t sample_index) override;
 
   // Engine side.
   bool cancel_requested() const { return cancelled_.load(std::memory_order_acquire); }
+  // The samples StopSample asked to end since the last call.
+  std::vector<uint32_t> TakeSampleStops();
   // Appends events; the last may be kDone, after which the stream is closed.
   void Push(std::vector<RequestEvent> events);
   bool done() const;
@@ -37,10 +40,12 @@ class RequestStreamImpl final : public RequestStream {
  private:
   const std::function<void()> wake_engine_;
   std::atomic<bool> cancelled_{false};
+  std::atomic<bool> has_sample_stops_{false};  // a cheap check for the engine's every step
   mutable absl::Mutex mu_;
   std::deque<RequestEvent> events_ ABSL_GUARDED_BY(mu_);
   std::function<void()> notify_ ABSL_GUARDED_BY(mu_);
   bool done_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<uint32_t> sample_stops_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace prefixd

@@ -6,12 +6,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/check.h"
+#include "cache/block_key.h"
 #include "engine/sampler.h"
 
 namespace prefixd {
 namespace {
 
-int32_t Size(const std::vector<uint32_t>& v) { return static_cast<int32_t>(v.size()); }
+template <typename T>
+int32_t Size(const std::vector<T>& v) {
+  return static_cast<int32_t>(v.size());
+}
 
 }  // namespace
 
@@ -39,9 +43,22 @@ void Scheduler::Enqueue(std::unique_ptr<RequestState> request) {
 void Scheduler::HandleCancellations() {
   bool any = false;
   for (auto& r : requests_) {
-    if (!r->ended && r->stream->cancel_requested()) {
+    if (r->ended) continue;
+    if (r->stream->cancel_requested()) {
       EndRequest(r.get(), absl::CancelledError("request cancelled"));
       any = true;
+      continue;
+    }
+    for (uint32_t sample : r->stream->TakeSampleStops()) {
+      for (auto& seq : r->sequences) {
+        // A pre-fork sequence has emitted nothing yet, so no caller can have stopped it.
+        if (seq->sample_index == sample && !seq->pre_fork &&
+            seq->state != Sequence::State::kFinished) {
+          FinishSequence(seq.get(), FinishReason::kStop);
+          any = true;
+        }
+      }
+      if (r->ended) break;
     }
   }
   if (any) Prune();
@@ -54,11 +71,14 @@ void Scheduler::EndAll(const absl::Status& status) {
   Prune();
 }
 
-void Scheduler::DrainLatencies(std::vector<double>* ttft, std::vector<double>* tpot) {
+void Scheduler::DrainLatencies(std::vector<double>* ttft, std::vector<double>* tpot,
+                               std::vector<double>* disk_load) {
   ttft->insert(ttft->end(), ttft_.begin(), ttft_.end());
   tpot->insert(tpot->end(), tpot_.begin(), tpot_.end());
+  disk_load->insert(disk_load->end(), disk_load_.begin(), disk_load_.end());
   ttft_.clear();
   tpot_.clear();
+  disk_load_.clear();
 }
 
 void Scheduler::SortRunning() {
@@ -104,6 +124,16 @@ bool Scheduler::Step() {
     pending_copies_.clear();
     if (!copied.ok()) {
       FailRunning(copied);
+      Prune();
+      return true;
+    }
+  }
+  // After the copies: a block an earlier copy reads may have been evicted and handed to an
+  // admission as a load destination since.
+  if (!pending_loads_.empty()) {
+    const absl::Status loaded = RunDiskLoads(absl::MakeSpan(batch));
+    if (!loaded.ok()) {
+      FailRunning(loaded);
       Prune();
       return true;
     }
@@ -155,16 +185,27 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
     ar.reserve_tokens = Size(seq->tokens);  // the whole prompt: chunks never need blocks
     ar.readmission = r->admitted_once;
     absl::StatusOr<AdmissionPlan> plan = cache_->PlanAdmission(ar);
+    // Another running sequence is computing blocks of this prefix: wait for them to be
+    // indexed instead of computing them twice.
+    if (plan.ok() && plan->pending_match_tokens > 0) {
+      ++it;
+      continue;
+    }
+    std::vector<Digest> disk_keys;
+    const int32_t pool_blocks = plan.ok() ? plan->matched_tokens / bs : 0;
+    if (plan.ok() && options_.disk_tier != nullptr) {
+      disk_keys = DiskMatch(seq, pool_blocks);
+      // The loads fill whole blocks after the pool's whole blocks: no partial copy into the
+      // first of them.
+      if (!disk_keys.empty() && plan->matched_tokens % bs != 0) {
+        ar.whole_blocks_only = true;
+        plan = cache_->PlanAdmission(ar);
+      }
+    }
     if (!plan.ok()) {
       if (absl::IsResourceExhausted(plan.status())) break;  // in order: wait for room
       EndRequest(r, absl::InternalError(plan.status().message()));
       it = waiting_.erase(it);
-      continue;
-    }
-    // Another running sequence is computing blocks of this prefix: wait for them to be
-    // indexed instead of computing them twice.
-    if (plan->pending_match_tokens > 0) {
-      ++it;
       continue;
     }
     // Keep a block of headroom per running sequence, so that admitting this one does not
@@ -181,16 +222,78 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
     seq->state = Sequence::State::kRunning;
     seq->admit_order = next_admit_order_++;
     seq->decoding = false;
+    int32_t start = admission.num_cached;
+    if (!disk_keys.empty()) {
+      PREFIXD_CHECK(admission.num_cached == pool_blocks * bs);
+      // Assumes every load succeeds; RunDiskLoads moves the start back if one does not.
+      start = std::min((pool_blocks + Size(disk_keys)) * bs, Size(seq->tokens) - 1);
+      pending_loads_.push_back(
+          DiskLoad{seq, pool_blocks, std::move(disk_keys), !r->admitted_once});
+    }
     if (!r->admitted_once) {
       r->admitted_once = true;
       r->usage.cached_prompt_tokens = static_cast<uint32_t>(admission.num_cached);
     }
     it = waiting_.erase(it);
     running_.push_back(seq);  // the newest: running_ stays sorted
-    const int32_t count = std::min(Size(seq->tokens) - admission.num_cached, *budget);
+    const int32_t count = std::min(Size(seq->tokens) - start, *budget);
     *budget -= count;
-    batch->push_back({seq, admission.num_cached, count, false});
+    batch->push_back({seq, start, count, false});
   }
+}
+
+std::vector<Digest> Scheduler::DiskMatch(Sequence* seq, int32_t pool_blocks) {
+  const int32_t bs = cache_->block_size();
+  const int32_t full = Size(seq->tokens) / bs;
+  if (pool_blocks >= full) return {};
+  Digest parent = seq->request->root;
+  const absl::Span<const uint32_t> tokens = seq->tokens;
+  for (int32_t i = 0; i < pool_blocks; ++i) parent = ChainKey(parent, tokens.subspan(i * bs, bs));
+  return options_.disk_tier->MatchFrom(
+      parent, tokens.subspan(pool_blocks * bs, static_cast<size_t>(full - pool_blocks) * bs));
+}
+
+absl::Status Scheduler::RunDiskLoads(absl::Span<Scheduled> batch) {
+  const int32_t bs = cache_->block_size();
+  std::vector<DiskLoad> loads;
+  loads.swap(pending_loads_);
+  load_buffer_.resize(static_cast<size_t>(backend_->KvBlockBytes()));
+  for (const DiskLoad& load : loads) options_.disk_tier->Prefetch(load.keys);
+  for (DiskLoad& load : loads) {
+    Sequence* seq = load.seq;
+    auto entry = std::find_if(batch.begin(), batch.end(),
+                              [seq](const Scheduled& s) { return s.seq == seq; });
+    PREFIXD_CHECK(entry != batch.end());
+    const absl::Span<const int32_t> table = cache_->BlockTable(seq->cache_seq);
+    int32_t loaded = 0;
+    for (const Digest& key : load.keys) {
+      const int32_t b = load.first_block + loaded;
+      const absl::Time t0 = absl::Now();
+      const BlockExpectation expect{
+          .root = seq->request->root,
+          .key = key,
+          .tokens = absl::MakeConstSpan(seq->tokens).subspan(static_cast<size_t>(b) * bs, bs)};
+      // Absent (deleted for the cap since the match) or corrupt: compute from here on.
+      if (!options_.disk_tier->Load(expect, absl::MakeSpan(load_buffer_)).ok()) break;
+      if (absl::Status w = backend_->WriteKvBlock(table[b], load_buffer_); !w.ok()) return w;
+      disk_load_.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+      ++loaded;
+    }
+    const int32_t pool_cached = load.first_block * bs;
+    const int32_t cached =
+        loaded == 0 ? pool_cached
+                    : std::min((load.first_block + loaded) * bs, Size(seq->tokens) - 1);
+    if (cached > pool_cached) cache_->MarkComputed(seq->cache_seq, cached);
+    if (load.first_admission) {
+      seq->request->usage.cached_prompt_tokens += static_cast<uint32_t>(cached - pool_cached);
+      counters_.disk_hit_tokens += static_cast<uint64_t>(cached - pool_cached);
+    }
+    // Admit gave the entry the tokens left after a full load; from an earlier start, the
+    // same count is still within the prompt.
+    PREFIXD_CHECK(cached <= entry->start);
+    entry->start = cached;
+  }
+  return absl::OkStatus();
 }
 
 bool Scheduler::ReserveOrPreempt(Sequence* seq, int32_t total_tokens) {
@@ -229,6 +332,7 @@ void Scheduler::Preempt(Sequence* seq) {
 
 void Scheduler::FailRunning(const absl::Status& status) {
   pending_copies_.clear();
+  pending_loads_.clear();
   if (IsFatalDeviceError(status) && fatal_error_.ok()) fatal_error_ = status;
   const absl::Status error =
       absl::InternalError(absl::StrCat("backend failure: ", status.message()));

@@ -10,8 +10,11 @@
 //     max_batch_tokens, so a long prompt delays running decodes by at most one chunk;
 //  3. waiting requests are admitted in order while budget and blocks remain. One whose
 //     prefix another running sequence is computing right now waits for those blocks
-//     instead of computing them twice.
-// Then the copies cache/ asked for run, the backend runs the batch, computed rows are
+//     instead of computing them twice. With a disk tier, the prefix match continues into it
+//     after the pool's match ends: the whole blocks it holds are admitted as blocks to load.
+// Then the copies cache/ asked for run, the disk blocks are read into the admitted
+// sequences' fresh blocks (synchronously, on this thread; a block that fails verification
+// and every one after it are computed instead), the backend runs the batch, computed rows are
 // marked (full blocks become shareable), and tokens are sampled and streamed.
 //
 // Invariants: every request in the scheduler ends with exactly one kDone; a finished or
@@ -29,6 +32,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "cache/disk/disk_tier.h"
 #include "cache/kv_cache.h"
 #include "engine/backend.h"
 #include "engine/engine.h"
@@ -43,6 +47,7 @@ struct SchedulerOptions {
   ModelConfig model_config;
   int32_t max_batch_tokens = 512;
   std::function<absl::Time()> clock;  // required
+  DiskTier* disk_tier = nullptr;      // not owned; null: no disk tier
 };
 
 class Scheduler {
@@ -54,7 +59,8 @@ class Scheduler {
 
   // Queues a validated request at the back. `request->root` must be set.
   void Enqueue(std::unique_ptr<RequestState> request);
-  // Ends (CANCELLED) every request whose stream asked to cancel, releasing its blocks.
+  // Ends (CANCELLED) every request whose stream asked to cancel, and finishes (kStop) every
+  // sample a stream asked to stop, releasing their blocks.
   void HandleCancellations();
   // One batch (see above). Returns false when nothing could run (no batch was formed).
   bool Step();
@@ -70,7 +76,8 @@ class Scheduler {
   const absl::Status& fatal_error() const { return fatal_error_; }
   const SchedulerCounters& counters() const { return counters_; }
   // Latency observations (seconds) since the last call.
-  void DrainLatencies(std::vector<double>* ttft, std::vector<double>* tpot);
+  void DrainLatencies(std::vector<double>* ttft, std::vector<double>* tpot,
+                      std::vector<double>* disk_load);
 
  private:
   struct Scheduled {
@@ -80,7 +87,21 @@ class Scheduler {
     bool decode;
   };
 
+  // Blocks an admission found in the disk tier: keys of blocks first_block, first_block + 1,
+  // ... of seq's tokens, to be read into its (fresh) blocks before the step's Forward.
+  struct DiskLoad {
+    Sequence* seq;
+    int32_t first_block;
+    std::vector<Digest> keys;
+    bool first_admission;
+  };
+
   void Admit(std::vector<Scheduled>* batch, int32_t* budget);
+  // The disk blocks that continue `seq`'s match after the pool's first `pool_blocks` blocks.
+  std::vector<Digest> DiskMatch(Sequence* seq, int32_t pool_blocks);
+  // Reads the blocks of pending_loads_ into the pool, marks them computed and moves each
+  // batch entry's start past what was loaded. Non-OK only for a backend failure.
+  absl::Status RunDiskLoads(absl::Span<Scheduled> batch);
   // Reserves rows up to `total_tokens` for `seq`, preempting the newest running sequences
   // while the pool is short. False if `seq` itself was preempted.
   bool ReserveOrPreempt(Sequence* seq, int32_t total_tokens);
@@ -104,9 +125,11 @@ class Scheduler {
   std::deque<Sequence*> waiting_;
   std::vector<Sequence*> running_;  // sorted by (admit_order, sample_index)
   std::vector<BlockCopy> pending_copies_;
+  std::vector<DiskLoad> pending_loads_;
+  std::vector<uint8_t> load_buffer_;  // one block's K/V bytes
   int64_t next_admit_order_ = 0;
   SchedulerCounters counters_;
-  std::vector<double> ttft_, tpot_;
+  std::vector<double> ttft_, tpot_, disk_load_;
   std::vector<float> logits_;
 };
 

@@ -31,7 +31,9 @@ struct DevicePlan {
 absl::StatusOr<DevicePlan> PlanDevice(std::string_view device, std::string_view dtype,
                                       const absl::Status& cuda_usable);
 
-// CudaDeviceAvailable() when this build has the CUDA backend, else UNAVAILABLE.
+// CudaDeviceAvailable() when this build has the CUDA backend, else UNAVAILABLE. The probe makes
+// a context on device 0, so a device that is listed but unusable (exclusive-process and held
+// by another process, a MIG GPU without an instance) is UNAVAILABLE and auto runs on the CPU.
 absl::Status CudaUsable();
 
 struct BackendOptions {

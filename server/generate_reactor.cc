@@ -61,7 +61,7 @@ void GenerateReactor::Begin(grpc::CallbackServerContext* context) {
   top_logprobs_ = started->top_logprobs;
   {
     absl::MutexLock l(&mu_);
-    decoders_.resize(started->num_samples);
+    output_.emplace(service_->path().tokenizer(), started->num_samples, started->stop);
   }
   stream_ = std::move(started->stream);
   std::weak_ptr<Link> weak = link_;
@@ -74,72 +74,47 @@ void GenerateReactor::Begin(grpc::CallbackServerContext* context) {
   Pump();
 }
 
+void GenerateReactor::SetUsageLocked() {
+  const Usage u = output_->usage();
+  v1::Usage* usage = msg_.mutable_usage();
+  usage->set_prompt_tokens(u.prompt_tokens);
+  usage->set_cached_prompt_tokens(u.cached_prompt_tokens);
+  usage->set_completion_tokens(u.completion_tokens);
+  usage_sent_ = true;
+}
+
 bool GenerateReactor::BuildMessageLocked() {
-  if (pending_.empty()) return false;
   msg_.Clear();
   msg_.set_request_id(request_id_);
-  const RequestEvent& first = pending_.front();
-  if (first.kind == RequestEvent::Kind::kDone) {
-    done_ = true;
-    done_status_ = first.status;
-    const Usage u = first.usage;
-    pending_.pop_front();
-    if (!done_status_.ok()) return false;
-    v1::Usage* usage = msg_.mutable_usage();
-    usage->set_prompt_tokens(u.prompt_tokens);
-    usage->set_cached_prompt_tokens(u.cached_prompt_tokens);
-    usage->set_completion_tokens(u.completion_tokens);
-    return true;
-  }
-  // Everything pending for this sample, up to and including its end.
-  const uint32_t sample = first.sample_index;
-  PREFIXD_CHECK(sample < decoders_.size());
-  msg_.set_sample_index(sample);
-  Utf8StreamDecoder& decoder = decoders_[sample];
-  const Tokenizer& tok = service_->path().tokenizer();
-  std::string text;
-  std::deque<RequestEvent> rest;
-  bool sample_ended = false;
-  while (!pending_.empty()) {
-    RequestEvent e = std::move(pending_.front());
-    pending_.pop_front();
-    if (sample_ended || e.kind == RequestEvent::Kind::kDone || e.sample_index != sample) {
-      rest.push_back(std::move(e));
-      continue;
-    }
-    if (e.kind == RequestEvent::Kind::kToken) {
-      msg_.add_token_ids(e.token.token_id);
-      msg_.add_logprobs(e.token.logprob);
-      text += decoder.Push(tok.TokenBytes(e.token.token_id));
+  SampleOutput out;
+  if (output_->Next(&out)) {
+    // Everything ready for one sample, up to and including its end.
+    msg_.set_sample_index(out.sample_index);
+    std::string text;
+    for (OutputToken& t : out.tokens) {
+      msg_.add_token_ids(t.token_id);
+      msg_.add_logprobs(t.logprob);
+      text += t.text;
       if (top_logprobs_ > 0) {
         v1::TopLogprobs* top = msg_.add_top_logprobs();
-        for (const TokenLogprob& t : e.top) {
-          top->add_token_ids(t.token_id);
-          top->add_logprobs(t.logprob);
+        for (const TokenLogprob& e : t.top) {
+          top->add_token_ids(e.token_id);
+          top->add_logprobs(e.logprob);
         }
       }
-    } else {  // kSampleFinished
-      text += decoder.Flush();
-      msg_.set_finish_reason(ToProto(e.finish_reason));
-      sample_ended = true;
     }
+    text += out.trailing_text;
+    msg_.set_text(std::move(text));
+    msg_.set_finish_reason(ToProto(out.finish_reason));
+    // The stream's last message carries usage: fold it in when nothing else is left.
+    if (output_->done() && output_->status().ok()) SetUsageLocked();
+    return true;
   }
-  pending_ = std::move(rest);
-  msg_.set_text(std::move(text));
-  // The stream's last message carries usage: fold a successful kDone into it when nothing
-  // else is left to send.
-  if (pending_.size() == 1 && pending_.front().kind == RequestEvent::Kind::kDone &&
-      pending_.front().status.ok()) {
-    const Usage u = pending_.front().usage;
-    done_ = true;
-    done_status_ = absl::OkStatus();
-    pending_.pop_front();
-    v1::Usage* usage = msg_.mutable_usage();
-    usage->set_prompt_tokens(u.prompt_tokens);
-    usage->set_cached_prompt_tokens(u.cached_prompt_tokens);
-    usage->set_completion_tokens(u.completion_tokens);
+  if (output_->done() && output_->status().ok() && !usage_sent_) {
+    SetUsageLocked();
+    return true;
   }
-  return true;
+  return false;
 }
 
 void GenerateReactor::Pump() {
@@ -148,10 +123,11 @@ void GenerateReactor::Pump() {
   {
     absl::MutexLock l(&mu_);
     if (finished_ || write_in_flight_) return;
-    if (!done_) {
+    if (!output_->done()) {
       std::vector<RequestEvent> events;
-      stream_->Poll(&events);
-      for (RequestEvent& e : events) pending_.push_back(std::move(e));
+      if (stream_->Poll(&events)) output_->Add(std::move(events));
+      // A sample that met a stop string: the engine stops computing it.
+      for (uint32_t sample : output_->StoppedSamples()) stream_->StopSample(sample);
     }
     if (cancelled_) {
       finished_ = true;
@@ -168,10 +144,10 @@ void GenerateReactor::Pump() {
     } else if (BuildMessageLocked()) {
       write_in_flight_ = true;
       action = Action::kWrite;
-    } else if (done_) {
+    } else if (output_->done()) {
       finished_ = true;
       action = Action::kFinish;
-      finish_status = ToGrpcStatus(done_status_);
+      finish_status = ToGrpcStatus(output_->status());
     } else {
       return;
     }

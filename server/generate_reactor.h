@@ -1,8 +1,8 @@
 // The server-streaming reactor of one Generate call.
 //
 // Flow control: at most one write is in flight; events that arrive meanwhile queue up and
-// are coalesced into the next message (all pending tokens of one sample, with its
-// finish_reason when the sample ended). A slow client therefore gets fewer, larger messages
+// are coalesced into the next message (all ready tokens of one sample, with its
+// finish_reason when the sample ended; text and stop strings by server/generate_output.h). A slow client therefore gets fewer, larger messages
 // instead of an unbounded send buffer.
 //
 // Lifetime: the engine's notify callback is the only caller from outside gRPC. It reaches the
@@ -16,13 +16,14 @@
 #define PREFIXD_SERVER_GENERATE_REACTOR_H_
 
 #include <chrono>
-#include <deque>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "engine/engine.h"
 #include "engine/tokenizer.h"
+#include "server/generate_output.h"
 #include "grpcpp/grpcpp.h"
 #include "prefixd/v1/inference.grpc.pb.h"
 
@@ -50,8 +51,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   void Begin(grpc::CallbackServerContext* context);
   // Decides the next step under mu_ and performs it (StartWrite or Finish) outside it.
   void Pump();
-  // Moves the next message's worth of pending events into msg_; false if there is none.
+  // Builds the next message into msg_ (what one sample has ready, or the closing usage);
+  // false if there is none yet.
   bool BuildMessageLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetUsageLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishCall(const grpc::Status& status);
 
   InferenceService* const service_;
@@ -65,14 +68,13 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   std::shared_ptr<RequestStream> stream_;  // set once in Begin, before any notify
 
   absl::Mutex mu_;
-  std::deque<RequestEvent> pending_ ABSL_GUARDED_BY(mu_);
-  std::vector<Utf8StreamDecoder> decoders_ ABSL_GUARDED_BY(mu_);  // one per sample
-  v1::GenerateResponse msg_ ABSL_GUARDED_BY(mu_);                 // the message being written
+  // Engine events turned into per-sample output (text, stop strings); set in Begin.
+  std::optional<GenerateOutput> output_ ABSL_GUARDED_BY(mu_);
+  v1::GenerateResponse msg_ ABSL_GUARDED_BY(mu_);  // the message being written
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;      // kDone consumed; finish after the last write
+  bool usage_sent_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish called or decided
-  absl::Status done_status_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace prefixd

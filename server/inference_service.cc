@@ -40,6 +40,7 @@ GenerateCall ToGenerateCall(const v1::GenerateRequest& request) {
   call.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
   call.ignore_eos = request.ignore_eos();
   call.top_logprobs = request.top_logprobs();
+  call.stop.assign(request.stop().begin(), request.stop().end());
   return call;
 }
 

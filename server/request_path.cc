@@ -83,6 +83,17 @@ absl::StatusOr<EngineRequest> RequestPath::BuildEngineRequest(const GenerateCall
       req.prompt = call.token_ids;
       break;
   }
+  if (call.stop.size() > kMaxStopStrings) {
+    return absl::InvalidArgumentError(absl::StrCat("stop has ", call.stop.size(),
+                                                   " strings: at most ", kMaxStopStrings));
+  }
+  for (const std::string& s : call.stop) {
+    if (s.empty() || s.size() > kMaxStopStringBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a stop string of ", s.size(), " bytes: each must be 1 to ", kMaxStopStringBytes,
+          " bytes"));
+    }
+  }
   req.request_id = call.request_id.empty()
                        ? absl::StrCat("prefixd-", next_request_id_.fetch_add(1))
                        : call.request_id;
@@ -114,6 +125,7 @@ absl::StatusOr<StartedGenerate> RequestPath::StartGenerate(const GenerateCall& c
   started.request_id = req->request_id;
   started.num_samples = req->num_samples;
   started.top_logprobs = req->top_logprobs;
+  started.stop = call.stop;
   // Submit validates against the engine's limits (engine/request_validation.h): the one set
   // of rules, so nothing is checked twice with different words.
   absl::StatusOr<std::shared_ptr<RequestStream>> stream = options_.engine->Submit(*std::move(req));

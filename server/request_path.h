@@ -47,13 +47,19 @@ struct GenerateCall {
   std::vector<uint32_t> stop_token_ids;
   bool ignore_eos = false;
   uint32_t top_logprobs = 0;
+  std::vector<std::string> stop;  // stop strings
 };
+
+// Stop strings: at most this many, each 1 to kMaxStopStringBytes bytes.
+inline constexpr size_t kMaxStopStrings = 4;
+inline constexpr size_t kMaxStopStringBytes = 64;
 
 // A generate call that passed every rule and is queued in the engine.
 struct StartedGenerate {
   std::string request_id;
   uint32_t num_samples = 1;
   uint32_t top_logprobs = 0;
+  std::vector<std::string> stop;
   std::shared_ptr<RequestStream> stream;
 };
 

@@ -21,18 +21,10 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "cache/internal/digest_hash.h"
 #include "cache/kv_cache.h"
 
 namespace prefixd {
-
-// SHA-256 output is uniform, so its first 8 bytes are as good a hash as any.
-struct DigestHash {
-  size_t operator()(const Digest& d) const {
-    uint64_t x;
-    std::memcpy(&x, d.data(), sizeof(x));
-    return static_cast<size_t>(x);
-  }
-};
 
 struct AdmissionPlan::Internal {
   uint64_t generation = 0;

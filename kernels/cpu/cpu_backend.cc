@@ -43,6 +43,8 @@ class CpuBackend final : public Backend {
   }
   MemoryUsage memory_usage() const override;
   absl::Status CopyBlocks(absl::Span<const BlockCopy> copies) override;
+  absl::Status ReadKvBlock(int32_t block, absl::Span<uint8_t> out) override;
+  absl::Status WriteKvBlock(int32_t block, absl::Span<const uint8_t> data) override;
   absl::Status Forward(absl::Span<const SequenceStep> steps, std::vector<float>* logits) override;
 
   absl::Span<float> kv_pool() {
@@ -51,6 +53,7 @@ class CpuBackend final : public Backend {
 
  private:
   absl::Status Validate(absl::Span<const SequenceStep> steps) const;
+  absl::Status CheckBlockBytes(int32_t block, size_t size) const;
   float* Workspace(std::vector<float>& buffer, int64_t n);
   std::atomic<int64_t> workspace_bytes_{0};  // of the vectors below, kept by Forward
   void RunLayer(int32_t layer, int64_t rows);
@@ -144,6 +147,32 @@ absl::Status CpuBackend::CopyBlocks(absl::Span<const BlockCopy> copies) {
     }
   }
   for (const BlockCopy& c : copies) CopyKvRows(kv_.get(), geometry_, c.src, c.dst, c.num_rows);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::CheckBlockBytes(int32_t block, size_t size) const {
+  if (block < 0 || block >= num_blocks_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV block ", block, " is outside the pool of ", num_blocks_, " blocks"));
+  }
+  if (static_cast<int64_t>(size) != KvBlockBytes()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a KV block is ", KvBlockBytes(), " bytes, not ", size));
+  }
+  return absl::OkStatus();
+}
+
+// A block is one contiguous range of the pool in exactly the byte layout the interface
+// promises ([n_layer][2][n_head][block_size][head_dim] floats).
+absl::Status CpuBackend::ReadKvBlock(int32_t block, absl::Span<uint8_t> out) {
+  if (absl::Status s = CheckBlockBytes(block, out.size()); !s.ok()) return s;
+  std::memcpy(out.data(), kv_.get() + geometry_.Offset(block, 0, 0, 0, 0), out.size());
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::WriteKvBlock(int32_t block, absl::Span<const uint8_t> data) {
+  if (absl::Status s = CheckBlockBytes(block, data.size()); !s.ok()) return s;
+  std::memcpy(kv_.get() + geometry_.Offset(block, 0, 0, 0, 0), data.data(), data.size());
   return absl::OkStatus();
 }
 

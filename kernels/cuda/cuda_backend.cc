@@ -21,6 +21,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <numeric>
@@ -38,6 +40,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/embedding.cuh"
 #include "kernels/cuda/gelu.cuh"
+#include "kernels/cuda/kv_budget.h"
 #include "kernels/cuda/kv_pool_layout.h"
 #include "kernels/cuda/kv_write.cuh"
 #include "kernels/cuda/layernorm.cuh"
@@ -134,8 +137,15 @@ class CudaBackend final : public Backend {
                            DTypeSize(options_.dtype));
   }
   MemoryUsage memory_usage() const override { return usage_; }
+  BackendCounters counters() const override {
+    BackendCounters c;
+    c.graph_fallbacks = graph_fallbacks_.load(std::memory_order_relaxed);
+    return c;
+  }
 
   absl::Status CopyBlocks(absl::Span<const BlockCopy> copies) override;
+  absl::Status ReadKvBlock(int32_t block, absl::Span<uint8_t> out) override;
+  absl::Status WriteKvBlock(int32_t block, absl::Span<const uint8_t> data) override;
   absl::Status Forward(absl::Span<const SequenceStep> steps, std::vector<float>* logits) override;
 
  private:
@@ -143,6 +153,7 @@ class CudaBackend final : public Backend {
   absl::Status UploadWeights();
   absl::Status UploadTensor(std::string_view name, const void** out, char** arena);
   absl::Status ValidateSteps(absl::Span<const SequenceStep> steps) const;
+  absl::Status CheckBlockBytes(int32_t block, size_t size) const;
   // Fills the pinned metadata for `pieces` with the given caps and returns device pointers.
   PassMeta WriteMeta(absl::Span<const SequenceStep> steps, absl::Span<const StepPiece> pieces,
                      int32_t token_cap, int32_t row_cap, int32_t num_tokens, int32_t num_rows);
@@ -155,6 +166,10 @@ class CudaBackend final : public Backend {
   absl::Status RunEager(absl::Span<const SequenceStep> steps, absl::Span<const StepPiece> pieces,
                         std::vector<float>* logits);
   absl::Status RunGraph(absl::Span<const SequenceStep> steps, std::vector<float>* logits);
+  // Captures and instantiates the graph of `meta` (the step just run eagerly). OK with
+  // *exec set, or OK with *exec null after a recoverable failure (the shape then runs
+  // eagerly); a fatal status when the context is broken.
+  absl::Status CaptureGraph(const PassMeta& meta, cudaGraphExec_t* exec);
   // Copies logit rows [0, num_rows) to the host, waits for the stream (which also frees the
   // pinned metadata for the next pass) and appends rows `append` in order to `logits`.
   absl::Status CopyLogitsOut(int32_t num_rows, absl::Span<const int32_t> append,
@@ -204,9 +219,11 @@ class CudaBackend final : public Backend {
   int32_t* d_copies_ = nullptr;  // [kMaxCopiesPerLaunch, 3]
   int32_t* h_copies_ = nullptr;  // pinned twin
 
-  // (decode batch bucket, attention splits) -> graph. The captured launches depend on the
-  // batch size and the split count only; positions and tables are read from d_meta_.
+  // (decode batch bucket, attention splits) -> graph, or null where capture failed and the
+  // shape runs eagerly. The captured launches depend on the batch size and the split count
+  // only; positions and tables are read from d_meta_.
   std::map<std::pair<int32_t, int32_t>, cudaGraphExec_t> graphs_;
+  std::atomic<int64_t> graph_fallbacks_{0};
 };
 
 constexpr int32_t kMaxCopiesPerLaunch = 4096;
@@ -215,7 +232,9 @@ CudaBackend::~CudaBackend() {
   // Best effort: errors here cannot be reported, and a broken context frees everything anyway.
   cudaSetDevice(options_.device);
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  for (auto& [key, exec] : graphs_) {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+  }
   if (cublas_ != nullptr) cublasDestroy(cublas_);
   for (void* p : device_allocs_) cudaFree(p);
   for (void* p : host_allocs_) cudaFreeHost(p);
@@ -228,20 +247,16 @@ absl::Status CudaBackend::Fail(absl::Status status) {
 }
 
 absl::Status CudaBackend::Malloc(size_t bytes, void** ptr) {
-  *ptr = nullptr;
-  const cudaError_t err = cudaMalloc(ptr, std::max<size_t>(bytes, 1));
-  if (err == cudaErrorMemoryAllocation) {
-    cudaGetLastError();  // not sticky: clear it
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("cudaMalloc of %d bytes failed: out of device memory", bytes));
-  }
-  PREFIXD_CUDA_RETURN_IF_ERROR(err);
+  if (absl::Status s = cuda::DeviceAlloc(bytes, ptr); !s.ok()) return s;
   device_allocs_.push_back(*ptr);
   return absl::OkStatus();
 }
 
 absl::Status CudaBackend::Init() {
   const int32_t E = config_.n_embd;
+  // A failure this thread handled before (and did not clear) must not be reported by our
+  // first launch check as that launch's own.
+  cudaGetLastError();
   PREFIXD_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
   PREFIXD_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   PREFIXD_CUBLAS_RETURN_IF_ERROR(cublasCreate(&cublas_));
@@ -293,32 +308,28 @@ absl::Status CudaBackend::Init() {
        {std::pair{reinterpret_cast<void**>(&h_meta_), meta_ints * 4},
         std::pair{reinterpret_cast<void**>(&h_logits_), R * V * 4},
         std::pair{reinterpret_cast<void**>(&h_copies_), int64_t{kMaxCopiesPerLaunch} * 3 * 4}}) {
-    PREFIXD_CUDA_RETURN_IF_ERROR(cudaMallocHost(ptr, bytes));
+    if (absl::Status s = cuda::PinnedAlloc(bytes, ptr); !s.ok()) return s;
     host_allocs_.push_back(*ptr);
   }
 
   // The KV pool, last, so that "a fraction of free memory" means what is left after the rest.
-  const int64_t block_bytes = layout_.block_elems() * elt;
-  int64_t budget = options_.kv_cache_bytes;
-  if (budget == 0) {
-    size_t free_bytes = 0, total_bytes = 0;
-    PREFIXD_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
-    budget = static_cast<int64_t>(static_cast<double>(free_bytes) * options_.kv_cache_fraction);
-  }
-  num_blocks_ = KvBlocksForBudget(budget, options_.block_size, kv_bytes_per_token());
-  // Slots are int32 (block * block_size + row) in the kernels' metadata.
-  num_blocks_ = std::min<int64_t>(num_blocks_, INT32_MAX / options_.block_size - 2);
-  if (num_blocks_ < 1) {
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("KV budget of %d bytes holds no block of %d bytes", budget, block_bytes));
-  }
-  if (absl::Status s = Malloc((num_blocks_ + 1) * block_bytes, &kv_pool_); !s.ok()) return s;
+  size_t free_bytes = 0, total_bytes = 0;
+  PREFIXD_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  cuda::KvPoolRequest request;
+  request.budget_bytes = options_.kv_cache_bytes;
+  request.fraction = options_.kv_cache_fraction;
+  request.free_bytes = static_cast<int64_t>(free_bytes);
+  request.block_bytes = layout_.block_elems() * elt;
+  request.block_size = options_.block_size;
+  absl::StatusOr<cuda::KvPoolPlan> plan = cuda::PlanKvPool(request);
+  if (!plan.ok()) return plan.status();
+  num_blocks_ = plan->num_blocks;
+  if (absl::Status s = Malloc(plan->pool_bytes, &kv_pool_); !s.ok()) return s;
   // Zeroed so that a bug reading an unwritten row shows as wrong numbers, not as NaN noise
   // that differs run to run.
-  PREFIXD_CUDA_RETURN_IF_ERROR(
-      cudaMemsetAsync(kv_pool_, 0, (num_blocks_ + 1) * block_bytes, stream_));
+  PREFIXD_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(kv_pool_, 0, plan->pool_bytes, stream_));
   PREFIXD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  usage_.kv_pool_bytes = num_blocks_ * block_bytes;
+  usage_.kv_pool_bytes = plan->pool_bytes;
   return absl::OkStatus();
 }
 
@@ -622,33 +633,71 @@ absl::Status CudaBackend::RunGraph(absl::Span<const SequenceStep> steps,
   }
   const int32_t copy_rows = append.empty() ? 0 : append.back() + 1;
   auto it = graphs_.find(key);
-  if (it == graphs_.end()) {
-    // First step of this bucket: run it eagerly (which also loads every kernel and cuBLAS
-    // module, so nothing is lazily loaded during capture), then capture the same sequence
-    // of launches for the steps after it. Capture executes nothing.
+  if (it == graphs_.end() || it->second == nullptr) {
+    // First step of this shape, or a shape whose capture failed: run it eagerly (which also
+    // loads every kernel and cuBLAS module, so nothing is lazily loaded during a capture).
     if (absl::Status s = UploadMeta(L.total); !s.ok()) return s;
     if (absl::Status s = EnqueueForward(meta); !s.ok()) return s;
     if (absl::Status s = CopyLogitsOut(copy_rows, append, logits); !s.ok()) return s;
-    cudaGraph_t graph = nullptr;
-    PREFIXD_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-    absl::Status enqueued = EnqueueForward(meta);
-    // End the capture even after a failed enqueue so the stream leaves capture mode.
-    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
-    if (!enqueued.ok()) {
-      if (graph != nullptr) cudaGraphDestroy(graph);
-      return enqueued;
-    }
-    PREFIXD_CUDA_RETURN_IF_ERROR(ended);
+    if (it != graphs_.end()) return absl::OkStatus();
+    // Then capture the same sequence of launches for the steps after it.
     cudaGraphExec_t exec = nullptr;
-    const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
-    PREFIXD_CUDA_RETURN_IF_ERROR(inst);
+    if (absl::Status s = CaptureGraph(meta, &exec); !s.ok()) return s;
     graphs_.emplace(key, exec);
     return absl::OkStatus();
   }
   if (absl::Status s = UploadMeta(L.total); !s.ok()) return s;
   PREFIXD_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second, stream_));
   return CopyLogitsOut(copy_rows, append, logits);
+}
+
+absl::Status CudaBackend::CaptureGraph(const PassMeta& meta, cudaGraphExec_t* exec) {
+  *exec = nullptr;
+  // Capture executes nothing. `status` is the first failure; `failure` the CUDA error that
+  // AfterGraphFailure judges (cudaSuccess where only cuBLAS failed).
+  cudaError_t failure = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal);
+  absl::Status status =
+      failure == cudaSuccess
+          ? absl::OkStatus()
+          : cuda::CudaErrorStatus(failure, "cudaStreamBeginCapture", __FILE__, __LINE__);
+  if (failure == cudaSuccess) {
+    status = EnqueueForward(meta);
+    // End the capture even after a failed enqueue so the stream leaves capture mode.
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    if (status.ok() && ended != cudaSuccess) {
+      status = cuda::CudaErrorStatus(ended, "cudaStreamEndCapture", __FILE__, __LINE__);
+    }
+    // A failed enqueue invalidates the capture: EndCapture's error is the CUDA one to judge.
+    failure = ended;
+    if (status.ok()) {
+      failure = options_.testing_fail_graph_instantiation ? cudaErrorNotSupported
+                                                          : cudaGraphInstantiate(exec, graph, 0);
+      if (failure != cudaSuccess) {
+        *exec = nullptr;
+        status = cuda::CudaErrorStatus(failure, "cudaGraphInstantiate", __FILE__, __LINE__);
+      }
+    }
+    if (graph != nullptr) cudaGraphDestroy(graph);
+  }
+  if (status.ok()) return status;
+  // The eager run of this step just succeeded; unless the context is broken, the shape keeps
+  // running eagerly. Clear the handled error first so the next launch does not report it.
+  cudaGetLastError();
+  const cudaError_t health = cudaStreamSynchronize(stream_);
+  if (cuda::AfterGraphFailure(failure, health) == cuda::GraphFailureAction::kFatal) {
+    return health != cudaSuccess
+               ? cuda::CudaErrorStatus(health, "cudaStreamSynchronize after a failed capture",
+                                       __FILE__, __LINE__)
+               : status;
+  }
+  const int64_t fallbacks = graph_fallbacks_.fetch_add(1, std::memory_order_relaxed) + 1;
+  std::fprintf(stderr,
+               "prefixd: cuda: no CUDA graph for decode batches of %d (%d attention splits), "
+               "they run eagerly (graph fallbacks: %lld): %s\n",
+               meta.num_tokens, meta.attention_splits, static_cast<long long>(fallbacks),
+               std::string(status.message()).c_str());
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::Forward(absl::Span<const SequenceStep> steps,
@@ -717,22 +766,53 @@ absl::Status CudaBackend::CopyBlocks(absl::Span<const BlockCopy> copies) {
   return s.ok() ? s : Fail(s);
 }
 
-}  // namespace
-
-absl::Status CudaDeviceAvailable(int device) {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    return absl::UnavailableError(absl::StrFormat("no usable CUDA device: %s: %s",
-                                                  cudaGetErrorName(err), cudaGetErrorString(err)));
+absl::Status CudaBackend::CheckBlockBytes(int32_t block, size_t size) const {
+  if (block < 0 || block >= num_blocks_) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("KV block %d is outside the pool of %d blocks", block, num_blocks_));
   }
-  if (device < 0 || device >= count) {
-    return absl::UnavailableError(
-        absl::StrFormat("CUDA device %d does not exist (%d devices)", device, count));
+  if (static_cast<int64_t>(size) != KvBlockBytes()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("a KV block is %d bytes, not %d", KvBlockBytes(), size));
   }
   return absl::OkStatus();
 }
+
+// A block is one contiguous range of the pool (kv_pool_layout.h), already in the byte layout
+// the interface promises. The copies run on stream_, so they are ordered after every copy and
+// Forward enqueued before; the host buffer is pageable, hence the synchronisation before
+// returning (the caller may reuse or free it at once).
+absl::Status CudaBackend::ReadKvBlock(int32_t block, absl::Span<uint8_t> out) {
+  if (!broken_.ok()) return broken_;
+  if (absl::Status s = CheckBlockBytes(block, out.size()); !s.ok()) return s;
+  auto run = [&]() -> absl::Status {
+    PREFIXD_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+    const char* src = static_cast<const char*>(kv_pool_) + int64_t{block} * KvBlockBytes();
+    PREFIXD_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(out.data(), src, out.size(), cudaMemcpyDeviceToHost, stream_));
+    PREFIXD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  };
+  absl::Status s = run();
+  return s.ok() ? s : Fail(s);
+}
+
+absl::Status CudaBackend::WriteKvBlock(int32_t block, absl::Span<const uint8_t> data) {
+  if (!broken_.ok()) return broken_;
+  if (absl::Status s = CheckBlockBytes(block, data.size()); !s.ok()) return s;
+  auto run = [&]() -> absl::Status {
+    PREFIXD_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+    char* dst = static_cast<char*>(kv_pool_) + int64_t{block} * KvBlockBytes();
+    PREFIXD_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dst, data.data(), data.size(), cudaMemcpyHostToDevice, stream_));
+    PREFIXD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  };
+  absl::Status s = run();
+  return s.ok() ? s : Fail(s);
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOptions& options) {
   if (options.model == nullptr) return absl::InvalidArgumentError("no model");
@@ -756,7 +836,13 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOpti
   }
   if (absl::Status s = CudaDeviceAvailable(options.device); !s.ok()) return s;
   auto backend = std::make_unique<CudaBackend>(options);
-  if (absl::Status s = backend->Init(); !s.ok()) return s;
+  if (absl::Status s = backend->Init(); !s.ok()) {
+    backend.reset();
+    // Start-up failures are answered here; a non-sticky error (out of memory) must not stay
+    // behind as the thread's last error for whoever launches next.
+    cudaGetLastError();
+    return s;
+  }
   return std::unique_ptr<Backend>(std::move(backend));
 }
 

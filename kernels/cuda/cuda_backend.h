@@ -3,13 +3,19 @@
 //
 // What it holds, allocated once at creation and never grown:
 //  - the weights, converted to `dtype` and uploaded once;
-//  - the KV pool, `num_blocks()` blocks plus one scratch block (kernels/cuda/kv_pool_layout.h);
+//  - the KV pool, `num_blocks()` blocks plus one scratch block (kernels/cuda/kv_pool_layout.h),
+//    the scratch block included in the budget and in memory_usage().kv_pool_bytes, with
+//    headroom left free on the device (kernels/cuda/kv_budget.h);
 //  - activation buffers for `max_step_tokens` tokens and `max_logit_rows` logit rows per
 //    internal pass (a larger Forward() is split into passes, chunks of one sequence in order);
 //  - one CUDA graph per decode batch-size bucket (1, 2, 4, ..., 256), captured on first use.
+//    A bucket whose capture or instantiation fails while the device is healthy runs eagerly
+//    from then on, counted in counters().graph_fallbacks and logged; the step that tried it
+//    has already produced its logits eagerly.
 //
 // Errors: invalid input (token out of vocab, position past the context, block table too short,
 // block id out of range) is INVALID_ARGUMENT and changes nothing. Any CUDA or cuBLAS failure
+// (other than out-of-memory at start-up, RESOURCE_EXHAUSTED, and a failed graph capture)
 // is INTERNAL with the failing statement, file and line, marked fatal (IsFatalDeviceError):
 // the backend then refuses every later call with that same status, since device state (KV
 // rows, a half-finished step) can no longer be trusted. The server fails requests in flight,
@@ -35,8 +41,9 @@ namespace prefixd {
 struct CudaBackendOptions {
   const Model* model = nullptr;  // read during CreateCudaBackend only (weights are copied)
   DType dtype = DType::kBF16;
-  // KV pool size in bytes; 0: kv_cache_fraction of the device memory left free after the
-  // weights and activation buffers.
+  // KV pool size in bytes, its scratch block included; at most the device memory left free
+  // after the weights and activation buffers less a headroom (kernels/cuda/kv_budget.h).
+  // 0: kv_cache_fraction of that free memory, within the same headroom.
   int64_t kv_cache_bytes = 0;
   double kv_cache_fraction = 0.8;
   int32_t block_size = 16;
@@ -46,16 +53,22 @@ struct CudaBackendOptions {
   // Activation buffers are sized for this many tokens and logit rows per pass.
   int32_t max_step_tokens = 4096;
   int32_t max_logit_rows = 256;
+  // Tests only: every graph instantiation fails (as cudaErrorNotSupported), so that the eager
+  // fallback runs on a device where instantiation works.
+  bool testing_fail_graph_instantiation = false;
 };
 
-// OK when `device` exists and the driver is usable; UNAVAILABLE with CUDA's own error text
-// otherwise ("CUDA driver version is insufficient for CUDA runtime version" on a machine
-// without a GPU). For the server's --device auto.
+// OK when `device` exists, the driver is usable and a context and a small allocation can be
+// made on it (which creates the device's primary context); UNAVAILABLE with CUDA's own error
+// text otherwise ("CUDA driver version is insufficient for CUDA runtime version" on a machine
+// without a GPU; cudaErrorDevicesUnavailable for an exclusive-process device held by another
+// process). For the server's --device auto. Leaves the calling thread's current device as it
+// was and, where a driver is present, no last error behind.
 absl::Status CudaDeviceAvailable(int device = 0);
 
 // UNAVAILABLE when no usable device, INVALID_ARGUMENT for bad options or an unsupported
-// model shape (head_dim > 128), RESOURCE_EXHAUSTED when the weights or one KV block do not
-// fit, INTERNAL (fatal) for other CUDA failures.
+// model shape (head_dim > 128), RESOURCE_EXHAUSTED when the weights, the buffers (device or
+// pinned host memory) or the KV budget do not fit, INTERNAL (fatal) for other CUDA failures.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOptions& options);
 
 }  // namespace prefixd

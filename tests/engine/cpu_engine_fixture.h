@@ -49,6 +49,8 @@ struct CpuEngineOptions {
   int32_t max_batch_tokens = 256;
   bool prefix_cache = true;
   int32_t threads = 2;
+  DiskTierOptions disk_tier;  // off unless dir is set
+  std::string manifest;       // empty: the model's own
 };
 
 // An engine with its own backend (declared first: destroyed after the engine).
@@ -72,6 +74,8 @@ struct CpuEngine {
     e.manifest_sha256 = model.manifest_sha256();
     e.max_batch_tokens = o.max_batch_tokens;
     e.enable_prefix_cache = o.prefix_cache;
+    e.disk_tier = o.disk_tier;
+    if (!o.manifest.empty()) e.manifest_sha256 = o.manifest;
     auto made = Engine::Create(e);
     PREFIXD_CHECK_MSG(made.ok(), std::string(made.status().message()).c_str());
     engine = *std::move(made);

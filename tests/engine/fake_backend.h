@@ -69,6 +69,15 @@ class FakeBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  // A row here is a (hash, position) pair, more than kv_bytes_per_token() holds: the disk
+  // tier is tested on the CPU backend instead.
+  absl::Status ReadKvBlock(int32_t, absl::Span<uint8_t>) override {
+    return absl::UnimplementedError("fake backend: no KV bytes");
+  }
+  absl::Status WriteKvBlock(int32_t, absl::Span<const uint8_t>) override {
+    return absl::UnimplementedError("fake backend: no KV bytes");
+  }
+
   absl::Status Forward(absl::Span<const SequenceStep> steps, std::vector<float>* logits) override {
     const int64_t call = forward_calls_.fetch_add(1);
     if (call == hook_call_ && hook_) hook_();

@@ -107,6 +107,34 @@ TEST_F(CpuBackendTest, CachedPrefixGivesSameLogitsAsRecompute) {
   }
 }
 
+// The disk tier's path: blocks read to host bytes and written into other blocks (another
+// backend's pool, as after a restart) serve bit-identical logits.
+TEST_F(CpuBackendTest, KvBlocksRoundTripThroughHostBytes) {
+  for (const Model* model : Models()) {
+    auto backend = MakeBackend(*model, 2);
+    auto restarted = MakeBackend(*model, 2);
+    const std::vector<uint32_t> prompt = RandomTokens(45, 5);
+    const std::vector<float> recomputed = Prefill(*backend, prompt, Blocks(0, 3), 0);
+    const size_t bytes = static_cast<size_t>(backend->KvBlockBytes());
+    ASSERT_EQ(bytes, backend->kv_bytes_per_token() * backend->block_size());
+    for (int32_t b = 0; b < 2; ++b) {
+      std::vector<uint8_t> host(bytes), back(bytes);
+      ASSERT_TRUE(backend->ReadKvBlock(b, absl::MakeSpan(host)).ok());
+      ASSERT_TRUE(restarted->WriteKvBlock(5 + b, host).ok());
+      ASSERT_TRUE(restarted->ReadKvBlock(5 + b, absl::MakeSpan(back)).ok());
+      EXPECT_EQ(back, host);
+    }
+    EXPECT_EQ(Prefill(*restarted, prompt, {5, 6, 2}, 0, /*from=*/32), recomputed);
+    std::vector<uint8_t> host(bytes);
+    EXPECT_EQ(backend->ReadKvBlock(-1, absl::MakeSpan(host)).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(backend->WriteKvBlock(static_cast<int32_t>(backend->num_blocks()), host).code(),
+              absl::StatusCode::kInvalidArgument);
+    host.pop_back();
+    EXPECT_EQ(backend->WriteKvBlock(0, host).code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
 TEST_F(CpuBackendTest, BatchCompanionsDoNotChangeLogits) {
   const Model& model = *tiny_;
   auto backend = MakeBackend(model, 2);

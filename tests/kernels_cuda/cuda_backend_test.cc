@@ -83,7 +83,7 @@ class CudaBackendTest : public ::testing::TestWithParam<DType> {
     vocab_ = model_->config().vocab_size;
   }
 
-  std::unique_ptr<Backend> Cuda(bool graphs = true, int32_t max_step_tokens = 4096) {
+  CudaBackendOptions Options(bool graphs = true, int32_t max_step_tokens = 4096) {
     CudaBackendOptions o;
     o.model = model_;
     o.dtype = GetParam();
@@ -91,6 +91,12 @@ class CudaBackendTest : public ::testing::TestWithParam<DType> {
     o.block_size = 16;
     o.use_cuda_graphs = graphs;
     o.max_step_tokens = max_step_tokens;
+    return o;
+  }
+  std::unique_ptr<Backend> Cuda(bool graphs = true, int32_t max_step_tokens = 4096) {
+    return Create(Options(graphs, max_step_tokens));
+  }
+  std::unique_ptr<Backend> Create(const CudaBackendOptions& o) {
     auto b = CreateCudaBackend(o);
     EXPECT_TRUE(b.ok()) << b.status();
     return b.ok() ? std::move(*b) : nullptr;
@@ -283,6 +289,75 @@ TEST_P(CudaBackendTest, GraphEagerAndSplitPassesAgree) {
   }
 }
 
+// Every graph instantiation fails (the testing option): each decode shape's first step runs
+// eagerly, and so do the ones after it; results agree with the eager backend, nothing is
+// fatal, and the fallbacks are counted. A working backend counts none.
+TEST_P(CudaBackendTest, FailedGraphInstantiationFallsBackToEager) {
+  CudaBackendOptions o = Options(true);
+  o.testing_fail_graph_instantiation = true;
+  auto fallback = Create(o);
+  auto eager = Cuda(false);
+  auto graphs = Cuda(true);
+  ASSERT_TRUE(fallback && eager && graphs);
+  const double tol = RelTolerance(GetParam());
+  std::vector<std::vector<uint32_t>> seqs = {RandomTokens(5), RandomTokens(12), RandomTokens(3)};
+  std::vector<std::vector<int32_t>> tables = {Table(10, 3, 2), Table(11, 3, 2), Table(12, 3, 2)};
+  for (int step = 0; step < 5; ++step) {
+    std::vector<SequenceStep> steps(3);
+    for (int s = 0; s < 3; ++s) {
+      const int n = step == 0 ? static_cast<int>(seqs[s].size()) : 1;
+      steps[s].token_ids = absl::MakeConstSpan(seqs[s]).subspan(seqs[s].size() - n);
+      steps[s].start_pos = static_cast<int32_t>(seqs[s].size()) - n;
+      steps[s].block_table = tables[s];
+      steps[s].want_logits = true;
+    }
+    std::vector<float> a, b, c;
+    const absl::Status st = fallback->Forward(steps, &a);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_TRUE(eager->Forward(steps, &b).ok());
+    ASSERT_TRUE(graphs->Forward(steps, &c).ok());
+    ExpectRowsClose(a, b, tol, "fallback vs eager");
+    ExpectRowsClose(c, b, tol, "graph vs eager");
+    for (int s = 0; s < 3; ++s) seqs[s].push_back(static_cast<uint32_t>(rng_() % vocab_));
+  }
+  // Four decode steps of batch 3 (bucket 4): at least one shape fell back, at most one per step.
+  EXPECT_GE(fallback->counters().graph_fallbacks, 1);
+  EXPECT_LE(fallback->counters().graph_fallbacks, 4);
+  EXPECT_EQ(graphs->counters().graph_fallbacks, 0);
+  EXPECT_EQ(eager->counters().graph_fallbacks, 0);
+}
+
+// A KV budget of more than the device has is refused before anything is allocated, and a
+// start-up that runs out of device memory part-way (logit buffers for 2^22 rows) is
+// RESOURCE_EXHAUSTED, not fatal, and leaves no error behind: the next backend works.
+TEST_P(CudaBackendTest, StartUpOutOfMemoryIsResourceExhaustedAndLeavesNoError) {
+  size_t free_bytes = 0, total_bytes = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+  CudaBackendOptions too_big = Options();
+  too_big.kv_cache_bytes = static_cast<int64_t>(total_bytes);
+  absl::StatusOr<std::unique_ptr<Backend>> b = CreateCudaBackend(too_big);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted) << b.status();
+  EXPECT_FALSE(IsFatalDeviceError(b.status()));
+  CudaBackendOptions rows = Options();
+  rows.max_logit_rows = 1 << 22;
+  b = CreateCudaBackend(rows);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted) << b.status();
+  EXPECT_FALSE(IsFatalDeviceError(b.status()));
+  EXPECT_EQ(cudaPeekAtLastError(), cudaSuccess);
+  auto gpu = Cuda();
+  ASSERT_TRUE(gpu);
+  const std::vector<uint32_t> tokens = RandomTokens(4);
+  const std::vector<int32_t> table = {0};
+  SequenceStep s;
+  s.token_ids = tokens;
+  s.block_table = table;
+  s.want_logits = true;
+  std::vector<float> logits;
+  const absl::Status st = gpu->Forward({&s, 1}, &logits);
+  EXPECT_TRUE(st.ok()) << st;
+  EXPECT_EQ(logits.size(), static_cast<size_t>(vocab_));
+}
+
 TEST_P(CudaBackendTest, InvalidInputIsRejectedWithoutDamage) {
   auto gpu = Cuda();
   ASSERT_TRUE(gpu);
@@ -319,10 +394,57 @@ TEST_P(CudaBackendTest, ReportsSizesFromTheKvFormula) {
   const ModelConfig& c = model_->config();
   const int64_t per_token = 2LL * c.n_layer * c.n_head * c.head_dim() * DTypeSize(GetParam());
   EXPECT_EQ(gpu->kv_bytes_per_token(), per_token);
-  EXPECT_EQ(gpu->num_blocks(), (64 << 20) / (16 * per_token));
-  EXPECT_EQ(gpu->memory_usage().kv_pool_bytes, gpu->num_blocks() * 16 * per_token);
+  // The scratch block comes out of the budget and is counted in kv_pool_bytes.
+  EXPECT_EQ(gpu->num_blocks(), (64 << 20) / (16 * per_token) - 1);
+  EXPECT_EQ(gpu->memory_usage().kv_pool_bytes, (gpu->num_blocks() + 1) * 16 * per_token);
+  EXPECT_LE(gpu->memory_usage().kv_pool_bytes, 64 << 20);
+  EXPECT_EQ(gpu->counters().graph_fallbacks, 0);
   EXPECT_EQ(gpu->device_name(), "cuda:0");
   EXPECT_EQ(gpu->dtype(), GetParam());
+}
+
+// The disk tier's path: a block read to host bytes and written into another block holds the
+// same bytes, and a decode over the copies gives the logits of a decode over the originals.
+TEST_P(CudaBackendTest, KvBlocksRoundTripThroughHostBytes) {
+  auto gpu = Cuda(/*graphs=*/false);
+  ASSERT_TRUE(gpu);
+  const std::vector<uint32_t> tokens = RandomTokens(41);
+  const std::vector<int32_t> original = {2, 5, 9};
+  SequenceStep prefill;
+  prefill.token_ids = absl::MakeConstSpan(tokens).subspan(0, 40);
+  prefill.block_table = original;
+  std::vector<float> unused;
+  ASSERT_TRUE(gpu->Forward({&prefill, 1}, &unused).ok());
+  const size_t bytes = static_cast<size_t>(gpu->KvBlockBytes());
+  ASSERT_EQ(bytes, 16u * gpu->kv_bytes_per_token());
+  const std::vector<int32_t> copies = {20, 21, 22};
+  for (size_t i = 0; i < original.size(); ++i) {
+    std::vector<uint8_t> host(bytes), back(bytes, 0xee);
+    ASSERT_TRUE(gpu->ReadKvBlock(original[i], absl::MakeSpan(host)).ok());
+    ASSERT_TRUE(gpu->WriteKvBlock(copies[i], host).ok());
+    ASSERT_TRUE(gpu->ReadKvBlock(copies[i], absl::MakeSpan(back)).ok());
+    EXPECT_EQ(back, host) << "block " << i;
+  }
+  auto decode = [&](const std::vector<int32_t>& table) {
+    SequenceStep step;
+    step.token_ids = absl::MakeConstSpan(tokens).subspan(40, 1);
+    step.start_pos = 40;
+    step.block_table = table;
+    step.want_logits = true;
+    std::vector<float> logits;
+    EXPECT_TRUE(gpu->Forward({&step, 1}, &logits).ok());
+    return logits;
+  };
+  const std::vector<float> from_original = decode(original);
+  ExpectRowsClose(decode(copies), from_original, RelTolerance(GetParam()), "copied_blocks");
+  // Bad block ids and sizes change nothing and leave the backend usable.
+  std::vector<uint8_t> host(bytes);
+  EXPECT_EQ(gpu->ReadKvBlock(-1, absl::MakeSpan(host)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpu->WriteKvBlock(static_cast<int32_t>(gpu->num_blocks()), host).code(),
+            absl::StatusCode::kInvalidArgument);
+  host.pop_back();
+  EXPECT_EQ(gpu->ReadKvBlock(0, absl::MakeSpan(host)).code(), absl::StatusCode::kInvalidArgument);
+  ExpectRowsClose(decode(original), from_original, RelTolerance(GetParam()), "after_errors");
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDTypes, CudaBackendTest,

@@ -1,0 +1,383 @@
+// The disk cache tier on the CPU backend, full-size GPT-2 (random weights, fp32), in one run:
+//
+//  restart   A request with a --prefix-token prompt (default 960) + 16 own tokens runs on an
+//            engine with a disk tier, which then shuts down with a grace (writing its cached
+//            blocks). A new engine on the same directory (a restart) runs the same prefix with
+//            new own tokens: its time to first token is compared with a cold engine's. With
+//            --drop-caches (root only) the restart runs again after `sync; echo 3 >
+//            /proc/sys/vm/drop_caches`, so its reads come from the device, not the page cache.
+//  block     The cost of one 16-token block: read from the tier (read + verify + copy into the
+//            pool, the engine's disk-load latency per block) versus computed (cold prefill
+//            time per 16 prompt tokens).
+//  capacity  --prompts distinct prompts of --prompt-tokens (default 40 x 512) cycle through a
+//            pool that holds --pool-prompts of them (default 4), --concurrency in flight, 16
+//            new tokens each. Without the tier every request computes its prompt; with it the
+//            second pass (measured, after an unmeasured first pass that fills the tier) reads
+//            them back. Throughput = generated tokens / wall s; hit rate = cached prompt tokens
+//            / prompt tokens.
+//
+// Usage: disk_tier_bench [--model DIR] [--dir DIR] [--threads 2] [--prefix 960] [--reps 3]
+//          [--prompts 40] [--prompt-tokens 512] [--pool-prompts 4] [--concurrency 4]
+//          [--drop-caches] [--only restart|capacity]
+// Without --model a random GPT-2 is written to a temporary directory first. --dir is where
+// the tier's directories go (default: the temp dir); it decides which disk is measured.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cache/kv_layout.h"
+#include "engine/engine.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "tools/random_model.h"
+
+namespace prefixd {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct Flags {
+  std::string model;
+  std::string dir;
+  int threads = 2;
+  int prefix = 960;
+  int reps = 3;
+  int prompts = 40;
+  int prompt_tokens = 512;
+  int pool_prompts = 4;
+  int concurrency = 4;
+  bool drop_caches = false;
+  std::string only;
+};
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+[[noreturn]] void Die(const std::string& what, const absl::Status& s) {
+  std::fprintf(stderr, "%s: %s\n", what.c_str(), std::string(s.message()).c_str());
+  std::exit(1);
+}
+
+std::vector<uint32_t> RandomTokens(std::mt19937* rng, int n) {
+  std::vector<uint32_t> out;
+  for (int i = 0; i < n; ++i) out.push_back((*rng)() % 50256);
+  return out;
+}
+
+// A backend and an engine over it; tier off when `tier_dir` is empty.
+struct Served {
+  Served(const Model& model, const Flags& f, int64_t pool_tokens, const std::string& tier_dir) {
+    const ModelConfig& c = model.config();
+    CpuBackendOptions b;
+    b.model = &model;
+    b.kv_cache_bytes = pool_tokens * KvBytesPerToken(c.n_layer, c.n_head, c.head_dim(), 4);
+    b.block_size = 16;
+    b.threads = f.threads;
+    auto made = CreateCpuBackend(b);
+    if (!made.ok()) Die("backend", made.status());
+    backend = *std::move(made);
+    EngineOptions o;
+    o.backend = backend.get();
+    o.model_config = c;
+    o.manifest_sha256 = model.manifest_sha256();
+    o.max_batch_tokens = 512;
+    o.disk_tier.dir = tier_dir;
+    o.disk_tier.max_bytes = int64_t{16} << 30;
+    const auto t0 = Clock::now();
+    auto e = Engine::Create(o);
+    create_s = Seconds(t0, Clock::now());
+    if (!e.ok()) Die("engine", e.status());
+    engine = *std::move(e);
+  }
+  ~Served() { engine->Shutdown(absl::ZeroDuration()); }
+
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Engine> engine;
+  double create_s = 0;
+};
+
+struct Outcome {
+  double ttft_s = 0;
+  uint64_t generated = 0;
+  uint64_t prompt = 0;
+  uint64_t cached = 0;
+};
+
+Outcome Run(Engine& engine, const std::vector<uint32_t>& prompt, uint32_t new_tokens) {
+  EngineRequest r;
+  r.prompt = prompt;
+  r.max_new_tokens = new_tokens;
+  r.ignore_eos = true;
+  const auto t0 = Clock::now();
+  auto stream = engine.Submit(r);
+  if (!stream.ok()) Die("submit", stream.status());
+  Outcome out;
+  out.prompt = prompt.size();
+  RequestEvent e;
+  while ((*stream)->Wait(&e)) {
+    if (e.kind == RequestEvent::Kind::kToken) {
+      if (out.generated++ == 0) out.ttft_s = Seconds(t0, Clock::now());
+    } else if (e.kind == RequestEvent::Kind::kDone) {
+      if (!e.status.ok()) Die("request", e.status);
+      out.cached = e.usage.cached_prompt_tokens;
+      break;
+    }
+  }
+  return out;
+}
+
+bool DropPageCache() {
+  ::sync();
+  std::ofstream f("/proc/sys/vm/drop_caches");
+  f << "3\n";
+  f.flush();
+  return static_cast<bool>(f);
+}
+
+double Mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / v.size();
+}
+
+void RestartAndBlock(const Model& model, const Flags& f, const std::string& root) {
+  const int64_t pool_tokens = f.prefix + 16 + 64;
+  std::mt19937 rng(11);
+  std::vector<double> cold, warm, warm_dropped, open_s, loads, loads_dropped;
+  uint64_t warm_cached = 0, prompt_len = 0;
+  for (int rep = 0; rep < f.reps; ++rep) {
+    const std::string dir = absl::StrCat(root, "/restart-", rep);
+    fs::remove_all(dir);
+    const std::vector<uint32_t> prefix = RandomTokens(&rng, f.prefix);
+    auto with_suffix = [&] {
+      std::vector<uint32_t> p = prefix;
+      const std::vector<uint32_t> own = RandomTokens(&rng, 16);
+      p.insert(p.end(), own.begin(), own.end());
+      return p;
+    };
+    {
+      Served first(model, f, pool_tokens, dir);
+      Run(*first.engine, with_suffix(), 1);
+      first.engine->Shutdown(absl::Seconds(10));
+    }
+    const std::vector<uint32_t> prompt = with_suffix();
+    prompt_len = prompt.size();
+    {
+      Served cold_engine(model, f, pool_tokens, "");
+      cold.push_back(Run(*cold_engine.engine, prompt, 1).ttft_s);
+    }
+    {
+      Served second(model, f, pool_tokens, dir);
+      open_s.push_back(second.create_s);
+      const Outcome o = Run(*second.engine, prompt, 1);
+      warm.push_back(o.ttft_s);
+      warm_cached = o.cached;
+      for (double x : second.engine->DrainLatencies().disk_load) loads.push_back(x);
+    }
+    if (f.drop_caches) {
+      if (!DropPageCache()) {
+        std::fprintf(stderr, "cannot write /proc/sys/vm/drop_caches (needs root)\n");
+        std::exit(1);
+      }
+      Served third(model, f, pool_tokens, dir);
+      warm_dropped.push_back(Run(*third.engine, prompt, 1).ttft_s);
+      for (double x : third.engine->DrainLatencies().disk_load) loads_dropped.push_back(x);
+    }
+    fs::remove_all(dir);
+  }
+  std::printf(
+      "\n== restart: %d-token prompt (%d-token prefix cached before the restart), %d reps\n",
+      static_cast<int>(prompt_len), f.prefix, f.reps);
+  std::printf("cold TTFT mean %.3f s  (each: ", Mean(cold));
+  for (double x : cold) std::printf("%.3f ", x);
+  std::printf(")\nrestart TTFT, page cache warm: mean %.3f s (each: ", Mean(warm));
+  for (double x : warm) std::printf("%.3f ", x);
+  std::printf("), %llu prompt tokens from disk; %.1fx faster than cold\n",
+              static_cast<unsigned long long>(warm_cached), Mean(cold) / Mean(warm));
+  if (f.drop_caches) {
+    std::printf("restart TTFT, page cache dropped: mean %.3f s (each: ", Mean(warm_dropped));
+    for (double x : warm_dropped) std::printf("%.3f ", x);
+    std::printf("); %.1fx faster than cold\n", Mean(cold) / Mean(warm_dropped));
+  }
+  std::printf("engine start with the tier (open, lock, index %d files): mean %.4f s\n",
+              f.prefix / 16 + 1, Mean(open_s));
+  std::printf(
+      "\n== block: one 16-token block (%lld bytes of K/V)\n",
+      static_cast<long long>(16 * KvBytesPerToken(model.config().n_layer, model.config().n_head,
+                                                  model.config().head_dim(), 4)));
+  std::sort(loads.begin(), loads.end());
+  std::printf(
+      "read from the tier, page cache warm: mean %.2f ms, p50 %.2f ms, max %.2f ms (%zu "
+      "blocks)\n",
+      1e3 * Mean(loads), loads.empty() ? 0 : 1e3 * loads[loads.size() / 2],
+      loads.empty() ? 0 : 1e3 * loads.back(), loads.size());
+  if (f.drop_caches) {
+    std::sort(loads_dropped.begin(), loads_dropped.end());
+    std::printf("read from the tier, page cache dropped: mean %.2f ms, p50 %.2f ms, max %.2f ms\n",
+                1e3 * Mean(loads_dropped),
+                loads_dropped.empty() ? 0 : 1e3 * loads_dropped[loads_dropped.size() / 2],
+                loads_dropped.empty() ? 0 : 1e3 * loads_dropped.back());
+  }
+  const double computed = Mean(cold) * 16.0 / static_cast<double>(prompt_len);
+  std::printf("computed (cold prefill time per 16 prompt tokens): %.2f ms; read is %.1fx cheaper\n",
+              1e3 * computed, computed / Mean(loads));
+}
+
+struct PassResult {
+  double wall_s = 0;
+  uint64_t generated = 0, prompt = 0, cached = 0;
+};
+
+PassResult Pass(Engine& engine, const std::vector<std::vector<uint32_t>>& prompts,
+                int concurrency) {
+  PassResult r;
+  std::mutex mu;
+  std::atomic<size_t> next{0};
+  const auto t0 = Clock::now();
+  std::vector<std::thread> clients;
+  for (int c = 0; c < concurrency; ++c) {
+    clients.emplace_back([&] {
+      for (size_t i = next++; i < prompts.size(); i = next++) {
+        const Outcome o = Run(engine, prompts[i], 16);
+        std::lock_guard<std::mutex> lock(mu);
+        r.generated += o.generated;
+        r.prompt += o.prompt;
+        r.cached += o.cached;
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  r.wall_s = Seconds(t0, Clock::now());
+  return r;
+}
+
+void Capacity(const Model& model, const Flags& f, const std::string& root) {
+  std::mt19937 rng(23);
+  std::vector<std::vector<uint32_t>> prompts;
+  for (int i = 0; i < f.prompts; ++i) prompts.push_back(RandomTokens(&rng, f.prompt_tokens));
+  // Room for pool_prompts prompts with their 16 new tokens (whole blocks), plus slack.
+  const int64_t per_prompt = (f.prompt_tokens + 16 + 15) / 16 * 16;
+  const int64_t pool_tokens = f.pool_prompts * per_prompt + 8 * 16;
+  std::printf(
+      "\n== capacity: %d distinct %d-token prompts, a pool of %lld tokens (%d of them), "
+      "%d in flight, 16 new tokens each\n",
+      f.prompts, f.prompt_tokens, static_cast<long long>(pool_tokens), f.pool_prompts,
+      f.concurrency);
+  PassResult off;
+  {
+    Served engine(model, f, pool_tokens, "");
+    off = Pass(*engine.engine, prompts, f.concurrency);
+  }
+  const std::string dir = root + "/capacity";
+  fs::remove_all(dir);
+  PassResult fill, on;
+  EngineStats stats;
+  {
+    Served engine(model, f, pool_tokens, dir);
+    fill = Pass(*engine.engine, prompts, f.concurrency);
+    on = Pass(*engine.engine, prompts, f.concurrency);
+    stats = engine.engine->Stats();
+  }
+  fs::remove_all(dir);
+  auto line = [](const char* name, const PassResult& r) {
+    std::printf("%-28s %8.2f s %10.1f gen tok/s   hit rate %5.1f%%\n", name, r.wall_s,
+                r.generated / r.wall_s, 100.0 * r.cached / r.prompt);
+  };
+  line("without tier", off);
+  line("with tier, first pass", fill);
+  line("with tier, second pass", on);
+  std::printf("with tier: %llu spills, %llu dropped, %llu loads, %llu corrupt, %.0f MB on disk\n",
+              static_cast<unsigned long long>(stats.disk.spills),
+              static_cast<unsigned long long>(stats.disk.spills_dropped),
+              static_cast<unsigned long long>(stats.disk.loads),
+              static_cast<unsigned long long>(stats.disk.corrupt_blocks), stats.disk.bytes / 1e6);
+  std::printf("second pass vs without: %.1fx throughput\n",
+              (on.generated / on.wall_s) / (off.generated / off.wall_s));
+}
+
+int Main(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--model")
+      f.model = value();
+    else if (a == "--dir")
+      f.dir = value();
+    else if (a == "--threads")
+      f.threads = std::stoi(value());
+    else if (a == "--prefix")
+      f.prefix = std::stoi(value());
+    else if (a == "--reps")
+      f.reps = std::stoi(value());
+    else if (a == "--prompts")
+      f.prompts = std::stoi(value());
+    else if (a == "--prompt-tokens")
+      f.prompt_tokens = std::stoi(value());
+    else if (a == "--pool-prompts")
+      f.pool_prompts = std::stoi(value());
+    else if (a == "--concurrency")
+      f.concurrency = std::stoi(value());
+    else if (a == "--drop-caches")
+      f.drop_caches = true;
+    else if (a == "--only")
+      f.only = value();
+    else {
+      std::fprintf(stderr, "unknown flag %s (see the header of disk_tier_bench.cc)\n", a.c_str());
+      return 2;
+    }
+  }
+  if (!f.only.empty() && f.only != "restart" && f.only != "capacity") {
+    std::fprintf(stderr, "--only takes restart or capacity, got %s\n", f.only.c_str());
+    return 2;
+  }
+  const std::string root = (fs::path(f.dir.empty() ? fs::temp_directory_path().string() : f.dir) /
+                            absl::StrCat("prefixd_disk_tier_bench_", ::getpid()))
+                               .string();
+  std::string model_dir = f.model;
+  const bool temporary = model_dir.empty();
+  if (temporary) {
+    model_dir = root + "/model";
+    RandomModelOptions o;
+    o.out_dir = model_dir;
+    o.config = Gpt2ModelConfig();
+    o.seed = 1;
+    if (absl::Status s = WriteRandomModel(o); !s.ok()) Die("writing the model", s);
+  }
+  auto model = Model::Load(model_dir);
+  if (!model.ok()) Die("model", model.status());
+  std::printf("model %s (%d layers, %d wide, fp32), %d threads; tier directories under %s\n",
+              (*model)->name().c_str(), (*model)->config().n_layer, (*model)->config().n_embd,
+              f.threads, root.c_str());
+  if (f.only != "capacity") RestartAndBlock(**model, f, root);
+  if (f.only != "restart") Capacity(**model, f, root);
+  fs::remove_all(root);
+  return 0;
+}
+
+}  // namespace
+}  // namespace prefixd
+
+int main(int argc, char** argv) { return prefixd::Main(argc, argv); }

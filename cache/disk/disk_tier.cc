@@ -1,0 +1,392 @@
+#include "cache/disk/disk_tier.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cache/block_key.h"
+#include "base/check.h"
+
+namespace prefixd {
+namespace {
+
+constexpr char kLockName[] = "LOCK";
+constexpr char kBlockSuffix[] = ".kvb";
+constexpr char kTempSuffix[] = ".tmp";
+
+std::string ErrnoText(int err) { return std::strerror(err); }
+
+// Parses "<64 hex>" into a digest.
+std::optional<Digest> ParseHexDigest(std::string_view hex) {
+  if (hex.size() != 64) return std::nullopt;
+  Digest d;
+  for (size_t i = 0; i < d.size(); ++i) {
+    int v = 0;
+    for (int k = 0; k < 2; ++k) {
+      const char c = hex[2 * i + k];
+      int n;
+      if (c >= '0' && c <= '9') {
+        n = c - '0';
+      } else if (c >= 'a' && c <= 'f') {
+        n = c - 'a' + 10;
+      } else {
+        return std::nullopt;
+      }
+      v = v * 16 + n;
+    }
+    d[i] = static_cast<uint8_t>(v);
+  }
+  return d;
+}
+
+// Reads the whole file into *out. errno-style error on failure (ENOENT when absent).
+int ReadFile(const std::string& path, std::string* out) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno;
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return err;
+  }
+  out->resize(static_cast<size_t>(st.st_size));
+  size_t done = 0;
+  while (done < out->size()) {
+    const ssize_t n = ::pread(fd, out->data() + done, out->size() - done, done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      ::close(fd);
+      return err;
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  return 0;
+}
+
+// Writes `bytes` to `tmp`, then renames it to `path`: readers see all of it or nothing.
+int WriteFileAtomically(const std::string& tmp, const std::string& path, std::string_view bytes) {
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return errno;
+  size_t done = 0;
+  int err = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      err = n < 0 ? errno : EIO;
+      break;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
+  if (err != 0) ::unlink(tmp.c_str());
+  return err;
+}
+
+int64_t MtimeNanos(const struct stat& st) {
+  return int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& options,
+                                                         const DiskLayout& layout) {
+  if (absl::Status s = ValidateDiskLayout(layout); !s.ok()) return s;
+  if (options.dir.empty()) return absl::InvalidArgumentError("disk tier: empty directory");
+  if (options.max_bytes < 0 || options.max_queued_blocks <= 0) {
+    return absl::InvalidArgumentError(
+        "disk tier: max_bytes must be >= 0 and max_queued_blocks > 0");
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(options.dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cannot create cache dir %s: %s; create it or choose another", options.dir, ec.message()));
+  }
+  const std::string lock_path = options.dir + "/" + kLockName;
+  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cache dir %s is not writable (%s: %s); fix its permissions or choose "
+                        "another",
+                        options.dir, lock_path, ErrnoText(errno)));
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char pid[32] = {0};
+    const ssize_t n = ::pread(fd, pid, sizeof(pid) - 1, 0);
+    ::close(fd);
+    if (err == EWOULDBLOCK) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "cache dir %s is in use by another prefixd process (pid %s holds %s); give each "
+          "process its own cache dir",
+          options.dir, n > 0 ? std::string(pid, n) : "unknown", lock_path));
+    }
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cannot lock %s: %s", lock_path, ErrnoText(err)));
+  }
+  // The pid, for the message above; the lock is what counts.
+  const std::string pid = absl::StrCat(::getpid());
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) < 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cache dir %s is not writable (%s: %s); fix its permissions or choose another", options.dir,
+        lock_path, ErrnoText(err)));
+  }
+  // A directory whose LOCK file is writable may still refuse new files.
+  const std::string probe = options.dir + "/probe" + kTempSuffix;
+  if (int err = WriteFileAtomically(options.dir + "/probe.w" + kTempSuffix, probe, "probe");
+      err != 0) {
+    ::close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cache dir %s is not writable (%s); fix its permissions or choose another",
+                        options.dir, ErrnoText(err)));
+  }
+  ::unlink(probe.c_str());
+  int64_t cap = options.max_bytes;
+  if (cap == 0) {
+    struct statvfs fs;
+    if (::statvfs(options.dir.c_str(), &fs) != 0) {
+      const int err = errno;
+      ::close(fd);
+      return absl::FailedPreconditionError(
+          absl::StrFormat("cannot read free space of %s: %s", options.dir, ErrnoText(err)));
+    }
+    const int64_t free_bytes = static_cast<int64_t>(fs.f_bavail) * fs.f_frsize;
+    cap = std::min(kDefaultDiskTierMaxBytes, free_bytes / 2);
+  }
+  std::unique_ptr<DiskTier> tier(new DiskTier(options, layout, fd, cap));
+  if (absl::Status s = tier->Scan(); !s.ok()) return s;
+  tier->writer_ = std::thread([t = tier.get()] { t->WriterLoop(); });
+  return tier;
+}
+
+DiskTier::DiskTier(const DiskTierOptions& options, const DiskLayout& layout, int lock_fd,
+                   int64_t cap)
+    : dir_(options.dir),
+      layout_(layout),
+      layout_id_(layout.Id()),
+      max_queued_(options.max_queued_blocks),
+      clock_(options.clock ? options.clock : [] { return absl::ToUnixNanos(absl::Now()); }),
+      lock_fd_(lock_fd),
+      cap_(cap) {
+  stats_.cap_bytes = cap;
+}
+
+DiskTier::~DiskTier() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (writer_.joinable()) writer_.join();
+  ::close(lock_fd_);  // releases the flock
+}
+
+std::string DiskTier::PathOf(const Digest& key) const {
+  return absl::StrCat(dir_, "/", layout_id_, "-", DigestHex(key), kBlockSuffix);
+}
+
+absl::Status DiskTier::Scan() {
+  DIR* d = ::opendir(dir_.c_str());
+  if (d == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cannot list cache dir %s: %s", dir_, ErrnoText(errno)));
+  }
+  absl::MutexLock lock(&mu_);
+  while (const struct dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    const std::string path = dir_ + "/" + name;
+    if (absl::EndsWith(name, kTempSuffix)) {
+      ::unlink(path.c_str());  // a write cut short by a crash
+      continue;
+    }
+    if (!absl::EndsWith(name, kBlockSuffix)) continue;
+    struct stat st;
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    const std::string_view stem(name.data(), name.size() - std::strlen(kBlockSuffix));
+    std::optional<Digest> key;
+    if (stem.size() == 16 + 1 + 64 && stem.substr(0, 16) == layout_id_ && stem[16] == '-') {
+      key = ParseHexDigest(stem.substr(17));
+    }
+    if (key.has_value()) {
+      index_.Add(*key, st.st_size, MtimeNanos(st));
+    } else {
+      index_.AddForeign(name, st.st_size, MtimeNanos(st));
+    }
+  }
+  ::closedir(d);
+  MakeRoomLocked(0);
+  return absl::OkStatus();
+}
+
+void DiskTier::MakeRoomLocked(int64_t incoming) {
+  while (std::optional<TierIndex::Victim> v = index_.PopVictim(cap_, incoming)) {
+    const std::string path = v->foreign ? dir_ + "/" + v->name : PathOf(v->key);
+    ::unlink(path.c_str());  // best effort: a file already gone frees its bytes all the same
+    ++stats_.evicted_files;
+  }
+}
+
+std::vector<Digest> DiskTier::MatchFrom(const Digest& parent,
+                                        absl::Span<const uint32_t> tokens) const {
+  std::vector<Digest> keys;
+  const size_t bs = layout_.block_size;
+  Digest prev = parent;
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; (i + 1) * bs <= tokens.size(); ++i) {
+    const Digest key = ChainKey(prev, tokens.subspan(i * bs, bs));
+    if (!index_.Contains(key)) break;
+    keys.push_back(key);
+    prev = key;
+  }
+  return keys;
+}
+
+bool DiskTier::Contains(const Digest& key) const {
+  absl::MutexLock lock(&mu_);
+  return index_.Contains(key);
+}
+
+void DiskTier::Prefetch(absl::Span<const Digest> keys) const {
+  for (const Digest& key : keys) {
+    const int fd = ::open(PathOf(key).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
+    ::close(fd);
+  }
+}
+
+absl::Status DiskTier::Load(const BlockExpectation& expect, absl::Span<uint8_t> out) {
+  PREFIXD_CHECK(static_cast<int64_t>(out.size()) == layout_.data_bytes());
+  {
+    absl::MutexLock lock(&mu_);
+    if (!index_.Contains(expect.key)) return absl::NotFoundError("block not in the disk tier");
+  }
+  const std::string path = PathOf(expect.key);
+  const int err = ReadFile(path, &load_buffer_);
+  if (err == ENOENT) {
+    // Deleted for the cap by the writer since the lookup: a miss, not damage.
+    absl::MutexLock lock(&mu_);
+    index_.Erase(expect.key);
+    return absl::NotFoundError("block left the disk tier");
+  }
+  absl::StatusOr<absl::Span<const uint8_t>> data =
+      err != 0 ? absl::DataLossError(absl::StrCat("cannot read ", path, ": ", ErrnoText(err)))
+               : DecodeBlockFile(load_buffer_, layout_, expect);
+  absl::MutexLock lock(&mu_);
+  if (!data.ok()) {
+    if (index_.Erase(expect.key)) ::unlink(path.c_str());
+    ++stats_.corrupt_blocks;
+    return data.status();
+  }
+  std::memcpy(out.data(), data->data(), out.size());
+  index_.Touch(expect.key, Now());
+  ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);  // the LRU order survives a restart
+  ++stats_.loads;
+  return absl::OkStatus();
+}
+
+bool DiskTier::WantsSpill(const Digest& key, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  if (index_.Contains(key) || queued_keys_.contains(key)) return false;
+  auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return static_cast<int32_t>(queue_.size()) < max_queued_ || stop_;
+  };
+  if (!room() && deadline > absl::Now()) mu_.AwaitWithDeadline(absl::Condition(&room), deadline);
+  if (static_cast<int32_t>(queue_.size()) >= max_queued_ || stop_) {
+    ++stats_.spills_dropped;
+    return false;
+  }
+  return true;
+}
+
+void DiskTier::Spill(BlockRecord record) {
+  PREFIXD_CHECK(record.tokens.size() == layout_.block_size);
+  PREFIXD_CHECK(static_cast<int64_t>(record.data.size()) == layout_.data_bytes());
+  absl::MutexLock lock(&mu_);
+  PREFIXD_CHECK(static_cast<int32_t>(queue_.size()) < max_queued_);
+  PREFIXD_CHECK(queued_keys_.insert(record.key).second && !index_.Contains(record.key));
+  queue_.push_back(std::move(record));
+}
+
+bool DiskTier::Flush(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return (queue_.empty() && !writing_) || stop_;
+  };
+  return mu_.AwaitWithDeadline(absl::Condition(&idle), deadline) && queue_.empty() && !writing_;
+}
+
+void DiskTier::WriterLoop() {
+  const int64_t file_bytes = layout_.file_bytes();
+  while (true) {
+    BlockRecord record;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty() || stop_; };
+      mu_.Await(absl::Condition(&ready));
+      if (stop_) {
+        stats_.spills_dropped += queue_.size();
+        queue_.clear();
+        queued_keys_.clear();
+        return;
+      }
+      record = std::move(queue_.front());
+      queue_.pop_front();
+      writing_ = true;
+      // Room first, so the directory never holds more than the cap.
+      MakeRoomLocked(file_bytes);
+    }
+    bool fits;
+    {
+      absl::MutexLock lock(&mu_);
+      fits = index_.bytes() + file_bytes <= cap_;
+    }
+    int err = 0;
+    const std::string path = PathOf(record.key);
+    if (fits) {
+      const std::string bytes = EncodeBlockFile(layout_, record);
+      err = WriteFileAtomically(path + kTempSuffix, path, bytes);
+    }
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    queued_keys_.erase(record.key);
+    if (!fits || err != 0) {
+      ++stats_.spills_dropped;
+      if (err != 0) ++stats_.write_errors;
+      continue;
+    }
+    index_.Add(record.key, file_bytes, Now());
+    ++stats_.spills;
+    MakeRoomLocked(0);  // a load's Touch cannot grow it, but keep the invariant local
+  }
+}
+
+DiskTierStats DiskTier::Stats() const {
+  absl::MutexLock lock(&mu_);
+  DiskTierStats s = stats_;
+  s.blocks = index_.own_blocks();
+  s.bytes = index_.bytes();
+  s.foreign_files = index_.foreign_files();
+  s.queued_blocks = static_cast<int64_t>(queue_.size());
+  return s;
+}
+
+}  // namespace prefixd

@@ -1,0 +1,152 @@
+// The second cache tier: KV blocks evicted from the RAM pool, kept as files in one local
+// directory, read back into fresh pool blocks on a later hit, and found again after a restart.
+//
+// Identity is the pool's: a file holds one block under its chain key (cache/block_key.h) with
+// its root key, parent key, tokens and the layout it was computed with (block_file.h), and is
+// checked in full before its rows may enter the pool. A file that fails any check is deleted,
+// counted (corrupt_blocks) and the engine computes the block instead: the tier never decides a
+// token.
+//
+// Threads: one writer thread takes spills from a bounded queue and writes them (temporary file,
+// then rename, so a reader sees a whole file or none). The engine thread is the only caller of
+// the other methods; it never waits for the disk except in Load, which reads one file, and in
+// WantsSpill/Flush when given a deadline (only at shutdown). When the queue is full a spill is
+// dropped and counted.
+//
+// Invariants:
+//  1. The index (tier_index.h) lists exactly the block files this tier wrote or found at start,
+//     less those it deleted; bytes() never exceeds the cap after a write completes.
+//  2. A key is queued at most once and never while it is indexed (no duplicate writes).
+//  3. One process per directory: Open holds an exclusive flock on DIR/LOCK until destruction;
+//     a second Open of the same directory (from any process) fails with FAILED_PRECONDITION.
+// Files of another layout (model manifest, dtype, block size or geometry) are never loaded;
+// they count against the cap and are the first to be deleted. Files other than *.kvb (and the
+// tier's own *.tmp leftovers, deleted at start) are left alone.
+#ifndef PREFIXD_CACHE_DISK_DISK_TIER_H_
+#define PREFIXD_CACHE_DISK_DISK_TIER_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "cache/disk/block_file.h"
+#include "cache/disk/tier_index.h"
+#include "cache/internal/digest_hash.h"
+
+namespace prefixd {
+
+inline constexpr int64_t kDefaultDiskTierMaxBytes = int64_t{8} << 30;
+
+struct DiskTierOptions {
+  std::string dir;  // created (with its parents) when absent
+  // Cap on the bytes of block files in `dir`. 0: the smaller of 8 GiB and half the free space
+  // of dir's filesystem at Open (cap_bytes() says which).
+  int64_t max_bytes = 0;
+  // Spills waiting for the writer; more are dropped. 64 blocks of full GPT-2 fp32 is ~75 MB.
+  int32_t max_queued_blocks = 64;
+  // LRU time in nanoseconds; default the wall clock (file mtimes order blocks after a restart).
+  std::function<int64_t()> clock;
+};
+
+struct DiskTierStats {
+  int64_t blocks = 0;         // block files of this layout in the index
+  int64_t bytes = 0;          // bytes of every indexed file, this layout's and foreign ones
+  int64_t foreign_files = 0;  // files of other layouts still on disk
+  int64_t cap_bytes = 0;
+  int64_t queued_blocks = 0;
+  uint64_t spills = 0;          // blocks written to disk
+  uint64_t spills_dropped = 0;  // offered but not written: queue full, write error, shutdown
+  uint64_t write_errors = 0;    // of those, failed writes (disk full, I/O error)
+  uint64_t loads = 0;           // blocks read, verified and handed to the pool
+  uint64_t corrupt_blocks = 0;  // files that failed verification (deleted; recomputed)
+  uint64_t evicted_files = 0;   // files deleted to stay under the cap
+};
+
+class DiskTier {
+ public:
+  // Creates the directory if needed, takes its lock, rebuilds the index from the *.kvb files
+  // (this layout's by name; others as foreign), deletes *.tmp leftovers and enforces the cap.
+  // INVALID_ARGUMENT for a bad layout or options; FAILED_PRECONDITION with what to fix when the
+  // directory cannot be created or written, or another process holds its lock.
+  static absl::StatusOr<std::unique_ptr<DiskTier>> Open(const DiskTierOptions& options,
+                                                        const DiskLayout& layout);
+  // Stops the writer: a write in progress completes, queued spills are dropped (counted).
+  ~DiskTier();
+  DiskTier(const DiskTier&) = delete;
+  DiskTier& operator=(const DiskTier&) = delete;
+
+  // The chain keys of the whole blocks of `tokens` (which follow the block whose key is
+  // `parent`, or start a chain when `parent` is the root) that the tier holds, in order,
+  // stopping at the first one it does not hold.
+  std::vector<Digest> MatchFrom(const Digest& parent, absl::Span<const uint32_t> tokens) const;
+  bool Contains(const Digest& key) const;
+
+  // Asks the kernel to start reading the files of `keys` (posix_fadvise WILLNEED), so that
+  // the Loads that follow find them in the page cache instead of waiting for the device one
+  // file at a time. Best effort; absent files are skipped.
+  void Prefetch(absl::Span<const Digest> keys) const;
+
+  // Reads the block `expect.key` and verifies it (block_file.h) into `out`
+  // (layout().data_bytes() bytes). NOT_FOUND when absent (also when the writer deleted it a
+  // moment ago); DATA_LOSS when it failed verification: the file is deleted and counted.
+  absl::Status Load(const BlockExpectation& expect, absl::Span<uint8_t> out);
+
+  // Whether a spill of `key` should be built and queued now: false when the key is on disk or
+  // queued already, and false (counted as dropped) when the queue is full — after waiting for
+  // room until `deadline` (the default never waits). The engine thread is the only producer,
+  // so room found here is still there for the Spill that follows.
+  bool WantsSpill(const Digest& key, absl::Time deadline = absl::InfinitePast());
+  // Queues a block WantsSpill accepted (PREFIXD_CHECKs its sizes and the room).
+  void Spill(BlockRecord record);
+  // Waits until every queued spill is written (true) or `deadline` passes (false).
+  bool Flush(absl::Time deadline);
+
+  DiskTierStats Stats() const;
+  const DiskLayout& layout() const { return layout_; }
+  int64_t cap_bytes() const { return cap_; }
+  const std::string& dir() const { return dir_; }
+  // The file that holds (or would hold) `key`: DIR/<layout id>-<hex key>.kvb.
+  std::string PathOf(const Digest& key) const;
+
+ private:
+  DiskTier(const DiskTierOptions& options, const DiskLayout& layout, int lock_fd, int64_t cap);
+  absl::Status Scan();
+  void WriterLoop();
+  // Deletes index victims until `incoming` more bytes fit. Requires mu_.
+  void MakeRoomLocked(int64_t incoming) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t Now() const { return clock_(); }
+
+  const std::string dir_;
+  const DiskLayout layout_;
+  const std::string layout_id_;
+  const int32_t max_queued_;
+  const std::function<int64_t()> clock_;
+  const int lock_fd_;
+  const int64_t cap_;
+
+  mutable absl::Mutex mu_;
+  TierIndex index_ ABSL_GUARDED_BY(mu_);
+  std::deque<BlockRecord> queue_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<Digest, DigestHash> queued_keys_ ABSL_GUARDED_BY(mu_);  // incl. writing
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  DiskTierStats stats_ ABSL_GUARDED_BY(mu_);
+
+  std::string load_buffer_;  // engine thread only: the file being verified
+  std::thread writer_;
+};
+
+}  // namespace prefixd
+
+#endif  // PREFIXD_CACHE_DISK_DISK_TIER_H_

@@ -1,0 +1,184 @@
+// The block file format (cache/disk/block_file.h): every byte is covered by the checksum,
+// every truncation is refused, and every header field is checked on its own even when the
+// checksum is recomputed over the damage.
+#include "cache/disk/block_file.h"
+
+#include <cstring>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "cache/block_key.h"
+#include "gtest/gtest.h"
+#include "tests/cache/disk/disk_test_util.h"
+
+namespace prefixd {
+namespace {
+
+using testing::ExpectationOf;
+using testing::MakeChain;
+using testing::MakeRecord;
+using testing::SmallLayout;
+using testing::TestRoot;
+
+// Section boundaries of a SmallLayout file.
+constexpr size_t kHeader = kBlockFileHeaderBytes;
+constexpr size_t kTokensEnd = kHeader + 4 * 4;
+constexpr size_t kDataEnd = kTokensEnd + 256;
+constexpr size_t kFileEnd = kDataEnd + 32;
+
+// Recomputes the checksum after a deliberate edit, so the field checks are reached.
+void Reseal(std::string* file) {
+  const Digest sum = Sha256Of(std::string_view(*file).substr(0, file->size() - 32));
+  std::memcpy(file->data() + file->size() - 32, sum.data(), 32);
+}
+
+TEST(BlockFileTest, RoundTripReturnsTheData) {
+  const DiskLayout layout = SmallLayout();
+  const BlockRecord r = MakeChain(layout, 1, 2)[1];
+  const std::string file = EncodeBlockFile(layout, r);
+  ASSERT_EQ(file.size(), kFileEnd);
+  EXPECT_EQ(layout.file_bytes(), static_cast<int64_t>(kFileEnd));
+  auto data = DecodeBlockFile(file, layout, ExpectationOf(r));
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ(std::vector<uint8_t>(data->begin(), data->end()), r.data);
+}
+
+TEST(BlockFileTest, EveryFlippedByteIsRejected) {
+  const DiskLayout layout = SmallLayout();
+  const BlockRecord r = MakeRecord(layout, TestRoot(), 1, 0);
+  const std::string good = EncodeBlockFile(layout, r);
+  for (size_t i = 0; i < good.size(); ++i) {
+    std::string bad = good;
+    bad[i] = static_cast<char>(bad[i] ^ 0x01);
+    auto data = DecodeBlockFile(bad, layout, ExpectationOf(r));
+    EXPECT_EQ(data.status().code(), absl::StatusCode::kDataLoss) << "byte " << i;
+  }
+}
+
+TEST(BlockFileTest, EveryTruncationAndAnExtraByteAreRejected) {
+  const DiskLayout layout = SmallLayout();
+  const BlockRecord r = MakeRecord(layout, TestRoot(), 1, 0);
+  const std::string good = EncodeBlockFile(layout, r);
+  // Every length, so every section (header, tokens, data, checksum) is cut at its start,
+  // inside and at its end.
+  for (size_t n = 0; n < good.size(); ++n) {
+    auto data = DecodeBlockFile(good.substr(0, n), layout, ExpectationOf(r));
+    EXPECT_EQ(data.status().code(), absl::StatusCode::kDataLoss) << "length " << n;
+  }
+  for (size_t n : {size_t{0}, kHeader - 1, kHeader, kTokensEnd, kDataEnd, kFileEnd - 1}) {
+    auto data = DecodeBlockFile(good.substr(0, n), layout, ExpectationOf(r));
+    EXPECT_TRUE(absl::StrContains(data.status().message(), "size")) << n << data.status();
+  }
+  auto longer = DecodeBlockFile(good + "x", layout, ExpectationOf(r));
+  EXPECT_TRUE(absl::StrContains(longer.status().message(), "size")) << longer.status();
+}
+
+// Each header field changed, checksum recomputed: the field's own check refuses it.
+TEST(BlockFileTest, EveryHeaderFieldIsCheckedEvenWithAValidChecksum) {
+  const DiskLayout layout = SmallLayout();
+  const BlockRecord r = MakeChain(layout, 1, 2)[1];
+  const std::string good = EncodeBlockFile(layout, r);
+  struct Field {
+    size_t offset;
+    std::string expected_message;
+  };
+  const Field fields[] = {
+      {0, "magic"},
+      {8, "format version"},
+      {12, "header size"},
+      {16, "layout"},
+      {47, "layout"},
+      {48, "layout"},  // manifest, dtype
+      {52, "layout"},
+      {56, "layout"},
+      {60, "layout"},  // elem, block, layers
+      {64, "layout"},
+      {68, "layout"},
+      {72, "data size"},
+      {80, "root key"},
+      {111, "root key"},
+      {112, "tokens do not hash"},  // parent
+      {144, "chain key"},
+      {175, "chain key"},
+      {kHeader, "tokens do not hash"},
+      {kTokensEnd - 1, "tokens do not hash"},
+  };
+  for (const Field& f : fields) {
+    std::string bad = good;
+    bad[f.offset] = static_cast<char>(bad[f.offset] ^ 0x04);
+    Reseal(&bad);
+    auto data = DecodeBlockFile(bad, layout, ExpectationOf(r));
+    EXPECT_EQ(data.status().code(), absl::StatusCode::kDataLoss) << "offset " << f.offset;
+    EXPECT_TRUE(absl::StrContains(data.status().message(), f.expected_message))
+        << "offset " << f.offset << ": " << data.status();
+  }
+}
+
+TEST(BlockFileTest, TheReaderExpectationMustMatch) {
+  const DiskLayout layout = SmallLayout();
+  const std::vector<BlockRecord> chain = MakeChain(layout, 1, 2);
+  const std::string file = EncodeBlockFile(layout, chain[1]);
+  // Looked up under another key (a renamed file).
+  BlockExpectation e = ExpectationOf(chain[1]);
+  e.key = chain[0].key;
+  EXPECT_TRUE(absl::StrContains(DecodeBlockFile(file, layout, e).status().message(), "chain key"));
+  // Another tenant's root.
+  e = ExpectationOf(chain[1]);
+  e.root = CacheRootKey("manifest-1", CacheNamespace("other", ""));
+  EXPECT_TRUE(absl::StrContains(DecodeBlockFile(file, layout, e).status().message(), "root"));
+  // The prompt's tokens differ though the key matched (what a SHA-256 collision would be).
+  std::vector<uint32_t> tokens = chain[1].tokens;
+  tokens[3] += 1;
+  e = ExpectationOf(chain[1]);
+  e.tokens = tokens;
+  EXPECT_TRUE(absl::StrContains(DecodeBlockFile(file, layout, e).status().message(), "prompt"));
+  // Another model, dtype, block size or geometry: the layout check.
+  for (int field = 0; field < 7; ++field) {
+    DiskLayout other = layout;
+    switch (field) {
+      case 0:
+        other.manifest_key = Sha256Of("manifest-2");
+        break;
+      case 1:
+        other.dtype = 2;
+        break;
+      case 2:
+        other.element_bytes = 2;
+        other.head_dim = 8;
+        break;
+      case 3:
+        other.block_size = 8;
+        other.head_dim = 2;
+        break;
+      case 4:
+        other.n_layer = 2;
+        other.head_dim = 2;
+        break;
+      case 5:
+        other.n_head = 1;
+        other.head_dim = 8;
+        break;
+      case 6:
+        other.head_dim = 8;
+        other.n_head = 1;
+        other.dtype = 1;
+        break;
+    }
+    EXPECT_NE(other.Id(), layout.Id()) << field;
+    auto data = DecodeBlockFile(file, other, ExpectationOf(chain[1]));
+    EXPECT_EQ(data.status().code(), absl::StatusCode::kDataLoss) << field;
+  }
+}
+
+TEST(BlockFileTest, LayoutIdIsStableAndValidationRefusesEmptyGeometry) {
+  EXPECT_EQ(SmallLayout().Id(), SmallLayout().Id());
+  EXPECT_EQ(SmallLayout().Id().size(), 16u);
+  EXPECT_NE(SmallLayout("a").Id(), SmallLayout("b").Id());
+  EXPECT_TRUE(ValidateDiskLayout(SmallLayout()).ok());
+  DiskLayout bad = SmallLayout();
+  bad.n_head = 0;
+  EXPECT_EQ(ValidateDiskLayout(bad).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace prefixd

@@ -1,0 +1,255 @@
+// The disk cache tier end to end on the CPU backend and a tiny random GPT-2: outputs after a
+// tier hit, after a restart on the same directory and after corrupted files are compared with
+// cold runs bit for bit (==), and cached_prompt_tokens says how much came from disk.
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "cache/block_key.h"
+#include "cache/disk/block_file.h"
+#include "engine/engine.h"
+#include "engine/engine_testing.h"
+#include "gtest/gtest.h"
+#include "tests/cache/disk/disk_test_util.h"
+#include "tests/engine/cpu_engine_fixture.h"
+#include "tests/engine/engine_test_util.h"
+
+namespace prefixd {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr absl::Duration kWait = absl::Seconds(30);
+
+std::vector<uint32_t> RandomTokens(uint32_t seed, int n) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<uint32_t> tok(0, 50255);
+  std::vector<uint32_t> out;
+  for (int i = 0; i < n; ++i) out.push_back(tok(rng));
+  return out;
+}
+
+// 100 prompt tokens: 6 whole blocks of 16 (96 tokens) can come from disk.
+EngineRequest Request(uint32_t seed, int prompt_tokens = 100, const std::string& ns = "tenant-a") {
+  EngineRequest r;
+  r.prompt = RandomTokens(seed, prompt_tokens);
+  r.max_new_tokens = 20;
+  r.ignore_eos = true;
+  r.top_logprobs = 2;
+  r.cache_namespace = ns;
+  return r;
+}
+
+RequestResult Cold(const EngineRequest& r) {
+  CpuEngine cold({.pool_blocks = 64, .prefix_cache = false});
+  return RunOne(*cold.engine, r);
+}
+
+CpuEngineOptions WithTier(const std::string& dir, int64_t pool_blocks = 16) {
+  CpuEngineOptions o{.pool_blocks = pool_blocks, .block_size = 16};
+  o.disk_tier.dir = dir;
+  o.disk_tier.max_bytes = int64_t{256} << 20;
+  return o;
+}
+
+std::vector<fs::path> BlockFiles(const std::string& dir) {
+  std::vector<fs::path> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() == ".kvb") out.push_back(e.path());
+  }
+  return out;
+}
+
+// The file of block `index` of `prompt`'s chain in `ns`.
+fs::path FileOfBlock(const std::string& dir, const std::vector<uint32_t>& prompt, int index,
+                     const std::string& ns = "tenant-a") {
+  Digest key = CacheRootKey(TinyModel::Get().manifest_sha256(), ns);
+  for (int i = 0; i <= index; ++i) {
+    key = ChainKey(key, absl::MakeConstSpan(prompt).subspan(16 * i, 16));
+  }
+  for (const fs::path& p : BlockFiles(dir)) {
+    if (absl::StrContains(p.filename().string(), DigestHex(key))) return p;
+  }
+  ADD_FAILURE() << "no file for block " << index;
+  return {};
+}
+
+// Runs `r` on an engine with a tier in `dir`, then shuts it down with a grace that lets it
+// write its cached blocks (a restart's first half).
+void RunAndShutDown(const std::string& dir, const EngineRequest& r) {
+  CpuEngine first(WithTier(dir));
+  const RequestResult out = RunOne(*first.engine, r);
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  first.engine->Shutdown(absl::Seconds(10));
+  // 100 prompt + 19 computed generated tokens: 7 whole blocks.
+  EXPECT_EQ(first.engine->Stats().disk.spills, 7u);
+  EXPECT_EQ(first.engine->Stats().disk.blocks, 7u);
+}
+
+TEST(EngineDiskTierTest, EvictedBlocksComeBackFromDiskWithTheSameTokens) {
+  testing::ScratchDir dir("engine_hit");
+  const EngineRequest a = Request(1);
+  CpuEngine engine(WithTier(dir.path()));
+  const RequestResult first = RunOne(*engine.engine, a);
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  EXPECT_EQ(first.usage.cached_prompt_tokens, 0u);
+  // Two long prompts that need most of the 16-block pool: a's blocks are evicted (spilled).
+  for (uint32_t seed : {2u, 3u}) {
+    ASSERT_TRUE(RunOne(*engine.engine, Request(seed, 200)).status.ok());
+  }
+  ASSERT_TRUE(FlushDiskTierForTest(*engine.engine, absl::Now() + kWait));
+  EngineStats s = engine.engine->Stats();
+  EXPECT_GE(s.disk.spills, 7u);
+  EXPECT_EQ(s.disk.spills_dropped, 0u);
+  EXPECT_GT(s.cache.evictions, 0u);
+
+  const RequestResult again = RunOne(*engine.engine, a);
+  ASSERT_TRUE(again.status.ok()) << again.status;
+  EXPECT_EQ(again.usage.cached_prompt_tokens, 96u);
+  s = engine.engine->Stats();
+  EXPECT_EQ(s.scheduler.disk_hit_tokens, 96u);
+  EXPECT_EQ(HitTokens(s), 96u);
+  EXPECT_EQ(s.disk.loads, 6u);
+  EXPECT_EQ(s.disk.corrupt_blocks, 0u);
+  EXPECT_EQ(engine.engine->DrainLatencies().disk_load.size(), 6u);
+  const RequestResult cold = Cold(a);
+  ASSERT_EQ(again.samples.size(), 1u);
+  EXPECT_EQ(again.samples[0], cold.samples[0]);
+  EXPECT_EQ(first.samples[0], cold.samples[0]);
+}
+
+TEST(EngineDiskTierTest, ARestartOnTheSameDirectoryServesThePrefixFromDisk) {
+  testing::ScratchDir dir("engine_restart");
+  const EngineRequest a = Request(4);
+  RunAndShutDown(dir.path(), a);
+  CpuEngine second(WithTier(dir.path()));
+  EXPECT_EQ(second.engine->Stats().disk.blocks, 7u);
+  const RequestResult warm = RunOne(*second.engine, a);
+  ASSERT_TRUE(warm.status.ok()) << warm.status;
+  EXPECT_EQ(warm.usage.cached_prompt_tokens, 96u);
+  EXPECT_EQ(second.engine->Stats().scheduler.disk_hit_tokens, 96u);
+  EXPECT_EQ(HitTokens(second.engine->Stats()), 96u);  // both tiers: all of it from disk
+  EXPECT_EQ(warm.samples[0], Cold(a).samples[0]);
+  // Longer prompt with the same start: the whole blocks of the first run's continuation
+  // (generated tokens included) match too when the new prompt repeats them.
+  EngineRequest b = a;
+  b.prompt.push_back(7);
+  EXPECT_EQ(RunOne(*second.engine, b).samples[0], Cold(b).samples[0]);
+}
+
+TEST(EngineDiskTierTest, AnotherNamespaceOrModelNeverHitsTheFiles) {
+  testing::ScratchDir dir("engine_isolation");
+  const EngineRequest a = Request(5);
+  RunAndShutDown(dir.path(), a);
+  {
+    CpuEngine second(WithTier(dir.path()));
+    EngineRequest other = a;
+    other.cache_namespace = "tenant-b";
+    const RequestResult out = RunOne(*second.engine, other);
+    EXPECT_EQ(out.usage.cached_prompt_tokens, 0u);
+    EXPECT_EQ(second.engine->Stats().disk.loads, 0u);
+    EXPECT_EQ(out.samples[0], Cold(other).samples[0]);
+  }
+  CpuEngineOptions o = WithTier(dir.path());
+  o.manifest = "another-model-manifest";
+  CpuEngine third(o);
+  EXPECT_EQ(third.engine->Stats().disk.blocks, 0u);  // the files are foreign to this layout
+  const RequestResult out = RunOne(*third.engine, a);
+  EXPECT_EQ(out.usage.cached_prompt_tokens, 0u);
+  EXPECT_EQ(third.engine->Stats().disk.loads, 0u);
+}
+
+// A file damaged in each section (or missing) at block 2: blocks 0 and 1 come from disk, the
+// rest is computed, the answer is the cold one.
+TEST(EngineDiskTierTest, CorruptedFilesAreDroppedAndRecomputed) {
+  testing::ScratchDir templ("engine_corrupt_template");
+  const EngineRequest a = Request(6);
+  RunAndShutDown(templ.path(), a);
+  const RequestResult cold = Cold(a);
+  const int64_t tokens_end = kBlockFileHeaderBytes + 16 * 4;
+  struct Damage {
+    std::string name;
+    std::function<void(const fs::path&)> apply;
+  };
+  auto flip = [](int64_t offset) {
+    return [offset](const fs::path& p) {
+      std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekg(offset);
+      const char c = static_cast<char>(f.get());
+      f.seekp(offset);
+      f.put(static_cast<char>(c ^ 0x10));
+    };
+  };
+  auto cut = [](int64_t size) { return [size](const fs::path& p) { fs::resize_file(p, size); }; };
+  const int64_t file_size =
+      static_cast<int64_t>(fs::file_size(FileOfBlock(templ.path(), a.prompt, 2)));
+  const std::vector<Damage> damages = {
+      {"header byte", flip(60)},
+      {"token byte", flip(kBlockFileHeaderBytes + 5)},
+      {"data byte", flip(tokens_end + 1000)},
+      {"checksum byte", flip(file_size - 3)},
+      {"cut in the header", cut(100)},
+      {"cut after the tokens", cut(tokens_end)},
+      {"cut in the data", cut(tokens_end + 500)},
+      {"cut in the checksum", cut(file_size - 10)},
+      {"empty", cut(0)},
+      {"another block's file",
+       [&](const fs::path& p) {
+         fs::copy_file(FileOfBlock(templ.path(), a.prompt, 3), p,
+                       fs::copy_options::overwrite_existing);
+       }},
+  };
+  for (const Damage& d : damages) {
+    SCOPED_TRACE(d.name);
+    testing::ScratchDir dir("engine_corrupt");
+    fs::copy(templ.path(), dir.path(), fs::copy_options::recursive);
+    fs::remove(fs::path(dir.path()) / "LOCK");
+    d.apply(FileOfBlock(dir.path(), a.prompt, 2));
+    CpuEngine engine(WithTier(dir.path()));
+    const RequestResult out = RunOne(*engine.engine, a);
+    ASSERT_TRUE(out.status.ok()) << out.status;
+    EXPECT_EQ(out.usage.cached_prompt_tokens, 32u);
+    const EngineStats s = engine.engine->Stats();
+    EXPECT_EQ(s.disk.corrupt_blocks, 1u);
+    EXPECT_EQ(s.disk.loads, 2u);
+    EXPECT_EQ(s.scheduler.disk_hit_tokens, 32u);
+    EXPECT_FALSE(
+        fs::exists(fs::path(dir.path()) / FileOfBlock(templ.path(), a.prompt, 2).filename()));
+    EXPECT_EQ(BlockFiles(dir.path()).size(), 6u);
+    EXPECT_EQ(out.samples[0], cold.samples[0]);
+  }
+}
+
+TEST(EngineDiskTierTest, ASecondEngineOnTheSameDirectoryIsRefusedClearly) {
+  testing::ScratchDir dir("engine_lock");
+  CpuEngine first(WithTier(dir.path()));
+  EngineOptions e;
+  e.backend = first.backend.get();
+  e.model_config = TinyModel::Get().config();
+  e.manifest_sha256 = TinyModel::Get().manifest_sha256();
+  e.disk_tier.dir = dir.path();
+  auto second = Engine::Create(e);
+  ASSERT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(second.status().message(), "in use by another prefixd process"))
+      << second.status();
+  e.enable_prefix_cache = false;
+  e.disk_tier.dir = dir.path() + "/other";
+  EXPECT_EQ(Engine::Create(e).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(EngineDiskTierTest, ShutdownWithoutGraceWritesNothingMore) {
+  testing::ScratchDir dir("engine_no_grace");
+  CpuEngine engine(WithTier(dir.path()));
+  ASSERT_TRUE(RunOne(*engine.engine, Request(8)).status.ok());
+  engine.engine->Shutdown(absl::ZeroDuration());
+  EXPECT_EQ(engine.engine->Stats().disk.spills, 0u);
+  EXPECT_TRUE(BlockFiles(dir.path()).empty());
+}
+
+}  // namespace
+}  // namespace prefixd
