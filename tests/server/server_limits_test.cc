@@ -142,6 +142,17 @@ TEST_F(LimitsTest, IdleConnectionsAreClosed) {
   EXPECT_EQ(n, 0) << "closed by the server, not timed out";
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   close(fd);
+
+  // An HTTP/2 connection whose calls have ended gets a GOAWAY after the idle timeout: the
+  // client's channel leaves READY (to IDLE) without the client doing anything.
+  auto channel = InsecureChannel((*server)->address());
+  auto stub = v1::Inference::NewStub(channel);
+  ASSERT_TRUE(Generate(*stub, IdsRequest({1, 2, 3}, 2)).status.ok());
+  EXPECT_EQ(channel->GetState(false), GRPC_CHANNEL_READY);
+  EXPECT_TRUE(channel->WaitForStateChange(GRPC_CHANNEL_READY,
+                                          std::chrono::system_clock::now() +
+                                              std::chrono::seconds(5)));
+  EXPECT_NE(channel->GetState(false), GRPC_CHANNEL_READY);
 }
 
 // Every request with invalid UTF-8 in a string field makes libprotobuf log an ERROR line;
