@@ -48,8 +48,10 @@ int main(int argc, char** argv) {
   size_t bytes = 3900000;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--reps") reps = std::atoi(argv[i + 1]);
-    else if (flag == "--bytes") bytes = std::strtoull(argv[i + 1], nullptr, 10);
+    if (flag == "--reps")
+      reps = std::atoi(argv[i + 1]);
+    else if (flag == "--bytes")
+      bytes = std::strtoull(argv[i + 1], nullptr, 10);
     else {
       std::fprintf(stderr, "usage: oversized_prompt_bench [--reps N] [--bytes N]\n");
       return 2;

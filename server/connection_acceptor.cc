@@ -27,11 +27,11 @@ namespace {
 constexpr int kListenBacklog = 4096;
 
 absl::Status ListenError(const std::string& address, std::string_view why) {
-  return absl::UnavailableError(absl::StrCat("cannot listen on ", address, ": ", absl::string_view(why.data(), why.size())));
+  return absl::UnavailableError(
+      absl::StrCat("cannot listen on ", address, ": ", absl::string_view(why.data(), why.size())));
 }
 
-absl::StatusOr<int> ListenUnix(const std::string& address, const std::string& path,
-                               bool abstract) {
+absl::StatusOr<int> ListenUnix(const std::string& address, const std::string& path, bool abstract) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   const size_t offset = abstract ? 1 : 0;  // an abstract name starts with a NUL byte
@@ -40,9 +40,8 @@ absl::StatusOr<int> ListenUnix(const std::string& address, const std::string& pa
                                              sizeof(addr.sun_path) - 1 - offset, " bytes"));
   }
   std::memcpy(addr.sun_path + offset, path.data(), path.size());
-  const socklen_t len =
-      static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + offset + path.size() +
-                             (abstract ? 0 : 1));
+  const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + offset +
+                                               path.size() + (abstract ? 0 : 1));
   if (!abstract) {
     // A socket file left by an earlier server is replaced, as gRPC does; any other file is not.
     struct stat st;
@@ -118,8 +117,8 @@ absl::StatusOr<std::unique_ptr<ConnectionAcceptor>> ConnectionAcceptor::Listen(
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
   addrinfo* found = nullptr;
-  if (const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints,
-                                 &found);
+  if (const int rc =
+          getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found);
       rc != 0) {
     return ListenError(address, gai_strerror(rc));
   }
@@ -190,8 +189,8 @@ bool ConnectionAcceptor::WaitForStop(int timeout_ms) {
 void ConnectionAcceptor::Sweep() {
   for (auto it = handed_.begin(); it != handed_.end();) {
     struct stat st;
-    const bool same = fstat(it->first, &st) == 0 && st.st_dev == it->second.dev &&
-                      st.st_ino == it->second.ino;
+    const bool same =
+        fstat(it->first, &st) == 0 && st.st_dev == it->second.dev && st.st_ino == it->second.ino;
     if (same) {
       ++it;
     } else {

@@ -36,8 +36,7 @@ struct PkeyFree {
 // OpenSSL's reason for the last failure on this thread, and clears its queue.
 std::string OpenSslReason() {
   const unsigned long e = ERR_peek_last_error();
-  std::string reason = e != 0 ? ERR_reason_error_string(e) ? ERR_reason_error_string(e) : ""
-                              : "";
+  std::string reason = e != 0 ? ERR_reason_error_string(e) ? ERR_reason_error_string(e) : "" : "";
   ERR_clear_error();
   return reason.empty() ? "" : absl::StrCat(" (OpenSSL: ", reason, ")");
 }
@@ -98,10 +97,9 @@ absl::Status CheckTlsPair(const std::string& cert_pem, const std::string& key_pe
     if (next != nullptr) continue;
     const unsigned long e = ERR_peek_last_error();
     if (ERR_GET_LIB(e) == ERR_LIB_PEM && ERR_GET_REASON(e) == PEM_R_NO_START_LINE) break;
-    return absl::InvalidArgumentError(
-        absl::StrCat("--tls-cert ", cert_path,
-                     ": a block after the first certificate is not a valid certificate",
-                     OpenSslReason()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tls-cert ", cert_path,
+        ": a block after the first certificate is not a valid certificate", OpenSslReason()));
   }
   ERR_clear_error();
   auto key_bio = MemBio(key_pem);
@@ -116,15 +114,16 @@ absl::Status CheckTlsPair(const std::string& cert_pem, const std::string& key_pe
   }
   if (X509_check_private_key(cert.get(), key.get()) != 1) {
     ERR_clear_error();
-    return absl::InvalidArgumentError(
-        absl::StrCat("--tls-key ", key_path, " is not the private key of the certificate in "
-                     "--tls-cert ", cert_path, " (they do not belong together)"));
+    return absl::InvalidArgumentError(absl::StrCat("--tls-key ", key_path,
+                                                   " is not the private key of the certificate in "
+                                                   "--tls-cert ",
+                                                   cert_path, " (they do not belong together)"));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<TlsIdentity>> TlsIdentity::Create(const std::string& cert_path,
-                                                                const std::string& key_path) {
+                                                                 const std::string& key_path) {
   std::unique_ptr<TlsIdentity> id(new TlsIdentity());
   id->cert_path_ = cert_path;
   id->key_path_ = key_path;

@@ -30,7 +30,7 @@ class TlsIdentity {
  public:
   // Reads and checks the pair and makes credentials that serve it.
   static absl::StatusOr<std::unique_ptr<TlsIdentity>> Create(const std::string& cert_path,
-                                                            const std::string& key_path);
+                                                             const std::string& key_path);
   ~TlsIdentity();
 
   TlsIdentity(const TlsIdentity&) = delete;

@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <cstring>
-
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -72,17 +71,25 @@ TEST_F(LimitsTest, ThePortRecoversAfterMoreConnectionsThanDescriptors) {
   TempDir dir;
   const std::string cert = dir.path() + "/cert.pem", key = dir.path() + "/key.pem";
   CommandResult gen = RunCommand({"/usr/bin/openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                                  "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key,
-                                  "-out", cert, "-days", "1", "-subj", "/CN=localhost", "-addext",
+                                  "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key, "-out",
+                                  cert, "-days", "1", "-subj", "/CN=localhost", "-addext",
                                   "subjectAltName=DNS:localhost,IP:127.0.0.1"});
   ASSERT_EQ(gen.exit_code, 0) << gen.output;
   for (const std::string kind : {"tcp", "tls", "unix"}) {
     SCOPED_TRACE(kind);
     const std::string sock = dir.path() + "/prefixd.sock";
-    std::vector<std::string> argv = {"/usr/bin/prlimit", "--nofile=256:256",
-                                     BuiltBinary("server/prefixd"), "--model", model_,
-                                     "--device", "cpu", "--threads", "1",
-                                     "--metrics-listen", "off", "--listen",
+    std::vector<std::string> argv = {"/usr/bin/prlimit",
+                                     "--nofile=256:256",
+                                     BuiltBinary("server/prefixd"),
+                                     "--model",
+                                     model_,
+                                     "--device",
+                                     "cpu",
+                                     "--threads",
+                                     "1",
+                                     "--metrics-listen",
+                                     "off",
+                                     "--listen",
                                      kind == "unix" ? "unix:" + sock : "127.0.0.1:0"};
     if (kind == "tls") argv.insert(argv.end(), {"--tls-cert", cert, "--tls-key", key});
     absl::StatusOr<std::unique_ptr<Process>> proc = Process::Start(argv);
@@ -149,9 +156,8 @@ TEST_F(LimitsTest, IdleConnectionsAreClosed) {
   auto stub = v1::Inference::NewStub(channel);
   ASSERT_TRUE(Generate(*stub, IdsRequest({1, 2, 3}, 2)).status.ok());
   EXPECT_EQ(channel->GetState(false), GRPC_CHANNEL_READY);
-  EXPECT_TRUE(channel->WaitForStateChange(GRPC_CHANNEL_READY,
-                                          std::chrono::system_clock::now() +
-                                              std::chrono::seconds(5)));
+  EXPECT_TRUE(channel->WaitForStateChange(
+      GRPC_CHANNEL_READY, std::chrono::system_clock::now() + std::chrono::seconds(5)));
   EXPECT_NE(channel->GetState(false), GRPC_CHANNEL_READY);
 }
 

@@ -28,8 +28,8 @@ std::string ReadAll(const std::string& path) {
 // A self-signed certificate for 127.0.0.1 and its key, made with the openssl CLI.
 void MakeCert(const std::string& cert, const std::string& key, const std::string& cn) {
   CommandResult gen = RunCommand({"/usr/bin/openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                                  "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key,
-                                  "-out", cert, "-days", "1", "-subj", "/CN=" + cn, "-addext",
+                                  "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key, "-out",
+                                  cert, "-days", "1", "-subj", "/CN=" + cn, "-addext",
                                   "subjectAltName=DNS:localhost,IP:127.0.0.1"});
   ASSERT_EQ(gen.exit_code, 0) << gen.output;
 }
@@ -89,8 +89,9 @@ TEST_F(ReloadTest, SighupReloadsTokensAndKeepsThemWhenTheFileIsBroken) {
   // A file that does not parse keeps the tokens in use, and the log says why.
   std::ofstream(tokens) << "tok-c carol admin extra\n";
   proc.Signal(SIGHUP);
-  EXPECT_TRUE(proc.WaitForLine("reload: keeping the previous tokens: " + tokens + ": auth tokens "
-                               "line 1: expected",
+  EXPECT_TRUE(proc.WaitForLine("reload: keeping the previous tokens: " + tokens +
+                                   ": auth tokens "
+                                   "line 1: expected",
                                absl::Seconds(5)))
       << proc.Output();
   EXPECT_EQ(ModelInfoCode(*stub, "tok-b"), grpc::StatusCode::OK);
@@ -172,9 +173,9 @@ TEST_F(ReloadTest, BadTlsFilesAreNamedBeforeTheModelLoads) {
   EXPECT_THAT(r.output, HasSubstr("--tls-key " + garbage + ": no readable PEM private key"));
   r = run(cert, key2);
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_THAT(r.output, HasSubstr("--tls-key " + key2 +
-                                  " is not the private key of the certificate in --tls-cert " +
-                                  cert));
+  EXPECT_THAT(r.output,
+              HasSubstr("--tls-key " + key2 +
+                        " is not the private key of the certificate in --tls-cert " + cert));
   EXPECT_THAT(r.output, Not(HasSubstr("cannot listen")));
   EXPECT_THAT(r.output, Not(HasSubstr(" layers, ")));
 }
