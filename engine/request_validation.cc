@@ -2,19 +2,31 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
+#include <string>
 
 #include "absl/strings/str_format.h"
 #include "engine/sampler.h"
 
 namespace prefixd {
 
+absl::Status FieldError(const std::string& field, const std::string& message) {
+  absl::Status s = absl::InvalidArgumentError(message);
+  s.SetPayload(kInvalidFieldPayload, absl::Cord(field));
+  return s;
+}
+
+std::string InvalidField(const absl::Status& status) {
+  auto field = status.GetPayload(kInvalidFieldPayload);
+  return field.has_value() ? std::string(*field) : std::string();
+}
+
 absl::Status ValidateEngineRequest(const EngineRequest& r, const RequestLimits& limits) {
-  using absl::InvalidArgumentError;
   using absl::StrFormat;
   const ModelConfig& config = limits.model_config;
   const uint32_t vocab = static_cast<uint32_t>(config.vocab_size);
   if (r.request_id.size() > kMaxRequestIdBytes) {
-    return InvalidArgumentError(
+    return FieldError("request_id",
         StrFormat("request_id is %d bytes: use at most %d (or leave it empty for the server to "
                   "name the request)",
                   r.request_id.size(), kMaxRequestIdBytes));
@@ -22,68 +34,68 @@ absl::Status ValidateEngineRequest(const EngineRequest& r, const RequestLimits& 
   for (size_t i = 0; i < r.request_id.size(); ++i) {
     const auto c = static_cast<unsigned char>(r.request_id[i]);
     if (c < 0x20 || c > 0x7E) {
-      return InvalidArgumentError(
+      return FieldError("request_id",
           StrFormat("request_id has byte 0x%02x at offset %d: use printable ASCII only "
                     "(0x20..0x7e)",
                     c, i));
     }
   }
   if (r.prompt.empty()) {
-    return InvalidArgumentError("empty prompt: give at least one token");
+    return FieldError("token_ids", "empty prompt: give at least one token");
   }
   for (size_t i = 0; i < r.prompt.size(); ++i) {
     if (r.prompt[i] >= vocab) {
-      return InvalidArgumentError(
+      return FieldError("token_ids", 
           StrFormat("prompt token id %d at position %d is out of range: ids must be < "
                     "vocab_size %d",
                     r.prompt[i], i, vocab));
     }
   }
   if (r.max_new_tokens == 0) {
-    return InvalidArgumentError("max_new_tokens is 0: ask for at least 1 token");
+    return FieldError("max_new_tokens", "max_new_tokens is 0: ask for at least 1 token");
   }
   const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens;
   if (total > config.n_positions) {
-    return InvalidArgumentError(
+    return FieldError("max_new_tokens", 
         StrFormat("prompt (%d tokens) + max_new_tokens (%d) = %d exceeds the model's context "
                   "length %d: shorten the prompt or lower max_new_tokens",
                   r.prompt.size(), r.max_new_tokens, total, config.n_positions));
   }
   if (r.num_samples == 0) {
-    return InvalidArgumentError("num_samples is 0: ask for at least 1 sample");
+    return FieldError("num_samples", "num_samples is 0: ask for at least 1 sample");
   }
   if (static_cast<int64_t>(r.num_samples) > limits.max_samples) {
-    return InvalidArgumentError(StrFormat("num_samples %d exceeds this server's limit %d "
+    return FieldError("num_samples", StrFormat("num_samples %d exceeds this server's limit %d "
                                           "(--max-samples)",
                                           r.num_samples, limits.max_samples));
   }
   const SamplingParams& s = r.sampling;
   // %.9g: enough digits that a float is printed as itself (1.0000001 is not "1").
   if (!std::isfinite(s.temperature) || s.temperature < 0.0f) {
-    return InvalidArgumentError(StrFormat(
+    return FieldError("temperature", StrFormat(
         "temperature %.9g is invalid: use a finite value >= 0 (0 = greedy)", s.temperature));
   }
   if (!std::isfinite(s.top_p) || !(s.top_p > 0.0f && s.top_p <= 1.0f)) {
-    return InvalidArgumentError(StrFormat(
+    return FieldError("top_p", StrFormat(
         "top_p %.9g is invalid: use a value in (0, 1], or leave it unset", s.top_p));
   }
   if (r.top_logprobs > kMaxTopLogprobs) {
-    return InvalidArgumentError(StrFormat("top_logprobs %d is too large: use 0..%d",
+    return FieldError("top_logprobs", StrFormat("top_logprobs %d is too large: use 0..%d",
                                           r.top_logprobs, kMaxTopLogprobs));
   }
   if (r.stop_token_ids.size() > kMaxStopTokenIds) {
-    return InvalidArgumentError(StrFormat("%d stop_token_ids is too many: give at most %d",
+    return FieldError("stop_token_ids", StrFormat("%d stop_token_ids is too many: give at most %d",
                                           r.stop_token_ids.size(), kMaxStopTokenIds));
   }
   for (uint32_t id : r.stop_token_ids) {
     if (id >= vocab) {
-      return InvalidArgumentError(StrFormat(
+      return FieldError("stop_token_ids", StrFormat(
           "stop token id %d is out of range: ids must be < vocab_size %d", id, vocab));
     }
   }
   const int64_t blocks = BlocksForTokens(total, limits.block_size);
   if (blocks > limits.pool_blocks) {
-    return InvalidArgumentError(StrFormat(
+    return FieldError("max_new_tokens", StrFormat(
         "the request needs %d KV blocks (%d prompt tokens + %d new tokens, %d tokens per "
         "block) but the whole pool holds %d blocks (%d tokens): shorten the prompt, lower "
         "max_new_tokens, or start the server with a larger --kv-cache-bytes",

@@ -8,6 +8,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "engine/engine.h"
@@ -31,6 +33,14 @@ struct RequestLimits {
 inline int64_t BlocksForTokens(int64_t tokens, int32_t block_size) {
   return (tokens + block_size - 1) / block_size;
 }
+
+// A refusal names the request field it is about (by its gRPC name, e.g. "max_new_tokens")
+// in this payload, so that a front end with other names (the HTTP API's "max_tokens") can
+// say which of its own fields to change.
+inline constexpr char kInvalidFieldPayload[] = "type.prefixd.dev/invalid-field";
+absl::Status FieldError(const std::string& field, const std::string& message);
+// The field a refusal names, or "" when it names none.
+std::string InvalidField(const absl::Status& status);
 
 // OK, or INVALID_ARGUMENT with a message that says what to change.
 absl::Status ValidateEngineRequest(const EngineRequest& request, const RequestLimits& limits);

@@ -39,7 +39,7 @@ GenerateReactor::GenerateReactor(InferenceService* service, const v1::GenerateRe
 }
 
 void GenerateReactor::FinishCall(const grpc::Status& status) {
-  service_->path().FinishGenerate(static_cast<absl::StatusCode>(status.error_code()));
+  service_->path().FinishGenerate(Api::kGrpc, static_cast<absl::StatusCode>(status.error_code()));
   Finish(status);  // `this` may be deleted from here on
 }
 

@@ -62,7 +62,7 @@ void ToProto(const ServedModel& model, v1::ModelInfo* out) {
 void ToProto(const EngineStats& stats, v1::CacheStats* out) {
   const KvCacheStats& c = stats.cache;
   out->set_queried_tokens(c.queried_tokens);
-  out->set_hit_tokens(c.hit_tokens);
+  out->set_hit_tokens(HitTokens(stats));
   out->set_blocks_total(c.blocks_total);
   out->set_blocks_free(c.blocks_free);
   out->set_blocks_active(c.blocks_active);

@@ -27,6 +27,8 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "gRPC address; port 0 picks a free port; unix:PATH for a unix socket");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "Prometheus /metrics address; port 0 picks a free port; off disables it");
+ABSL_FLAG(std::string, http_listen, "127.0.0.1:8000",
+          "OpenAI-compatible HTTP API address; port 0 picks a free port; off disables it");
 ABSL_FLAG(std::string, device, "auto", "auto | cpu | cuda (auto: CUDA when usable)");
 ABSL_FLAG(std::string, dtype, "auto", "auto | f32 | f16 | bf16 (auto: f32 on CPU, bf16 on CUDA)");
 ABSL_FLAG(int64_t, kv_cache_bytes, 0,
@@ -37,6 +39,11 @@ ABSL_FLAG(int32_t, max_queue, 1024, "Waiting requests before RESOURCE_EXHAUSTED"
 ABSL_FLAG(int32_t, max_samples, 16, "Largest num_samples a request may ask for");
 ABSL_FLAG(int32_t, threads, 0, "CPU backend threads; 0 = all cores");
 ABSL_FLAG(bool, no_prefix_cache, false, "Disable prefix sharing (every prompt is computed)");
+ABSL_FLAG(std::string, cache_dir, "",
+          "Directory of the disk cache tier: evicted prefix blocks are kept there, across "
+          "restarts; empty = no disk tier");
+ABSL_FLAG(int64_t, cache_dir_bytes, 0,
+          "Cap on the disk tier's files; 0 = the smaller of 8 GiB and half the free space");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(30),
           "On SIGTERM/SIGINT, how long running and queued requests may continue");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain; with --tls-key serves TLS");
@@ -168,8 +175,11 @@ ServerOptions OptionsFromFlags() {
   o.max_queue = absl::GetFlag(FLAGS_max_queue);
   o.max_samples = absl::GetFlag(FLAGS_max_samples);
   o.enable_prefix_cache = !absl::GetFlag(FLAGS_no_prefix_cache);
+  o.cache_dir = absl::GetFlag(FLAGS_cache_dir);
+  o.cache_dir_bytes = absl::GetFlag(FLAGS_cache_dir_bytes);
   o.listen = absl::GetFlag(FLAGS_listen);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  o.http_listen = absl::GetFlag(FLAGS_http_listen);
   o.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens);
   o.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   o.tls_key_file = absl::GetFlag(FLAGS_tls_key);

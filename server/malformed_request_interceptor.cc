@@ -27,7 +27,7 @@ class MalformedRequestInterceptor : public grpc::experimental::Interceptor {
                          "Request: it did not parse (a string field holds invalid UTF-8, or the "
                          "bytes are not that protobuf message)")));
         if (method_ == "Generate" && metrics_ != nullptr) {
-          metrics_->RecordRequest(absl::StatusCode::kInvalidArgument);
+          metrics_->RecordRequest(Api::kGrpc, absl::StatusCode::kInvalidArgument);
         }
       }
     }

@@ -15,6 +15,9 @@ using prometheus::BuildHistogram;
 // prompt on a CPU); TPOT is one decode step (sub-ms to ~100 ms).
 const prometheus::Histogram::BucketBoundaries kTtftBuckets = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                                               0.5,   1,    2.5,   5,    10,  30};
+// One block from the disk tier: ~0.1 ms from the page cache to ~10 ms from a slow disk.
+const prometheus::Histogram::BucketBoundaries kDiskLoadBuckets = {
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1};
 const prometheus::Histogram::BucketBoundaries kTpotBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025,
                                                               0.05,  0.1,    0.25,  0.5,  1};
 
@@ -27,10 +30,40 @@ ServerMetrics::ServerMetrics(MetricsSources sources)
   AddStatsCounter("prefixd_prefix_cache_queried_tokens_total",
                   "Prompt tokens of admitted requests, looked up in the prefix cache",
                   [](const EngineStats& s) { return s.cache.queried_tokens; });
-  // = sum of cached_prompt_tokens = min(matched prefix, prompt length - 1) at first admission.
+  // = sum of cached_prompt_tokens = min(matched prefix, prompt length - 1) at first admission,
+  //   from either tier (pool + disk).
   AddStatsCounter("prefixd_prefix_cache_hit_tokens_total",
-                  "Prompt tokens served from the prefix cache (cached_prompt_tokens)",
-                  [](const EngineStats& s) { return s.cache.hit_tokens; });
+                  "Prompt tokens served from the prefix cache, RAM pool or disk tier "
+                  "(cached_prompt_tokens)",
+                  [](const EngineStats& s) { return HitTokens(s); });
+  // = the part of prefixd_prefix_cache_hit_tokens_total read back from the disk tier.
+  AddStatsCounter("prefixd_disk_cache_hit_tokens_total",
+                  "Prompt tokens served from the disk cache tier (part of the hit tokens)",
+                  [](const EngineStats& s) { return s.scheduler.disk_hit_tokens; });
+  // = blocks written to the disk tier (evicted from the pool, or at shutdown).
+  AddStatsCounter("prefixd_disk_cache_spills_total", "KV blocks written to the disk cache tier",
+                  [](const EngineStats& s) { return s.disk.spills; });
+  // = evicted blocks not written: write queue full, write error, too large, shutdown.
+  AddStatsCounter("prefixd_disk_cache_spills_dropped_total",
+                  "Evicted KV blocks not written to the disk tier (queue full, write error)",
+                  [](const EngineStats& s) { return s.disk.spills_dropped; });
+  // = failed writes among the dropped spills (disk full, I/O error).
+  AddStatsCounter("prefixd_disk_cache_write_errors_total",
+                  "Disk tier writes that failed (disk full, I/O error)",
+                  [](const EngineStats& s) { return s.disk.write_errors; });
+  // = blocks read from the disk tier, verified and copied into the pool.
+  AddStatsCounter("prefixd_disk_cache_loads_total",
+                  "KV blocks loaded from the disk cache tier into the pool",
+                  [](const EngineStats& s) { return s.disk.loads; });
+  // = block files that failed verification (checksum, key, tokens, layout): deleted, and
+  //   their tokens computed instead.
+  AddStatsCounter("prefixd_disk_cache_corrupt_blocks_total",
+                  "Disk tier block files that failed verification (dropped, recomputed)",
+                  [](const EngineStats& s) { return s.disk.corrupt_blocks; });
+  // = block files deleted to stay under --cache-dir-bytes.
+  AddStatsCounter("prefixd_disk_cache_evicted_files_total",
+                  "Disk tier block files deleted to stay under the cap",
+                  [](const EngineStats& s) { return s.disk.evicted_files; });
   // free + active + cached = the pool's blocks.
   auto& blocks = BuildGauge()
                      .Name("prefixd_kv_blocks")
@@ -80,10 +113,11 @@ ServerMetrics::ServerMetrics(MetricsSources sources)
   AddStatsCounter("prefixd_preemptions_total",
                   "Sequences preempted (blocks released, recomputed later)",
                   [](const EngineStats& s) { return s.scheduler.preemptions; });
-  // = number of Generate calls finished, by gRPC status code.
+  // = number of generate requests finished (gRPC Generate calls; HTTP completions, one per
+  //   prompt), by front end and status code (gRPC's name for it in both).
   requests_ = &BuildCounter()
                    .Name("prefixd_requests_total")
-                   .Help("Generate calls finished, by gRPC status code")
+                   .Help("Generate requests finished, by front end (api) and status code")
                    .Register(r);
   running_ = &BuildGauge()
                   .Name("prefixd_running_requests")
@@ -105,6 +139,22 @@ ServerMetrics::ServerMetrics(MetricsSources sources)
                .Help("Seconds between consecutive tokens of a sample")
                .Register(r)
                .Add({}, kTpotBuckets);
+  auto& disk = BuildGauge()
+                   .Name("prefixd_disk_cache_bytes")
+                   .Help("Disk cache tier: bytes of block files (all models), and the cap")
+                   .Register(r);
+  disk_bytes_ = &disk.Add({{"kind", "used"}});
+  disk_cap_bytes_ = &disk.Add({{"kind", "cap"}});
+  disk_blocks_ = &BuildGauge()
+                      .Name("prefixd_disk_cache_blocks")
+                      .Help("Block files of this model in the disk cache tier")
+                      .Register(r)
+                      .Add({});
+  disk_load_ = &BuildHistogram()
+                    .Name("prefixd_disk_cache_load_seconds")
+                    .Help("Seconds to read, verify and copy one block from the disk tier")
+                    .Register(r)
+                    .Add({}, kDiskLoadBuckets);
   auto& memory = BuildGauge()
                      .Name("prefixd_memory_bytes")
                      .Help("Bytes the backend holds: weights, kv_pool, workspace")
@@ -113,7 +163,8 @@ ServerMetrics::ServerMetrics(MetricsSources sources)
   mem_kv_pool_ = &memory.Add({{"kind", "kv_pool"}});
   mem_workspace_ = &memory.Add({{"kind", "workspace"}});
   // Make OK visible at 0 from the first scrape, so rate() works from the start.
-  requests_->Add({{"code", "OK"}});
+  requests_->Add({{"api", "grpc"}, {"code", "OK"}});
+  requests_->Add({{"api", "http"}, {"code", "OK"}});
 }
 
 prometheus::Counter* ServerMetrics::AddStatsCounter(const std::string& name,
@@ -125,8 +176,10 @@ prometheus::Counter* ServerMetrics::AddStatsCounter(const std::string& name,
   return c;
 }
 
-void ServerMetrics::RecordRequest(absl::StatusCode code) {
-  requests_->Add({{"code", absl::StatusCodeToString(code)}}).Increment();
+const char* ApiName(Api api) { return api == Api::kGrpc ? "grpc" : "http"; }
+
+void ServerMetrics::RecordRequest(Api api, absl::StatusCode code) {
+  requests_->Add({{"api", ApiName(api)}, {"code", absl::StatusCodeToString(code)}}).Increment();
 }
 
 void ServerMetrics::RefreshLocked() const {
@@ -146,11 +199,15 @@ void ServerMetrics::RefreshLocked() const {
     bytes_per_token_->Set(static_cast<double>(now.cache.bytes_per_token));
     running_->Set(static_cast<double>(now.scheduler.running_requests));
     waiting_->Set(static_cast<double>(now.scheduler.waiting_requests));
+    disk_bytes_->Set(static_cast<double>(now.disk.bytes));
+    disk_cap_bytes_->Set(static_cast<double>(now.disk.cap_bytes));
+    disk_blocks_->Set(static_cast<double>(now.disk.blocks));
   }
   if (sources_.latencies) {
     const Engine::Latencies lat = sources_.latencies();
     for (double s : lat.ttft) ttft_->Observe(s);
     for (double s : lat.tpot) tpot_->Observe(s);
+    for (double s : lat.disk_load) disk_load_->Observe(s);
   }
   if (sources_.memory) {
     const MemoryUsage m = sources_.memory();

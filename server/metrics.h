@@ -26,6 +26,10 @@
 
 namespace prefixd {
 
+// The front end a request came through: the `api` label of prefixd_requests_total.
+enum class Api { kGrpc, kHttp };
+const char* ApiName(Api api);  // "grpc" | "http"
+
 struct MetricsSources {
   std::function<EngineStats()> stats;
   std::function<Engine::Latencies()> latencies;
@@ -36,8 +40,9 @@ class ServerMetrics : public prometheus::Collectable {
  public:
   explicit ServerMetrics(MetricsSources sources);
 
-  // One finished Generate call, by its status code (the gRPC code of the same number).
-  void RecordRequest(absl::StatusCode code);
+  // One finished generate request (a gRPC Generate call, an HTTP completion's prompt), by
+  // front end and status code (named as gRPC names it, whichever the front end).
+  void RecordRequest(Api api, absl::StatusCode code);
 
   // Refreshes from the sources, then returns every family (the Exposer calls this per scrape).
   std::vector<prometheus::MetricFamily> Collect() const override;
@@ -73,6 +78,10 @@ class ServerMetrics : public prometheus::Collectable {
   prometheus::Gauge* waiting_;
   prometheus::Histogram* ttft_;
   prometheus::Histogram* tpot_;
+  prometheus::Gauge* disk_bytes_;
+  prometheus::Gauge* disk_cap_bytes_;
+  prometheus::Gauge* disk_blocks_;
+  prometheus::Histogram* disk_load_;
   prometheus::Gauge* mem_weights_;
   prometheus::Gauge* mem_kv_pool_;
   prometheus::Gauge* mem_workspace_;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/request_validation.h"
 #include "server/cache_namespace.h"
 
 namespace prefixd {
@@ -51,7 +52,7 @@ size_t RequestPath::max_text_bytes() const {
 
 absl::Status RequestPath::CheckTextBytes(std::string_view text) const {
   if (text.size() <= max_text_bytes()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrFormat(
+  return FieldError("text", absl::StrFormat(
       "text is %d bytes, more than any text of at most %d tokens (the model's context "
       "length) can be: %d bytes (%d tokens x %d bytes, the longest token); shorten it",
       text.size(), options_.model.config.n_positions, max_text_bytes(),
@@ -63,17 +64,17 @@ absl::StatusOr<EngineRequest> RequestPath::BuildEngineRequest(const GenerateCall
   EngineRequest req;
   switch (call.prompt_kind) {
     case GenerateCall::PromptKind::kNone:
-      return absl::InvalidArgumentError("no prompt: set `text` or `token_ids`");
+      return FieldError("text", "no prompt: set `text` or `token_ids`");
     case GenerateCall::PromptKind::kText: {
       if (absl::Status s = CheckTextBytes(call.text); !s.ok()) return s;
       // Stops tokenizing once the prompt alone passes the context: it is refused anyway.
       const size_t context = static_cast<size_t>(options_.model.config.n_positions);
       req.prompt = options_.tokenizer->EncodeAtMost(call.text, context);
       if (req.prompt.empty()) {
-        return absl::InvalidArgumentError("empty prompt: `text` must produce at least one token");
+        return FieldError("text", "empty prompt: `text` must produce at least one token");
       }
       if (req.prompt.size() > context) {
-        return absl::InvalidArgumentError(absl::StrFormat(
+        return FieldError("text", absl::StrFormat(
             "text has more than %d tokens, the model's context length: shorten the prompt",
             context));
       }
@@ -84,14 +85,14 @@ absl::StatusOr<EngineRequest> RequestPath::BuildEngineRequest(const GenerateCall
       break;
   }
   if (call.stop.size() > kMaxStopStrings) {
-    return absl::InvalidArgumentError(absl::StrCat("stop has ", call.stop.size(),
-                                                   " strings: at most ", kMaxStopStrings));
+    return FieldError("stop", absl::StrCat("stop has ", call.stop.size(),
+                                           " strings: at most ", kMaxStopStrings));
   }
   for (const std::string& s : call.stop) {
     if (s.empty() || s.size() > kMaxStopStringBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a stop string of ", s.size(), " bytes: each must be 1 to ", kMaxStopStringBytes,
-          " bytes"));
+      return FieldError("stop", absl::StrCat("a stop string of ", s.size(),
+                                             " bytes: each must be 1 to ", kMaxStopStringBytes,
+                                             " bytes"));
     }
   }
   req.request_id = call.request_id.empty()
@@ -113,12 +114,12 @@ absl::StatusOr<EngineRequest> RequestPath::BuildEngineRequest(const GenerateCall
 absl::StatusOr<StartedGenerate> RequestPath::StartGenerate(const GenerateCall& call) {
   absl::StatusOr<std::string> tenant = Authorize(call.authorization);
   if (!tenant.ok()) {
-    Count(tenant.status().code());
+    Count(call.api, tenant.status().code());
     return tenant.status();
   }
   absl::StatusOr<EngineRequest> req = BuildEngineRequest(call, *tenant);
   if (!req.ok()) {
-    Count(req.status().code());
+    Count(call.api, req.status().code());
     return req.status();
   }
   StartedGenerate started;
@@ -130,7 +131,7 @@ absl::StatusOr<StartedGenerate> RequestPath::StartGenerate(const GenerateCall& c
   // of rules, so nothing is checked twice with different words.
   absl::StatusOr<std::shared_ptr<RequestStream>> stream = options_.engine->Submit(*std::move(req));
   if (!stream.ok()) {
-    Count(stream.status().code());
+    Count(call.api, stream.status().code());
     return stream.status();
   }
   started.stream = *std::move(stream);
@@ -138,10 +139,10 @@ absl::StatusOr<StartedGenerate> RequestPath::StartGenerate(const GenerateCall& c
   return started;
 }
 
-void RequestPath::FinishGenerate(absl::StatusCode code) { Count(code); }
+void RequestPath::FinishGenerate(Api api, absl::StatusCode code) { Count(api, code); }
 
-void RequestPath::Count(absl::StatusCode code) {
-  if (options_.metrics != nullptr) options_.metrics->RecordRequest(code);
+void RequestPath::Count(Api api, absl::StatusCode code) {
+  if (options_.metrics != nullptr) options_.metrics->RecordRequest(api, code);
 }
 
 absl::StatusOr<std::vector<uint32_t>> RequestPath::Tokenize(
@@ -151,6 +152,25 @@ absl::StatusOr<std::vector<uint32_t>> RequestPath::Tokenize(
   }
   if (absl::Status s = CheckTextBytes(text); !s.ok()) return s;
   return options_.tokenizer->Encode(text);
+}
+
+absl::StatusOr<std::string> RequestPath::Detokenize(
+    const std::optional<std::string>& authorization, const std::vector<uint32_t>& ids) const {
+  if (absl::StatusOr<std::string> tenant = Authorize(authorization); !tenant.ok()) {
+    return tenant.status();
+  }
+  const uint32_t vocab = static_cast<uint32_t>(options_.model.config.vocab_size);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] >= vocab) {
+      return FieldError("tokens", absl::StrCat("token id ", ids[i], " at position ", i,
+                                               " is out of range: ids must be < vocab_size ",
+                                               vocab));
+    }
+  }
+  Utf8StreamDecoder decoder;
+  std::string text;
+  for (uint32_t id : ids) text += decoder.Push(options_.tokenizer->TokenBytes(id));
+  return text + decoder.Flush();
 }
 
 absl::StatusOr<ServedModel> RequestPath::ModelInfo(

@@ -30,6 +30,7 @@ namespace prefixd {
 
 // A generate request as every front end hands it over, before any rule is applied.
 struct GenerateCall {
+  Api api = Api::kGrpc;  // the front end it came through (counted by it)
   // The `authorization` header or metadata value, absent when the call carried none.
   std::optional<std::string> authorization;
   std::string request_id;  // empty: the server names the request
@@ -103,11 +104,17 @@ class RequestPath {
   absl::StatusOr<StartedGenerate> StartGenerate(const GenerateCall& call);
   // A started generate call ended with `code` (OK after its last message, CANCELLED,
   // DEADLINE_EXCEEDED, or the engine's error): counted in prefixd_requests_total.
-  void FinishGenerate(absl::StatusCode code);
+  void FinishGenerate(Api api, absl::StatusCode code);
+  // A generate request the front end refused before it could become a GenerateCall
+  // (malformed JSON, an unknown field): counted like any other refusal.
+  void CountRefused(Api api, absl::StatusCode code) { Count(api, code); }
 
   // Texts longer than max_text_bytes() are refused, as for a Generate prompt.
   absl::StatusOr<std::vector<uint32_t>> Tokenize(const std::optional<std::string>& authorization,
                                                  std::string_view text) const;
+  // The text of `ids` (invalid UTF-8 as U+FFFD); INVALID_ARGUMENT for an id past the vocabulary.
+  absl::StatusOr<std::string> Detokenize(const std::optional<std::string>& authorization,
+                                         const std::vector<uint32_t>& ids) const;
   absl::StatusOr<ServedModel> ModelInfo(const std::optional<std::string>& authorization) const;
   // Pool-wide counters: PERMISSION_DENIED unless the caller is admin.
   absl::StatusOr<EngineStats> CacheStats(const std::optional<std::string>& authorization) const;
@@ -127,10 +134,10 @@ class RequestPath {
   // The engine request for a call whose caller is `tenant`; the engine validates it.
   absl::StatusOr<EngineRequest> BuildEngineRequest(const GenerateCall& call,
                                                    const std::string& tenant);
-  void Count(absl::StatusCode code);
+  void Count(Api api, absl::StatusCode code);
   // Authorize's gate, returning the whole caller.
   absl::StatusOr<Caller> Identify(const std::optional<std::string>& authorization) const;
-  // INVALID_ARGUMENT for a text over max_text_bytes().
+  // INVALID_ARGUMENT (field "text") for a text over max_text_bytes().
   absl::Status CheckTextBytes(std::string_view text) const;
 
   RequestPathOptions options_;  // options_.auth is guarded by auth_mu_

@@ -29,6 +29,7 @@
 #include "server/auth.h"
 #include "server/backend_factory.h"
 #include "server/connection_acceptor.h"
+#include "server/http_front_end.h"
 #include "server/inference_service.h"
 #include "server/malformed_request_interceptor.h"
 #include "server/metrics.h"
@@ -156,6 +157,13 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
     return InvalidArgumentError(StrCat("--threads must be 0 (all cores) or 1 to ", kMaxThreads,
                                        ", got ", o.device.threads));
   }
+  if (o.cache_dir_bytes < 0) {
+    return InvalidArgumentError(StrCat(
+        "--cache-dir-bytes must be 0 (the default cap) or positive, got ", o.cache_dir_bytes));
+  }
+  if (!o.cache_dir.empty() && !o.enable_prefix_cache) {
+    return InvalidArgumentError("--cache-dir needs the prefix cache: drop --no-prefix-cache");
+  }
   if (o.shutdown_grace < absl::ZeroDuration()) {
     return InvalidArgumentError(StrCat("--shutdown-grace must not be negative, got ",
                                        absl::FormatDuration(o.shutdown_grace)));
@@ -172,6 +180,9 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
   if (o.connection_idle_timeout <= absl::ZeroDuration()) {
     return InvalidArgumentError(StrCat("--connection-idle-timeout must be positive, got ",
                                        absl::FormatDuration(o.connection_idle_timeout)));
+  }
+  if (o.http_listen.empty()) {
+    return InvalidArgumentError("--http-listen must not be empty (\"off\" disables it)");
   }
   if (o.metrics_listen.empty()) {
     return InvalidArgumentError("--metrics-listen must not be empty (\"off\" disables it)");
@@ -197,10 +208,12 @@ struct Server::Parts {
   std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> external_acceptor;
   std::unique_ptr<ConnectionAcceptor> acceptor;  // null for TLS on a unix socket
   int max_connections = 0;  // resolved from --max-connections and RLIMIT_NOFILE
+  std::unique_ptr<HttpFrontEnd> http;
   std::unique_ptr<prometheus::Exposer> exposer;
   std::string grpc_address;
   int grpc_port = 0;
   int metrics_port = 0;
+  int http_port = 0;
   bool tls = false;
 
   absl::Mutex mu;
@@ -239,6 +252,11 @@ struct Server::Parts {
       if (acceptor != nullptr) acceptor->Stop();
       grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
     }
+    if (http != nullptr) {
+      // The same for HTTP responses still being written; then every connection closes.
+      if (!http->WaitForNoCompletions(absl::Seconds(5))) log("cutting off HTTP responses");
+      http->Stop();
+    }
     // Waits for a scrape in progress, so none reads the engine once it is gone.
     if (exposer != nullptr) exposer->RemoveCollectable(metrics);
     stopped.Notify();
@@ -257,6 +275,7 @@ struct Server::Parts {
   absl::Status Reload();
   absl::Status StartMetrics();
   absl::Status StartGrpc(const std::shared_ptr<grpc::ServerCredentials>& creds);
+  absl::Status StartHttp();
 };
 
 absl::Status Server::Parts::Build() {
@@ -333,12 +352,23 @@ absl::Status Server::Parts::Build() {
   eopt.max_queue = options.max_queue;
   eopt.max_samples = options.max_samples;
   eopt.enable_prefix_cache = options.enable_prefix_cache;
+  eopt.disk_tier.dir = options.cache_dir;
+  eopt.disk_tier.max_bytes = options.cache_dir_bytes;
   // From the engine thread: BeginDrain does not block, so the engine can stop afterwards.
   eopt.on_fatal_error = [this](const absl::Status& status) { OnFatalError(status); };
   absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(eopt);
   if (!e.ok()) return absl::Status(e.status().code(), absl::StrCat("engine: ", e.status().message()));
   engine = *std::move(e);
   if (!options.enable_prefix_cache) log("prefix cache disabled (--no-prefix-cache)");
+  if (!options.cache_dir.empty()) {
+    const DiskTierStats d = engine->Stats().disk;
+    log(absl::StrFormat(
+        "disk cache %s: %d blocks of this model (%d bytes on disk, %d files of other models), "
+        "cap %d bytes%s",
+        options.cache_dir, d.blocks, d.bytes, d.foreign_files, d.cap_bytes,
+        options.cache_dir_bytes > 0 ? " (--cache-dir-bytes)"
+                                    : " (the smaller of 8 GiB and half the free space)"));
+  }
   if (auth->enabled()) {
     log(absl::StrCat("bearer tokens required (", auth->num_tokens(), " tokens)"));
   }
@@ -365,7 +395,24 @@ absl::Status Server::Parts::Build() {
                            .kv_bytes_per_token = backend->kv_bytes_per_token()};
   path = std::make_unique<RequestPath>(std::move(popt));
   service = std::make_unique<InferenceService>(path.get());
-  return StartGrpc(creds);
+  if (absl::Status s = StartGrpc(creds); !s.ok()) return s;
+  return StartHttp();
+}
+
+absl::Status Server::Parts::StartHttp() {
+  if (options.http_listen == "off") return absl::OkStatus();
+  HttpFrontEndOptions hopt;
+  hopt.listen = options.http_listen;
+  hopt.path = path.get();
+  hopt.idle_timeout = options.connection_idle_timeout;
+  hopt.log = log;
+  absl::StatusOr<std::unique_ptr<HttpFrontEnd>> h = HttpFrontEnd::Start(std::move(hopt));
+  if (!h.ok()) return h.status();
+  http = *std::move(h);
+  http_port = http->port();
+  log(absl::StrCat("http on http://", options.http_listen.substr(0, options.http_listen.rfind(':')),
+                   ":", http_port));
+  return absl::OkStatus();
 }
 
 absl::Status Server::Parts::Reload() {
@@ -550,6 +597,7 @@ bool Server::draining() const { return parts_->path->draining(); }
 const std::string& Server::grpc_address() const { return parts_->grpc_address; }
 int Server::grpc_port() const { return parts_->grpc_port; }
 int Server::metrics_port() const { return parts_->metrics_port; }
+int Server::http_port() const { return parts_->http_port; }
 bool Server::tls() const { return parts_->tls; }
 const Model& Server::model() const { return *parts_->model; }
 Engine& Server::engine() { return *parts_->engine; }

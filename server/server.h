@@ -47,10 +47,16 @@ struct ServerOptions {
   int32_t max_queue = 1024;
   int32_t max_samples = 16;
   bool enable_prefix_cache = true;
+  // Second cache tier on local disk (empty: none); cap in bytes (0: the smaller of 8 GiB and
+  // half the free space of its filesystem at start-up).
+  std::string cache_dir;
+  int64_t cache_dir_bytes = 0;
   // Listeners. Port 0 picks a free port (see grpc_address()/metrics_port()); `unix:PATH`
   // serves gRPC on a unix socket; metrics_listen "off" serves no /metrics.
   std::string listen = "127.0.0.1:50051";
   std::string metrics_listen = "127.0.0.1:9464";
+  // The OpenAI-compatible HTTP API (server/http_front_end.h); "off" serves none.
+  std::string http_listen = "127.0.0.1:8000";
   std::string auth_tokens_file;  // empty: every call is the default tenant
   std::string tls_cert_file;     // with tls_key_file: gRPC serves TLS
   std::string tls_key_file;
@@ -95,6 +101,7 @@ class Server {
   const std::string& grpc_address() const;
   int grpc_port() const;     // 0 for a unix socket
   int metrics_port() const;  // 0 when metrics are off
+  int http_port() const;     // 0 when the HTTP API is off
   bool tls() const;
 
   const Model& model() const;

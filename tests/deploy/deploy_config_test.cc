@@ -1,10 +1,13 @@
 // The deployment files parse, and every metric a dashboard panel or the docs refer to is one
 // the server exports (the README's metrics table, which server tests check against /metrics).
+#include <cstdlib>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -100,26 +103,100 @@ TEST(DeployConfigTest, DashboardPanelsQueryExportedMetrics) {
   }
 }
 
-TEST(DeployConfigTest, ComposeRunsPrefixdPrometheusAndGrafana) {
+TEST(DeployConfigTest, ComposeRunsReplicasBehindHaproxyWithPrometheusAndGrafana) {
   const YAML::Node compose = YAML::LoadFile(Path("deploy/compose.yaml"));
   const YAML::Node services = compose["services"];
   ASSERT_TRUE(services.IsMap());
-  for (const char* s : {"prefixd", "prometheus", "grafana"}) {
+  for (const char* s : {"prefixd", "haproxy", "prometheus", "grafana"}) {
     EXPECT_TRUE(services[s].IsMap()) << "service " << s;
   }
+  EXPECT_EQ(services["prefixd"]["deploy"]["replicas"].as<int>(), 3);
+  EXPECT_FALSE(services["prefixd"]["ports"].IsDefined()) << "clients go through HAProxy";
   std::set<std::string> ports;
-  for (const auto& p : services["prefixd"]["ports"]) ports.insert(p.as<std::string>());
+  for (const auto& p : services["haproxy"]["ports"]) ports.insert(p.as<std::string>());
   EXPECT_TRUE(ports.count("50051:50051"));
-  EXPECT_TRUE(ports.count("9464:9464"));
-  bool mounts_config = false;
-  for (const auto& v : services["prometheus"]["volumes"]) {
-    mounts_config |= v.as<std::string>().rfind("./prometheus.yml:", 0) == 0;
+  const YAML::Node env = services["haproxy"]["environment"];
+  EXPECT_EQ(env["PREFIXD_REPLICAS_DNS"].as<std::string>(), "prefixd");
+  EXPECT_EQ(env["PREFIXD_GRPC_BIND"].as<std::string>(), ":50051");
+  bool mounts_haproxy = false, mounts_prometheus = false;
+  for (const auto& v : services["haproxy"]["volumes"]) {
+    mounts_haproxy |= v.as<std::string>().rfind("./haproxy/haproxy.cfg:", 0) == 0;
   }
-  EXPECT_TRUE(mounts_config);
+  for (const auto& v : services["prometheus"]["volumes"]) {
+    mounts_prometheus |= v.as<std::string>().rfind("./prometheus.yml:", 0) == 0;
+  }
+  EXPECT_TRUE(mounts_haproxy);
+  EXPECT_TRUE(mounts_prometheus);
 
+  // Prometheus scrapes every replica (DNS: one address each) and HAProxy's own metrics.
   const YAML::Node prom = YAML::LoadFile(Path("deploy/prometheus.yml"));
-  const YAML::Node target = prom["scrape_configs"][0]["static_configs"][0]["targets"][0];
-  EXPECT_EQ(target.as<std::string>(), "prefixd:9464");
+  std::map<std::string, YAML::Node> jobs;
+  for (const YAML::Node j : prom["scrape_configs"]) jobs[j["job_name"].as<std::string>()] = j;
+  ASSERT_TRUE(jobs.count("prefixd") && jobs.count("haproxy"));
+  const YAML::Node sd = jobs["prefixd"]["dns_sd_configs"][0];
+  EXPECT_EQ(sd["names"][0].as<std::string>(), "prefixd");
+  EXPECT_EQ(sd["port"].as<int>(), 9464);
+  const std::string stats = env["PREFIXD_STATS_BIND"].as<std::string>();
+  EXPECT_EQ(jobs["haproxy"]["static_configs"][0]["targets"][0].as<std::string>(),
+            "haproxy" + stats);
+}
+
+TEST(DeployConfigTest, DashboardShowsHitRatioAndLoadPerReplica) {
+  const nlohmann::json dash = nlohmann::json::parse(ReadFile("deploy/grafana/dashboards/prefixd.json"));
+  bool hit_per_replica = false, load_per_replica = false;
+  for (const auto& panel : dash["panels"]) {
+    for (const auto& target : panel["targets"]) {
+      const std::string expr = target.at("expr").get<std::string>();
+      if (expr.find("by (instance)") == std::string::npos) continue;
+      hit_per_replica |= expr.find("prefixd_prefix_cache_hit_tokens_total") != std::string::npos;
+      load_per_replica |= expr.find("prefixd_running_requests") != std::string::npos;
+    }
+  }
+  EXPECT_TRUE(hit_per_replica);
+  EXPECT_TRUE(load_per_replica);
+}
+
+TEST(DeployConfigTest, KubernetesRunsHaproxyOverAHeadlessService) {
+  const std::vector<YAML::Node> docs = YAML::LoadAllFromFile(Path("deploy/k8s/haproxy.yaml"));
+  bool headless = false, haproxy = false;
+  for (const YAML::Node& d : docs) {
+    const std::string kind = d["kind"].as<std::string>();
+    if (kind == "Service" && d["spec"]["clusterIP"].IsDefined()) {
+      headless = d["spec"]["clusterIP"].as<std::string>() == "None" &&
+                 d["spec"]["selector"]["app"].as<std::string>() == "prefixd";
+    }
+    if (kind == "Deployment") {
+      const YAML::Node c = d["spec"]["template"]["spec"]["containers"][0];
+      for (const auto& e : c["env"]) {
+        if (e["name"].as<std::string>() == "PREFIXD_REPLICAS_DNS") {
+          haproxy = e["value"].as<std::string>().rfind("prefixd-replicas.", 0) == 0;
+        }
+      }
+      EXPECT_TRUE(c["readinessProbe"].IsDefined());
+    }
+  }
+  EXPECT_TRUE(headless);
+  EXPECT_TRUE(haproxy);
+}
+
+// haproxy -c accepts the configuration in each way it is used, and refuses a listed replica
+// without its health check port. Needs haproxy (scripts/setup installs it).
+TEST(DeployConfigTest, HaproxyAcceptsTheConfiguration) {
+  if (std::system("command -v haproxy >/dev/null") != 0) GTEST_SKIP() << "no haproxy";
+  const std::string check = " haproxy -c -f " + Path("deploy/haproxy/haproxy.cfg") + " >/dev/null 2>&1";
+  const std::string listed =
+      "env PREFIXD_GRPC_BIND=127.0.0.1:50051 PREFIXD_REPLICA_1_GRPC_PORT=50061 "
+      "PREFIXD_REPLICA_2_GRPC_PORT=50062 ";
+  EXPECT_EQ(std::system((listed + "PREFIXD_REPLICA_1_CHECK_PORT=50061 "
+                         "PREFIXD_REPLICA_2_CHECK_PORT=50062" + check).c_str()), 0);
+  EXPECT_EQ(std::system((listed + "PREFIXD_REPLICA_1_CHECK_PORT=50061 PREFIXD_POLICY=roundrobin "
+                         "PREFIXD_REPLICA_2_CHECK_PORT=50062" + check).c_str()), 0);
+  EXPECT_NE(std::system((listed + "PREFIXD_REPLICA_1_CHECK_PORT=50061" + check).c_str()), 0);
+  const std::string dns =
+      "env PREFIXD_GRPC_BIND=:50051 PREFIXD_STATS_BIND=:8404 PREFIXD_REPLICAS_DNS=prefixd ";
+  EXPECT_EQ(std::system((dns + "PREFIXD_BALANCE_FACTOR=150" + check).c_str()), 0);
+  EXPECT_EQ(std::system((dns + "PREFIXD_HTTP_BIND=:8000 PREFIXD_HEALTH=http "
+                         "PREFIXD_REPLICA_CHECK_PORT=8000" + check).c_str()), 0);
 }
 
 TEST(DeployConfigTest, KubernetesProbesTheGrpcHealthServiceAndAsksForAGpu) {

@@ -119,13 +119,16 @@ TEST(MetricsTest, HistogramsTakeEachDrainedLatencyOnce) {
 TEST(MetricsTest, RequestsAreCountedByCode) {
   FakeEngine fake;
   ServerMetrics m(fake.Sources());
-  EXPECT_EQ(Value(m.ExpositionText(), "prefixd_requests_total{code=\"OK\"}"), 0);
-  m.RecordRequest(absl::StatusCode::kOk);
-  m.RecordRequest(absl::StatusCode::kOk);
-  m.RecordRequest(absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Value(m.ExpositionText(), "prefixd_requests_total{api=\"grpc\",code=\"OK\"}"), 0);
+  EXPECT_EQ(Value(m.ExpositionText(), "prefixd_requests_total{api=\"http\",code=\"OK\"}"), 0);
+  m.RecordRequest(Api::kGrpc, absl::StatusCode::kOk);
+  m.RecordRequest(Api::kGrpc, absl::StatusCode::kOk);
+  m.RecordRequest(Api::kGrpc, absl::StatusCode::kInvalidArgument);
+  m.RecordRequest(Api::kHttp, absl::StatusCode::kResourceExhausted);
   const std::string text = m.ExpositionText();
-  EXPECT_EQ(Value(text, "prefixd_requests_total{code=\"OK\"}"), 2);
-  EXPECT_EQ(Value(text, "prefixd_requests_total{code=\"INVALID_ARGUMENT\"}"), 1);
+  EXPECT_EQ(Value(text, "prefixd_requests_total{api=\"grpc\",code=\"OK\"}"), 2);
+  EXPECT_EQ(Value(text, "prefixd_requests_total{api=\"grpc\",code=\"INVALID_ARGUMENT\"}"), 1);
+  EXPECT_EQ(Value(text, "prefixd_requests_total{api=\"http\",code=\"RESOURCE_EXHAUSTED\"}"), 1);
 }
 
 // The README's metrics table is what dashboards and the deploy config test rely on: every
@@ -158,7 +161,7 @@ TEST(MetricsTest, ExpositionPassesPromtool) {
   ServerMetrics m(fake.Sources());
   fake.stats.cache.hit_tokens = 3;
   fake.latencies.ttft = {0.1};
-  m.RecordRequest(absl::StatusCode::kUnavailable);
+  m.RecordRequest(Api::kHttp, absl::StatusCode::kUnavailable);
   testing::TempDir dir;
   const std::string path = dir.path() + "/metrics.txt";
   std::ofstream(path) << m.ExpositionText();

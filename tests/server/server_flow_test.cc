@@ -113,7 +113,7 @@ TEST_F(ServerFlowTest, CancelReleasesTheBlocksAndIsCounted) {
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
   OpenGate();
   EXPECT_TRUE(PollUntil([&] { return BlocksReleased(); }, absl::Seconds(10)));
-  EXPECT_TRUE(PollUntil([&] { return Metric("prefixd_requests_total{code=\"CANCELLED\"}") == 1; },
+  EXPECT_TRUE(PollUntil([&] { return Metric("prefixd_requests_total{api=\"grpc\",code=\"CANCELLED\"}") == 1; },
                         absl::Seconds(10)));
   // The server goes on serving.
   EXPECT_TRUE(Generate(*stub_, IdsRequest({1, 2, 3}, 2)).status.ok());
@@ -133,9 +133,9 @@ TEST_F(ServerFlowTest, ADeadlineThatPassesMidRequestIsDeadlineExceeded) {
   EXPECT_TRUE(PollUntil([&] { return BlocksReleased(); }, absl::Seconds(10)));
   // Counted as a passed deadline, not as a cancellation.
   EXPECT_TRUE(PollUntil(
-      [&] { return Metric("prefixd_requests_total{code=\"DEADLINE_EXCEEDED\"}") == 1; },
+      [&] { return Metric("prefixd_requests_total{api=\"grpc\",code=\"DEADLINE_EXCEEDED\"}") == 1; },
       absl::Seconds(10)));
-  EXPECT_EQ(Metric("prefixd_requests_total{code=\"CANCELLED\"}"), -1);
+  EXPECT_EQ(Metric("prefixd_requests_total{api=\"grpc\",code=\"CANCELLED\"}"), -1);
 }
 
 TEST_F(ServerFlowTest, AClientThatDisconnectsIsCancelled) {
@@ -151,7 +151,7 @@ TEST_F(ServerFlowTest, AClientThatDisconnectsIsCancelled) {
   EXPECT_TRUE(PollUntil([&] { return server_->live_generate_calls() == 0; }, absl::Seconds(10)));
   OpenGate();
   EXPECT_TRUE(PollUntil([&] { return BlocksReleased(); }, absl::Seconds(10)));
-  EXPECT_TRUE(PollUntil([&] { return Metric("prefixd_requests_total{code=\"CANCELLED\"}") == 1; },
+  EXPECT_TRUE(PollUntil([&] { return Metric("prefixd_requests_total{api=\"grpc\",code=\"CANCELLED\"}") == 1; },
                         absl::Seconds(10)));
 }
 
@@ -175,7 +175,7 @@ TEST_F(ServerFlowTest, AFullQueueRefusesWithResourceExhausted) {
   while (b->Read(&msg)) {
   }
   EXPECT_TRUE(b->Finish().ok()) << "the queued request runs once A is done";
-  EXPECT_EQ(Metric("prefixd_requests_total{code=\"RESOURCE_EXHAUSTED\"}"), 1);
+  EXPECT_EQ(Metric("prefixd_requests_total{api=\"grpc\",code=\"RESOURCE_EXHAUSTED\"}"), 1);
 }
 
 TEST_F(ServerFlowTest, ARequestLargerThanThePoolIsRefusedAtOnce) {

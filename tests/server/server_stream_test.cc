@@ -440,7 +440,7 @@ TEST_F(ServerTest, MetricsEndpointReportsCacheHits) {
   EXPECT_EQ(MetricValue(*text, "prefixd_prefix_cache_hit_tokens_total"), stats.hit_tokens());
   EXPECT_EQ(MetricValue(*text, "prefixd_prefix_cache_queried_tokens_total"),
             stats.queried_tokens());
-  EXPECT_GE(MetricValue(*text, "prefixd_requests_total{code=\"OK\"}"), 2);
+  EXPECT_GE(MetricValue(*text, "prefixd_requests_total{api=\"grpc\",code=\"OK\"}"), 2);
   EXPECT_GE(MetricValue(*text, "prefixd_time_to_first_token_seconds_count"), 2);
   EXPECT_GE(MetricValue(*text, "prefixd_generated_tokens_total"), 4);
 }

@@ -1,0 +1,512 @@
+#include "server/openai_api.h"
+
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "engine/request_validation.h"
+
+namespace prefixd {
+namespace {
+
+using nlohmann::json;
+
+absl::Status Invalid(const std::string& field, const std::string& message) {
+  return FieldError(field, message);
+}
+
+absl::StatusOr<json> ParseObject(const std::string& body) {
+  json j;
+  try {
+    j = json::parse(body.begin(), body.end());
+  } catch (const json::parse_error& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the body is not valid JSON (", e.what(), "): send a JSON object"));
+  }
+  if (!j.is_object()) {
+    return absl::InvalidArgumentError("the body must be a JSON object");
+  }
+  return j;
+}
+
+// Typed readers: each refuses a value of the wrong type naming the field. `null` is the
+// same as leaving the field out (OpenAI's SDKs send nulls for unset options).
+absl::StatusOr<std::optional<int64_t>> GetInt(const json& j, const char* field, int64_t lo,
+                                             int64_t hi) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) return std::optional<int64_t>();
+  if (!it->is_number_integer()) {
+    return Invalid(field, absl::StrCat("`", field, "` must be an integer"));
+  }
+  // Unsigned values past int64 wrap when read as int64; they are out of range anyway.
+  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi)) {
+    return Invalid(field, absl::StrCat("`", field, "` must be from ", lo, " to ", hi));
+  }
+  const int64_t v = it->get<int64_t>();
+  if (v < lo || v > hi) {
+    return Invalid(field, absl::StrCat("`", field, "` must be from ", lo, " to ", hi, ", got ", v));
+  }
+  return std::optional<int64_t>(v);
+}
+
+absl::StatusOr<std::optional<double>> GetNumber(const json& j, const char* field) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) return std::optional<double>();
+  if (!it->is_number()) return Invalid(field, absl::StrCat("`", field, "` must be a number"));
+  return std::optional<double>(it->get<double>());
+}
+
+absl::StatusOr<std::optional<bool>> GetBool(const json& j, const char* field) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) return std::optional<bool>();
+  if (!it->is_boolean()) return Invalid(field, absl::StrCat("`", field, "` must be true or false"));
+  return std::optional<bool>(it->get<bool>());
+}
+
+absl::StatusOr<std::optional<std::string>> GetString(const json& j, const char* field) {
+  auto it = j.find(field);
+  if (it == j.end() || it->is_null()) return std::optional<std::string>();
+  if (!it->is_string()) return Invalid(field, absl::StrCat("`", field, "` must be a string"));
+  return std::optional<std::string>(it->get<std::string>());
+}
+
+absl::StatusOr<std::vector<uint32_t>> TokenIdArray(const json& a, const char* field) {
+  std::vector<uint32_t> ids;
+  ids.reserve(a.size());
+  for (const json& v : a) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
+        (v.is_number_unsigned() && v.get<uint64_t>() > std::numeric_limits<uint32_t>::max())) {
+      return Invalid(field, absl::StrCat("`", field,
+                                         "` token ids must be non-negative integers"));
+    }
+    ids.push_back(static_cast<uint32_t>(v.get<uint64_t>()));
+  }
+  return ids;
+}
+
+absl::Status CheckModel(const json& j, const std::string& served_model) {
+  auto it = j.find("model");
+  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_string()) return Invalid("model", "`model` must be a string");
+  if (it->get<std::string>() != served_model) {
+    absl::Status s = absl::NotFoundError(absl::StrCat(
+        "The model `", it->get<std::string>(), "` does not exist: this server serves `",
+        served_model, "` (GET /v1/models)"));
+    s.SetPayload(kInvalidFieldPayload, absl::Cord("model"));
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+// The prompt(s): a string, an array of token ids, an array of strings, or an array of
+// arrays of token ids.
+absl::StatusOr<std::vector<GenerateCall>> ParsePrompts(const json& j) {
+  auto it = j.find("prompt");
+  if (it == j.end() || it->is_null()) {
+    return Invalid("prompt", "`prompt` is required: a string or an array of token ids");
+  }
+  std::vector<GenerateCall> calls;
+  auto text = [&](const std::string& s) {
+    GenerateCall c;
+    c.prompt_kind = GenerateCall::PromptKind::kText;
+    c.text = s;
+    calls.push_back(std::move(c));
+  };
+  auto ids = [&](std::vector<uint32_t> v) {
+    GenerateCall c;
+    c.prompt_kind = GenerateCall::PromptKind::kTokenIds;
+    c.token_ids = std::move(v);
+    calls.push_back(std::move(c));
+  };
+  const json& p = *it;
+  if (p.is_string()) {
+    text(p.get<std::string>());
+    return calls;
+  }
+  if (!p.is_array() || p.empty()) {
+    return Invalid("prompt",
+                   "`prompt` must be a string, an array of token ids, an array of strings or "
+                   "an array of arrays of token ids (not empty)");
+  }
+  if (p[0].is_number()) {
+    absl::StatusOr<std::vector<uint32_t>> v = TokenIdArray(p, "prompt");
+    if (!v.ok()) return v.status();
+    ids(*std::move(v));
+    return calls;
+  }
+  for (const json& e : p) {
+    if (e.is_string()) {
+      text(e.get<std::string>());
+    } else if (e.is_array()) {
+      absl::StatusOr<std::vector<uint32_t>> v = TokenIdArray(e, "prompt");
+      if (!v.ok()) return v.status();
+      ids(*std::move(v));
+    } else {
+      return Invalid("prompt",
+                     "`prompt` as an array holds token ids, strings, or arrays of token ids");
+    }
+  }
+  return calls;
+}
+
+// Parameters OpenAI has and prefixd does not implement: accepted only at their neutral value.
+absl::Status CheckUnsupported(const json& j) {
+  if (auto it = j.find("best_of"); it != j.end() && !it->is_null() &&
+                                    !(it->is_number_integer() && it->get<int64_t>() == 1)) {
+    return Invalid("best_of", "`best_of` other than 1 is not supported: use `n`");
+  }
+  for (const char* f : {"presence_penalty", "frequency_penalty"}) {
+    if (auto it = j.find(f); it != j.end() && !it->is_null() &&
+                             !(it->is_number() && it->get<double>() == 0.0)) {
+      return Invalid(f, absl::StrCat("`", f, "` is not supported: leave it out or 0"));
+    }
+  }
+  if (auto it = j.find("logit_bias"); it != j.end() && !it->is_null() &&
+                                       !(it->is_object() && it->empty())) {
+    return Invalid("logit_bias", "`logit_bias` is not supported: leave it out");
+  }
+  if (auto it = j.find("suffix"); it != j.end() && !it->is_null() &&
+                                   !(it->is_string() && it->get<std::string>().empty())) {
+    return Invalid("suffix", "`suffix` is not supported: leave it out");
+  }
+  if (auto it = j.find("echo"); it != j.end() && !it->is_null()) {
+    if (!it->is_boolean()) return Invalid("echo", "`echo` must be true or false");
+    if (it->get<bool>()) return Invalid("echo", "`echo` is not supported: leave it out or false");
+  }
+  return absl::OkStatus();
+}
+
+constexpr const char* kKnownFields[] = {
+    "model", "prompt", "max_tokens", "temperature", "top_p", "n", "seed", "stop", "logprobs",
+    "stream", "stream_options", "user", "echo", "best_of", "presence_penalty",
+    "frequency_penalty", "logit_bias", "suffix", "top_k", "ignore_eos", "cache_salt",
+    "stop_token_ids"};
+
+}  // namespace
+
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(const std::string& body,
+                                                         const std::string& served_model) {
+  absl::StatusOr<json> parsed = ParseObject(body);
+  if (!parsed.ok()) return parsed.status();
+  const json& j = *parsed;
+  for (const auto& [key, value] : j.items()) {
+    bool known = false;
+    for (const char* f : kKnownFields) known = known || key == f;
+    if (!known) {
+      return Invalid(key, absl::StrCat("unknown field `", absl::CHexEscape(key),
+                                       "`: see docs/SERVER.md for the fields prefixd accepts"));
+    }
+  }
+  if (absl::Status s = CheckModel(j, served_model); !s.ok()) return s;
+  if (absl::Status s = CheckUnsupported(j); !s.ok()) return s;
+
+  GenerateCall base;
+  base.api = Api::kHttp;
+  // Numbers are range-checked here only as far as their type needs; the request path's
+  // rules (engine/request_validation.h) decide the rest, with the same messages as gRPC.
+  constexpr int64_t kU32 = std::numeric_limits<uint32_t>::max();
+  absl::StatusOr<std::optional<int64_t>> max_tokens = GetInt(j, "max_tokens", 0, kU32);
+  if (!max_tokens.ok()) return max_tokens.status();
+  base.max_new_tokens = static_cast<uint32_t>(max_tokens->value_or(16));
+  absl::StatusOr<std::optional<double>> temperature = GetNumber(j, "temperature");
+  if (!temperature.ok()) return temperature.status();
+  base.temperature = static_cast<float>(temperature->value_or(1.0));
+  absl::StatusOr<std::optional<double>> top_p = GetNumber(j, "top_p");
+  if (!top_p.ok()) return top_p.status();
+  if (top_p->has_value()) base.top_p = static_cast<float>(**top_p);
+  absl::StatusOr<std::optional<int64_t>> n = GetInt(j, "n", 0, kU32);
+  if (!n.ok()) return n.status();
+  base.num_samples = static_cast<uint32_t>(n->value_or(1));
+  if (base.num_samples == 0) return Invalid("n", "`n` must be at least 1");
+  absl::StatusOr<std::optional<int64_t>> seed =
+      GetInt(j, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
+  if (!seed.ok()) return seed.status();
+  if (seed->has_value()) base.seed = static_cast<uint64_t>(**seed);
+  absl::StatusOr<std::optional<int64_t>> top_k = GetInt(j, "top_k", -1, kU32);
+  if (!top_k.ok()) return top_k.status();
+  // vLLM's convention: -1 (or 0) turns top-k off.
+  base.top_k = top_k->has_value() && **top_k > 0 ? static_cast<uint32_t>(**top_k) : 0;
+  absl::StatusOr<std::optional<bool>> ignore_eos = GetBool(j, "ignore_eos");
+  if (!ignore_eos.ok()) return ignore_eos.status();
+  base.ignore_eos = ignore_eos->value_or(false);
+  absl::StatusOr<std::optional<std::string>> salt = GetString(j, "cache_salt");
+  if (!salt.ok()) return salt.status();
+  base.cache_salt = salt->value_or("");
+  if (absl::StatusOr<std::optional<std::string>> user = GetString(j, "user"); !user.ok()) {
+    return user.status();
+  }
+  if (auto it = j.find("stop_token_ids"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) return Invalid("stop_token_ids", "`stop_token_ids` must be an array");
+    absl::StatusOr<std::vector<uint32_t>> v = TokenIdArray(*it, "stop_token_ids");
+    if (!v.ok()) return v.status();
+    base.stop_token_ids = *std::move(v);
+  }
+  if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
+    if (it->is_string()) {
+      base.stop.push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+      for (const json& s : *it) {
+        if (!s.is_string()) return Invalid("stop", "`stop` must be a string or an array of strings");
+        base.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      return Invalid("stop", "`stop` must be a string or an array of strings");
+    }
+  }
+
+  CompletionRequest req;
+  absl::StatusOr<std::optional<int64_t>> logprobs = GetInt(j, "logprobs", 0, kMaxOpenAiLogprobs);
+  if (!logprobs.ok()) return logprobs.status();
+  if (logprobs->has_value()) {
+    req.logprobs = static_cast<uint32_t>(**logprobs);
+    base.top_logprobs = *req.logprobs;
+  }
+  absl::StatusOr<std::optional<bool>> stream = GetBool(j, "stream");
+  if (!stream.ok()) return stream.status();
+  req.stream = stream->value_or(false);
+  if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
+    if (!it->is_object()) return Invalid("stream_options", "`stream_options` must be an object");
+    for (const auto& [key, value] : it->items()) {
+      if (key != "include_usage") {
+        return Invalid("stream_options",
+                       absl::StrCat("unknown field `stream_options.", absl::CHexEscape(key), "`"));
+      }
+    }
+    absl::StatusOr<std::optional<bool>> usage = GetBool(*it, "include_usage");
+    if (!usage.ok()) return usage.status();
+    if (!req.stream && usage->has_value()) {
+      return Invalid("stream_options", "`stream_options` is only allowed with `stream: true`");
+    }
+    req.include_usage = usage->value_or(false);
+  }
+
+  absl::StatusOr<std::vector<GenerateCall>> prompts = ParsePrompts(j);
+  if (!prompts.ok()) return prompts.status();
+  for (GenerateCall& p : *prompts) {
+    GenerateCall call = base;
+    call.prompt_kind = p.prompt_kind;
+    call.text = std::move(p.text);
+    call.token_ids = std::move(p.token_ids);
+    req.prompts.push_back(std::move(call));
+  }
+  return req;
+}
+
+std::string TokenName(const Tokenizer& tokenizer, uint32_t token_id) {
+  const std::string_view bytes = tokenizer.TokenBytes(token_id);
+  Utf8StreamDecoder d;
+  std::string text = d.Push(bytes);
+  if (text.size() == bytes.size() && d.Flush().empty()) return text;
+  std::string name = "bytes:";
+  for (unsigned char c : bytes) absl::StrAppend(&name, "\\x", absl::Hex(c, absl::kZeroPad2));
+  return name;
+}
+
+void AppendToChoice(const Tokenizer& tokenizer, const SampleOutput& out, Choice* choice) {
+  for (const OutputToken& t : out.tokens) {
+    if (choice->logprobs.has_value()) {
+      ChoiceLogprobs& lp = *choice->logprobs;
+      lp.tokens.push_back(TokenName(tokenizer, t.token_id));
+      lp.token_logprobs.push_back(t.logprob);
+      std::vector<std::pair<std::string, float>> top;
+      for (const TokenLogprob& e : t.top) top.emplace_back(TokenName(tokenizer, e.token_id), e.logprob);
+      lp.top_logprobs.push_back(std::move(top));
+      lp.text_offset.push_back(static_cast<uint32_t>(choice->text.size()));
+    }
+    choice->text += t.text;
+  }
+  choice->text += out.trailing_text;
+  if (out.finish_reason != FinishReason::kNone) choice->finish_reason = out.finish_reason;
+}
+
+json UsageJson(const Usage& u) {
+  return json{{"prompt_tokens", u.prompt_tokens},
+              {"completion_tokens", u.completion_tokens},
+              {"total_tokens", u.prompt_tokens + u.completion_tokens},
+              {"prompt_tokens_details", {{"cached_tokens", u.cached_prompt_tokens}}}};
+}
+
+json ChoiceJson(const Choice& c) {
+  json choice{{"index", c.index}, {"text", c.text}, {"logprobs", nullptr}};
+  if (c.logprobs.has_value()) {
+    json top = json::array();
+    for (const auto& entries : c.logprobs->top_logprobs) {
+      json o = json::object();
+      // Two ids with the same text keep the first (the more probable: entries descend).
+      for (const auto& [name, lp] : entries) o.emplace(name, lp);
+      top.push_back(std::move(o));
+    }
+    choice["logprobs"] = json{{"tokens", c.logprobs->tokens},
+                              {"token_logprobs", c.logprobs->token_logprobs},
+                              {"top_logprobs", std::move(top)},
+                              {"text_offset", c.logprobs->text_offset}};
+  }
+  switch (c.finish_reason) {
+    case FinishReason::kLength:
+      choice["finish_reason"] = "length";
+      break;
+    case FinishReason::kStop:
+      choice["finish_reason"] = "stop";
+      break;
+    case FinishReason::kNone:
+      choice["finish_reason"] = nullptr;
+      break;
+  }
+  return choice;
+}
+
+namespace {
+
+json Header(const ResponseHeader& h) {
+  return json{{"id", h.id}, {"object", "text_completion"}, {"created", h.created},
+              {"model", h.model}};
+}
+
+// Invalid UTF-8 cannot reach here (text is decoded with U+FFFD), but token names and
+// error messages are escaped rather than thrown on if it ever did.
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+}  // namespace
+
+std::string CompletionJson(const ResponseHeader& header, const std::vector<Choice>& choices,
+                           const Usage& usage) {
+  json j = Header(header);
+  j["choices"] = json::array();
+  for (const Choice& c : choices) j["choices"].push_back(ChoiceJson(c));
+  j["usage"] = UsageJson(usage);
+  return Dump(j);
+}
+
+std::string CompletionChunk(const ResponseHeader& header, const Choice& delta) {
+  json j = Header(header);
+  j["choices"] = json::array({ChoiceJson(delta)});
+  return absl::StrCat("data: ", Dump(j), "\n\n");
+}
+
+std::string UsageChunk(const ResponseHeader& header, const Usage& usage) {
+  json j = Header(header);
+  j["choices"] = json::array();
+  j["usage"] = UsageJson(usage);
+  return absl::StrCat("data: ", Dump(j), "\n\n");
+}
+
+int HttpStatusFor(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kOk:
+      return 200;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kFailedPrecondition:
+      return 400;
+    case absl::StatusCode::kUnauthenticated:
+      return 401;
+    case absl::StatusCode::kPermissionDenied:
+      return 403;
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kResourceExhausted:
+      return 429;
+    case absl::StatusCode::kCancelled:
+      return 499;  // the client went away (nginx's code; nobody reads it)
+    case absl::StatusCode::kUnimplemented:
+      return 501;
+    case absl::StatusCode::kUnavailable:
+      return 503;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 504;
+    default:
+      return 500;
+  }
+}
+
+std::string ErrorJson(const absl::Status& status) {
+  const char* type = "server_error";
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kNotFound:
+      type = "invalid_request_error";
+      break;
+    case absl::StatusCode::kUnauthenticated:
+      type = "authentication_error";
+      break;
+    case absl::StatusCode::kPermissionDenied:
+      type = "permission_error";
+      break;
+    case absl::StatusCode::kResourceExhausted:
+      type = "rate_limit_error";
+      break;
+    default:
+      break;
+  }
+  const std::string field = InvalidField(status);
+  json error{{"message", std::string(status.message())},
+             {"type", type},
+             {"param", field.empty() ? json(nullptr) : json(field)},
+             {"code", status.code() == absl::StatusCode::kNotFound && field == "model"
+                          ? json("model_not_found")
+                          : json(absl::StatusCodeToString(status.code()))}};
+  return Dump(json{{"error", std::move(error)}});
+}
+
+absl::Status ToHttpFieldNames(const absl::Status& status) {
+  static constexpr std::pair<const char*, const char*> kNames[] = {
+      {"max_new_tokens", "max_tokens"}, {"num_samples", "n"},   {"top_logprobs", "logprobs"},
+      {"token_ids", "prompt"},          {"text", "prompt"},     {"--max-samples", "--max-samples"}};
+  const std::string field = InvalidField(status);
+  if (field.empty()) return status;
+  std::string message(status.message());
+  std::string http_field = field;
+  for (const auto& [grpc_name, http_name] : kNames) {
+    if (field == grpc_name) http_field = http_name;
+  }
+  // Rename the fields the message mentions, whichever rule it came from.
+  message = absl::StrReplaceAll(message, {{"max_new_tokens", "max_tokens"},
+                                          {"num_samples", "n"},
+                                          {"top_logprobs", "logprobs"},
+                                          {"`token_ids.ids`", "`prompt`"},
+                                          {"`token_ids`", "`prompt`"},
+                                          {"`text`", "`prompt`"}});
+  absl::Status out(status.code(), message);
+  out.SetPayload(kInvalidFieldPayload, absl::Cord(http_field));
+  return out;
+}
+
+absl::StatusOr<std::string> ParseTokenizeRequest(const std::string& body,
+                                                 const std::string& served_model) {
+  absl::StatusOr<json> parsed = ParseObject(body);
+  if (!parsed.ok()) return parsed.status();
+  for (const auto& [key, value] : parsed->items()) {
+    if (key != "model" && key != "prompt" && key != "add_special_tokens") {
+      return Invalid(key, absl::StrCat("unknown field `", absl::CHexEscape(key), "`"));
+    }
+  }
+  if (absl::Status s = CheckModel(*parsed, served_model); !s.ok()) return s;
+  absl::StatusOr<std::optional<std::string>> prompt = GetString(*parsed, "prompt");
+  if (!prompt.ok()) return prompt.status();
+  if (!prompt->has_value()) return Invalid("prompt", "`prompt` (a string) is required");
+  return **prompt;
+}
+
+absl::StatusOr<std::vector<uint32_t>> ParseDetokenizeRequest(const std::string& body,
+                                                             const std::string& served_model) {
+  absl::StatusOr<json> parsed = ParseObject(body);
+  if (!parsed.ok()) return parsed.status();
+  for (const auto& [key, value] : parsed->items()) {
+    if (key != "model" && key != "tokens") {
+      return Invalid(key, absl::StrCat("unknown field `", absl::CHexEscape(key), "`"));
+    }
+  }
+  if (absl::Status s = CheckModel(*parsed, served_model); !s.ok()) return s;
+  auto it = parsed->find("tokens");
+  if (it == parsed->end() || !it->is_array()) {
+    return Invalid("tokens", "`tokens` (an array of token ids) is required");
+  }
+  return TokenIdArray(*it, "tokens");
+}
+
+}  // namespace prefixd

@@ -1,0 +1,97 @@
+// The OpenAI-compatible HTTP API's wire format, without any networking: JSON bodies in,
+// request-path terms (server/request_path.h) out, and response, stream-chunk and error
+// bodies back. The HTTP front end (server/http_front_end.h) only moves bytes.
+//
+// Fields follow OpenAI's completions API as its SDKs send it, plus prefixd's own `top_k`,
+// `ignore_eos`, `cache_salt` and `stop_token_ids`. What OpenAI has and prefixd does not
+// (`best_of` > 1, non-zero penalties, `logit_bias`, `suffix`, `echo`) and unknown fields are
+// refused naming the field. Errors carry the one status vocabulary: the HTTP status is
+// derived from the status code (HttpStatusFor).
+#ifndef PREFIXD_SERVER_OPENAI_API_H_
+#define PREFIXD_SERVER_OPENAI_API_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "server/generate_output.h"
+#include "server/request_path.h"
+
+namespace prefixd {
+
+// OpenAI's limit on `logprobs` for completions.
+inline constexpr uint32_t kMaxOpenAiLogprobs = 5;
+
+struct CompletionRequest {
+  // One call per prompt; they differ only in the prompt.
+  std::vector<GenerateCall> prompts;
+  bool stream = false;
+  bool include_usage = false;        // stream_options.include_usage
+  std::optional<uint32_t> logprobs;  // unset: no logprobs object in the choices
+};
+
+// POST /v1/completions. `served_model` is the only model name accepted (NOT_FOUND for
+// another). INVALID_ARGUMENT names the offending field (InvalidField) and what to change.
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(const std::string& body,
+                                                         const std::string& served_model);
+
+// The pieces of a completion response, as they accumulate.
+struct ChoiceLogprobs {
+  std::vector<std::string> tokens;
+  std::vector<float> token_logprobs;
+  std::vector<std::vector<std::pair<std::string, float>>> top_logprobs;
+  std::vector<uint32_t> text_offset;
+};
+struct Choice {
+  uint32_t index = 0;
+  std::string text;
+  std::optional<ChoiceLogprobs> logprobs;
+  FinishReason finish_reason = FinishReason::kNone;
+};
+
+// How a token is named in `logprobs.tokens`: its text, or "bytes:\xNN..." for bytes that
+// are not valid UTF-8 on their own (OpenAI's convention).
+std::string TokenName(const Tokenizer& tokenizer, uint32_t token_id);
+
+// Appends one SampleOutput to a choice: its text, and its logprobs when asked for.
+void AppendToChoice(const Tokenizer& tokenizer, const SampleOutput& out, Choice* choice);
+
+struct ResponseHeader {
+  std::string id;  // "cmpl-<request id>"
+  int64_t created = 0;
+  std::string model;
+};
+
+nlohmann::json UsageJson(const Usage& usage);
+nlohmann::json ChoiceJson(const Choice& choice);
+// The whole non-streamed response.
+std::string CompletionJson(const ResponseHeader& header, const std::vector<Choice>& choices,
+                           const Usage& usage);
+// One Server-Sent Events chunk carrying one choice's new text ("data: {...}\n\n").
+std::string CompletionChunk(const ResponseHeader& header, const Choice& delta);
+// The last chunk when include_usage was asked for: no choices, the usage.
+std::string UsageChunk(const ResponseHeader& header, const Usage& usage);
+inline constexpr std::string_view kDoneEvent = "data: [DONE]\n\n";
+
+// {"error": {"message", "type", "param", "code"}}, and the HTTP status it goes with.
+int HttpStatusFor(absl::StatusCode code);
+std::string ErrorJson(const absl::Status& status);
+// The request path names fields as gRPC does; this maps them to the API's names (and says
+// so in the message): max_new_tokens → max_tokens, num_samples → n, ...
+absl::Status ToHttpFieldNames(const absl::Status& status);
+
+// vLLM's /tokenize and /detokenize bodies.
+absl::StatusOr<std::string> ParseTokenizeRequest(const std::string& body,
+                                                 const std::string& served_model);
+absl::StatusOr<std::vector<uint32_t>> ParseDetokenizeRequest(const std::string& body,
+                                                             const std::string& served_model);
+
+}  // namespace prefixd
+
+#endif  // PREFIXD_SERVER_OPENAI_API_H_

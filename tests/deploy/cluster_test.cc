@@ -1,0 +1,215 @@
+// scripts/cluster end to end: two replicas behind HAProxy with prefix-affinity routing. Requests
+// sharing a prompt start go to one replica and hit its cache; a SIGKILLed replica's prompts
+// go to the other; a restarted replica rejoins; `down` stops everything. Needs haproxy
+// (scripts/setup installs it); skipped without it.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "prefixd/v1/inference.grpc.pb.h"
+#include "tests/server/process.h"
+
+namespace prefixd {
+namespace {
+
+struct ShResult {
+  int rc = -1;
+  std::string output;  // stdout and stderr
+};
+
+ShResult Sh(const std::string& command) {
+  ShResult r;
+  FILE* f = popen((command + " 2>&1").c_str(), "r");
+  if (f == nullptr) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) r.output.append(buf.data(), n);
+  const int status = pclose(f);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string Cluster() { return absl::StrCat(PREFIXD_SOURCE_DIR, "/scripts/cluster"); }
+
+// Running (a zombie is not: the processes the script starts outlive it, and whoever adopts
+// them reaps them in its own time).
+bool Alive(int pid) {
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string pid_field, comm, state;
+  if (!(stat >> pid_field >> comm >> state)) return false;
+  return state != "Z";
+}
+
+struct Reply {
+  grpc::Status status;
+  std::string replica;
+  uint32_t cached = 0;
+};
+
+// One Generate call: prompt `prompt`'s 64 shared ids, then 8 ids of request `request`.
+Reply Generate(v1::Inference::Stub& stub, uint32_t prompt, uint32_t request) {
+  v1::GenerateRequest req;
+  for (uint32_t k = 0; k < 64; ++k) req.mutable_token_ids()->add_ids(1000 + prompt * 97 + k);
+  for (uint32_t k = 0; k < 8; ++k) req.mutable_token_ids()->add_ids(30000 + request * 13 + k);
+  req.set_max_new_tokens(2);
+  req.set_ignore_eos(true);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  auto reader = stub.Generate(&ctx, req);
+  v1::GenerateResponse msg;
+  Reply r;
+  while (reader->Read(&msg)) {
+    if (msg.has_usage()) r.cached = msg.usage().cached_prompt_tokens();
+  }
+  r.status = reader->Finish();
+  const auto& md = ctx.GetServerInitialMetadata();
+  auto it = md.find("x-prefixd-replica");
+  if (it != md.end()) r.replica.assign(it->second.data(), it->second.size());
+  return r;
+}
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (Sh("command -v haproxy").rc != 0) GTEST_SKIP() << "haproxy is not installed";
+    ASSERT_TRUE(testing::WriteTinyModel(model_.path()).ok());
+  }
+  void TearDown() override {
+    if (!state_.empty()) Sh(absl::StrCat(Cluster(), " down --state ", state_));
+  }
+  testing::TempDir model_, dir_;
+  std::string state_;
+};
+
+TEST_F(ClusterTest, AffinityFailoverRestartDown) {
+  state_ = dir_.path() + "/state";
+  // The shared 64 ids (2-byte varints) are 128 bytes of the packed ids: a key of 64 bytes
+  // falls inside them (the default 256 would take in the suffix, and every request would
+  // hash on its own).
+  const ShResult up = Sh(absl::StrCat(
+      Cluster(), " up --replicas 2 --policy affinity --key-bytes 64 --model ", model_.path(),
+      " --state ", state_, " --build-dir ", PREFIXD_BINARY_DIR));
+  ASSERT_EQ(up.rc, 0) << up.output;
+  std::ifstream in(state_ + "/cluster.json");
+  const nlohmann::json c = nlohmann::json::parse(in);
+  ASSERT_EQ(c["replicas"].size(), 2u);
+  std::vector<int> pids;
+  for (const auto& r : c["replicas"]) {
+    pids.push_back(r["pid"].get<int>());
+    EXPECT_TRUE(Alive(pids.back()));
+  }
+  EXPECT_TRUE(Alive(c["haproxy_pid"].get<int>()));
+
+  auto stub = v1::Inference::NewStub(grpc::CreateChannel(c["grpc"].get<std::string>(),
+                                                         grpc::InsecureChannelCredentials()));
+  // Each prompt's requests go to one replica (its home); after the first, the 64 shared ids
+  // (4 blocks of 16) come from that replica's cache.
+  constexpr uint32_t kPrompts = 6;
+  std::vector<std::string> home(kPrompts);
+  for (uint32_t p = 0; p < kPrompts; ++p) {
+    for (uint32_t r = 0; r < 3; ++r) {
+      const Reply reply = Generate(*stub, p, r);
+      ASSERT_TRUE(reply.status.ok()) << reply.status.error_message();
+      ASSERT_FALSE(reply.replica.empty());
+      if (r == 0) {
+        home[p] = reply.replica;
+        EXPECT_EQ(reply.cached, 0u);
+      } else {
+        EXPECT_EQ(reply.replica, home[p]) << "prompt " << p;
+        EXPECT_EQ(reply.cached, 64u) << "prompt " << p;
+      }
+    }
+  }
+
+  // SIGKILL prompt 0's home: its next requests succeed on the other replica.
+  const int victim = home[0] == "r1" ? 1 : 2;
+  const std::string other = victim == 1 ? "r2" : "r1";
+  ASSERT_EQ(kill(pids[victim - 1], SIGKILL), 0);
+  for (uint32_t r = 3; r < 5; ++r) {
+    const Reply reply = Generate(*stub, 0, r);
+    ASSERT_TRUE(reply.status.ok()) << reply.status.error_message();
+    EXPECT_EQ(reply.replica, other);
+  }
+  EXPECT_EQ(Generate(*stub, 0, 5).cached, 64u) << "the other replica now caches prompt 0";
+
+  // Restarted, it rejoins at its old address and gets its prompts back (with a cold cache).
+  const ShResult restart =
+      Sh(absl::StrCat(Cluster(), " restart --state ", state_, " --replica ", victim));
+  ASSERT_EQ(restart.rc, 0) << restart.output;
+  const ShResult status = Sh(absl::StrCat(Cluster(), " status --state ", state_));
+  EXPECT_EQ(status.rc, 0);
+  EXPECT_NE(status.output.find(absl::StrCat("r", victim, " ")), std::string::npos);
+  EXPECT_EQ(status.output.find("DOWN"), std::string::npos) << status.output;
+  const Reply back = Generate(*stub, 0, 6);
+  ASSERT_TRUE(back.status.ok());
+  EXPECT_EQ(back.replica, home[0]);
+  EXPECT_EQ(back.cached, 0u);
+
+  std::ifstream in2(state_ + "/cluster.json");
+  const nlohmann::json c2 = nlohmann::json::parse(in2);
+  const int new_pid = c2["replicas"][victim - 1]["pid"].get<int>();
+  EXPECT_NE(new_pid, pids[victim - 1]);
+  const ShResult down = Sh(absl::StrCat(Cluster(), " down --state ", state_));
+  EXPECT_EQ(down.rc, 0) << down.output;
+  state_.clear();
+  // `down` waits for each process to exit.
+  EXPECT_FALSE(Alive(new_pid));
+  EXPECT_FALSE(Alive(pids[2 - victim]));
+  EXPECT_FALSE(Alive(c2["haproxy_pid"].get<int>()));
+}
+
+TEST_F(ClusterTest, BadArgumentsStartNothing) {
+  const std::string state = dir_.path() + "/bad";
+  struct Case {
+    std::string args, message;
+  };
+  const std::vector<Case> cases = {
+      {"--replicas 0 --policy affinity", "--replicas must be 1 to 8"},
+      {"--replicas 2 --policy random", "--policy must be affinity or roundrobin"},
+      {"--replicas 2", "--policy affinity|roundrobin is required"},
+      {"--replicas 2 --policy affinity --balance-factor 90", "--balance-factor must be"},
+  };
+  for (const Case& k : cases) {
+    const ShResult r = Sh(absl::StrCat(Cluster(), " up ", k.args, " --model ", model_.path(),
+                                  " --state ", state));
+    EXPECT_NE(r.rc, 0) << k.args;
+    EXPECT_NE(r.output.find(k.message), std::string::npos) << k.args << ": " << r.output;
+  }
+  const ShResult no_model = Sh(absl::StrCat(Cluster(), " up --replicas 1 --policy affinity --model ",
+                                       dir_.path(), "/none --state ", state));
+  EXPECT_NE(no_model.rc, 0);
+  EXPECT_NE(no_model.output.find("not a model directory"), std::string::npos) << no_model.output;
+  const ShResult down = Sh(absl::StrCat(Cluster(), " down --state ", state));
+  EXPECT_NE(down.rc, 0);
+  EXPECT_NE(down.output.find("holds no cluster"), std::string::npos) << down.output;
+}
+
+// A replica that cannot start (a model directory it cannot load) fails `up` with its log, and
+// no cluster is recorded.
+TEST_F(ClusterTest, AReplicaThatDoesNotStartFailsUpWithItsLog) {
+  const std::string bad_model = dir_.path() + "/broken";
+  ASSERT_EQ(Sh(absl::StrCat("mkdir -p ", bad_model, " && echo '{}' > ", bad_model,
+                            "/config.json")).rc, 0);
+  const std::string state = dir_.path() + "/s";
+  const ShResult r = Sh(absl::StrCat(Cluster(), " up --replicas 2 --policy affinity --model ",
+                                bad_model, " --state ", state, " --build-dir ",
+                                PREFIXD_BINARY_DIR));
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.output.find("replica 1 exited during start-up"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::ifstream(state + "/cluster.json").good());
+}
+
+}  // namespace
+}  // namespace prefixd

@@ -1,0 +1,255 @@
+// The OpenAI wire format without a network: every field of a completion request, every
+// refusal (with the field it names), and the shapes of responses, chunks and errors.
+#include "server/openai_api.h"
+
+#include <string>
+
+#include "engine/request_validation.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace prefixd {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using nlohmann::json;
+
+absl::StatusOr<CompletionRequest> Parse(const json& body) {
+  return ParseCompletionRequest(body.dump(), "gpt2");
+}
+
+void ExpectRefused(const json& body, absl::StatusCode code, const std::string& field,
+                   const std::string& message) {
+  absl::StatusOr<CompletionRequest> r = Parse(body);
+  ASSERT_FALSE(r.ok()) << body.dump();
+  EXPECT_EQ(r.status().code(), code) << body.dump();
+  EXPECT_EQ(InvalidField(r.status()), field) << body.dump();
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr(message)) << body.dump();
+}
+
+TEST(OpenAiApiTest, DefaultsAreOpenAis) {
+  absl::StatusOr<CompletionRequest> r = Parse({{"prompt", "Hello"}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->prompts.size(), 1u);
+  const GenerateCall& c = r->prompts[0];
+  EXPECT_EQ(c.api, Api::kHttp);
+  EXPECT_EQ(c.prompt_kind, GenerateCall::PromptKind::kText);
+  EXPECT_EQ(c.text, "Hello");
+  EXPECT_EQ(c.max_new_tokens, 16u);
+  EXPECT_EQ(c.temperature, 1.0f);
+  EXPECT_FALSE(c.top_p.has_value());
+  EXPECT_FALSE(c.seed.has_value());
+  EXPECT_EQ(c.num_samples, 1u);
+  EXPECT_EQ(c.top_logprobs, 0u);
+  EXPECT_FALSE(r->stream);
+  EXPECT_FALSE(r->include_usage);
+  EXPECT_FALSE(r->logprobs.has_value());
+}
+
+TEST(OpenAiApiTest, EveryFieldIsCarried) {
+  absl::StatusOr<CompletionRequest> r =
+      Parse({{"model", "gpt2"},
+             {"prompt", json::array({1, 2, 3})},
+             {"max_tokens", 7},
+             {"temperature", 0.5},
+             {"top_p", 0.9},
+             {"n", 3},
+             {"seed", 42},
+             {"stop", json::array({"\n", "END"})},
+             {"logprobs", 2},
+             {"stream", true},
+             {"stream_options", {{"include_usage", true}}},
+             {"user", "u-1"},
+             {"echo", false},
+             {"best_of", 1},
+             {"presence_penalty", 0},
+             {"frequency_penalty", 0.0},
+             {"logit_bias", json::object()},
+             {"suffix", nullptr},
+             {"top_k", 40},
+             {"ignore_eos", true},
+             {"cache_salt", "s"},
+             {"stop_token_ids", json::array({50256})}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  const GenerateCall& c = r->prompts[0];
+  EXPECT_EQ(c.prompt_kind, GenerateCall::PromptKind::kTokenIds);
+  EXPECT_THAT(c.token_ids, ElementsAre(1u, 2u, 3u));
+  EXPECT_EQ(c.max_new_tokens, 7u);
+  EXPECT_EQ(c.temperature, 0.5f);
+  EXPECT_EQ(c.top_p, 0.9f);
+  EXPECT_EQ(c.num_samples, 3u);
+  EXPECT_EQ(c.seed, 42u);
+  EXPECT_THAT(c.stop, ElementsAre("\n", "END"));
+  EXPECT_EQ(c.top_logprobs, 2u);
+  EXPECT_EQ(r->logprobs, 2u);
+  EXPECT_TRUE(r->stream);
+  EXPECT_TRUE(r->include_usage);
+  EXPECT_EQ(c.top_k, 40u);
+  EXPECT_TRUE(c.ignore_eos);
+  EXPECT_EQ(c.cache_salt, "s");
+  EXPECT_THAT(c.stop_token_ids, ElementsAre(50256u));
+}
+
+TEST(OpenAiApiTest, PromptForms) {
+  absl::StatusOr<CompletionRequest> r = Parse({{"prompt", json::array({"a", "b"})}});
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->prompts.size(), 2u);
+  EXPECT_EQ(r->prompts[1].text, "b");
+  r = Parse({{"prompt", json::array({json::array({5}), json::array({6, 7})})}, {"n", 2}});
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->prompts.size(), 2u);
+  EXPECT_THAT(r->prompts[1].token_ids, ElementsAre(6u, 7u));
+  EXPECT_EQ(r->prompts[1].num_samples, 2u) << "every prompt gets the same options";
+  r = Parse({{"prompt", "x"}, {"stop", "\n"}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_THAT(r->prompts[0].stop, ElementsAre("\n"));
+  // null is "not given"
+  r = Parse({{"prompt", "x"}, {"max_tokens", nullptr}, {"logprobs", nullptr}, {"stop", nullptr}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->prompts[0].max_new_tokens, 16u);
+}
+
+TEST(OpenAiApiTest, RefusalsNameTheField) {
+  using C = absl::StatusCode;
+  ExpectRefused({{"max_tokens", 4}}, C::kInvalidArgument, "prompt", "`prompt` is required");
+  ExpectRefused({{"prompt", json::array()}}, C::kInvalidArgument, "prompt", "not empty");
+  ExpectRefused({{"prompt", json::array({-1})}}, C::kInvalidArgument, "prompt", "non-negative");
+  ExpectRefused({{"prompt", json::array({json::object()})}}, C::kInvalidArgument, "prompt",
+                "token ids, strings, or arrays");
+  ExpectRefused({{"prompt", 5}}, C::kInvalidArgument, "prompt", "must be a string");
+  ExpectRefused({{"prompt", "x"}, {"model", "gpt-4"}}, C::kNotFound, "model",
+                "The model `gpt-4` does not exist");
+  ExpectRefused({{"prompt", "x"}, {"max_tokens", "5"}}, C::kInvalidArgument, "max_tokens",
+                "must be an integer");
+  ExpectRefused({{"prompt", "x"}, {"max_tokens", -1}}, C::kInvalidArgument, "max_tokens",
+                "from 0 to");
+  ExpectRefused({{"prompt", "x"}, {"temperature", "hot"}}, C::kInvalidArgument, "temperature",
+                "must be a number");
+  ExpectRefused({{"prompt", "x"}, {"n", 0}}, C::kInvalidArgument, "n", "at least 1");
+  ExpectRefused({{"prompt", "x"}, {"logprobs", 6}}, C::kInvalidArgument, "logprobs", "0 to 5");
+  ExpectRefused({{"prompt", "x"}, {"stop", 3}}, C::kInvalidArgument, "stop", "string");
+  ExpectRefused({{"prompt", "x"}, {"stream", "yes"}}, C::kInvalidArgument, "stream",
+                "true or false");
+  ExpectRefused({{"prompt", "x"}, {"stream_options", {{"include_usage", true}}}},
+                C::kInvalidArgument, "stream_options", "only allowed with `stream: true`");
+  ExpectRefused({{"prompt", "x"}, {"stream", true}, {"stream_options", {{"x", 1}}}},
+                C::kInvalidArgument, "stream_options", "unknown field `stream_options.x`");
+  ExpectRefused({{"prompt", "x"}, {"best_of", 2}}, C::kInvalidArgument, "best_of",
+                "not supported");
+  ExpectRefused({{"prompt", "x"}, {"presence_penalty", 0.5}}, C::kInvalidArgument,
+                "presence_penalty", "not supported");
+  ExpectRefused({{"prompt", "x"}, {"frequency_penalty", -1}}, C::kInvalidArgument,
+                "frequency_penalty", "not supported");
+  ExpectRefused({{"prompt", "x"}, {"logit_bias", {{"50256", -100}}}}, C::kInvalidArgument,
+                "logit_bias", "not supported");
+  ExpectRefused({{"prompt", "x"}, {"suffix", "y"}}, C::kInvalidArgument, "suffix",
+                "not supported");
+  ExpectRefused({{"prompt", "x"}, {"echo", true}}, C::kInvalidArgument, "echo",
+                "not supported");
+  ExpectRefused({{"prompt", "x"}, {"mystery", 1}}, C::kInvalidArgument, "mystery",
+                "unknown field `mystery`");
+  ExpectRefused({{"prompt", "x"}, {"stop_token_ids", json::array({"a"})}}, C::kInvalidArgument,
+                "stop_token_ids", "non-negative integers");
+  ExpectRefused({{"prompt", "x"}, {"ignore_eos", 1}}, C::kInvalidArgument, "ignore_eos",
+                "true or false");
+
+  absl::StatusOr<CompletionRequest> bad = ParseCompletionRequest("{\"prompt\": ", "gpt2");
+  EXPECT_EQ(bad.status().code(), C::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("not valid JSON"));
+  bad = ParseCompletionRequest("[1]", "gpt2");
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("must be a JSON object"));
+}
+
+TEST(OpenAiApiTest, RuleMessagesUseTheApisFieldNames) {
+  absl::Status s = ToHttpFieldNames(FieldError(
+      "max_new_tokens", "prompt (3 tokens) + max_new_tokens (300) = 303 exceeds the model's "
+                        "context length 256: shorten the prompt or lower max_new_tokens"));
+  EXPECT_EQ(InvalidField(s), "max_tokens");
+  EXPECT_EQ(std::string(s.message()),
+            "prompt (3 tokens) + max_tokens (300) = 303 exceeds the model's context length "
+            "256: shorten the prompt or lower max_tokens");
+  s = ToHttpFieldNames(FieldError("num_samples", "num_samples 17 exceeds this server's limit 16"));
+  EXPECT_EQ(InvalidField(s), "n");
+  EXPECT_EQ(std::string(s.message()), "n 17 exceeds this server's limit 16");
+  s = ToHttpFieldNames(FieldError("text", "empty prompt: `text` must produce at least one token"));
+  EXPECT_EQ(InvalidField(s), "prompt");
+  EXPECT_THAT(std::string(s.message()), HasSubstr("`prompt` must produce"));
+  // A status without a field is left as it is.
+  s = ToHttpFieldNames(absl::ResourceExhaustedError("request queue is full"));
+  EXPECT_EQ(s, absl::ResourceExhaustedError("request queue is full"));
+}
+
+TEST(OpenAiApiTest, ErrorsHaveOpenAisShapeAndStatus) {
+  EXPECT_EQ(HttpStatusFor(absl::StatusCode::kInvalidArgument), 400);
+  EXPECT_EQ(HttpStatusFor(absl::StatusCode::kUnauthenticated), 401);
+  EXPECT_EQ(HttpStatusFor(absl::StatusCode::kPermissionDenied), 403);
+  EXPECT_EQ(HttpStatusFor(absl::StatusCode::kNotFound), 404);
+  EXPECT_EQ(HttpStatusFor(absl::StatusCode::kResourceExhausted), 429);
+  EXPECT_EQ(HttpStatusFor(absl::StatusCode::kUnavailable), 503);
+  EXPECT_EQ(HttpStatusFor(absl::StatusCode::kInternal), 500);
+  const json e = json::parse(ErrorJson(FieldError("stop", "stop has 5 strings: at most 4")));
+  EXPECT_EQ(e["error"]["message"], "stop has 5 strings: at most 4");
+  EXPECT_EQ(e["error"]["type"], "invalid_request_error");
+  EXPECT_EQ(e["error"]["param"], "stop");
+  EXPECT_EQ(e["error"]["code"], "INVALID_ARGUMENT");
+  const json q = json::parse(ErrorJson(absl::ResourceExhaustedError("queue full")));
+  EXPECT_EQ(q["error"]["type"], "rate_limit_error");
+  EXPECT_TRUE(q["error"]["param"].is_null());
+}
+
+TEST(OpenAiApiTest, ResponseAndChunkShapes) {
+  ResponseHeader h{.id = "cmpl-1", .created = 1700000000, .model = "gpt2"};
+  Choice c;
+  c.index = 1;
+  c.text = "hi";
+  c.finish_reason = FinishReason::kStop;
+  c.logprobs.emplace();
+  c.logprobs->tokens = {"hi"};
+  c.logprobs->token_logprobs = {-0.25f};
+  c.logprobs->top_logprobs = {{{"hi", -0.25f}, {"ho", -2.0f}}};
+  c.logprobs->text_offset = {0};
+  Usage u;
+  u.prompt_tokens = 4;
+  u.cached_prompt_tokens = 3;
+  u.completion_tokens = 1;
+  const json r = json::parse(CompletionJson(h, {c}, u));
+  EXPECT_EQ(r["id"], "cmpl-1");
+  EXPECT_EQ(r["object"], "text_completion");
+  EXPECT_EQ(r["created"], 1700000000);
+  EXPECT_EQ(r["model"], "gpt2");
+  EXPECT_EQ(r["choices"][0]["index"], 1);
+  EXPECT_EQ(r["choices"][0]["text"], "hi");
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(r["choices"][0]["logprobs"]["tokens"], json::array({"hi"}));
+  EXPECT_EQ(r["choices"][0]["logprobs"]["top_logprobs"][0]["ho"], -2.0);
+  EXPECT_EQ(r["choices"][0]["logprobs"]["text_offset"], json::array({0}));
+  EXPECT_EQ(r["usage"]["prompt_tokens"], 4);
+  EXPECT_EQ(r["usage"]["completion_tokens"], 1);
+  EXPECT_EQ(r["usage"]["total_tokens"], 5);
+  EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], 3);
+
+  const std::string chunk = CompletionChunk(h, c);
+  ASSERT_TRUE(chunk.starts_with("data: "));
+  ASSERT_TRUE(chunk.ends_with("\n\n"));
+  const json cj = json::parse(chunk.substr(6));
+  EXPECT_EQ(cj["choices"].size(), 1u);
+  EXPECT_FALSE(cj.contains("usage"));
+  const json uj = json::parse(UsageChunk(h, u).substr(6));
+  EXPECT_TRUE(uj["choices"].empty());
+  EXPECT_EQ(uj["usage"]["total_tokens"], 5);
+  EXPECT_EQ(kDoneEvent, "data: [DONE]\n\n");
+}
+
+TEST(OpenAiApiTest, TokenizeBodies) {
+  EXPECT_EQ(*ParseTokenizeRequest(R"({"prompt": "Hello"})", "gpt2"), "Hello");
+  EXPECT_EQ(ParseTokenizeRequest(R"({"text": "Hello"})", "gpt2").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(*ParseDetokenizeRequest(R"({"tokens": [1, 2]})", "gpt2"), ElementsAre(1u, 2u));
+  EXPECT_EQ(ParseDetokenizeRequest(R"({"tokens": [1], "model": "x"})", "gpt2").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace prefixd
