@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <array>
 #include <cerrno>
 #include <optional>
 #include <thread>
@@ -95,6 +96,8 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void OnHeader(beast::error_code ec, size_t) {
+    // A Content-Length past the limit is refused while the header is parsed.
+    if (ec == http::error::body_limit) return SendTooLarge();
     if (ec) return Close();  // end of stream, idle timeout, a malformed header
     const auto& req = parser_->get();
     version_ = req.version();
@@ -130,12 +133,36 @@ class Session : public std::enable_shared_from_this<Session> {
     Handle(parser_->release());
   }
 
+  // The body is not read. Closing at once with unread bytes makes the kernel send a reset,
+  // which can destroy the response before the client reads it; so after the response, stop
+  // sending and discard what the client still sends, for a few seconds at most.
   void SendTooLarge() {
-    keep_alive_ = false;  // the rest of the body is not read
-    Send(http::status::payload_too_large,
-         ErrorJson(absl::InvalidArgumentError(
-             absl::StrCat("the request body is larger than ", impl_->options.max_body_bytes,
-                          " bytes: send a smaller one"))));
+    keep_alive_ = false;
+    auto res = std::make_shared<http::response<http::string_body>>(
+        http::status::payload_too_large, version_);
+    res->set(http::field::server, "prefixd");
+    res->set(http::field::content_type, "application/json");
+    res->keep_alive(false);
+    res->body() = ErrorJson(absl::InvalidArgumentError(
+        absl::StrCat("the request body is larger than ", impl_->options.max_body_bytes,
+                     " bytes: send a smaller one")));
+    res->prepare_payload();
+    http::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code ec, size_t) {
+      if (ec) return self->Close();
+      beast::error_code ignored;
+      self->stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+      self->stream_.expires_after(std::chrono::seconds(3));
+      self->Discard();
+    });
+  }
+
+  void Discard() {
+    auto sink = std::make_shared<std::array<char, 65536>>();
+    stream_.async_read_some(net::buffer(*sink),
+                            [self = shared_from_this(), sink](beast::error_code ec, size_t) {
+                              if (ec) return self->Close();
+                              self->Discard();
+                            });
   }
 
   void Handle(http::request<http::string_body> req) {
