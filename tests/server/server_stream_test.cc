@@ -230,7 +230,7 @@ grpc::Status RawUnaryCall(const std::shared_ptr<grpc::Channel>& channel, const s
 TEST_F(ServerTest, UnparsableRequestsAreInvalidArgumentAndCounted) {
   const auto invalid_argument = [&] {
     absl::StatusOr<std::string> text = HttpGet(server_->metrics_port(), "/metrics");
-    return text.ok() ? MetricValue(*text, "prefixd_requests_total{code=\"INVALID_ARGUMENT\"}")
+    return text.ok() ? MetricValue(*text, "prefixd_requests_total{api=\"grpc\",code=\"INVALID_ARGUMENT\"}")
                      : -2;
   };
   const double before = std::max(0.0, invalid_argument());
