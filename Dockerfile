@@ -41,7 +41,7 @@ ENV PATH=/opt/prefixd/bin:$PATH \
     LD_LIBRARY_PATH=/opt/prefixd/lib \
     PREFIXD_TOKENIZER_DIR=/opt/prefixd/share/gpt2-tokenizer
 USER prefixd
-EXPOSE 50051 9464
+EXPOSE 50051 8000 9464
 VOLUME ["/models"]
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
   CMD ["prefixctl", "--server", "127.0.0.1:50051", "health"]

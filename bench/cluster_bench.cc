@@ -8,7 +8,11 @@
 // --concurrency at a time. The replica that served a call is read from the
 // x-prefixd-replica header HAProxy adds (deploy/haproxy/haproxy.cfg). Prints one JSON object.
 //
-// Failover (--cluster DIR/cluster.json --kill-replica I): once --kill-after requests have
+// --http sends the same workload as OpenAI completions (text prompts, not streamed) to the
+// HTTP front door (cluster.json's "http", or --server HOST:PORT), which HAProxy routes by the
+// start of the JSON "prompt"; the replica comes from the same header.
+//
+// Failover (--cluster DIR/cluster.json --kill-replica I, gRPC only): once --kill-after requests have
 // finished and a request is streaming from replica I, SIGKILL it; then, --restart-after-s
 // later, run --restart-command (e.g. scripts/cluster restart ...) and keep sending.
 #include <signal.h>
@@ -31,6 +35,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "bench/http_client.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
 #include "prefixd/v1/inference.grpc.pb.h"
@@ -51,6 +56,7 @@ struct Options {
   uint32_t concurrency = 4;
   uint64_t seed = 1;
   bool text = false;
+  bool http = false;  // the HTTP front door (implies text prompts)
   double zipf = 0;  // > 0: each request's prompt drawn with P(rank k) ∝ 1 / k^zipf
   double deadline_s = 120;
   uint32_t kill_replica = 0;  // 1-based; 0 = no failover test
@@ -87,7 +93,7 @@ std::string CodeName(grpc::StatusCode c) {
 const char* kUsage =
     "usage: cluster_bench (--server ADDR | --cluster FILE) [--prompts N] [--prefix-tokens N]\n"
     "  [--requests-per-prompt N] [--suffix-tokens N] [--max-tokens N] [--concurrency N]\n"
-    "  [--seed S] [--text] [--zipf S] [--deadline-s S] [--requests-out FILE]\n"
+    "  [--seed S] [--text] [--http] [--zipf S] [--deadline-s S] [--requests-out FILE]\n"
     "  [--kill-replica I --kill-after N [--restart-after-s S] [--restart-command CMD]]\n";
 
 std::optional<Options> Parse(int argc, char** argv) {
@@ -148,6 +154,9 @@ std::optional<Options> Parse(int argc, char** argv) {
       ok = num(&o.kill_after);
     } else if (a == "--text") {
       o.text = true;
+    } else if (a == "--http") {
+      o.http = true;
+      o.text = true;  // json_query finds a key only in a string prompt
     } else {
       std::cerr << "cluster_bench: unknown argument '" << a << "'\n" << kUsage;
       return std::nullopt;
@@ -159,6 +168,10 @@ std::optional<Options> Parse(int argc, char** argv) {
   }
   if (o.server.empty() == o.cluster.empty()) {
     std::cerr << "cluster_bench: give one of --server or --cluster\n" << kUsage;
+    return std::nullopt;
+  }
+  if (o.kill_replica > 0 && o.http) {
+    std::cerr << "cluster_bench: --kill-replica measures the gRPC front door (leave out --http)\n";
     return std::nullopt;
   }
   if (o.kill_replica > 0 && o.cluster.empty()) {
@@ -255,6 +268,13 @@ int Run(const Options& o) {
     }
     const nlohmann::json c = nlohmann::json::parse(in);
     server = c.at("grpc").get<std::string>();
+    if (o.http) {
+      if (!c.contains("http")) {
+        std::cerr << "cluster_bench: " << o.cluster << " has no HTTP front door\n";
+        return 1;
+      }
+      server = c.at("http").get<std::string>();
+    }
     for (const auto& r : c.at("replicas")) pids.push_back(r.at("pid").get<int>());
     if (o.kill_replica > pids.size()) {
       std::cerr << "cluster_bench: --kill-replica " << o.kill_replica << " but the cluster has "
@@ -265,7 +285,8 @@ int Run(const Options& o) {
   auto channel = grpc::CreateChannel(server, grpc::InsecureChannelCredentials());
   auto stub = v1::Inference::NewStub(channel);
   v1::ModelInfo info;
-  {
+  info.set_vocab_size(50257);  // text prompts (all that --http sends) need no vocabulary size
+  if (!o.http) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     grpc::Status s = stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info);
@@ -288,7 +309,46 @@ int Run(const Options& o) {
   auto now_s = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
 
   std::atomic<size_t> next{0};
+  // One completion through the HTTP front door, recorded like a gRPC call (200 = OK).
+  auto http_request = [&](bench::HttpConnection& conn, size_t i) {
+    const v1::GenerateRequest& g = w.requests[i];
+    const nlohmann::json body{{"prompt", g.text()}, {"max_tokens", g.max_new_tokens()},
+                              {"temperature", 0}, {"ignore_eos", true}, {"seed", g.seed()}};
+    {
+      std::lock_guard<std::mutex> l(mu);
+      records[i].prompt = w.prompt_of[i];
+      records[i].start_s = now_s();
+      records[i].started = true;
+    }
+    absl::StatusOr<bench::HttpResponse> res = conn.Post("/v1/completions", body.dump());
+    std::lock_guard<std::mutex> l(mu);
+    Record& r = records[i];
+    r.end_s = now_s();
+    if (!res.ok()) {
+      r.code = grpc::StatusCode::UNAVAILABLE;
+      r.message = std::string(res.status().message());
+    } else {
+      r.replica = res->headers["x-prefixd-replica"];
+      const nlohmann::json j = nlohmann::json::parse(res->body, nullptr, false);
+      if (res->status != 200 || j.is_discarded() || !j.contains("usage")) {
+        r.code = grpc::StatusCode::UNKNOWN;
+        r.message = absl::StrCat("HTTP ", res->status, ": ", res->body);
+      } else {
+        r.prompt_tokens = j["usage"]["prompt_tokens"].get<uint32_t>();
+        r.cached_tokens = j["usage"]["prompt_tokens_details"]["cached_tokens"].get<uint32_t>();
+      }
+    }
+    ++finished;
+    cv.notify_all();
+  };
   auto worker = [&] {
+    if (o.http) {
+      bench::HttpConnection conn(server);
+      for (size_t i = next.fetch_add(1); i < w.requests.size(); i = next.fetch_add(1)) {
+        http_request(conn, i);
+      }
+      return;
+    }
     for (size_t i = next.fetch_add(1); i < w.requests.size(); i = next.fetch_add(1)) {
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() +
@@ -403,6 +463,7 @@ int Run(const Options& o) {
   const double mean = per_replica.empty() ? 0 : static_cast<double>(ok) / per_replica.size();
   nlohmann::json out = {
       {"server", server},
+      {"api", o.http ? "http" : "grpc"},
       {"seed", o.seed},
       {"requests", records.size()},
       {"requests_ok", ok},

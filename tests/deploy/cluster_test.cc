@@ -170,6 +170,91 @@ TEST_F(ClusterTest, AffinityFailoverRestartDown) {
   EXPECT_FALSE(Alive(c2["haproxy_pid"].get<int>()));
 }
 
+// The HTTP front door (the replicas run the OpenAI-compatible API): completions are routed by
+// the start of their JSON "prompt", HAProxy's health checks read each replica's /health, and
+// requests for a replica that is shutting down (503 while it drains, then refused
+// connections) are served by the other one.
+TEST_F(ClusterTest, HttpFrontDoorRoutesByPromptAndSurvivesADrain) {
+  state_ = dir_.path() + "/state";
+  const ShResult up = Sh(absl::StrCat(
+      Cluster(), " up --replicas 2 --policy affinity --key-bytes 64 --model ", model_.path(),
+      " --state ", state_, " --build-dir ", PREFIXD_BINARY_DIR));
+  ASSERT_EQ(up.rc, 0) << up.output;
+  std::ifstream in(state_ + "/cluster.json");
+  const nlohmann::json c = nlohmann::json::parse(in);
+  ASSERT_TRUE(c.contains("http")) << c.dump();
+  const std::string http = c["http"].get<std::string>();
+  for (const auto& r : c["replicas"]) ASSERT_TRUE(r.contains("http")) << c.dump();
+
+  struct HttpReply {
+    int status = 0;
+    std::string replica;
+    int cached = -1;
+  };
+  // A completion whose prompt is system prompt `prompt` (over 64 bytes) and question `request`.
+  auto complete = [&](uint32_t prompt, const std::string& request) {
+    const nlohmann::json body{
+        {"prompt", absl::StrCat("System prompt ", prompt, ": you answer questions about the ",
+                                "cache briefly and well. Question ", request, "?")},
+        {"max_tokens", 2}, {"temperature", 0}};
+    const std::string file = absl::StrCat(dir_.path(), "/body.json");
+    std::ofstream(file) << body.dump();
+    const ShResult r = Sh(absl::StrCat("curl -s --max-time 20 -D - -H 'Content-Type: ",
+                                       "application/json' --data-binary @", file, " http://",
+                                       http, "/v1/completions"));
+    HttpReply reply;
+    const size_t status = r.output.find("HTTP/1.1 ");
+    if (status != std::string::npos) reply.status = std::stoi(r.output.substr(status + 9, 3));
+    const size_t header = r.output.find("x-prefixd-replica: ");
+    if (header != std::string::npos) reply.replica = r.output.substr(header + 19, 2);
+    const size_t json = r.output.find("\r\n\r\n");
+    if (json != std::string::npos) {
+      const nlohmann::json j = nlohmann::json::parse(r.output.substr(json + 4), nullptr, false);
+      if (!j.is_discarded() && j.contains("usage")) {
+        reply.cached = j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
+      }
+    }
+    return reply;
+  };
+
+  constexpr uint32_t kPrompts = 4;
+  std::vector<std::string> home(kPrompts);
+  for (uint32_t p = 0; p < kPrompts; ++p) {
+    for (uint32_t r = 0; r < 3; ++r) {
+      const HttpReply reply = complete(p, absl::StrCat(r));
+      ASSERT_EQ(reply.status, 200) << "prompt " << p;
+      ASSERT_FALSE(reply.replica.empty());
+      if (r == 0) {
+        home[p] = reply.replica;
+      } else {
+        EXPECT_EQ(reply.replica, home[p]) << "prompt " << p;
+        // The system prompt is 15 tokens; the rest differs by request.
+        EXPECT_GE(reply.cached, 12) << "prompt " << p << ": its system prompt is cached";
+      }
+    }
+  }
+
+  // SIGTERM prompt 0's home: it drains (503 on /health and to new completions), then exits.
+  // No client sees either: HAProxy sends its requests to the other replica.
+  const int victim = home[0] == "r1" ? 1 : 2;
+  const std::string other = victim == 1 ? "r2" : "r1";
+  ASSERT_EQ(kill(c["replicas"][victim - 1]["pid"].get<int>(), SIGTERM), 0);
+  for (uint32_t r = 3; r < 8; ++r) {
+    const HttpReply reply = complete(0, absl::StrCat(r));
+    EXPECT_EQ(reply.status, 200) << "request " << r;
+    EXPECT_EQ(reply.replica, other) << "request " << r;
+  }
+  // HAProxy's check of /health has taken it out of the ring.
+  bool down = false;
+  for (int i = 0; i < 50 && !down; ++i) {
+    const ShResult status = Sh(absl::StrCat(Cluster(), " status --state ", state_));
+    down = status.output.find(absl::StrCat("r", victim, " ")) != std::string::npos &&
+           status.output.find("DOWN") != std::string::npos;
+    if (!down) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(down);
+}
+
 TEST_F(ClusterTest, BadArgumentsStartNothing) {
   const std::string state = dir_.path() + "/bad";
   struct Case {

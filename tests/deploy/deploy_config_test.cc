@@ -79,6 +79,7 @@ TEST(DeployConfigTest, DashboardPanelsQueryExportedMetrics) {
   std::set<std::string> used;
   ASSERT_TRUE(dash.contains("panels"));
   for (const auto& panel : dash["panels"]) {
+    if (panel.value("type", "") == "row") continue;  // a heading; the panels follow it
     ASSERT_TRUE(panel.contains("targets")) << panel["title"];
     ASSERT_FALSE(panel["targets"].empty()) << panel["title"];
     for (const auto& target : panel["targets"]) {
@@ -98,7 +99,10 @@ TEST(DeployConfigTest, DashboardPanelsQueryExportedMetrics) {
         "prefixd_kv_blocks", "prefixd_kv_pool_bytes", "prefixd_kv_evictions_total",
         "prefixd_kv_cow_copies_total", "prefixd_preemptions_total",
         "prefixd_time_to_first_token_seconds", "prefixd_time_per_output_token_seconds",
-        "prefixd_requests_total"}) {
+        "prefixd_requests_total", "prefixd_disk_cache_hit_tokens_total",
+        "prefixd_disk_cache_spills_total", "prefixd_disk_cache_spills_dropped_total",
+        "prefixd_disk_cache_loads_total", "prefixd_disk_cache_corrupt_blocks_total",
+        "prefixd_disk_cache_bytes", "prefixd_disk_cache_load_seconds"}) {
     EXPECT_TRUE(used.count(name)) << "no panel shows " << name;
   }
 }
@@ -115,9 +119,17 @@ TEST(DeployConfigTest, ComposeRunsReplicasBehindHaproxyWithPrometheusAndGrafana)
   std::set<std::string> ports;
   for (const auto& p : services["haproxy"]["ports"]) ports.insert(p.as<std::string>());
   EXPECT_TRUE(ports.count("50051:50051"));
+  EXPECT_TRUE(ports.count("8000:8000")) << "the HTTP front door";
   const YAML::Node env = services["haproxy"]["environment"];
   EXPECT_EQ(env["PREFIXD_REPLICAS_DNS"].as<std::string>(), "prefixd");
   EXPECT_EQ(env["PREFIXD_GRPC_BIND"].as<std::string>(), ":50051");
+  // HTTP: routed by the prompt, replicas checked with GET /health on their HTTP port.
+  EXPECT_EQ(env["PREFIXD_HTTP_BIND"].as<std::string>(), ":8000");
+  EXPECT_EQ(env["PREFIXD_HEALTH"].as<std::string>(), "http");
+  EXPECT_EQ(env["PREFIXD_REPLICA_CHECK_PORT"].as<std::string>(), "8000");
+  std::set<std::string> exposed;
+  for (const auto& p : services["prefixd"]["expose"]) exposed.insert(p.as<std::string>());
+  EXPECT_TRUE(exposed.count("8000"));
   bool mounts_haproxy = false, mounts_prometheus = false;
   for (const auto& v : services["haproxy"]["volumes"]) {
     mounts_haproxy |= v.as<std::string>().rfind("./haproxy/haproxy.cfg:", 0) == 0;
@@ -141,11 +153,39 @@ TEST(DeployConfigTest, ComposeRunsReplicasBehindHaproxyWithPrometheusAndGrafana)
             "haproxy" + stats);
 }
 
+// Requests split by front end (api="grpc"|"http") and status code, and a row of disk tier
+// panels after a row heading, whose bytes panel shows both the used and the cap series.
+TEST(DeployConfigTest, DashboardShowsRequestsByApiAndCodeAndADiskTierRow) {
+  const nlohmann::json dash = nlohmann::json::parse(ReadFile("deploy/grafana/dashboards/prefixd.json"));
+  bool by_api_and_code = false, in_disk_row = false, used = false, cap = false;
+  int disk_panels = 0;
+  for (const auto& panel : dash["panels"]) {
+    if (panel.value("type", "") == "row") {
+      in_disk_row = panel.value("title", "").find("Disk") != std::string::npos;
+      continue;
+    }
+    for (const auto& target : panel.value("targets", nlohmann::json::array())) {
+      const std::string expr = target.at("expr").get<std::string>();
+      by_api_and_code |= expr.find("prefixd_requests_total") != std::string::npos &&
+                         expr.find("by (api, code)") != std::string::npos;
+      if (expr.find("prefixd_disk_cache_") == std::string::npos) continue;
+      EXPECT_TRUE(in_disk_row) << "disk tier panel outside the disk tier row: " << expr;
+      used |= expr.find("prefixd_disk_cache_bytes{kind=\"used\"}") != std::string::npos;
+      cap |= expr.find("prefixd_disk_cache_bytes{kind=\"cap\"}") != std::string::npos;
+    }
+    if (in_disk_row) ++disk_panels;
+  }
+  EXPECT_TRUE(by_api_and_code);
+  EXPECT_GE(disk_panels, 4);
+  EXPECT_TRUE(used);
+  EXPECT_TRUE(cap);
+}
+
 TEST(DeployConfigTest, DashboardShowsHitRatioAndLoadPerReplica) {
   const nlohmann::json dash = nlohmann::json::parse(ReadFile("deploy/grafana/dashboards/prefixd.json"));
   bool hit_per_replica = false, load_per_replica = false;
   for (const auto& panel : dash["panels"]) {
-    for (const auto& target : panel["targets"]) {
+    for (const auto& target : panel.value("targets", nlohmann::json::array())) {
       const std::string expr = target.at("expr").get<std::string>();
       if (expr.find("by (instance)") == std::string::npos) continue;
       hit_per_replica |= expr.find("prefixd_prefix_cache_hit_tokens_total") != std::string::npos;
@@ -210,6 +250,42 @@ TEST(DeployConfigTest, KubernetesProbesTheGrpcHealthServiceAndAsksForAGpu) {
   const YAML::Node svc = YAML::LoadFile(Path("deploy/k8s/service.yaml"));
   EXPECT_EQ(svc["kind"].as<std::string>(), "Service");
   EXPECT_EQ(svc["spec"]["ports"][0]["port"].as<int>(), 50051);
+}
+
+// The image's entrypoint serves the HTTP API on 8000, and compose and Kubernetes expose it:
+// the replicas' containers and Services, and HAProxy's front door with /health checks.
+TEST(DeployConfigTest, TheHttpApiIsExposedOnPort8000) {
+  EXPECT_NE(ReadFile("deploy/entrypoint.sh").find("--http-listen 0.0.0.0:8000"), std::string::npos);
+  auto port_named = [](const YAML::Node& ports, const std::string& name, const char* key) {
+    for (const auto& p : ports) {
+      if (p["name"].as<std::string>() == name) return p[key].as<int>();
+    }
+    return 0;
+  };
+  const YAML::Node dep = YAML::LoadFile(Path("deploy/k8s/deployment.yaml"));
+  EXPECT_EQ(port_named(dep["spec"]["template"]["spec"]["containers"][0]["ports"], "http",
+                       "containerPort"), 8000);
+  const YAML::Node svc = YAML::LoadFile(Path("deploy/k8s/service.yaml"));
+  EXPECT_EQ(port_named(svc["spec"]["ports"], "http", "port"), 8000);
+  int services_with_http = 0;
+  bool health_http = false;
+  for (const YAML::Node& d : YAML::LoadAllFromFile(Path("deploy/k8s/haproxy.yaml"))) {
+    const std::string kind = d["kind"].as<std::string>();
+    if (kind == "Service" && port_named(d["spec"]["ports"], "http", "port") == 8000) {
+      ++services_with_http;  // the headless replicas Service and the front door
+    }
+    if (kind == "Deployment") {
+      const YAML::Node c = d["spec"]["template"]["spec"]["containers"][0];
+      EXPECT_EQ(port_named(c["ports"], "http", "containerPort"), 8000);
+      std::map<std::string, std::string> env;
+      for (const auto& e : c["env"]) env[e["name"].as<std::string>()] = e["value"].as<std::string>();
+      EXPECT_EQ(env["PREFIXD_HTTP_BIND"], ":8000");
+      EXPECT_EQ(env["PREFIXD_REPLICA_CHECK_PORT"], "8000");
+      health_http = env["PREFIXD_HEALTH"] == "http";
+    }
+  }
+  EXPECT_EQ(services_with_http, 2);
+  EXPECT_TRUE(health_http);
 }
 
 }  // namespace

@@ -15,8 +15,8 @@
 
 namespace prefixd::testing {
 
-// Options for a test server on `model_dir`: device cpu, port 0, metrics off, log kept in
-// `log` (when not null) instead of stderr.
+// Options for a test server on `model_dir`: device cpu, gRPC on port 0, metrics and HTTP
+// off, log kept in `log` (when not null) instead of stderr.
 inline ServerOptions TestServerOptions(const std::string& model_dir,
                                        std::function<void(std::string_view)> log = nullptr) {
   ServerOptions o;
@@ -25,6 +25,7 @@ inline ServerOptions TestServerOptions(const std::string& model_dir,
   o.device.threads = 1;
   o.listen = "127.0.0.1:0";
   o.metrics_listen = "off";
+  o.http_listen = "off";
   o.log = log ? std::move(log) : [](std::string_view) {};
   return o;
 }

@@ -157,6 +157,8 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
                                    "127.0.0.1:0",
                                    "--metrics-listen",
                                    "127.0.0.1:0",
+                                   "--http-listen",
+                                   "127.0.0.1:0",
                                    "--device",
                                    "cpu",
                                    "--threads",
@@ -170,12 +172,16 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
       server->process_->WaitForLine("metrics on http://127.0.0.1:", absl::Seconds(30));
   std::optional<std::string> listening =
       server->process_->WaitForLine("listening on 127.0.0.1:", absl::Seconds(30));
-  if (!metrics.has_value() || !listening.has_value()) {
+  // The HTTP API starts last: once it is up, prefixd serves everything.
+  std::optional<std::string> http =
+      server->process_->WaitForLine("http on http://127.0.0.1:", absl::Seconds(30));
+  if (!metrics.has_value() || !listening.has_value() || !http.has_value()) {
     return absl::InternalError(
         absl::StrCat("prefixd did not start; its output:\n", server->process_->Output()));
   }
   server->metrics_port_ = PortAfter(*metrics, "metrics on http://127.0.0.1:");
   server->port_ = PortAfter(*listening, "listening on 127.0.0.1:");
+  server->http_port_ = PortAfter(*http, "http on http://127.0.0.1:");
   server->address_ = absl::StrCat("127.0.0.1:", server->port_);
   return server;
 }

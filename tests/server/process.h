@@ -70,6 +70,7 @@ class ServerProcess {
   std::string address() const { return address_; }  // "127.0.0.1:PORT"
   int port() const { return port_; }
   int metrics_port() const { return metrics_port_; }
+  int http_port() const { return http_port_; }
   Process& process() { return *process_; }
 
  private:
@@ -77,6 +78,7 @@ class ServerProcess {
   std::string address_;
   int port_ = 0;
   int metrics_port_ = 0;
+  int http_port_ = 0;
 };
 
 // One prefixd shared by a whole test suite: the tiny model in a temporary directory and the

@@ -82,7 +82,7 @@ TEST_F(LifecycleTest, ASecondServerOnTheSamePortExitsInsteadOfSharingIt) {
   // Its own metrics port, so that only the gRPC port is contested.
   const CommandResult second =
       RunCommand({BuiltBinary("server/prefixd"), "--model", model_, "--device", "cpu",
-                  "--listen", (*first)->address(), "--metrics-listen", "127.0.0.1:0"},
+                  "--listen", (*first)->address(), "--metrics-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"},
                  absl::Seconds(30));
   EXPECT_EQ(second.exit_code, 1) << second.output;
   EXPECT_THAT(second.output, HasSubstr("cannot listen on " + (*first)->address()));
@@ -96,7 +96,7 @@ TEST_F(LifecycleTest, ServesOnAUnixSocketAndLogsItsPath) {
   const std::string address = "unix:" + dir.path() + "/prefixd.sock";
   absl::StatusOr<std::unique_ptr<Process>> server =
       Process::Start({BuiltBinary("server/prefixd"), "--model", model_, "--device", "cpu",
-                      "--listen", address, "--metrics-listen", "127.0.0.1:0"});
+                      "--listen", address, "--metrics-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"});
   ASSERT_TRUE(server.ok()) << server.status();
   ASSERT_TRUE((*server)->WaitForLine("listening on " + address, absl::Seconds(30)))
       << (*server)->Output();
