@@ -93,8 +93,9 @@ sigset_t WatchedSignals() {
 // start-up SIGTERM/SIGINT end the process at once: nothing has been accepted yet, and a
 // model load or CUDA probe should not make Ctrl-C wait. While serving, the first of them
 // starts the drain; a second one during the drain ends the grace period now. SIGHUP reloads
-// the tokens file and the TLS certificate and key (Server::Reload); it is ignored before
-// serving starts (the files are being read then anyway) and after it ends. SIGUSR1 and
+// the tokens file and the TLS certificate and key (Server::Reload); one that arrives during
+// start-up is applied as serving starts (the files may have changed after start-up read
+// them), and one during the drain or after is ignored. SIGUSR1 and
 // SIGUSR2 are logged and ignored, so that a stray one does not kill the server.
 class SignalWatcher {
  public:
@@ -106,6 +107,11 @@ class SignalWatcher {
   void StartServing(Server* server) {
     absl::MutexLock lock(&mu_);
     server_ = server;
+    if (reload_pending_) {
+      reload_pending_ = false;
+      Log("SIGHUP during start-up: reloading");
+      server_->Reload().IgnoreError();  // it logs what it kept and why
+    }
   }
 
   // The server has stopped: from now on a signal has nothing left to cut short. Waits for a
@@ -128,7 +134,9 @@ class SignalWatcher {
         continue;
       }
       if (sig == SIGHUP) {
-        if (server_ == nullptr || draining_) {
+        if (server_ == nullptr && !stopped_) {
+          reload_pending_ = true;  // StartServing reloads
+        } else if (server_ == nullptr || draining_) {
           Log("SIGHUP ignored: not serving");
         } else {
           Log("SIGHUP: reloading");
@@ -161,6 +169,7 @@ class SignalWatcher {
   Server* server_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  bool reload_pending_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 ServerOptions OptionsFromFlags() {

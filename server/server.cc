@@ -543,9 +543,12 @@ absl::Status Server::Parts::StartGrpc(const std::shared_ptr<grpc::ServerCredenti
     grpc_address =
         absl::StrCat(options.listen.substr(0, options.listen.rfind(':')), ":", grpc_port);
   }
-  log(absl::StrCat("listening on ", grpc_address, tls ? " (TLS)" : "",
-                   own_accept ? absl::StrCat(", at most ", max_connections, " connections")
-                              : std::string(", no connection limit (TLS on a unix socket)")));
+  // Scripts read the port from this line: it ends with the address (or " (TLS)").
+  log(absl::StrCat("listening on ", grpc_address, tls ? " (TLS)" : ""));
+  log(absl::StrCat(own_accept ? absl::StrCat("at most ", max_connections, " gRPC connections")
+                              : std::string("no gRPC connection limit (TLS on a unix socket)"),
+                   ", idle ones closed after ",
+                   absl::FormatDuration(options.connection_idle_timeout)));
   return absl::OkStatus();
 }
 

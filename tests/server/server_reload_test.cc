@@ -162,7 +162,8 @@ TEST_F(ReloadTest, BadTlsFilesAreNamedBeforeTheModelLoads) {
   const std::string prefixd = BuiltBinary("server/prefixd");
   auto run = [&](const std::string& c, const std::string& k) {
     return RunCommand({prefixd, "--model", model_, "--device", "cpu", "--listen", "127.0.0.1:0",
-                       "--metrics-listen", "off", "--tls-cert", c, "--tls-key", k});
+                       "--metrics-listen", "off", "--http-listen", "off", "--tls-cert", c,
+                       "--tls-key", k});
   };
   CommandResult r = run(garbage, key);
   EXPECT_EQ(r.exit_code, 1);
