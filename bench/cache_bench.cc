@@ -1,4 +1,4 @@
-// Cache bookkeeping cost per operation (issue 3): admission of a 1,024-token prompt with 90%
+// Cache bookkeeping cost per operation: admission of a 1,024-token prompt with 90%
 // cached, one decode step (append + reserve + mark computed), fork of 8, release, and the
 // chain-key hash per token. Goal: well under 1% of a CPU decode step of GPT-2 small (~20 ms)
 // and under 5 us per sequence per step. Pool: 4,096 blocks of 16 tokens, GPT-2 small fp16.

@@ -1,13 +1,14 @@
-// CPU backend throughput on full-size GPT-2 (124M, fp32): prefill, decode at several context
+// CPU backend throughput on full-size GPT-2 (124M): prefill, decode at several context
 // lengths, batched decode, and a cached decode step against recomputing the prefix.
 //
 //   cpu_backend_bench [--model DIR] [--threads 2] [--reps 5] [--isa auto|avx2|avx512]
-//                     [--quick 0-5]
+//                     [--dtype f32|f16|bf16] [--quick 0-5]
 //
-// --isa picks the matrix-product register blocks (all give identical bits); --quick 1 runs
+// --isa picks the matrix-product register blocks (all give identical bits); --dtype the
+// weights' storage (the checkpoint is rounded to it at load; arithmetic stays fp32); --quick 1 runs
 // only prefill 512, decode batch 1 at context 256 and decode batch 8 (for before/after checks);
 // 2, 3 and 4 run just one of those three; 5 runs what scripts/bench-peer compares with llama.cpp
-// (prefill 17 and 512 tokens, decode batch 1 at context 16 and 256).
+// (prefill 17 and 512 tokens, decode batch 1 at context 16 and 256, decode batch 8).
 // Without --model, writes a random GPT-2 (tools/random_model.h) into a temp dir first. Each
 // figure is the best of --reps runs (the machine is shared; the minimum is the least noisy
 // estimate of what the code costs). Prints a Markdown table for docs/BENCHMARKS.md.
@@ -24,6 +25,7 @@
 
 #include "cache/kv_layout.h"
 #include "engine/backend.h"
+#include "engine/dtype.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -136,6 +138,7 @@ int Main(int argc, char** argv) {
   int reps = 5;
   int quick = 0;
   MatMulIsa isa = MatMulIsa::kAuto;
+  DType dtype = DType::kF32;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--model")
@@ -152,10 +155,12 @@ int Main(int argc, char** argv) {
       isa = MatMulIsa::kAvx2;
     else if (flag == "--isa" && std::string(argv[i + 1]) == "avx512")
       isa = MatMulIsa::kAvx512;
+    else if (flag == "--dtype" && ParseDType(argv[i + 1]))
+      dtype = *ParseDType(argv[i + 1]);
     else {
       std::fprintf(stderr,
                    "usage: cpu_backend_bench [--model DIR] [--threads N] [--reps N] "
-                   "[--isa auto|avx2|avx512] [--quick 0-5]\n");
+                   "[--isa auto|avx2|avx512] [--dtype f32|f16|bf16] [--quick 0-5]\n");
       return 2;
     }
   }
@@ -182,6 +187,7 @@ int Main(int argc, char** argv) {
   CpuBackendOptions o;
   o.model = model->get();
   o.threads = threads;
+  o.dtype = dtype;
   const ModelConfig& c = (*model)->config();
   // 256 blocks of 16: room for 8 sequences of 144 tokens, or one of 1,008, and a 513-token
   // prefill from block 128.
@@ -191,9 +197,11 @@ int Main(int argc, char** argv) {
   Backend& backend = **backend_or;
   Bench bench(backend, reps);
   const MemoryUsage mem = backend.memory_usage();
-  std::printf("model %s (%lld parameters, weights %.0f MB packed fp32), %d threads, best of %d\n\n",
-              (*model)->name().c_str(), static_cast<long long>((*model)->num_parameters()),
-              mem.weights_bytes / 1e6, threads, reps);
+  std::printf(
+      "model %s (%lld parameters, weights %.0f MB, matrices packed %s), %d threads, best "
+      "of %d\n\n",
+      (*model)->name().c_str(), static_cast<long long>((*model)->num_parameters()),
+      mem.weights_bytes / 1e6, std::string(DTypeName(dtype)).c_str(), threads, reps);
 
   std::printf(
       "| measurement | wall time | CPU time (all threads) | tokens/s (wall) "
@@ -209,14 +217,17 @@ int Main(int argc, char** argv) {
       std::printf("| decode batch 1, context %d | %.1f ms/step | %.1f ms/step | %.1f |\n", ctx,
                   t.wall * 1e3, t.cpu * 1e3, 1 / t.wall);
     }
+    const Timing d8 = bench.Decode(8, 128, 8);
+    std::printf("| decode batch 8, context 128 | %.1f ms/step | %.1f ms/step | %.1f |\n",
+                d8.wall * 1e3, d8.cpu * 1e3, 8 / d8.wall);
     if (!temp_dir.empty()) std::filesystem::remove_all(temp_dir);
     return 0;
   }
   if (quick != 0) {
     if (quick == 1 || quick == 2) {
       const Timing p = bench.Prefill(512, 0, 512);
-      std::printf("| prefill 512 tokens | %.1f ms | %.1f ms | %.0f |\n", p.wall * 1e3,
-                  p.cpu * 1e3, 512 / p.wall);
+      std::printf("| prefill 512 tokens | %.1f ms | %.1f ms | %.0f |\n", p.wall * 1e3, p.cpu * 1e3,
+                  512 / p.wall);
     }
     if (quick == 1 || quick == 3) {
       const Timing d1 = bench.Decode(1, 256, 8);

@@ -2,7 +2,11 @@
 // architecture "gpt2", all tensors F32, so llama.cpp can run the very same weights as prefixd
 // (scripts/bench-peer compares the two side by side).
 //
-//   gguf_export MODEL_DIR OUT.gguf
+//   gguf_export MODEL_DIR OUT.gguf [f32|f16]
+//
+// f16 writes the matrices (every 2-D tensor) as F16, rounded to nearest even, and the 1-D
+// tensors as F32: llama.cpp's "mostly F16" file type, as convert_hf_to_gguf.py --outtype f16
+// writes it, and the same rounding as prefixd's --dtype f16 applies at load.
 //
 // The model is read through engine/model.h, so fp16/bf16 files and the "transformer." prefix
 // work; every tensor is widened to fp32. Names and layout follow llama.cpp's
@@ -24,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "engine/dtype.h"
 #include "engine/model.h"
 #include "engine/read_file.h"
 #include "engine/tokenizer.h"  // Model holds a unique_ptr<Tokenizer>
@@ -43,6 +48,7 @@ enum GgufType : uint32_t {
   kArray = 9,
 };
 constexpr uint32_t kGgmlTypeF32 = 0;
+constexpr uint32_t kGgmlTypeF16 = 1;
 // llama_token_type: 1 normal, 3 control, 4 user-defined (padding slots).
 constexpr int32_t kTokenNormal = 1, kTokenControl = 3, kTokenUserDefined = 4;
 
@@ -187,7 +193,7 @@ std::vector<OutTensor> CollectTensors(const Model& model) {
   return out;
 }
 
-absl::Status Export(const std::string& model_dir, const std::string& out_path) {
+absl::Status Export(const std::string& model_dir, const std::string& out_path, bool f16) {
   auto model_or = Model::Load(model_dir);
   if (!model_or.ok()) return model_or.status();
   const Model& model = **model_or;
@@ -204,7 +210,7 @@ absl::Status Export(const std::string& model_dir, const std::string& out_path) {
   w.Pod<uint64_t>(0);  // the number of metadata pairs, patched below
   w.KeyStr("general.architecture", "gpt2");
   w.KeyStr("general.name", model.name());
-  w.KeyU32("general.file_type", 0);  // LLAMA_FTYPE_ALL_F32
+  w.KeyU32("general.file_type", f16 ? 1 : 0);  // LLAMA_FTYPE_MOSTLY_F16 / ALL_F32
   w.KeyU32("general.alignment", kAlignment);
   w.KeyU32("gpt2.context_length", c.n_positions);
   w.KeyU32("gpt2.embedding_length", c.n_embd);
@@ -224,14 +230,18 @@ absl::Status Export(const std::string& model_dir, const std::string& out_path) {
   const uint64_t keys = w.keys();
   w.bytes().replace(key_count_at, sizeof(keys), reinterpret_cast<const char*>(&keys), sizeof(keys));
 
+  auto is_half = [f16](const OutTensor& t) { return f16 && t.ne.size() == 2; };
+  auto data_bytes = [&](const OutTensor& t) {
+    return t.data.size() * (is_half(t) ? sizeof(uint16_t) : sizeof(float));
+  };
   uint64_t offset = 0;  // relative to the start of the data section
   for (const OutTensor& t : tensors) {
     w.Str(t.name);
     w.Pod<uint32_t>(t.ne.size());
     for (uint64_t d : t.ne) w.Pod<uint64_t>(d);
-    w.Pod<uint32_t>(kGgmlTypeF32);
+    w.Pod<uint32_t>(is_half(t) ? kGgmlTypeF16 : kGgmlTypeF32);
     w.Pod<uint64_t>(offset);
-    offset += (t.data.size() * sizeof(float) + kAlignment - 1) / kAlignment * kAlignment;
+    offset += (data_bytes(t) + kAlignment - 1) / kAlignment * kAlignment;
   }
   w.PadTo(kAlignment);
 
@@ -242,8 +252,14 @@ absl::Status Export(const std::string& model_dir, const std::string& out_path) {
   out.write(w.bytes().data(), static_cast<std::streamsize>(w.bytes().size()));
   static const char kZeros[kAlignment] = {};
   for (const OutTensor& t : tensors) {
-    const uint64_t bytes = t.data.size() * sizeof(float);
-    out.write(reinterpret_cast<const char*>(t.data.data()), static_cast<std::streamsize>(bytes));
+    const uint64_t bytes = data_bytes(t);
+    if (is_half(t)) {
+      std::vector<uint16_t> half(t.data.size());
+      for (size_t i = 0; i < half.size(); ++i) half[i] = FloatToHalf(t.data[i]);
+      out.write(reinterpret_cast<const char*>(half.data()), static_cast<std::streamsize>(bytes));
+    } else {
+      out.write(reinterpret_cast<const char*>(t.data.data()), static_cast<std::streamsize>(bytes));
+    }
     out.write(kZeros, static_cast<std::streamsize>((kAlignment - bytes % kAlignment) % kAlignment));
   }
   out.close();
@@ -258,11 +274,12 @@ absl::Status Export(const std::string& model_dir, const std::string& out_path) {
 }  // namespace prefixd
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: gguf_export MODEL_DIR OUT.gguf\n");
+  const std::string type = argc == 4 ? argv[3] : "f32";
+  if ((argc != 3 && argc != 4) || (type != "f32" && type != "f16")) {
+    std::fprintf(stderr, "usage: gguf_export MODEL_DIR OUT.gguf [f32|f16]\n");
     return 2;
   }
-  const absl::Status s = prefixd::Export(argv[1], argv[2]);
+  const absl::Status s = prefixd::Export(argv[1], argv[2], type == "f16");
   if (!s.ok()) {
     std::fprintf(stderr, "gguf_export: %s\n", s.ToString().c_str());
     return 1;

@@ -1,14 +1,11 @@
 #include "client/cli_args.h"
 
-#include <cerrno>
-#include <cmath>
-#include <cstdlib>
 #include <functional>
 #include <map>
+#include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
+#include "base/command_line.h"
 
 namespace prefixd {
 
@@ -30,37 +27,77 @@ namespace {
 
 absl::Status Bad(const std::string& msg) { return absl::InvalidArgumentError(msg); }
 
-absl::Status ParseU32(const std::string& flag, const std::string& v, uint32_t* out) {
-  if (!absl::SimpleAtoi(v, out)) {
-    return Bad(absl::StrCat(flag, " expects a non-negative integer, got \"", v, "\""));
-  }
-  return absl::OkStatus();
+// What a flag's value sets; an error says what is wrong with the value.
+using Setter = std::function<absl::Status(const std::string&)>;
+using Setters = std::map<std::string, Setter, std::less<>>;
+
+Setter SetString(std::string* out) {
+  return [out](const std::string& v) {
+    *out = v;
+    return absl::OkStatus();
+  };
 }
 
-absl::Status ParseU64(const std::string& flag, const std::string& v, uint64_t* out) {
-  if (!absl::SimpleAtoi(v, out)) {
-    return Bad(absl::StrCat(flag, " expects a non-negative integer, got \"", v, "\""));
-  }
-  return absl::OkStatus();
+template <typename T, typename Parse>
+Setter SetParsed(T* out, std::string flag, Parse parse) {
+  return [out, flag = std::move(flag), parse](const std::string& v) -> absl::Status {
+    auto parsed = parse(v, flag);
+    if (!parsed.ok()) return parsed.status();
+    *out = *parsed;
+    return absl::OkStatus();
+  };
 }
 
-absl::Status ParseFloat(const std::string& flag, const std::string& v, float* out) {
-  if (!absl::SimpleAtof(v, out) || !std::isfinite(*out)) {
-    return Bad(absl::StrCat(flag, " expects a number, got \"", v, "\""));
-  }
-  return absl::OkStatus();
+Setter SetU32(uint32_t* out, std::string flag) {
+  return SetParsed(out, std::move(flag), ParseNonNegativeU32);
 }
 
-absl::Status ParseIds(const std::string& v, std::vector<uint32_t>* out) {
-  out->clear();
-  for (absl::string_view part : absl::StrSplit(v, ',', absl::SkipWhitespace())) {
-    uint32_t id;
-    if (!absl::SimpleAtoi(part, &id)) {
-      return Bad(absl::StrCat("--ids expects comma-separated token ids, got \"", v, "\""));
-    }
-    out->push_back(id);
+// The flags that take a value: the global ones, and those of `command` once it is known.
+Setters ValueFlags(CliArgs& cli, std::optional<Command> command) {
+  Setters s = {
+      {"server", SetString(&cli.server)},
+      {"token", SetString(&cli.token)},
+      {"tls-ca", SetString(&cli.tls_ca)},
+      {"connect-timeout",
+       [&cli](const std::string& v) -> absl::Status {
+         absl::StatusOr<float> t = ParseFiniteFloat(v, "--connect-timeout");
+         if (!t.ok()) return t.status();
+         if (*t <= 0 || *t > 86400) {
+           return Bad(
+               absl::StrCat("--connect-timeout must be > 0 and at most 86400 seconds, got ", v));
+         }
+         cli.connect_timeout_s = *t;
+         return absl::OkStatus();
+       }},
+  };
+  GenerateArgs& g = cli.generate;
+  BenchArgs& b = cli.bench;
+  if (command == Command::kGenerate) {
+    s["ids"] = SetParsed(&g.ids, "--ids entry", ParseIdList);
+    s["max-tokens"] = SetU32(&g.max_tokens, "--max-tokens");
+    s["temperature"] = SetParsed(&g.temperature, "--temperature", ParseFiniteFloat);
+    s["top-k"] = SetU32(&g.top_k, "--top-k");
+    s["top-p"] = SetParsed(&g.top_p, "--top-p", ParseFiniteFloat);
+    s["seed"] = SetParsed(&g.seed, "--seed", ParseNonNegativeU64);
+    s["samples"] = SetU32(&g.samples, "--samples");
+    s["salt"] = SetString(&g.salt);
+    s["top-logprobs"] = SetU32(&g.top_logprobs, "--top-logprobs");
+  } else if (command == Command::kBench) {
+    s["prefix-tokens"] = SetU32(&b.prefix_tokens, "--prefix-tokens");
+    s["suffix-tokens"] = SetU32(&b.suffix_tokens, "--suffix-tokens");
+    s["requests"] = SetU32(&b.requests, "--requests");
+    s["concurrency"] = SetU32(&b.concurrency, "--concurrency");
+    s["max-tokens"] = SetU32(&b.max_tokens, "--max-tokens");
+    s["seed"] = SetParsed(&b.seed, "--seed", ParseNonNegativeU64);
   }
-  return absl::OkStatus();
+  return s;
+}
+
+// Every flag the parser knows: the value flags and two switches, valid anywhere.
+std::vector<FlagSpec> FlagSpecs(const Setters& setters) {
+  std::vector<FlagSpec> specs = {{"json", FlagKind::kSwitch}, {"help", FlagKind::kSwitch}};
+  for (const auto& [name, setter] : setters) specs.push_back({name});
+  return specs;
 }
 
 }  // namespace
@@ -69,149 +106,55 @@ absl::StatusOr<CliArgs> ParseCliArgs(const std::vector<std::string>& args) {
   CliArgs cli;
   std::optional<Command> command;
   std::vector<std::string> positional;
-  using Setter = std::function<absl::Status(const std::string&)>;
-  const std::string kFlagHelp = " (see prefixctl --help)";
+  Setters setters = ValueFlags(cli, command);
+  std::vector<FlagSpec> specs = FlagSpecs(setters);
 
-  bool only_positional = false;  // after "--": a prompt may start with "--" or be "help"
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (!only_positional && a == "--") {
-      only_positional = true;
+  // As before the shared parser, a repeated flag is allowed and its last value wins.
+  CommandLineReader reader(args, RepeatedFlags::kAllow);
+  while (!reader.Done()) {
+    absl::StatusOr<CommandLineArg> arg =
+        reader.Next(specs, command.has_value() ? " for this command (see prefixctl --help)"
+                                               : " (see prefixctl --help)");
+    if (!arg.ok()) return arg.status();
+    if (!arg->flag.has_value()) {
+      // "help" is a command, not a prompt: only where the command goes. After "--" every
+      // word is a prompt or text, even "-h".
+      if (!arg->after_double_dash &&
+          (arg->value == "-h" || (arg->value == "help" && !command.has_value()))) {
+        cli.command = Command::kHelp;
+        return cli;
+      }
+      if (command.has_value()) {
+        positional.push_back(arg->value);
+        continue;
+      }
+      static const std::map<std::string, Command> kCommands = {
+          {"generate", Command::kGenerate}, {"tokenize", Command::kTokenize},
+          {"info", Command::kInfo},         {"stats", Command::kStats},
+          {"bench", Command::kBench},       {"health", Command::kHealth}};
+      auto it = kCommands.find(arg->value);
+      if (it == kCommands.end()) {
+        return Bad(absl::StrCat("unknown command \"", arg->value,
+                                "\": use generate, tokenize, info, stats, bench or health"));
+      }
+      command = it->second;
+      setters = ValueFlags(cli, command);
+      specs = FlagSpecs(setters);
       continue;
     }
-    // "help" is a command, not a prompt: only where the command goes.
-    if (!only_positional &&
-        (a == "-h" || a == "--help" || (a == "help" && !command.has_value()))) {
+    if (*arg->flag == "help") {
       cli.command = Command::kHelp;
       return cli;
     }
-    if (only_positional || a.size() < 3 || a.rfind("--", 0) != 0) {
-      if (!command.has_value()) {
-        static const std::map<std::string, Command> kCommands = {{"generate", Command::kGenerate},
-                                                                 {"tokenize", Command::kTokenize},
-                                                                 {"info", Command::kInfo},
-                                                                 {"stats", Command::kStats},
-                                                                 {"bench", Command::kBench},
-                                                                 {"health", Command::kHealth}};
-        auto it = kCommands.find(a);
-        if (it == kCommands.end()) {
-          return Bad(absl::StrCat("unknown command \"", a,
-                                  "\": use generate, tokenize, info, stats, bench or health"));
-        }
-        command = it->second;
-      } else {
-        positional.push_back(a);
-      }
-      continue;
-    }
-    std::string name = a.substr(2);
-    std::optional<std::string> value;
-    if (size_t eq = name.find('='); eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-    }
-    if (name == "json") {
-      if (value.has_value()) return Bad("--json takes no value");
+    if (*arg->flag == "json") {
       cli.json = true;
       continue;
     }
-    GenerateArgs& g = cli.generate;
-    BenchArgs& b = cli.bench;
-    const Command cmd = command.value_or(Command::kHelp);
-    std::map<std::string, Setter> setters = {
-        {"server",
-         [&](const std::string& v) {
-           cli.server = v;
-           return absl::OkStatus();
-         }},
-        {"token",
-         [&](const std::string& v) {
-           cli.token = v;
-           return absl::OkStatus();
-         }},
-        {"tls-ca",
-         [&](const std::string& v) {
-           cli.tls_ca = v;
-           return absl::OkStatus();
-         }},
-        {"connect-timeout",
-         [&](const std::string& v) {
-           float s;
-           absl::Status st = ParseFloat("--connect-timeout", v, &s);
-           if (st.ok() && (s <= 0 || s > 86400)) {
-             st = Bad(absl::StrCat("--connect-timeout must be > 0 and at most 86400 seconds, got ",
-                                   v));
-           }
-           cli.connect_timeout_s = s;
-           return st;
-         }},
-    };
-    if (cmd == Command::kGenerate) {
-      setters["ids"] = [&](const std::string& v) {
-        g.ids.emplace();
-        return ParseIds(v, &*g.ids);
-      };
-      setters["max-tokens"] = [&](const std::string& v) {
-        return ParseU32("--max-tokens", v, &g.max_tokens);
-      };
-      setters["temperature"] = [&](const std::string& v) {
-        return ParseFloat("--temperature", v, &g.temperature);
-      };
-      setters["top-k"] = [&](const std::string& v) { return ParseU32("--top-k", v, &g.top_k); };
-      setters["top-p"] = [&](const std::string& v) {
-        float p;
-        absl::Status s = ParseFloat("--top-p", v, &p);
-        g.top_p = p;
-        return s;
-      };
-      setters["seed"] = [&](const std::string& v) {
-        uint64_t s;
-        absl::Status st = ParseU64("--seed", v, &s);
-        g.seed = s;
-        return st;
-      };
-      setters["samples"] = [&](const std::string& v) {
-        return ParseU32("--samples", v, &g.samples);
-      };
-      setters["salt"] = [&](const std::string& v) {
-        g.salt = v;
-        return absl::OkStatus();
-      };
-      setters["top-logprobs"] = [&](const std::string& v) {
-        return ParseU32("--top-logprobs", v, &g.top_logprobs);
-      };
-    } else if (cmd == Command::kBench) {
-      setters["prefix-tokens"] = [&](const std::string& v) {
-        return ParseU32("--prefix-tokens", v, &b.prefix_tokens);
-      };
-      setters["suffix-tokens"] = [&](const std::string& v) {
-        return ParseU32("--suffix-tokens", v, &b.suffix_tokens);
-      };
-      setters["requests"] = [&](const std::string& v) {
-        return ParseU32("--requests", v, &b.requests);
-      };
-      setters["concurrency"] = [&](const std::string& v) {
-        return ParseU32("--concurrency", v, &b.concurrency);
-      };
-      setters["max-tokens"] = [&](const std::string& v) {
-        return ParseU32("--max-tokens", v, &b.max_tokens);
-      };
-      setters["seed"] = [&](const std::string& v) { return ParseU64("--seed", v, &b.seed); };
-    }
-    auto it = setters.find(name);
-    if (it == setters.end()) {
-      return Bad(absl::StrCat("unknown flag --", name,
-                              command.has_value() ? " for this command" : "", kFlagHelp));
-    }
-    if (!value.has_value()) {
-      if (i + 1 >= args.size()) return Bad(absl::StrCat("--", name, " needs a value"));
-      value = args[++i];
-    }
-    absl::Status s = it->second(*value);
-    if (!s.ok()) return s;
+    if (absl::Status s = setters.at(*arg->flag)(arg->value); !s.ok()) return s;
   }
 
-  if (!command.has_value()) return Bad("no command: use generate, tokenize, info, stats, bench or health");
+  if (!command.has_value())
+    return Bad("no command: use generate, tokenize, info, stats, bench or health");
   cli.command = *command;
   switch (cli.command) {
     case Command::kGenerate:

@@ -1,6 +1,9 @@
 // prefixctl's command line: global flags, one command and its flags, parsed into plain
-// structs so the parsing is testable without a server. Flags take "--flag value" or
-// "--flag=value"; global flags may appear anywhere.
+// structs so the parsing is testable without a server. The words are read by the shared
+// parser (base/command_line.h): "--flag value" or "--flag=value", --json takes no value, and
+// after "--" every word is positional. Global flags and --json may appear anywhere; a
+// command's own flags only after it; "help", "-h" and "--help" ask for the usage ("help" only
+// where the command goes, so a prompt may read "help"). A repeated flag's last value wins.
 #ifndef PREFIXD_CLIENT_CLI_ARGS_H_
 #define PREFIXD_CLIENT_CLI_ARGS_H_
 

@@ -2,7 +2,15 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cache/kv_layout.h"
 #include "kernels/cpu/cpu_backend.h"
 #ifdef PREFIXD_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
@@ -37,12 +45,43 @@ absl::StatusOr<DevicePlan> PlanDevice(std::string_view device, std::string_view 
     return absl::InvalidArgumentError(
         absl::StrCat("--dtype=", std::string(dtype), " is not one of auto, f32, f16, bf16"));
   }
-  if (!plan.use_cuda && plan.dtype != DType::kF32) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--dtype=", std::string(dtype),
-                     " needs CUDA: the CPU backend computes in f32 (use --dtype=f32)"));
-  }
   return plan;
+}
+
+int64_t UsableMemoryBytes() {
+  const int64_t pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGE_SIZE);
+  int64_t bytes = pages > 0 && page_size > 0 ? pages * page_size : 0;
+  // A container's limit ("max" when there is none).
+  std::ifstream cgroup("/sys/fs/cgroup/memory.max");
+  std::string limit_text;
+  int64_t limit = 0;
+  if (cgroup >> limit_text && absl::SimpleAtoi(limit_text, &limit) && limit > 0) {
+    bytes = bytes > 0 ? std::min(bytes, limit) : limit;
+  }
+  return bytes;
+}
+
+KvBudget DefaultCpuKvBudget(const ModelConfig& config, int64_t memory_bytes) {
+  const int64_t per_token = KvBytesPerToken(config.n_layer, config.n_head, config.head_dim(), 4);
+  const int64_t want = kDefaultCpuKvSequences * int64_t{config.n_positions} * per_token;
+  KvBudget budget;
+  budget.bytes = want;
+  budget.derivation = absl::StrFormat(
+      "default KV budget %d bytes = %d sequences x %d positions x %d bytes per token", want,
+      kDefaultCpuKvSequences, config.n_positions, per_token);
+  const int64_t cap = memory_bytes / kDefaultCpuKvMemoryDivisor;
+  if (memory_bytes > 0 && cap < want) {
+    budget.bytes = cap;
+    budget.derivation = absl::StrFormat(
+        "default KV budget %d bytes = 1/%d of %d bytes of memory (%d sequences x %d positions x "
+        "%d bytes per token would be %d bytes); set --kv-cache-bytes to choose",
+        cap, kDefaultCpuKvMemoryDivisor, memory_bytes, kDefaultCpuKvSequences, config.n_positions,
+        per_token, want);
+  } else if (memory_bytes > 0) {
+    absl::StrAppend(&budget.derivation, " (under the cap of 1/", kDefaultCpuKvMemoryDivisor, " of ",
+                    memory_bytes, " bytes of memory)");
+  }
+  return budget;
 }
 
 absl::Status CudaUsable() {
@@ -66,17 +105,24 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& opt
     return absl::UnavailableError("this build of prefixd has no CUDA backend");
 #endif
   }
+  if (options.model == nullptr) return absl::InvalidArgumentError("CPU backend: no model");
   CpuBackendOptions cpu;
   cpu.model = options.model;
-  cpu.kv_cache_bytes =
-      options.kv_cache_bytes > 0 ? options.kv_cache_bytes : kDefaultCpuKvCacheBytes;
+  cpu.dtype = options.plan.dtype;
+  const int64_t memory = UsableMemoryBytes();
+  if (options.kv_cache_bytes > 0) {
+    cpu.kv_cache_bytes = options.kv_cache_bytes;
+  } else {
+    const KvBudget budget = DefaultCpuKvBudget(options.model->config(), memory);
+    cpu.kv_cache_bytes = budget.bytes;
+    if (options.log) options.log(budget.derivation);  // the server logs the pool next
+  }
   // The pool is touched lazily: a budget past the machine's memory would start and be killed
   // later, mid-request, by the OOM killer. Refuse it while nothing has been accepted.
-  const int64_t pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGE_SIZE);
-  if (pages > 0 && page_size > 0 && cpu.kv_cache_bytes > pages * page_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--kv-cache-bytes ", cpu.kv_cache_bytes, " is more than this machine's ",
-                     pages * page_size, " bytes of memory"));
+  if (memory > 0 && cpu.kv_cache_bytes > memory) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv-cache-bytes ", cpu.kv_cache_bytes,
+                                                   " is more than this machine's ", memory,
+                                                   " bytes of memory"));
   }
   cpu.block_size = options.block_size;
   cpu.threads = options.threads;

@@ -4,6 +4,7 @@
 #define PREFIXD_SERVER_BACKEND_FACTORY_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -13,11 +14,29 @@
 #include "engine/backend.h"
 #include "engine/dtype.h"
 #include "engine/model.h"
+#include "engine/model_config.h"
 
 namespace prefixd {
 
-// CPU KV budget when --kv-cache-bytes is 0 (CUDA then takes a fraction of free memory).
-inline constexpr int64_t kDefaultCpuKvCacheBytes = int64_t{256} << 20;
+// The CPU's KV budget when --kv-cache-bytes is 0 (CUDA then takes a fraction of free memory):
+// room for kDefaultCpuKvSequences sequences at the model's full context, so that a batch of
+// concurrent requests fits without preempting each other, capped at
+// 1 / kDefaultCpuKvMemoryDivisor of the memory this process may use (several replicas may
+// share a host).
+inline constexpr int64_t kDefaultCpuKvSequences = 16;
+inline constexpr int64_t kDefaultCpuKvMemoryDivisor = 4;
+
+struct KvBudget {
+  int64_t bytes = 0;
+  std::string derivation;  // one log line: how `bytes` was reached
+};
+
+// The default above for `config` (fp32 KV, as the CPU backend stores it), given
+// `memory_bytes`: physical memory, or a smaller cgroup limit (UsableMemoryBytes()).
+KvBudget DefaultCpuKvBudget(const ModelConfig& config, int64_t memory_bytes);
+
+// Physical memory, or the cgroup (v2) memory limit when one is set and smaller; 0 if unknown.
+int64_t UsableMemoryBytes();
 
 struct DevicePlan {
   bool use_cuda = false;
@@ -27,7 +46,8 @@ struct DevicePlan {
 
 // --device auto|cpu|cuda, --dtype auto|f32|f16|bf16. `cuda_usable` is CudaDeviceAvailable()'s
 // answer (UNAVAILABLE in a build without CUDA). auto: CUDA when usable, else CPU; dtype auto:
-// f32 on CPU, bf16 on CUDA. The CPU backend computes in f32 only.
+// f32 on CPU, bf16 on CUDA. On the CPU, f16 and bf16 are the weights' storage (rounded at
+// load; arithmetic and KV stay fp32).
 absl::StatusOr<DevicePlan> PlanDevice(std::string_view device, std::string_view dtype,
                                       const absl::Status& cuda_usable);
 
@@ -39,9 +59,11 @@ absl::Status CudaUsable();
 struct BackendOptions {
   const Model* model = nullptr;
   DevicePlan plan;
-  int64_t kv_cache_bytes = 0;  // 0 = default (see kDefaultCpuKvCacheBytes)
+  int64_t kv_cache_bytes = 0;  // 0 = default (DefaultCpuKvBudget on the CPU)
   int32_t block_size = 16;
   int32_t threads = 0;
+  // Start-up log lines (how a default budget was derived); may be unset.
+  std::function<void(std::string_view)> log;
 };
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& options);

@@ -319,17 +319,6 @@ class Session : public std::enable_shared_from_this<Session> {
     }
   }
 
-  Usage TotalUsage() const {
-    Usage total;
-    for (const Job::Generation& g : job_->gens) {
-      const Usage u = g.output->usage();
-      total.prompt_tokens += u.prompt_tokens;
-      total.cached_prompt_tokens += u.cached_prompt_tokens;
-      total.completion_tokens += u.completion_tokens;
-    }
-    return total;
-  }
-
   // Counts each generation once it is done; true when all are.
   bool CountFinished(std::string* error_events) {
     bool all = true;
@@ -416,7 +405,7 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     const bool all_done = CountFinished(data.get());
     if (all_done) {
-      if (job_->request.include_usage) data->append(UsageChunk(job_->header, TotalUsage()));
+      if (job_->request.include_usage) data->append(UsageChunk(job_->header, TotalUsageOf(*job_)));
       data->append(kDoneEvent);
     }
     if (data->empty()) return;

@@ -14,6 +14,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -32,7 +34,8 @@ ABSL_FLAG(std::string, http_listen, "127.0.0.1:8000",
 ABSL_FLAG(std::string, device, "auto", "auto | cpu | cuda (auto: CUDA when usable)");
 ABSL_FLAG(std::string, dtype, "auto", "auto | f32 | f16 | bf16 (auto: f32 on CPU, bf16 on CUDA)");
 ABSL_FLAG(int64_t, kv_cache_bytes, 0,
-          "KV pool budget in bytes; 0 = 256 MiB on the CPU, 80% of free memory on CUDA");
+          "KV pool budget in bytes; 0 = on the CPU 16 sequences at full context (at most 1/4 "
+          "of memory), on CUDA 80% of free memory");
 ABSL_FLAG(int32_t, block_size, 16, "Tokens per KV block (a power of two)");
 ABSL_FLAG(int32_t, max_batch_tokens, 512, "Tokens per engine step (prefill chunks + decodes)");
 ABSL_FLAG(int32_t, max_queue, 1024, "Waiting requests before RESOURCE_EXHAUSTED");
@@ -245,6 +248,14 @@ int main(int argc, char** argv) {
   const sigset_t set = prefixd::WatchedSignals();
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 
+  // --help lists the flags of this file (absl's default matches only files named like the
+  // program); --helpfull adds the libraries'.
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view path) {
+    return absl::EndsWith(path, "server/main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
       "prefixd --model DIR [--listen 127.0.0.1:50051] [--metrics-listen 127.0.0.1:9464] "
       "[--device auto|cpu|cuda] [--dtype auto|f32|f16|bf16] ... (see docs/SERVER.md)");

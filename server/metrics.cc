@@ -74,6 +74,13 @@ ServerMetrics::ServerMetrics(MetricsSources sources)
   blocks_free_ = &blocks.Add({{"state", "free"}});
   blocks_active_ = &blocks.Add({{"state", "active"}});
   blocks_cached_ = &blocks.Add({{"state", "cached"}});
+  // = blocks_active / blocks_total: what a load balancer's endpoint picker reads as KV
+  //   cache utilisation (cached blocks are reclaimable, so they do not count as used).
+  usage_ratio_ = &BuildGauge()
+                      .Name("prefixd_kv_cache_usage_ratio")
+                      .Help("KV blocks held by running sequences / all blocks (0 to 1)")
+                      .Register(r)
+                      .Add({});
   pool_bytes_ = &BuildGauge()
                      .Name("prefixd_kv_pool_bytes")
                      .Help("Bytes of the KV pool (blocks x block_size x bytes per token)")
@@ -195,6 +202,9 @@ void ServerMetrics::RefreshLocked() const {
     blocks_free_->Set(static_cast<double>(now.cache.blocks_free));
     blocks_active_->Set(static_cast<double>(now.cache.blocks_active));
     blocks_cached_->Set(static_cast<double>(now.cache.blocks_cached));
+    usage_ratio_->Set(now.cache.blocks_total > 0 ? static_cast<double>(now.cache.blocks_active) /
+                                                       static_cast<double>(now.cache.blocks_total)
+                                                 : 0.0);
     pool_bytes_->Set(static_cast<double>(now.cache.pool_bytes));
     bytes_per_token_->Set(static_cast<double>(now.cache.bytes_per_token));
     running_->Set(static_cast<double>(now.scheduler.running_requests));

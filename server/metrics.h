@@ -71,6 +71,7 @@ class ServerMetrics : public prometheus::Collectable {
   prometheus::Gauge* blocks_free_;
   prometheus::Gauge* blocks_active_;
   prometheus::Gauge* blocks_cached_;
+  prometheus::Gauge* usage_ratio_;
   prometheus::Gauge* pool_bytes_;
   prometheus::Gauge* bytes_per_token_;
   prometheus::Family<prometheus::Counter>* requests_;

@@ -13,6 +13,7 @@ namespace prefixd {
 namespace {
 
 using nlohmann::json;
+using ojson = nlohmann::ordered_json;  // responses keep OpenAI's field order
 
 absl::Status Invalid(const std::string& field, const std::string& message) {
   return FieldError(field, message);
@@ -322,24 +323,27 @@ void AppendToChoice(const Tokenizer& tokenizer, const SampleOutput& out, Choice*
   if (out.finish_reason != FinishReason::kNone) choice->finish_reason = out.finish_reason;
 }
 
-json UsageJson(const Usage& u) {
-  return json{{"prompt_tokens", u.prompt_tokens},
+ojson UsageJson(const Usage& u) {
+  return ojson{{"prompt_tokens", u.prompt_tokens},
               {"completion_tokens", u.completion_tokens},
               {"total_tokens", u.prompt_tokens + u.completion_tokens},
               {"prompt_tokens_details", {{"cached_tokens", u.cached_prompt_tokens}}}};
 }
 
-json ChoiceJson(const Choice& c) {
-  json choice{{"index", c.index}, {"text", c.text}, {"logprobs", nullptr}};
+ojson ChoiceJson(const Choice& c) {
+  ojson choice{{"index", c.index}, {"text", c.text}, {"logprobs", nullptr}};
   if (c.logprobs.has_value()) {
-    json top = json::array();
+    ojson top = ojson::array();
     for (const auto& entries : c.logprobs->top_logprobs) {
-      json o = json::object();
-      // Two ids with the same text keep the first (the more probable: entries descend).
-      for (const auto& [name, lp] : entries) o.emplace(name, lp);
+      // Most probable first, as OpenAI sends them (an ordered object). Two ids with the same
+      // text keep the first, the more probable.
+      nlohmann::ordered_json o = nlohmann::ordered_json::object();
+      for (const auto& [name, lp] : entries) {
+        if (!o.contains(name)) o[name] = lp;
+      }
       top.push_back(std::move(o));
     }
-    choice["logprobs"] = json{{"tokens", c.logprobs->tokens},
+    choice["logprobs"] = ojson{{"tokens", c.logprobs->tokens},
                               {"token_logprobs", c.logprobs->token_logprobs},
                               {"top_logprobs", std::move(top)},
                               {"text_offset", c.logprobs->text_offset}};
@@ -360,35 +364,35 @@ json ChoiceJson(const Choice& c) {
 
 namespace {
 
-json Header(const ResponseHeader& h) {
-  return json{{"id", h.id}, {"object", "text_completion"}, {"created", h.created},
+ojson Header(const ResponseHeader& h) {
+  return ojson{{"id", h.id}, {"object", "text_completion"}, {"created", h.created},
               {"model", h.model}};
 }
 
 // Invalid UTF-8 cannot reach here (text is decoded with U+FFFD), but token names and
 // error messages are escaped rather than thrown on if it ever did.
-std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string Dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
 
 }  // namespace
 
 std::string CompletionJson(const ResponseHeader& header, const std::vector<Choice>& choices,
                            const Usage& usage) {
-  json j = Header(header);
-  j["choices"] = json::array();
+  ojson j = Header(header);
+  j["choices"] = ojson::array();
   for (const Choice& c : choices) j["choices"].push_back(ChoiceJson(c));
   j["usage"] = UsageJson(usage);
   return Dump(j);
 }
 
 std::string CompletionChunk(const ResponseHeader& header, const Choice& delta) {
-  json j = Header(header);
-  j["choices"] = json::array({ChoiceJson(delta)});
+  ojson j = Header(header);
+  j["choices"] = ojson::array({ChoiceJson(delta)});
   return absl::StrCat("data: ", Dump(j), "\n\n");
 }
 
 std::string UsageChunk(const ResponseHeader& header, const Usage& usage) {
-  json j = Header(header);
-  j["choices"] = json::array();
+  ojson j = Header(header);
+  j["choices"] = ojson::array();
   j["usage"] = UsageJson(usage);
   return absl::StrCat("data: ", Dump(j), "\n\n");
 }
@@ -444,13 +448,13 @@ std::string ErrorJson(const absl::Status& status) {
       break;
   }
   const std::string field = InvalidField(status);
-  json error{{"message", std::string(status.message())},
+  ojson error{{"message", std::string(status.message())},
              {"type", type},
-             {"param", field.empty() ? json(nullptr) : json(field)},
+             {"param", field.empty() ? ojson(nullptr) : ojson(field)},
              {"code", status.code() == absl::StatusCode::kNotFound && field == "model"
-                          ? json("model_not_found")
-                          : json(absl::StatusCodeToString(status.code()))}};
-  return Dump(json{{"error", std::move(error)}});
+                          ? ojson("model_not_found")
+                          : ojson(absl::StatusCodeToString(status.code()))}};
+  return Dump(ojson{{"error", std::move(error)}});
 }
 
 absl::Status ToHttpFieldNames(const absl::Status& status) {

@@ -68,8 +68,8 @@ struct ResponseHeader {
   std::string model;
 };
 
-nlohmann::json UsageJson(const Usage& usage);
-nlohmann::json ChoiceJson(const Choice& choice);
+nlohmann::ordered_json UsageJson(const Usage& usage);
+nlohmann::ordered_json ChoiceJson(const Choice& choice);
 // The whole non-streamed response.
 std::string CompletionJson(const ResponseHeader& header, const std::vector<Choice>& choices,
                            const Usage& usage);

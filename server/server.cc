@@ -332,6 +332,7 @@ absl::Status Server::Parts::Build() {
     bopt.kv_cache_bytes = options.device.kv_cache_bytes;
     bopt.block_size = options.device.block_size;
     bopt.threads = options.device.threads;
+    bopt.log = log;
     built = CreateBackend(bopt);
   }
   if (!built.ok()) {

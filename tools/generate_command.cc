@@ -11,10 +11,10 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "cache/kv_layout.h"
 #include "engine/backend.h"
 #include "engine/model.h"
@@ -46,23 +46,19 @@ constexpr char kUsage[] =
     "[--top-logprobs K] [--threads T] [--device auto|cpu|cuda] [--ignore-eos] [--json]";
 
 absl::StatusOr<GenerateFlags> ParseGenerateFlags(absl::Span<char* const> args) {
-  GenerateFlags f;
-  // The two switches take no value; ParseArgs only knows flags with values.
-  std::vector<char*> rest;
-  for (char* a : args) {
-    const std::string_view s = a;
-    if (s == "--ignore-eos") {
-      f.ignore_eos = true;
-    } else if (s == "--json") {
-      f.json = true;
-    } else {
-      rest.push_back(a);
-    }
-  }
-  static constexpr std::string_view kFlags[] = {"ids",          "text",    "max-tokens",
-                                                "top-logprobs", "threads", "device"};
-  absl::StatusOr<ParsedArgs> parsed = ParseArgs(rest, kFlags);
+  static constexpr FlagSpec kFlags[] = {{"ids"},
+                                        {"text"},
+                                        {"max-tokens"},
+                                        {"top-logprobs"},
+                                        {"threads"},
+                                        {"device"},
+                                        {"ignore-eos", FlagKind::kSwitch},
+                                        {"json", FlagKind::kSwitch}};
+  absl::StatusOr<ParsedCommandLine> parsed = ParseArgv(args, kFlags);
   if (!parsed.ok()) return parsed.status();
+  GenerateFlags f;
+  f.ignore_eos = parsed->Has("ignore-eos");
+  f.json = parsed->Has("json");
   if (parsed->positional.size() != 1) return absl::InvalidArgumentError(kUsage);
   f.dir = parsed->positional[0];
   const std::optional<std::string> ids = parsed->Flag("ids");
@@ -71,12 +67,9 @@ absl::StatusOr<GenerateFlags> ParseGenerateFlags(absl::Span<char* const> args) {
     return absl::InvalidArgumentError("generate: give exactly one of --ids and --text");
   }
   if (ids) {
-    for (absl::string_view part : absl::StrSplit(*ids, ',')) {
-      absl::StatusOr<int64_t> id =
-          ParseInteger(std::string_view(part.data(), part.size()), "--ids entry", 0, UINT32_MAX);
-      if (!id.ok()) return id.status();
-      f.ids.push_back(static_cast<uint32_t>(*id));
-    }
+    absl::StatusOr<std::vector<uint32_t>> parsed_ids = ParseIdList(*ids, "--ids entry");
+    if (!parsed_ids.ok()) return parsed_ids.status();
+    f.ids = *std::move(parsed_ids);
   }
   const std::optional<std::string> max_tokens = parsed->Flag("max-tokens");
   if (!max_tokens) return absl::InvalidArgumentError("generate: --max-tokens is required");

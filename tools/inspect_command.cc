@@ -14,7 +14,7 @@
 namespace prefixd::tools {
 
 int RunInspectCommand(absl::Span<char* const> args) {
-  absl::StatusOr<ParsedArgs> parsed = ParseArgs(args, {});
+  absl::StatusOr<ParsedCommandLine> parsed = ParseArgv(args, {});
   if (!parsed.ok()) return ReportError(parsed.status(), kExitUsage);
   if (parsed->positional.size() != 1) {
     return ReportError(absl::InvalidArgumentError("usage: prefixd-model inspect DIR"), kExitUsage);

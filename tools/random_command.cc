@@ -12,10 +12,10 @@
 namespace prefixd::tools {
 
 int RunRandomCommand(absl::Span<char* const> args) {
-  static constexpr std::string_view kFlags[] = {"out",   "preset",       "layers",    "heads",
-                                                "embd",  "vocab",        "positions", "seed",
-                                                "dtype", "tokenizer-dir"};
-  absl::StatusOr<ParsedArgs> parsed = ParseArgs(args, kFlags);
+  static constexpr FlagSpec kFlags[] = {{"out"},   {"preset"},       {"layers"},    {"heads"},
+                                        {"embd"},  {"vocab"},        {"positions"}, {"seed"},
+                                        {"dtype"}, {"tokenizer-dir"}};
+  absl::StatusOr<ParsedCommandLine> parsed = ParseArgv(args, kFlags);
   if (!parsed.ok()) return ReportError(parsed.status(), kExitUsage);
   if (!parsed->positional.empty()) {
     return ReportError(

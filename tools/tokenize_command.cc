@@ -37,8 +37,8 @@ absl::Status TokenizeJsonl(const Tokenizer& tokenizer, std::istream& in, const s
 }  // namespace
 
 int RunTokenizeCommand(absl::Span<char* const> args) {
-  static constexpr std::string_view kFlags[] = {"jsonl"};
-  absl::StatusOr<ParsedArgs> parsed = ParseArgs(args, kFlags);
+  static constexpr FlagSpec kFlags[] = {{"jsonl"}};
+  absl::StatusOr<ParsedCommandLine> parsed = ParseArgv(args, kFlags);
   if (!parsed.ok()) return ReportError(parsed.status(), kExitUsage);
   const std::optional<std::string> jsonl = parsed->Flag("jsonl");
   const size_t want_positional = jsonl ? 1 : 2;

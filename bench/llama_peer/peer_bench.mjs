@@ -9,7 +9,10 @@
 //   - prefill of a 17- and a 512-token prompt from position 0: one llama_decode of the whole
 //     prompt (batch size 512) with logits for the last position only, as ours computes;
 //   - decode at batch 1 after 16 and 256 tokens of context: --steps single-token steps, each
-//     with its logits, timed per step; the context's prefill is not timed.
+//     with its logits, timed per step; the context's prefill is not timed;
+//   - decode of 8 sequences at once after 128 tokens of context each: a context with 8
+//     sequences, each step one token per sequence submitted together (node-llama-cpp batches
+//     concurrent evaluations into one llama_decode), timed per step.
 // Each measurement starts from a cleared KV cache (prefill) or erases what the previous
 // repetition appended (decode), so every repetition really computes. Two times per row: the
 // wall time seen from JavaScript (node-llama-cpp's batching, a greedy pick over the logits,
@@ -128,6 +131,38 @@ async function prefill(seq, perf, n, reps) {
     return best;
 }
 
+// `n` sequences, each with `context` tokens (cpu_backend_bench's Tokens(.., 100 + s)), then
+// `steps` steps of one token per sequence, submitted together so that llama.cpp decodes them
+// as one batch.
+async function decodeBatch(model, contextOptions, perf, n, context, steps, reps) {
+    const ctx = await model.createContext({
+        ...contextOptions, sequences: n,
+        // Each sequence gets an equal share of the cells.
+        contextSize: n * Math.ceil((context + steps) / 256) * 256
+    });
+    const seqs = Array.from({length: n}, () => ctx.getSequence());
+    const tokens = seqs.map((_, s) => Tokens(context + steps, 100 + s));
+    await Promise.all(seqs.map((seq, s) =>
+        seq.evaluateWithoutGeneratingNewTokens(tokens[s].slice(0, context))));
+    const best = new PeerTiming();
+    for (let r = 0; r < reps; r++) {
+        for (const seq of seqs) {
+            if (seq.nextTokenIndex > context)
+                await seq.eraseContextTokenRanges([{start: context, end: seq.nextTokenIndex}]);
+        }
+        await perf.read(ctx);
+        const t0 = now(), c0 = cpuNow();
+        for (let i = 0; i < steps; i++) {
+            await Promise.all(seqs.map((seq, s) =>
+                seq.controlledEvaluate(withLastLogits([tokens[s][context + i]]))));
+        }
+        best.add((now() - t0) / steps, (cpuNow() - c0) / steps);
+        best.addDecode((await perf.read(ctx)) / steps);
+    }
+    await ctx.dispose();
+    return best;
+}
+
 async function decode(seq, perf, context, steps, reps) {
     const tokens = Tokens(context + steps, 100);
     await seq.clearHistory();
@@ -217,14 +252,17 @@ async function main() {
     });
     const model = await llama.loadModel({modelPath: args.model, gpuLayers: 0});
     // 1,024 positions (GPT-2's) hold the 512-token prompt and decode at context 256 + steps.
-    const context = await model.createContext({
-        contextSize: Math.min(1024, model.trainContextSize), batchSize: 512, sequences: 1,
-        threads: {ideal: args.threads, min: args.threads}, performanceTracking: true,
+    const contextOptions = {
+        batchSize: 512, threads: {ideal: args.threads, min: args.threads},
+        performanceTracking: true,
         // llama.cpp's defaults (F16 KV cache, flash attention when supported) are what the speed
         // runs use; the correctness check uses F32 and no flash attention, whose CPU kernel
         // rounds more (max |dlogprob| 5e-3 instead of 1e-3 on the tiny random model).
         experimentalKvCacheKeyType: args.kv, experimentalKvCacheValueType: args.kv,
         flashAttention: args.fa === "auto" ? "auto" : args.fa === "on"
+    };
+    const context = await model.createContext({
+        ...contextOptions, contextSize: Math.min(1024, model.trainContextSize), sequences: 1
     });
     const seq = context.getSequence();
     if (!args.verbose) llama.logLevel = LlamaLogLevel.info;
@@ -270,6 +308,13 @@ async function main() {
             console.log(`| decode batch 1, context ${ctx} | ${ms(t.wall)} ms/step ` +
                 `| ${ms(t.cpu)} ms/step | ${(1 / t.wall).toFixed(1)} | ${ms(t.decode)} ms/step ` +
                 `| ${(1 / t.decode).toFixed(1)} |`);
+        }
+        {
+            const n = 8, ctx = 128;
+            const t = await decodeBatch(model, contextOptions, perf, n, ctx, args.steps, args.reps);
+            console.log(`| decode batch ${n}, context ${ctx} | ${ms(t.wall)} ms/step ` +
+                `| ${ms(t.cpu)} ms/step | ${(n / t.wall).toFixed(1)} | ${ms(t.decode)} ms/step ` +
+                `| ${(n / t.decode).toFixed(1)} |`);
         }
     }
     await context.dispose();

@@ -35,7 +35,8 @@ class CpuBackend final : public Backend {
   CpuBackend(const Model& model, const CpuBackendOptions& options, int64_t num_blocks, int threads);
 
   std::string device_name() const override { return "cpu"; }
-  DType dtype() const override { return DType::kF32; }
+  // The weights' storage; KV stays fp32 (kv_bytes_per_token).
+  DType dtype() const override { return dtype_; }
   int64_t num_blocks() const override { return num_blocks_; }
   int32_t block_size() const override { return geometry_.block_size; }
   int64_t kv_bytes_per_token() const override {
@@ -59,6 +60,7 @@ class CpuBackend final : public Backend {
   void RunLayer(int32_t layer, int64_t rows);
 
   ModelConfig config_;
+  DType dtype_;
   KvGeometry geometry_;
   int64_t num_blocks_;
   ThreadPool pool_;
@@ -84,13 +86,19 @@ class CpuBackend final : public Backend {
 
 CpuBackend::CpuBackend(const Model& model, const CpuBackendOptions& options, int64_t num_blocks,
                        int threads)
-    : config_(model.config()), num_blocks_(num_blocks), pool_(threads) {
+    : config_(model.config()), dtype_(options.dtype), num_blocks_(num_blocks), pool_(threads) {
   const int64_t e = config_.n_embd;
   geometry_ = {config_.n_layer, config_.n_head, config_.head_dim(), options.block_size};
-  auto f = [&](const std::string& name) { return model.ToFloat(model.Get(name)); };
+  // Every weight as the chosen dtype holds it (exact for f32, and for a checkpoint already
+  // in that dtype); the matrices are rounded the same way by Pack.
+  auto f = [&](const std::string& name) {
+    std::vector<float> w = model.ToFloat(model.Get(name));
+    for (float& x : w) x = RoundToDType(x, dtype_);
+    return w;
+  };
   auto packed = [&](const std::string& name, int64_t k, int64_t n) {
-    const std::vector<float> w = f(name);
-    return PackedMatrix::Pack(w.data(), k, n, /*transposed=*/false);
+    const std::vector<float> w = model.ToFloat(model.Get(name));
+    return PackedMatrix::Pack(w.data(), k, n, /*transposed=*/false, dtype_);
   };
   wte_ = f("wte.weight");
   wpe_ = f("wpe.weight");
@@ -115,9 +123,9 @@ CpuBackend::CpuBackend(const Model& model, const CpuBackendOptions& options, int
   ln_f_b_ = f("ln_f.bias");
   if (const Tensor* head = model.Find("lm_head.weight"); head != nullptr) {
     const std::vector<float> w = model.ToFloat(*head);
-    lm_head_ = PackedMatrix::Pack(w.data(), e, config_.vocab_size, /*transposed=*/true);
+    lm_head_ = PackedMatrix::Pack(w.data(), e, config_.vocab_size, /*transposed=*/true, dtype_);
   } else {
-    lm_head_ = PackedMatrix::Pack(wte_.data(), e, config_.vocab_size, /*transposed=*/true);
+    lm_head_ = PackedMatrix::Pack(wte_.data(), e, config_.vocab_size, /*transposed=*/true, dtype_);
   }
   kv_ = AllocateFloats(static_cast<size_t>(num_blocks_ * geometry_.block_stride()));
 }
@@ -298,9 +306,9 @@ absl::Status CpuBackend::Forward(absl::Span<const SequenceStep> steps, std::vect
   // For memory_usage(), which a metrics scrape calls on its own thread: the vectors' sizes
   // themselves are this thread's alone.
   auto bytes = [](const std::vector<float>& v) { return static_cast<int64_t>(v.size() * 4); };
-  workspace_bytes_.store(bytes(x_) + bytes(h_) + bytes(qkv_) + bytes(att_) + bytes(fc_) +
-                             bytes(tmp_),
-                         std::memory_order_relaxed);
+  workspace_bytes_.store(
+      bytes(x_) + bytes(h_) + bytes(qkv_) + bytes(att_) + bytes(fc_) + bytes(tmp_),
+      std::memory_order_relaxed);
 
   std::vector<int64_t> logit_rows;
   chunks_.clear();

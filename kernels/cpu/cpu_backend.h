@@ -1,8 +1,13 @@
-// The fp32 CPU backend: GPT-2's forward pass over paged K/V, bit-exact under caching,
-// chunked prefill, batch composition and thread count (see matmul.h and ops.h for how).
+// The CPU backend: GPT-2's forward pass over paged K/V in fp32 arithmetic, bit-exact under
+// caching, chunked prefill, batch composition, thread count and instruction set (see
+// matmul.h and ops.h for how).
 //
-// The backend copies the model's weights to fp32 at construction (packing the matrices into
-// column panels), so the Model may be released afterwards. KV storage for
+// The backend copies the model's weights at construction (packing the matrices into column
+// panels), so the Model may be released afterwards. `dtype` is the weights' storage: f32, or
+// f16 / bf16, where every weight (matrices, embeddings, biases, layer norms) is rounded to
+// nearest even at load and the matrices stream at half the bytes; activations, accumulation
+// and the KV cache stay fp32 either way. A half-precision backend is therefore exactly the
+// f32 backend run on the rounded checkpoint, with the same invariance. KV storage for
 // KvBlocksForBudget(kv_cache_bytes, block_size, KvBytesPerToken(L, H, hd, 4)) blocks is
 // allocated once and never grown.
 #ifndef PREFIXD_KERNELS_CPU_CPU_BACKEND_H_
@@ -14,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/backend.h"
+#include "engine/dtype.h"
 #include "engine/model.h"
 
 namespace prefixd {
@@ -22,7 +28,8 @@ struct CpuBackendOptions {
   const Model* model = nullptr;  // read during CreateCpuBackend only
   int64_t kv_cache_bytes = 0;
   int32_t block_size = 16;
-  int32_t threads = 0;  // 0 = std::thread::hardware_concurrency()
+  int32_t threads = 0;        // 0 = std::thread::hardware_concurrency()
+  DType dtype = DType::kF32;  // of the weights (see above)
 };
 
 // INVALID_ARGUMENT when the model is null, the block size or thread count is not positive,

@@ -1,86 +1,72 @@
 #include "kernels/cpu/matmul.h"
 
-#include <immintrin.h>
 #include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <string_view>
 
 #include "base/check.h"
-#include "kernels/cpu/matmul_avx512.h"
+#include "kernels/cpu/matmul_kernels.h"
 
 namespace prefixd {
 namespace {
 
-constexpr int64_t kMaxRows = 6;  // rows per register block in prefill
-// Rows per task: enough tasks for both threads even when N has few panels, while a task's
-// A rows (96 x K floats) and one panel both stay in L2.
+// Rows per prefill task: enough tasks for both threads even when N has few panels, while a
+// task's A rows (96 x K floats) and one panel both stay in L2.
 constexpr int64_t kRowsPerTask = 96;
 
-// acc[r][c] = sum_k a[r, k] * p[k, c] as one fma chain per element, K in order, for R rows
-// and NV*8 columns starting at `p` (a panel plus a column offset; row stride kPanelWidth).
-template <int R, int NV>
-inline void MicroKernel(const float* a, int64_t lda, const float* p, int64_t k, float* out) {
-  __m256 acc[R][NV];
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_ps();
-  for (int64_t kk = 0; kk < k; ++kk) {
-    const float* prow = p + kk * kPanelWidth;
-    __m256 b[NV];
-    for (int v = 0; v < NV; ++v) b[v] = _mm256_load_ps(prow + 8 * v);
-    for (int r = 0; r < R; ++r) {
-      const __m256 av = _mm256_broadcast_ss(a + r * lda + kk);
-      for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(av, b[v], acc[r][v]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < NV; ++v) _mm256_storeu_ps(out + r * kPanelWidth + 8 * v, acc[r][v]);
-}
-
-// Full 64-column panel for R rows: out is [R, kPanelWidth].
-template <int R>
-void PanelBlock(const float* a, int64_t lda, const float* panel, int64_t k, float* out) {
-  // Register budget (16 ymm): R x NV accumulators + NV panel loads + 1 broadcast.
-  constexpr int NV = R == 1 ? 8 : R == 2 ? 4 : 2;
-  for (int64_t c = 0; c < kPanelWidth; c += 8 * NV) {
-    MicroKernel<R, NV>(a, lda, panel + c, k, out + c);
-  }
-}
-
-void PanelRows(const float* a, int64_t rows, int64_t lda, const float* panel, int64_t k,
-               float* out) {
-  switch (rows) {
-    case 1:
-      return PanelBlock<1>(a, lda, panel, k, out);
-    case 2:
-      return PanelBlock<2>(a, lda, panel, k, out);
-    case 3:
-      return PanelBlock<3>(a, lda, panel, k, out);
-    case 4:
-      return PanelBlock<4>(a, lda, panel, k, out);
-    case 5:
-      return PanelBlock<5>(a, lda, panel, k, out);
-    case 6:
-      return PanelBlock<6>(a, lda, panel, k, out);
-  }
-  PREFIXD_CHECK(false);
-}
-
 std::atomic<MatMulIsa> g_isa{MatMulIsa::kAuto};
+
+// kAuto's answer: AVX-512 where the CPU has it, unless PREFIXD_CPU_ISA=avx2 asks for the
+// baseline.
+bool AutoPicksAvx512() {
+  static const bool avx512 = [] {
+    const char* env = std::getenv("PREFIXD_CPU_ISA");
+    const std::string_view want = env == nullptr ? "" : env;
+    if (want == "avx2") return false;
+    if (!want.empty() && want != "auto" && want != "avx512") {
+      std::fprintf(stderr, "prefixd: ignoring PREFIXD_CPU_ISA=%s (not auto, avx2 or avx512)\n",
+                   env);
+    }
+    if (want == "avx512" && !internal::CpuHasAvx512()) {
+      std::fprintf(stderr, "prefixd: PREFIXD_CPU_ISA=avx512 but this CPU lacks it; using AVX2\n");
+    }
+    return internal::CpuHasAvx512();
+  }();
+  return avx512;
+}
 
 bool UseAvx512() {
   switch (g_isa.load(std::memory_order_relaxed)) {
     case MatMulIsa::kAuto:
+      return AutoPicksAvx512();
     case MatMulIsa::kAvx512:
       return internal::CpuHasAvx512();
     case MatMulIsa::kAvx2:
       return false;
   }
   return false;
+}
+
+void* AllocateAligned(size_t bytes_wanted) {
+  // Big buffers (packed weights, the KV pool) go on 2 MiB pages where the kernel allows: a
+  // decode step streams ~500 MB of panels, and with 4 KiB pages every page is a TLB miss and
+  // a point where the hardware prefetcher stops.
+  constexpr size_t kHugePage = size_t{2} << 20;
+  const size_t align = bytes_wanted >= 2 * kHugePage ? kHugePage : 64;
+  size_t bytes = std::max<size_t>(bytes_wanted, 64);
+  bytes = (bytes + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, bytes);
+  PREFIXD_CHECK(p != nullptr);
+  if (align == kHugePage) madvise(p, bytes, MADV_HUGEPAGE);  // advice only: failure is fine
+  std::memset(p, 0, bytes);
+  return p;
 }
 
 }  // namespace
@@ -94,39 +80,74 @@ void SetMatMulIsa(MatMulIsa isa) {
   g_isa.store(isa, std::memory_order_relaxed);
 }
 
-void AlignedFree::operator()(float* p) const { std::free(p); }
+void AlignedFree::operator()(void* p) const { std::free(p); }
 
 AlignedFloats AllocateFloats(size_t n) {
-  // Big buffers (packed weights, the KV pool) go on 2 MiB pages where the kernel allows: a
-  // decode step streams ~500 MB of panels, and with 4 KiB pages every page is a TLB miss and
-  // a point where the hardware prefetcher stops.
-  constexpr size_t kHugePage = size_t{2} << 20;
-  const size_t align = n * sizeof(float) >= 2 * kHugePage ? kHugePage : 64;
-  size_t bytes = std::max<size_t>(n * sizeof(float), 64);
-  bytes = (bytes + align - 1) / align * align;
-  void* p = std::aligned_alloc(align, bytes);
-  PREFIXD_CHECK(p != nullptr);
-  if (align == kHugePage) madvise(p, bytes, MADV_HUGEPAGE);  // advice only: failure is fine
-  std::memset(p, 0, bytes);
-  return AlignedFloats(static_cast<float*>(p));
+  return AlignedFloats(static_cast<float*>(AllocateAligned(n * sizeof(float))));
 }
 
-PackedMatrix PackedMatrix::Pack(const float* w, int64_t k, int64_t n, bool transposed) {
+AlignedBytes AllocateBytes(size_t n) {
+  return AlignedBytes(static_cast<std::byte*>(AllocateAligned(n)));
+}
+
+float RoundToDType(float x, DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return x;
+    case DType::kF16:
+      return HalfToFloat(FloatToHalf(x));
+    case DType::kBF16:
+      return BF16ToFloat(FloatToBF16(x));
+  }
+  return x;
+}
+
+PackedMatrix PackedMatrix::Pack(const float* w, int64_t k, int64_t n, bool transposed,
+                                DType dtype) {
   PackedMatrix m;
   m.k_ = k;
   m.n_ = n;
-  m.data_ = AllocateFloats(static_cast<size_t>(m.num_panels() * k * kPanelWidth));
+  m.dtype_ = dtype;
+  const int64_t elems = m.num_panels() * k * kPanelWidth;
+  m.data_ = AllocateBytes(static_cast<size_t>(elems * DTypeSize(dtype)));
+  float* f32 = reinterpret_cast<float*>(m.data_.get());
+  uint16_t* half = reinterpret_cast<uint16_t*>(m.data_.get());
   for (int64_t j = 0; j < m.num_panels(); ++j) {
-    float* dst = m.data_.get() + j * k * kPanelWidth;
+    const int64_t base = j * k * kPanelWidth;
     const int64_t cols = std::min(kPanelWidth, n - j * kPanelWidth);
     for (int64_t kk = 0; kk < k; ++kk) {
       for (int64_t c = 0; c < cols; ++c) {
         const int64_t nn = j * kPanelWidth + c;
-        dst[kk * kPanelWidth + c] = transposed ? w[nn * k + kk] : w[kk * n + nn];
+        const float x = transposed ? w[nn * k + kk] : w[kk * n + nn];
+        const int64_t at = base + kk * kPanelWidth + c;
+        switch (dtype) {
+          case DType::kF32:
+            f32[at] = x;
+            break;
+          case DType::kF16:
+            half[at] = FloatToHalf(x);
+            break;
+          case DType::kBF16:
+            half[at] = FloatToBF16(x);
+            break;
+        }
       }
     }
   }
   return m;
+}
+
+float PackedMatrix::at(int64_t kk, int64_t nn) const {
+  const int64_t i = (nn / kPanelWidth) * k_ * kPanelWidth + kk * kPanelWidth + nn % kPanelWidth;
+  switch (dtype_) {
+    case DType::kF32:
+      return reinterpret_cast<const float*>(data_.get())[i];
+    case DType::kF16:
+      return HalfToFloat(reinterpret_cast<const uint16_t*>(data_.get())[i]);
+    case DType::kBF16:
+      return BF16ToFloat(reinterpret_cast<const uint16_t*>(data_.get())[i]);
+  }
+  return 0;
 }
 
 namespace {
@@ -151,9 +172,9 @@ void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const
             float* c, int64_t ldc, ThreadPool* pool) {
   if (m <= 0) return;
   const int64_t panels = w.num_panels();
-  const int64_t k = w.k();
   const int64_t n = w.n();
   const bool avx512 = UseAvx512();
+  auto panel = [&w](int64_t j) { return internal::PanelRef{w.panel(j), w.dtype(), w.k()}; };
   auto run = [pool](int64_t tasks, const std::function<void(int64_t)>& fn) {
     if (pool != nullptr) {
       pool->Run(tasks, fn);
@@ -167,12 +188,29 @@ void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const
       const int64_t j = 2 * t;
       const int64_t count = std::min<int64_t>(2, panels - j);
       alignas(64) float out[2 * internal::kMaxFewRowsAvx512 * kPanelWidth];
-      internal::PanelsFewRowsAvx512(a, lda, m, w.panel(j), count, k, out);
+      internal::PanelsFewRowsAvx512(a, lda, m, panel(j), count, out);
       for (int64_t s = 0; s < count; ++s) {
         const int64_t col0 = (j + s) * kPanelWidth;
-        StoreRows(out + s * m * kPanelWidth, 0, m, col0, std::min(kPanelWidth, n - col0), bias,
-                  c, ldc);
+        StoreRows(out + s * m * kPanelWidth, 0, m, col0, std::min(kPanelWidth, n - col0), bias, c,
+                  ldc);
       }
+    });
+  }
+  // AVX2 has no few-row kernel: from 2 rows on, its batched blocks (chunked, prefetched)
+  // stream better than the prefill blocks (products of a GPT-2 step, one thread: 22 → 15 ms
+  // at 2 rows, 40 → 18 ms at 3).
+  const int64_t min_batch_rows = avx512 ? internal::kMinBatchRows : 2;
+  if (m >= min_batch_rows && m <= internal::kMaxBatchRows) {
+    // Batched decode: one task per panel, all rows.
+    return run(panels, [&](int64_t j) {
+      alignas(64) float out[internal::kMaxBatchRows * kPanelWidth];
+      if (avx512) {
+        internal::PanelBatchAvx512(a, m, lda, panel(j), out);
+      } else {
+        internal::PanelBatchAvx2(a, m, lda, panel(j), out);
+      }
+      const int64_t col0 = j * kPanelWidth;
+      StoreRows(out, 0, m, col0, std::min(kPanelWidth, n - col0), bias, c, ldc);
     });
   }
   const int64_t row_tasks = (m + kRowsPerTask - 1) / kRowsPerTask;
@@ -185,15 +223,16 @@ void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const
       for (int64_t r0 = row_begin, rows = 0; r0 < row_end; r0 += rows) {
         // 6-row blocks, except that 7 or 8 left go in one block (one pass over the panel).
         const int64_t left = row_end - r0;
-        rows = left <= internal::kMaxRowsAvx512 ? left : std::min(kMaxRows, left);
-        internal::PanelRowsAvx512(a + r0 * lda, rows, lda, w.panel(j), k,
+        rows = left <= internal::kMaxRowsAvx512 ? left : std::min<int64_t>(6, left);
+        internal::PanelRowsAvx512(a + r0 * lda, rows, lda, panel(j),
                                   /*prefetch=*/r0 == row_begin,
                                   out + (r0 - row_begin) * kPanelWidth);
       }
     } else {
       for (int64_t r0 = row_begin, rows = 0; r0 < row_end; r0 += rows) {
-        rows = std::min(kMaxRows, row_end - r0);
-        PanelRows(a + r0 * lda, rows, lda, w.panel(j), k, out + (r0 - row_begin) * kPanelWidth);
+        rows = std::min(internal::kMaxRowsAvx2, row_end - r0);
+        internal::PanelRowsAvx2(a + r0 * lda, rows, lda, panel(j),
+                                out + (r0 - row_begin) * kPanelWidth);
       }
     }
     const int64_t col0 = j * kPanelWidth;

@@ -39,6 +39,15 @@ class CpuBackendTest : public ::testing::Test {
   static inline Model* odd_ = nullptr;
 };
 
+// The invariance tests, once per weight dtype: a half-precision backend keeps every one.
+class CpuBackendDTypeTest : public CpuBackendTest, public ::testing::WithParamInterface<DType> {};
+
+INSTANTIATE_TEST_SUITE_P(AllDTypes, CpuBackendDTypeTest,
+                         ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(DTypeName(info.param));
+                         });
+
 double MaxAbs(const std::vector<double>& v) {
   double m = 0;
   for (double x : v) m = std::max(m, std::abs(x));
@@ -80,9 +89,9 @@ TEST_F(CpuBackendTest, PrefillAndDecodeMatchDoubleReference) {
   }
 }
 
-TEST_F(CpuBackendTest, ChunkSizeDoesNotChangeLogits) {
+TEST_P(CpuBackendDTypeTest, ChunkSizeDoesNotChangeLogits) {
   for (const Model* model : Models()) {
-    auto backend = MakeBackend(*model, 2);
+    auto backend = MakeBackend(*model, 2, 64, 16, GetParam());
     const std::vector<uint32_t> tokens = RandomTokens(37, 2);
     const std::vector<float> all = Prefill(*backend, tokens, Blocks(0, 3), 0);
     for (int chunk : {1, 3, 16}) {
@@ -91,9 +100,9 @@ TEST_F(CpuBackendTest, ChunkSizeDoesNotChangeLogits) {
   }
 }
 
-TEST_F(CpuBackendTest, CachedPrefixGivesSameLogitsAsRecompute) {
+TEST_P(CpuBackendDTypeTest, CachedPrefixGivesSameLogitsAsRecompute) {
   for (const Model* model : Models()) {
-    auto backend = MakeBackend(*model, 2);
+    auto backend = MakeBackend(*model, 2, 64, 16, GetParam());
     const std::vector<uint32_t> prompt = RandomTokens(45, 3);
     const std::vector<float> recomputed = Prefill(*backend, prompt, Blocks(0, 3), 0);
     // A second sequence shares the first two full blocks (32 tokens) and computes the rest
@@ -135,9 +144,9 @@ TEST_F(CpuBackendTest, KvBlocksRoundTripThroughHostBytes) {
   }
 }
 
-TEST_F(CpuBackendTest, BatchCompanionsDoNotChangeLogits) {
+TEST_P(CpuBackendDTypeTest, BatchCompanionsDoNotChangeLogits) {
   const Model& model = *tiny_;
-  auto backend = MakeBackend(model, 2);
+  auto backend = MakeBackend(model, 2, 64, 16, GetParam());
   const std::vector<uint32_t> a = RandomTokens(20, 4), b = RandomTokens(33, 5),
                               c = RandomTokens(7, 6);
   // Alone: a's prompt, then a decode token.
@@ -169,25 +178,25 @@ TEST_F(CpuBackendTest, BatchCompanionsDoNotChangeLogits) {
             Prefill(*backend, b, Blocks(40, 3), 0));
 }
 
-TEST_F(CpuBackendTest, ThreadCountDoesNotChangeLogits) {
+TEST_P(CpuBackendDTypeTest, ThreadCountDoesNotChangeLogits) {
   for (const Model* model : Models()) {
     const std::vector<uint32_t> tokens = RandomTokens(30, 7);
-    auto one = MakeBackend(*model, 1);
-    auto two = MakeBackend(*model, 2);
-    auto three = MakeBackend(*model, 3);
+    auto one = MakeBackend(*model, 1, 64, 16, GetParam());
+    auto two = MakeBackend(*model, 2, 64, 16, GetParam());
+    auto three = MakeBackend(*model, 3, 64, 16, GetParam());
     const std::vector<float> want = Prefill(*one, tokens, Blocks(0, 2), 0);
     EXPECT_EQ(Prefill(*two, tokens, Blocks(0, 2), 0), want);
     EXPECT_EQ(Prefill(*three, tokens, Blocks(0, 2), 7), want);
   }
 }
 
-TEST_F(CpuBackendTest, InstructionSetDoesNotChangeLogits) {
+TEST_P(CpuBackendDTypeTest, InstructionSetDoesNotChangeLogits) {
   // The AVX2 and AVX-512 matrix-product blocks end to end (prefill in one go and in chunks of
   // 5, which decodes through the small-row kernels): the same bits.
   if (!MatMulIsaSupported(MatMulIsa::kAvx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
   for (const Model* model : Models()) {
     const std::vector<uint32_t> tokens = RandomTokens(40, 9);
-    auto backend = MakeBackend(*model, 2);
+    auto backend = MakeBackend(*model, 2, 64, 16, GetParam());
     SetMatMulIsa(MatMulIsa::kAvx2);
     const std::vector<float> want = Prefill(*backend, tokens, Blocks(0, 3), 0);
     const std::vector<float> want_chunked = Prefill(*backend, tokens, Blocks(3, 3), 5);
@@ -198,6 +207,35 @@ TEST_F(CpuBackendTest, InstructionSetDoesNotChangeLogits) {
     EXPECT_EQ(got, want);
     EXPECT_EQ(got_chunked, want_chunked);
     EXPECT_EQ(got_chunked, want);
+  }
+}
+
+TEST_F(CpuBackendTest, HalfPrecisionIsTheF32BackendOnTheRoundedCheckpoint) {
+  // --dtype f16|bf16 on an f32 checkpoint rounds every weight at load and computes in fp32:
+  // bit for bit what the f32 backend computes from the checkpoint written in that dtype (the
+  // same seed), which also loads unchanged into a half-precision backend.
+  const std::vector<uint32_t> tokens = RandomTokens(26, 21);
+  auto f32 = MakeBackend(*odd_, 2);
+  const std::vector<float> f32_logits = Prefill(*f32, tokens, Blocks(0, 2), 0);
+  for (DType dtype : {DType::kF16, DType::kBF16}) {
+    const std::unique_ptr<Model> rounded =
+        testing::WriteAndLoad(testing::OddModelConfig(), 12, "rounded", dtype);
+    ASSERT_NE(rounded, nullptr);
+    auto half = MakeBackend(*odd_, 2, 64, 16, dtype);
+    EXPECT_EQ(half->dtype(), dtype);
+    EXPECT_LT(half->memory_usage().weights_bytes, f32->memory_usage().weights_bytes);
+    const std::vector<float> want = Prefill(*MakeBackend(*rounded, 2), tokens, Blocks(0, 2), 5);
+    EXPECT_EQ(Prefill(*half, tokens, Blocks(0, 2), 0), want) << DTypeName(dtype);
+    EXPECT_EQ(Prefill(*MakeBackend(*rounded, 1, 64, 16, dtype), tokens, Blocks(3, 2), 3), want)
+        << DTypeName(dtype);
+    // Rounding changes the logits, a little.
+    EXPECT_NE(want, f32_logits);
+    float max_diff = 0, max_abs = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      max_diff = std::max(max_diff, std::abs(want[i] - f32_logits[i]));
+      max_abs = std::max(max_abs, std::abs(f32_logits[i]));
+    }
+    EXPECT_LT(max_diff, 0.05f * max_abs) << DTypeName(dtype);
   }
 }
 

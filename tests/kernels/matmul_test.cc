@@ -1,9 +1,11 @@
 // MatMul (packed panels, register blocks, threads) against its scalar fma-chain twin: equal
-// with ==, for every row count, shape and thread count. This is the batch invariance that the
-// backend's bit-exactness rests on.
+// with ==, for every row count, shape, thread count, instruction set and weight dtype (the
+// twin then multiplies by the weights rounded to that dtype). This is the batch invariance
+// that the backend's bit-exactness rests on.
 #include "kernels/cpu/matmul.h"
 
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -38,52 +40,101 @@ struct Shape {
   int64_t k, n;
 };
 
-TEST_F(MatMulTest, EqualsScalarFmaChainForEveryRowCountAndThreadCount) {
-  // k = 300 crosses the AVX-512 path's K blocks (128) twice, with a partial last block.
-  const Shape shapes[] = {{1, 1}, {7, 5}, {16, 64}, {33, 65}, {64, 130}, {96, 200}, {300, 70}};
-  const int64_t row_counts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 13, 14, 97, 104, 200};
+constexpr DType kDTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
+
+// w with every element rounded to `dtype` (what a matrix packed at that dtype multiplies by).
+std::vector<float> Rounded(std::vector<float> w, DType dtype) {
+  for (float& x : w) x = RoundToDType(x, dtype);
+  return w;
+}
+
+TEST_F(MatMulTest, EqualsScalarFmaChainForEveryRowCountThreadCountAndDType) {
+  // k = 300 and 1000 cross the batched blocks' K chunks (32 f32 rows, 64 half rows) and the
+  // AVX-512 prefill prefetch distance, each with a partial last chunk.
+  const Shape shapes[] = {{1, 1},    {7, 5},    {16, 64},  {33, 65},
+                          {64, 130}, {96, 200}, {300, 70}, {1000, 129}};
+  // Every row count through the batched-decode blocks (4..64), both sides of its edges, the
+  // few-row decode kernels and the prefill blocks with their tails.
+  std::vector<int64_t> row_counts = {1, 2, 3, 65, 66, 97, 104, 200};
+  for (int64_t m = 4; m <= 64; ++m) row_counts.push_back(m);
   ThreadPool pool2(2);
   ThreadPool pool3(3);
-  for (const Shape& s : shapes) {
-    const std::vector<float> w = RandomVector(s.k * s.n, 1);
-    const std::vector<float> bias = RandomVector(s.n, 2);
-    const PackedMatrix packed = PackedMatrix::Pack(w.data(), s.k, s.n, /*transposed=*/false);
-    for (int64_t m : row_counts) {
-      const std::vector<float> a = RandomVector(m * s.k, 3 + m);
-      std::vector<float> want(m * s.n);
-      MatMulReference(a.data(), m, s.k, w.data(), s.k, s.n, bias.data(), want.data(), s.n);
-      for (MatMulIsa isa : Isas()) {
-        SetMatMulIsa(isa);
-        for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
-          std::vector<float> got(m * s.n, -1.0f);
-          MatMul(a.data(), m, s.k, packed, bias.data(), got.data(), s.n, pool);
-          ASSERT_EQ(got, want) << "k=" << s.k << " n=" << s.n << " m=" << m
-                               << " isa=" << static_cast<int>(isa);
+  for (DType dtype : kDTypes) {
+    for (const Shape& s : shapes) {
+      const std::vector<float> w = RandomVector(s.k * s.n, 1);
+      const std::vector<float> w_rounded = Rounded(w, dtype);
+      const std::vector<float> bias = RandomVector(s.n, 2);
+      const PackedMatrix packed = PackedMatrix::Pack(w.data(), s.k, s.n, false, dtype);
+      ASSERT_EQ(packed.dtype(), dtype);
+      for (int64_t m : row_counts) {
+        if (s.k >= 300 && m > 16 && m % 8 != 1 && m < 65) continue;  // keep the test quick
+        const std::vector<float> a = RandomVector(m * s.k, 3 + m);
+        std::vector<float> want(m * s.n);
+        MatMulReference(a.data(), m, s.k, w_rounded.data(), s.k, s.n, bias.data(), want.data(),
+                        s.n);
+        for (MatMulIsa isa : Isas()) {
+          SetMatMulIsa(isa);
+          for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
+            std::vector<float> got(m * s.n, -1.0f);
+            MatMul(a.data(), m, s.k, packed, bias.data(), got.data(), s.n, pool);
+            ASSERT_EQ(got, want) << "k=" << s.k << " n=" << s.n << " m=" << m
+                                 << " isa=" << static_cast<int>(isa)
+                                 << " dtype=" << DTypeName(dtype);
+          }
         }
       }
     }
   }
 }
 
+TEST_F(MatMulTest, HalfPrecisionPanelsHoldTheRoundedWeights) {
+  // Rounding is to nearest even, and widening back is exact: at() returns the rounded value.
+  const int64_t k = 5, n = 70;
+  std::vector<float> w = RandomVector(k * n, 4);
+  w[0] = 1.0f + 1.0f / 2048;  // halfway between two f16 values: rounds to even (1.0)
+  w[1] = 1.0f + 3.0f / 2048;  // halfway: rounds to even (1.0 + 2/1024)
+  w[2] = 1.0f + 1.0f / 256;   // halfway between two bf16 values: rounds to even (1.0)
+  w[3] = 65536.0f;            // past f16's largest finite value (65504): inf
+  const PackedMatrix f16 = PackedMatrix::Pack(w.data(), k, n, false, DType::kF16);
+  const PackedMatrix bf16 = PackedMatrix::Pack(w.data(), k, n, false, DType::kBF16);
+  EXPECT_EQ(f16.size_bytes() * 2, PackedMatrix::Pack(w.data(), k, n, false).size_bytes());
+  EXPECT_EQ(f16.at(0, 0), 1.0f);
+  EXPECT_EQ(f16.at(0, 1), 1.0f + 2.0f / 1024);
+  EXPECT_EQ(bf16.at(0, 2), 1.0f);
+  EXPECT_EQ(f16.at(0, 3), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(bf16.at(0, 3), 65536.0f);
+  for (int64_t kk = 0; kk < k; ++kk) {
+    for (int64_t nn = 0; nn < n; ++nn) {
+      ASSERT_EQ(f16.at(kk, nn), RoundToDType(w[kk * n + nn], DType::kF16));
+      ASSERT_EQ(bf16.at(kk, nn), RoundToDType(w[kk * n + nn], DType::kBF16));
+      ASSERT_NE(bf16.at(kk, nn), 0.0f);  // nothing lost to a wrong offset
+    }
+  }
+}
+
 TEST_F(MatMulTest, RowResultDoesNotDependOnItsNeighbours) {
-  // The same row computed alone (decode path) and at every offset inside a larger batch.
+  // The same row computed alone (decode path) and at every offset inside a larger batch, up
+  // to past the batched-decode blocks' 64 rows.
   const int64_t k = 40, n = 70;
   const std::vector<float> w = RandomVector(k * n, 5);
-  const PackedMatrix packed = PackedMatrix::Pack(w.data(), k, n, false);
   const std::vector<float> row = RandomVector(k, 6);
-  std::vector<float> alone(n);
-  SetMatMulIsa(MatMulIsa::kAvx2);
-  MatMul(row.data(), 1, k, packed, nullptr, alone.data(), n, nullptr);
-  for (MatMulIsa isa : Isas()) {
-    SetMatMulIsa(isa);
-    for (int64_t m = 1; m <= 17; ++m) {
-      for (int64_t at = 0; at < m; ++at) {
-        std::vector<float> batch = RandomVector(m * k, 100 + m);
-        std::copy(row.begin(), row.end(), batch.begin() + at * k);
-        std::vector<float> out(m * n);
-        MatMul(batch.data(), m, k, packed, nullptr, out.data(), n, nullptr);
-        ASSERT_EQ(std::vector<float>(out.begin() + at * n, out.begin() + (at + 1) * n), alone)
-            << "m=" << m << " at=" << at << " isa=" << static_cast<int>(isa);
+  for (DType dtype : kDTypes) {
+    const PackedMatrix packed = PackedMatrix::Pack(w.data(), k, n, false, dtype);
+    std::vector<float> alone(n);
+    SetMatMulIsa(MatMulIsa::kAvx2);
+    MatMul(row.data(), 1, k, packed, nullptr, alone.data(), n, nullptr);
+    for (MatMulIsa isa : Isas()) {
+      SetMatMulIsa(isa);
+      for (int64_t m = 1; m <= 70; ++m) {
+        for (int64_t at = 0; at<m; at += m> 17 ? 7 : 1) {
+          std::vector<float> batch = RandomVector(m * k, 100 + m);
+          std::copy(row.begin(), row.end(), batch.begin() + at * k);
+          std::vector<float> out(m * n);
+          MatMul(batch.data(), m, k, packed, nullptr, out.data(), n, nullptr);
+          ASSERT_EQ(std::vector<float>(out.begin() + at * n, out.begin() + (at + 1) * n), alone)
+              << "m=" << m << " at=" << at << " isa=" << static_cast<int>(isa)
+              << " dtype=" << DTypeName(dtype);
+        }
       }
     }
   }

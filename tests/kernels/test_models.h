@@ -33,19 +33,20 @@ struct TempDirs {
 // A fresh directory under the test temp dir, unique per process and call.
 inline std::string MakeTempDir(const std::string& tag) {
   static TempDirs made;
-  const std::filesystem::path dir =
-      std::filesystem::path(::testing::TempDir()) /
-      ("prefixd_kernels_" + tag + "_" + std::to_string(getpid()) + "_" +
-       std::to_string(made.dirs.size()));
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
+                                    ("prefixd_kernels_" + tag + "_" + std::to_string(getpid()) +
+                                     "_" + std::to_string(made.dirs.size()));
   std::filesystem::create_directories(dir);
   made.dirs.push_back(dir.string());
   return dir.string();
 }
 
 // Writes a random model with `config` and `seed` and loads it; fails the test on error.
+// `dtype`: the checkpoint's; a seed gives the same weights in every dtype up to rounding.
 inline std::unique_ptr<Model> WriteAndLoad(const ModelConfig& config, uint64_t seed,
-                                           const std::string& tag) {
+                                           const std::string& tag, DType dtype = DType::kF32) {
   RandomModelOptions o;
+  o.dtype = dtype;
   o.out_dir = MakeTempDir(tag);
   o.tokenizer_dir = PREFIXD_TOKENIZER_DIR;
   o.config = config;
@@ -69,10 +70,12 @@ inline ModelConfig OddModelConfig() {
 }
 
 inline std::unique_ptr<Backend> MakeBackend(const Model& model, int threads,
-                                            int64_t num_blocks = 64, int32_t block_size = 16) {
+                                            int64_t num_blocks = 64, int32_t block_size = 16,
+                                            DType dtype = DType::kF32) {
   const ModelConfig& c = model.config();
   CpuBackendOptions o;
   o.model = &model;
+  o.dtype = dtype;
   o.block_size = block_size;
   o.threads = threads;
   o.kv_cache_bytes = num_blocks * block_size * 2 * c.n_layer * c.n_embd * 4;

@@ -1,7 +1,11 @@
 #include "server/backend_factory.h"
 
+#include <unistd.h>
+
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "engine/model_config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #ifdef PREFIXD_HAVE_CUDA
@@ -38,11 +42,9 @@ TEST(PlanDeviceTest, CudaWithoutDeviceIsAnError) {
   EXPECT_THAT(std::string(p.status().message()), HasSubstr("no usable CUDA device"));
 }
 
-TEST(PlanDeviceTest, RejectsUnknownNamesAndHalfPrecisionOnCpu) {
+TEST(PlanDeviceTest, RejectsUnknownNames) {
   EXPECT_EQ(PlanDevice("tpu", "auto", kNoCuda).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(PlanDevice("cpu", "f64", kNoCuda).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(PlanDevice("cpu", "bf16", kNoCuda).status().message()),
-              HasSubstr("CPU backend computes in f32"));
   EXPECT_EQ(PlanDevice("cpu", "f32", absl::OkStatus())->use_cuda, false);
 }
 
@@ -78,6 +80,50 @@ TEST(PlanDeviceTest, ListedDeviceWithoutAContextFallsBackToCpu) {
   EXPECT_THAT(std::string(forced.status().message()), HasSubstr("cudaErrorDevicesUnavailable"));
 }
 #endif
+
+TEST(PlanDeviceTest, CpuTakesHalfPrecisionWeights) {
+  for (const char* name : {"f16", "bf16"}) {
+    absl::StatusOr<DevicePlan> p = PlanDevice("cpu", name, absl::OkStatus());
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_FALSE(p->use_cuda);
+    EXPECT_EQ(p->dtype, *ParseDType(name));
+  }
+  EXPECT_EQ(PlanDevice("auto", "f16", kNoCuda)->dtype, DType::kF16);
+  EXPECT_EQ(PlanDevice("cpu", "auto", absl::OkStatus())->dtype, DType::kF32);
+}
+
+TEST(DefaultCpuKvBudgetTest, SixteenFullContextSequencesUnderAQuarterOfMemory) {
+  ModelConfig gpt2;  // GPT-2 small's shape
+  gpt2.n_layer = 12;
+  gpt2.n_head = 12;
+  gpt2.n_embd = 768;
+  gpt2.n_positions = 1024;
+  gpt2.vocab_size = 50257;
+  // 12 layers x 2 (K, V) x 768 x 4 bytes = 73,728 bytes per token; x 1,024 positions x 16.
+  const int64_t want = int64_t{16} * 1024 * 73728;
+  const KvBudget roomy = DefaultCpuKvBudget(gpt2, int64_t{24} << 30);
+  EXPECT_EQ(roomy.bytes, want);
+  EXPECT_THAT(roomy.derivation, HasSubstr("16 sequences x 1024 positions x 73728 bytes per token"));
+  EXPECT_THAT(roomy.derivation, HasSubstr("under the cap"));
+  const KvBudget capped = DefaultCpuKvBudget(gpt2, int64_t{4} << 30);
+  EXPECT_EQ(capped.bytes, int64_t{1} << 30);
+  EXPECT_THAT(capped.derivation, HasSubstr("1/4 of 4294967296 bytes"));
+  EXPECT_THAT(capped.derivation, HasSubstr(absl::StrCat("would be ", want)));
+  // Unknown memory: no cap.
+  EXPECT_EQ(DefaultCpuKvBudget(gpt2, 0).bytes, want);
+  // A smaller model asks for less.
+  ModelConfig small = gpt2;
+  small.n_layer = 2;
+  small.n_positions = 64;
+  EXPECT_EQ(DefaultCpuKvBudget(small, int64_t{24} << 30).bytes, int64_t{16} * 64 * 2 * 2 * 768 * 4);
+}
+
+TEST(DefaultCpuKvBudgetTest, UsableMemoryIsKnownHere) {
+  const int64_t pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGE_SIZE);
+  const int64_t bytes = UsableMemoryBytes();
+  EXPECT_GT(bytes, 0);
+  EXPECT_LE(bytes, pages * page_size);
+}
 
 }  // namespace
 }  // namespace prefixd

@@ -51,6 +51,7 @@ TEST(MetricsTest, CountersFollowEngineDeltasAndGaugesItsState) {
   ServerMetrics m(fake.Sources());
   fake.stats.cache.queried_tokens = 100;
   fake.stats.cache.hit_tokens = 40;
+  fake.stats.cache.blocks_total = 10;
   fake.stats.cache.blocks_free = 5;
   fake.stats.cache.blocks_active = 2;
   fake.stats.cache.blocks_cached = 3;
@@ -71,6 +72,7 @@ TEST(MetricsTest, CountersFollowEngineDeltasAndGaugesItsState) {
   EXPECT_EQ(Value(text, "prefixd_kv_blocks{state=\"active\"}"), 2);
   EXPECT_EQ(Value(text, "prefixd_kv_blocks{state=\"cached\"}"), 3);
   EXPECT_EQ(Value(text, "prefixd_kv_pool_bytes"), 10240);
+  EXPECT_EQ(Value(text, "prefixd_kv_cache_usage_ratio"), 0.2);  // 2 active of 10
   EXPECT_EQ(Value(text, "prefixd_kv_bytes_per_token"), 64);
   EXPECT_EQ(Value(text, "prefixd_kv_evictions_total"), 1);
   EXPECT_EQ(Value(text, "prefixd_kv_cow_copies_total"), 2);

@@ -42,9 +42,9 @@ TEST_F(LifecycleTest, BadStartupsExitNonZeroWithAMessage) {
   r = RunCommand({prefixd, "--model", model_, "--device", "tpu"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("--device=tpu"));
-  r = RunCommand({prefixd, "--model", model_, "--device", "cpu", "--dtype", "bf16"});
+  r = RunCommand({prefixd, "--model", model_, "--device", "cpu", "--dtype", "f64"});
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_THAT(r.output, HasSubstr("f32"));
+  EXPECT_THAT(r.output, HasSubstr("--dtype=f64 is not one of auto, f32, f16, bf16"));
   r = RunCommand({prefixd, "--model", model_, "--unknown-flag=1"});
   EXPECT_NE(r.exit_code, 0);
   // Numeric flags are checked up front, each error naming its flag and value.

@@ -1,0 +1,144 @@
+// The CPU backend's matrix products alone, as one GPT-2 (124M) decode step makes them: the
+// 48 layer matrices and the LM head, for M rows (the batch), each instruction set and weight
+// dtype. Separates the products' cost from attention and the rest of the forward pass, and
+// shows where a batch stops riding on the weight stream.
+//
+//   matmul_bench [--threads 2] [--reps 7] [--rows 1,4,8,16] [--isa auto|avx2|avx512|both]
+//                [--dtype f32|f16|bf16|all]
+//
+// Each figure is the best of --reps steps (wall and CPU time of all threads, each its own
+// minimum); the weights (≈500 MB in f32) are far larger than the caches, so every step
+// streams them from memory as a real decode step does.
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/dtype.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace prefixd {
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double CpuNow() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+struct Shape {
+  int64_t k, n;
+};
+
+int Main(int argc, char** argv) {
+  int threads = 2, reps = 7;
+  std::vector<int64_t> rows = {1, 2, 4, 8, 16, 32, 64};
+  std::vector<MatMulIsa> isas;
+  std::vector<DType> dtypes = {DType::kF32};
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--threads") {
+      threads = std::atoi(value.c_str());
+    } else if (flag == "--reps") {
+      reps = std::atoi(value.c_str());
+    } else if (flag == "--rows") {
+      rows.clear();
+      std::stringstream ss(value);
+      for (std::string item; std::getline(ss, item, ',');) rows.push_back(std::atoll(item.c_str()));
+    } else if (flag == "--isa" &&
+               (value == "auto" || value == "avx2" || value == "avx512" || value == "both")) {
+      if (value == "auto") isas = {MatMulIsa::kAuto};
+      if (value == "avx2" || value == "both") isas.push_back(MatMulIsa::kAvx2);
+      if (value == "avx512" || value == "both") isas.push_back(MatMulIsa::kAvx512);
+    } else if (flag == "--dtype" && value == "all") {
+      dtypes = {DType::kF32, DType::kF16, DType::kBF16};
+    } else if (flag == "--dtype" && ParseDType(value)) {
+      dtypes = {*ParseDType(value)};
+    } else {
+      std::fprintf(stderr,
+                   "usage: matmul_bench [--threads N] [--reps N] [--rows 1,8,...] "
+                   "[--isa auto|avx2|avx512|both] [--dtype f32|f16|bf16|all]\n");
+      return 2;
+    }
+  }
+  if (isas.empty()) isas = {MatMulIsa::kAuto};
+  for (MatMulIsa isa : isas) {
+    if (!MatMulIsaSupported(isa)) {
+      std::fprintf(stderr, "matmul_bench: this CPU lacks AVX-512\n");
+      return 2;
+    }
+  }
+  if (threads < 1 || reps < 1 || rows.empty() ||
+      std::any_of(rows.begin(), rows.end(), [](int64_t m) { return m < 1 || m > 4096; })) {
+    std::fprintf(stderr, "matmul_bench: --threads, --reps >= 1; --rows in [1, 4096]\n");
+    return 2;
+  }
+  const int64_t e = 768, vocab = 50257;
+  std::vector<Shape> shapes;
+  for (int l = 0; l < 12; ++l) {
+    shapes.insert(shapes.end(), {{e, 3 * e}, {e, e}, {e, 4 * e}, {4 * e, e}});
+  }
+  shapes.push_back({e, vocab});
+  ThreadPool pool(threads);
+  std::printf(
+      "GPT-2 decode-step products (48 layer matrices + LM head), %d threads, best of %d\n\n",
+      threads, reps);
+  std::printf(
+      "| dtype | ISA | rows | weights | wall ms | CPU ms | GFLOP/s (wall) | GB/s (wall) |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
+  for (DType dtype : dtypes) {
+    std::mt19937 rng(1);
+    std::normal_distribution<float> dist(0.0f, 0.02f);
+    std::vector<PackedMatrix> mats;
+    double bytes = 0, flops_per_row = 0;
+    for (const Shape& s : shapes) {
+      std::vector<float> w(s.k * s.n);
+      for (float& x : w) x = dist(rng);
+      mats.push_back(PackedMatrix::Pack(w.data(), s.k, s.n, /*transposed=*/false, dtype));
+      bytes += mats.back().size_bytes();
+      flops_per_row += 2.0 * s.k * s.n;
+    }
+    const int64_t max_rows = *std::max_element(rows.begin(), rows.end());
+    std::vector<float> a(max_rows * 4 * e), c(max_rows * vocab);
+    for (float& x : a) x = dist(rng);
+    for (MatMulIsa isa : isas) {
+      SetMatMulIsa(isa);
+      const char* isa_name = isa == MatMulIsa::kAvx2     ? "avx2"
+                             : isa == MatMulIsa::kAvx512 ? "avx512"
+                                                         : "auto";
+      for (int64_t m : rows) {
+        double best_wall = 1e30, best_cpu = 1e30;
+        for (int r = 0; r < reps; ++r) {
+          const double t0 = Now(), c0 = CpuNow();
+          for (size_t i = 0; i < mats.size(); ++i) {
+            MatMul(a.data(), m, shapes[i].k, mats[i], nullptr, c.data(), shapes[i].n, &pool);
+          }
+          best_wall = std::min(best_wall, Now() - t0);
+          best_cpu = std::min(best_cpu, CpuNow() - c0);
+        }
+        std::printf("| %s | %s | %lld | %.0f MB | %.2f | %.2f | %.0f | %.1f |\n",
+                    std::string(DTypeName(dtype)).c_str(), isa_name, static_cast<long long>(m),
+                    bytes / 1e6, best_wall * 1e3, best_cpu * 1e3,
+                    m * flops_per_row / best_wall / 1e9, bytes / best_wall / 1e9);
+        std::fflush(stdout);
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace prefixd
+
+int main(int argc, char** argv) { return prefixd::Main(argc, argv); }
