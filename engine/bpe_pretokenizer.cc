@@ -113,8 +113,9 @@ size_t AsciiPieceLength(std::string_view text, size_t pos) {
   return j - pos;
 }
 
+// Stops early when `emit` returns false.
 void Scan(std::string_view text, bool ascii_fast_path,
-          absl::FunctionRef<void(std::string_view)> emit) {
+          absl::FunctionRef<bool(std::string_view)> emit) {
   const RE2& re = Pattern();
   const re2::StringPiece input(text.data(), text.size());
   size_t pos = 0;
@@ -123,7 +124,7 @@ void Scan(std::string_view text, bool ascii_fast_path,
   while (pos < text.size()) {
     if (ascii_fast_path && !in_gap) {
       if (const size_t len = AsciiPieceLength(text, pos); len > 0) {
-        emit(text.substr(pos, len));
+        if (!emit(text.substr(pos, len))) return;
         pos += len;
         continue;
       }
@@ -136,7 +137,7 @@ void Scan(std::string_view text, bool ascii_fast_path,
       continue;
     }
     if (in_gap) {
-      emit(text.substr(gap_start, pos - gap_start));
+      if (!emit(text.substr(gap_start, pos - gap_start))) return;
       in_gap = false;
     }
     std::string_view piece(m.data(), m.size());
@@ -148,7 +149,7 @@ void Scan(std::string_view text, bool ascii_fast_path,
       const size_t last = LastCharStart(piece);
       if (last > 0 && IsWhiteSpace(DecodeAt(piece, last))) piece = piece.substr(0, last);
     }
-    emit(piece);
+    if (!emit(piece)) return;
     pos += piece.size();
   }
   if (in_gap) emit(text.substr(gap_start));
@@ -157,11 +158,21 @@ void Scan(std::string_view text, bool ascii_fast_path,
 }  // namespace
 
 void PreTokenize(std::string_view text, absl::FunctionRef<void(std::string_view)> emit) {
+  Scan(text, /*ascii_fast_path=*/true, [&](std::string_view piece) {
+    emit(piece);
+    return true;
+  });
+}
+
+void PreTokenizeWhile(std::string_view text, absl::FunctionRef<bool(std::string_view)> emit) {
   Scan(text, /*ascii_fast_path=*/true, emit);
 }
 
 void PreTokenizeWithRe2Only(std::string_view text, absl::FunctionRef<void(std::string_view)> emit) {
-  Scan(text, /*ascii_fast_path=*/false, emit);
+  Scan(text, /*ascii_fast_path=*/false, [&](std::string_view piece) {
+    emit(piece);
+    return true;
+  });
 }
 
 }  // namespace prefixd::internal

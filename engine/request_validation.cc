@@ -25,6 +25,21 @@ absl::Status ValidateEngineRequest(const EngineRequest& r, const RequestLimits& 
   using absl::StrFormat;
   const ModelConfig& config = limits.model_config;
   const uint32_t vocab = static_cast<uint32_t>(config.vocab_size);
+  if (r.request_id.size() > kMaxRequestIdBytes) {
+    return FieldError("request_id",
+        StrFormat("request_id is %d bytes: use at most %d (or leave it empty for the server to "
+                  "name the request)",
+                  r.request_id.size(), kMaxRequestIdBytes));
+  }
+  for (size_t i = 0; i < r.request_id.size(); ++i) {
+    const auto c = static_cast<unsigned char>(r.request_id[i]);
+    if (c < 0x20 || c > 0x7E) {
+      return FieldError("request_id",
+          StrFormat("request_id has byte 0x%02x at offset %d: use printable ASCII only "
+                    "(0x20..0x7e)",
+                    c, i));
+    }
+  }
   if (r.prompt.empty()) {
     return FieldError("token_ids", "empty prompt: give at least one token");
   }
@@ -67,6 +82,10 @@ absl::Status ValidateEngineRequest(const EngineRequest& r, const RequestLimits& 
   if (r.top_logprobs > kMaxTopLogprobs) {
     return FieldError("top_logprobs", StrFormat("top_logprobs %d is too large: use 0..%d",
                                           r.top_logprobs, kMaxTopLogprobs));
+  }
+  if (r.stop_token_ids.size() > kMaxStopTokenIds) {
+    return FieldError("stop_token_ids", StrFormat("%d stop_token_ids is too many: give at most %d",
+                                          r.stop_token_ids.size(), kMaxStopTokenIds));
   }
   for (uint32_t id : r.stop_token_ids) {
     if (id >= vocab) {

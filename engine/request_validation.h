@@ -6,6 +6,7 @@
 #ifndef PREFIXD_ENGINE_REQUEST_VALIDATION_H_
 #define PREFIXD_ENGINE_REQUEST_VALIDATION_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -15,6 +16,11 @@
 #include "engine/model_config.h"
 
 namespace prefixd {
+
+// A request_id is copied into every message of its stream: it is kept short and printable.
+inline constexpr size_t kMaxRequestIdBytes = 256;
+// Stop ids are looked up once per sampled token.
+inline constexpr size_t kMaxStopTokenIds = 1024;
 
 struct RequestLimits {
   ModelConfig model_config;

@@ -28,6 +28,8 @@ Scheduler::Scheduler(const SchedulerOptions& options)
 Scheduler::~Scheduler() = default;
 
 void Scheduler::Enqueue(std::unique_ptr<RequestState> request) {
+  const std::vector<uint32_t>& stops = request->request.stop_token_ids;
+  request->stop_ids.insert(stops.begin(), stops.end());
   auto seq = std::make_unique<Sequence>();
   seq->request = request.get();
   seq->pre_fork = request->request.num_samples > 1;
@@ -370,8 +372,7 @@ void Scheduler::SampleAndEmit(Sequence* seq, absl::Span<const float> logits, abs
     SampledToken t = SampleToken(logits, req.sampling, key, req.top_logprobs);
     const uint32_t id = t.token.token_id;
     const bool is_stop = (!req.ignore_eos && id == options_.model_config.eos_token_id) ||
-                         std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), id) !=
-                             req.stop_token_ids.end();
+                         r->stop_ids.contains(id);
     if (is_stop) {
       FinishSequence(s, FinishReason::kStop);
       continue;

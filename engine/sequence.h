@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/time/time.h"
 #include "cache/kv_cache.h"
 #include "cache/sha256.h"
@@ -46,6 +47,9 @@ struct Sequence {
 
 struct RequestState {
   EngineRequest request;
+  // request.stop_token_ids as a set (filled by Scheduler::Enqueue): checked once per
+  // sampled token.
+  absl::flat_hash_set<uint32_t> stop_ids;
   std::shared_ptr<RequestStreamImpl> stream;
   Digest root;  // CacheRootKey(manifest, namespace)
   absl::Time submit_time;

@@ -144,22 +144,33 @@ class Gpt2Tokenizer final : public Tokenizer {
                                                                const std::string& merges_path);
 
   std::vector<uint32_t> Encode(std::string_view text) const override {
+    return EncodeAtMost(text, std::numeric_limits<size_t>::max());
+  }
+
+  std::vector<uint32_t> EncodeAtMost(std::string_view text, size_t max_tokens) const override {
     std::vector<uint32_t> ids;
-    ids.reserve(text.size() / 3 + 8);  // GPT-2 averages ~4 bytes per token on English
+    // GPT-2 averages ~4 bytes per token on English.
+    ids.reserve(std::min(text.size() / 3 + 8, max_tokens == std::numeric_limits<size_t>::max()
+                                                  ? max_tokens
+                                                  : max_tokens + 1));
     Scratch scratch;
-    internal::PreTokenize(text, [&](std::string_view piece) {
+    internal::PreTokenizeWhile(text, [&](std::string_view piece) {
       if (piece.size() == 1) {
         ids.push_back(byte_ids_[static_cast<unsigned char>(piece[0])]);
-        return;
+      } else {
+        const bool cacheable = piece.size() <= PieceCache::kMaxPieceBytes;
+        if (!cacheable || !cache_.Lookup(piece, &ids)) {
+          const size_t begin = ids.size();
+          Bpe(piece, &scratch, &ids);
+          if (cacheable) cache_.Insert(piece, absl::MakeConstSpan(ids).subspan(begin));
+        }
       }
-      const bool cacheable = piece.size() <= PieceCache::kMaxPieceBytes;
-      if (cacheable && cache_.Lookup(piece, &ids)) return;
-      const size_t begin = ids.size();
-      Bpe(piece, &scratch, &ids);
-      if (cacheable) cache_.Insert(piece, absl::MakeConstSpan(ids).subspan(begin));
+      return ids.size() <= max_tokens;
     });
     return ids;
   }
+
+  size_t max_token_bytes() const override { return max_token_bytes_; }
 
   absl::StatusOr<std::string> Decode(absl::Span<const uint32_t> ids) const override {
     size_t total = 0;
@@ -231,6 +242,7 @@ class Gpt2Tokenizer final : public Tokenizer {
   std::string bytes_;              // all tokens' bytes, concatenated in id order
   std::vector<uint32_t> offsets_;  // token id's bytes are [offsets_[id], offsets_[id + 1])
   std::array<uint32_t, 256> byte_ids_{};
+  size_t max_token_bytes_ = 1;
   absl::flat_hash_map<uint64_t, Merge> merges_;  // PairKey(left, right) -> merge
   PieceCache cache_;
 };
@@ -284,6 +296,7 @@ absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> Gpt2Tokenizer::Create(
   for (const std::string& t : tokens) {
     tok->bytes_.append(t);
     tok->offsets_.push_back(static_cast<uint32_t>(tok->bytes_.size()));
+    tok->max_token_bytes_ = std::max(tok->max_token_bytes_, t.size());
   }
   for (int b = 0; b < 256; ++b) {
     const auto it = id_of.find(std::string(1, static_cast<char>(b)));

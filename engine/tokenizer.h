@@ -26,6 +26,14 @@ class Tokenizer {
 
   // Any bytes, including invalid UTF-8. "<|endoftext|>" in the text is ordinary text.
   virtual std::vector<uint32_t> Encode(std::string_view text) const = 0;
+  // Encode, stopped once more than `max_tokens` ids are out: the result is the text's
+  // encoding when it has at most `max_tokens` tokens, else longer than `max_tokens` (a
+  // prefix of the encoding, or the encoding with the last piece's ids complete). For
+  // callers that refuse texts over a token budget without paying for all of them.
+  virtual std::vector<uint32_t> EncodeAtMost(std::string_view text, size_t max_tokens) const = 0;
+  // The most bytes any one token stands for: a text longer than n × this has more than n
+  // tokens.
+  virtual size_t max_token_bytes() const = 0;
   // The tokens' bytes concatenated; may end inside a UTF-8 character. Ids >= vocab_size()
   // are an INVALID_ARGUMENT error.
   virtual absl::StatusOr<std::string> Decode(absl::Span<const uint32_t> ids) const = 0;

@@ -34,12 +34,20 @@ absl::StatusOr<Authenticator> Authenticator::FromText(std::string_view text) {
     if (line.empty() || line[0] == '#') continue;
     std::vector<absl::string_view> fields =
         absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
-    if (fields.size() != 2) {
-      return absl::InvalidArgumentError(absl::StrCat("auth tokens line ", line_no,
-                                                     ": expected \"token tenant\", got ",
-                                                     fields.size(), " fields"));
+    if (fields.size() != 2 && fields.size() != 3) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("auth tokens line ", line_no,
+                       ": expected \"token tenant\" or \"token tenant admin\", got ",
+                       fields.size(), " fields"));
     }
-    Entry e{Digest(std::string_view(fields[0].data(), fields[0].size())), std::string(fields[1])};
+    if (fields.size() == 3 && fields[2] != "admin") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("auth tokens line ", line_no,
+                       ": the third field may only be \"admin\" (a tenant that may read "
+                       "pool-wide statistics)"));
+    }
+    Entry e{Digest(std::string_view(fields[0].data(), fields[0].size())), std::string(fields[1]),
+            fields.size() == 3};
     for (const Entry& other : auth.entries_) {
       if (other.digest == e.digest) {
         return absl::InvalidArgumentError(
@@ -68,7 +76,14 @@ absl::StatusOr<Authenticator> Authenticator::FromFile(const std::string& path) {
 
 absl::StatusOr<std::string> Authenticator::Authenticate(
     std::optional<std::string_view> authorization) const {
-  if (!enabled_) return std::string(kDefaultTenant);
+  absl::StatusOr<Caller> caller = Identify(authorization);
+  if (!caller.ok()) return caller.status();
+  return std::move(caller->tenant);
+}
+
+absl::StatusOr<Caller> Authenticator::Identify(
+    std::optional<std::string_view> authorization) const {
+  if (!enabled_) return Caller{std::string(kDefaultTenant), true};
   if (!authorization.has_value()) {
     return absl::UnauthenticatedError("missing \"authorization: Bearer <token>\" metadata");
   }
@@ -83,7 +98,7 @@ absl::StatusOr<std::string> Authenticator::Authenticate(
     if (CRYPTO_memcmp(e.digest.data(), presented.data(), presented.size()) == 0) match = &e;
   }
   if (match == nullptr) return absl::UnauthenticatedError("unknown bearer token");
-  return match->tenant;
+  return Caller{match->tenant, match->admin};
 }
 
 }  // namespace prefixd

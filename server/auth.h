@@ -1,9 +1,10 @@
 // Bearer-token authentication of Inference calls.
 //
-// With an --auth-tokens file (lines "token tenant"; blank lines and lines starting with '#'
-// ignored), every call must carry `authorization: Bearer <token>` naming one of its tokens;
-// the tenant it maps to owns the call's cache namespace. Without a file every call belongs
-// to kDefaultTenant. Token comparison is constant time: the presented token's SHA-256 is
+// With an --auth-tokens file (lines "token tenant" or "token tenant admin"; blank lines and
+// lines starting with '#' ignored), every call must carry `authorization: Bearer <token>`
+// naming one of its tokens; the tenant it maps to owns the call's cache namespace, and
+// `admin` lets it read pool-wide statistics (which show other tenants' traffic). Without a
+// file every call belongs to kDefaultTenant, which is then admin. Token comparison is constant time: the presented token's SHA-256 is
 // compared with every stored token's digest with CRYPTO_memcmp, with no early exit, so the
 // time taken reveals neither which token nor how much of one matched.
 #ifndef PREFIXD_SERVER_AUTH_H_
@@ -21,6 +22,12 @@ namespace prefixd {
 
 inline constexpr std::string_view kDefaultTenant = "default";
 
+// Who made a call.
+struct Caller {
+  std::string tenant;
+  bool admin = false;  // may read pool-wide statistics
+};
+
 class Authenticator {
  public:
   // Every call is the default tenant.
@@ -34,13 +41,16 @@ class Authenticator {
   size_t num_tokens() const { return entries_.size(); }
 
   // `authorization` is the metadata value, absent when the call carried none. Returns the
-  // tenant, or UNAUTHENTICATED (missing header, not "Bearer", unknown token).
+  // caller, or UNAUTHENTICATED (missing header, not "Bearer", unknown token).
+  absl::StatusOr<Caller> Identify(std::optional<std::string_view> authorization) const;
+  // Identify's tenant.
   absl::StatusOr<std::string> Authenticate(std::optional<std::string_view> authorization) const;
 
  private:
   struct Entry {
     std::array<unsigned char, 32> digest;
     std::string tenant;
+    bool admin = false;
   };
   bool enabled_ = false;
   std::vector<Entry> entries_;

@@ -1,6 +1,8 @@
 // prefixd: flags and signals around prefixd::Server (server/server.h), which does the rest.
-// SIGTERM/SIGINT drain (docs/SERVER.md); the exit code says how serving ended.
+// SIGTERM/SIGINT drain, SIGHUP reloads tokens and TLS files, SIGUSR1/SIGUSR2 are ignored
+// (docs/SERVER.md); the exit code says how serving ended.
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -50,7 +52,14 @@ ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(30),
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain; with --tls-key serves TLS");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key");
 ABSL_FLAG(std::string, auth_tokens, "",
-          "File of \"token tenant\" lines; every Inference call then needs a bearer token");
+          "File of \"token tenant [admin]\" lines; every Inference call then needs a bearer "
+          "token (SIGHUP re-reads it)");
+ABSL_FLAG(std::string, reflection, "on", "gRPC server reflection: on | off");
+ABSL_FLAG(int32_t, max_connections, 0,
+          "Open gRPC connections at once (more wait to be accepted); 0 = derived from the "
+          "descriptor limit (RLIMIT_NOFILE, raised to its hard limit at start-up)");
+ABSL_FLAG(absl::Duration, connection_idle_timeout, absl::Seconds(300),
+          "Close a gRPC connection that has had no call for this long");
 
 namespace prefixd {
 namespace {
@@ -60,12 +69,37 @@ void Log(const std::string& line) {
   std::fflush(stderr);
 }
 
-const char* SignalName(int sig) { return sig == SIGTERM ? "SIGTERM" : "SIGINT"; }
+const char* SignalName(int sig) {
+  switch (sig) {
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGINT:
+      return "SIGINT";
+    case SIGHUP:
+      return "SIGHUP";
+    case SIGUSR1:
+      return "SIGUSR1";
+    default:
+      return "SIGUSR2";
+  }
+}
 
-// Receives SIGTERM and SIGINT on a thread of its own (main blocks them in every thread before
-// any starts). During start-up a signal ends the process at once: nothing has been accepted
-// yet, and a model load or CUDA probe should not make Ctrl-C wait. While serving, the first
-// signal starts the drain; a second one during the drain ends the grace period now.
+// The signals the watcher receives; main blocks them in every thread before any starts.
+sigset_t WatchedSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2}) sigaddset(&set, sig);
+  return set;
+}
+
+// Receives SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 on a thread of its own. During
+// start-up SIGTERM/SIGINT end the process at once: nothing has been accepted yet, and a
+// model load or CUDA probe should not make Ctrl-C wait. While serving, the first of them
+// starts the drain; a second one during the drain ends the grace period now. SIGHUP reloads
+// the tokens file and the TLS certificate and key (Server::Reload); one that arrives during
+// start-up is applied as serving starts (the files may have changed after start-up read
+// them), and one during the drain or after is ignored. SIGUSR1 and
+// SIGUSR2 are logged and ignored, so that a stray one does not kill the server.
 class SignalWatcher {
  public:
   explicit SignalWatcher(absl::Duration grace) : grace_(grace) {
@@ -76,6 +110,11 @@ class SignalWatcher {
   void StartServing(Server* server) {
     absl::MutexLock lock(&mu_);
     server_ = server;
+    if (reload_pending_) {
+      reload_pending_ = false;
+      Log("SIGHUP during start-up: reloading");
+      server_->Reload().IgnoreError();  // it logs what it kept and why
+    }
   }
 
   // The server has stopped: from now on a signal has nothing left to cut short. Waits for a
@@ -88,14 +127,26 @@ class SignalWatcher {
 
  private:
   void Loop() {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
+    const sigset_t set = WatchedSignals();
     while (true) {
       int sig = 0;
       if (sigwait(&set, &sig) != 0) continue;
       absl::MutexLock lock(&mu_);
+      if (sig == SIGUSR1 || sig == SIGUSR2) {
+        Log(absl::StrCat(SignalName(sig), " ignored"));
+        continue;
+      }
+      if (sig == SIGHUP) {
+        if (server_ == nullptr && !stopped_) {
+          reload_pending_ = true;  // StartServing reloads
+        } else if (server_ == nullptr || draining_) {
+          Log("SIGHUP ignored: not serving");
+        } else {
+          Log("SIGHUP: reloading");
+          server_->Reload().IgnoreError();  // it logs what it kept and why
+        }
+        continue;
+      }
       if (stopped_) continue;
       if (server_ == nullptr) {
         Log(absl::StrCat(SignalName(sig), " during start-up: exiting"));
@@ -121,6 +172,7 @@ class SignalWatcher {
   Server* server_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  bool reload_pending_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 ServerOptions OptionsFromFlags() {
@@ -144,15 +196,27 @@ ServerOptions OptionsFromFlags() {
   o.tls_cert_file = absl::GetFlag(FLAGS_tls_cert);
   o.tls_key_file = absl::GetFlag(FLAGS_tls_key);
   o.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
+  o.reflection = absl::GetFlag(FLAGS_reflection) != "off";
+  o.max_connections = absl::GetFlag(FLAGS_max_connections);
+  o.connection_idle_timeout = absl::GetFlag(FLAGS_connection_idle_timeout);
   return o;
 }
 
 int Run() {
   ServerOptions options = OptionsFromFlags();
+  if (const std::string r = absl::GetFlag(FLAGS_reflection); r != "on" && r != "off") {
+    Log(absl::StrCat("error: --reflection must be on or off, got ", r));
+    return 1;
+  }
   // Checked before the signal watcher needs the grace, and before anything slow.
   if (absl::Status s = ValidateServerOptions(options); !s.ok()) {
     Log(absl::StrCat("error: ", s.message()));
     return 1;
+  }
+  // Connections take descriptors: use all the hard limit allows.
+  if (rlimit rl{}; getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) Log("could not raise the descriptor limit");
   }
   // Never destroyed: it may be in sigwait when the process exits.
   static SignalWatcher* signals = new SignalWatcher(options.shutdown_grace);
@@ -179,12 +243,9 @@ int Run() {
 }  // namespace prefixd
 
 int main(int argc, char** argv) {
-  // Block the shutdown signals before any thread starts, so all threads inherit the mask and
+  // Block the watched signals before any thread starts, so all threads inherit the mask and
   // only the SignalWatcher's sigwait receives them.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
+  const sigset_t set = prefixd::WatchedSignals();
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 
   // --help lists the flags of this file (absl's default matches only files named like the

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "engine/request_validation.h"
 #include "server/cache_namespace.h"
 
@@ -19,12 +20,43 @@ uint64_t RandomSeed() {
 
 RequestPath::RequestPath(RequestPathOptions options) : options_(std::move(options)) {}
 
-absl::StatusOr<std::string> RequestPath::Authorize(
+absl::StatusOr<Caller> RequestPath::Identify(
     const std::optional<std::string>& authorization) const {
   if (draining_.load()) return absl::UnavailableError("prefixd is shutting down");
   std::optional<std::string_view> header;
   if (authorization.has_value()) header = *authorization;
-  return options_.auth->Authenticate(header);
+  std::shared_ptr<const Authenticator> auth;
+  {
+    absl::MutexLock lock(&auth_mu_);
+    auth = options_.auth;
+  }
+  return auth->Identify(header);
+}
+
+absl::StatusOr<std::string> RequestPath::Authorize(
+    const std::optional<std::string>& authorization) const {
+  absl::StatusOr<Caller> caller = Identify(authorization);
+  if (!caller.ok()) return caller.status();
+  return std::move(caller->tenant);
+}
+
+void RequestPath::SetAuthenticator(std::shared_ptr<const Authenticator> auth) {
+  absl::MutexLock lock(&auth_mu_);
+  options_.auth = std::move(auth);
+}
+
+size_t RequestPath::max_text_bytes() const {
+  return static_cast<size_t>(options_.model.config.n_positions) *
+         options_.tokenizer->max_token_bytes();
+}
+
+absl::Status RequestPath::CheckTextBytes(std::string_view text) const {
+  if (text.size() <= max_text_bytes()) return absl::OkStatus();
+  return FieldError("text", absl::StrFormat(
+      "text is %d bytes, more than any text of at most %d tokens (the model's context "
+      "length) can be: %d bytes (%d tokens x %d bytes, the longest token); shorten it",
+      text.size(), options_.model.config.n_positions, max_text_bytes(),
+      options_.model.config.n_positions, options_.tokenizer->max_token_bytes()));
 }
 
 absl::StatusOr<EngineRequest> RequestPath::BuildEngineRequest(const GenerateCall& call,
@@ -33,12 +65,21 @@ absl::StatusOr<EngineRequest> RequestPath::BuildEngineRequest(const GenerateCall
   switch (call.prompt_kind) {
     case GenerateCall::PromptKind::kNone:
       return FieldError("text", "no prompt: set `text` or `token_ids`");
-    case GenerateCall::PromptKind::kText:
-      req.prompt = options_.tokenizer->Encode(call.text);
+    case GenerateCall::PromptKind::kText: {
+      if (absl::Status s = CheckTextBytes(call.text); !s.ok()) return s;
+      // Stops tokenizing once the prompt alone passes the context: it is refused anyway.
+      const size_t context = static_cast<size_t>(options_.model.config.n_positions);
+      req.prompt = options_.tokenizer->EncodeAtMost(call.text, context);
       if (req.prompt.empty()) {
         return FieldError("text", "empty prompt: `text` must produce at least one token");
       }
+      if (req.prompt.size() > context) {
+        return FieldError("text", absl::StrFormat(
+            "text has more than %d tokens, the model's context length: shorten the prompt",
+            context));
+      }
       break;
+    }
     case GenerateCall::PromptKind::kTokenIds:
       req.prompt = call.token_ids;
       break;
@@ -109,6 +150,7 @@ absl::StatusOr<std::vector<uint32_t>> RequestPath::Tokenize(
   if (absl::StatusOr<std::string> tenant = Authorize(authorization); !tenant.ok()) {
     return tenant.status();
   }
+  if (absl::Status s = CheckTextBytes(text); !s.ok()) return s;
   return options_.tokenizer->Encode(text);
 }
 
@@ -141,8 +183,12 @@ absl::StatusOr<ServedModel> RequestPath::ModelInfo(
 
 absl::StatusOr<EngineStats> RequestPath::CacheStats(
     const std::optional<std::string>& authorization) const {
-  if (absl::StatusOr<std::string> tenant = Authorize(authorization); !tenant.ok()) {
-    return tenant.status();
+  absl::StatusOr<Caller> caller = Identify(authorization);
+  if (!caller.ok()) return caller.status();
+  if (!caller->admin) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "cache statistics are pool-wide (they show every tenant's traffic): tenant \"",
+        caller->tenant, "\" is not marked admin in the --auth-tokens file"));
   }
   return options_.engine->Stats();
 }

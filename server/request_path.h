@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "engine/engine.h"
 #include "engine/tokenizer.h"
 #include "server/auth.h"
@@ -78,7 +79,7 @@ struct ServedModel {
 struct RequestPathOptions {
   Engine* engine = nullptr;              // not owned
   const Tokenizer* tokenizer = nullptr;  // not owned
-  const Authenticator* auth = nullptr;   // not owned
+  std::shared_ptr<const Authenticator> auth;  // replaced by SetAuthenticator
   ServerMetrics* metrics = nullptr;      // not owned; may be null
   ServedModel model;
 };
@@ -95,6 +96,9 @@ class RequestPath {
   // (UNAUTHENTICATED without a known token when tokens are required).
   absl::StatusOr<std::string> Authorize(const std::optional<std::string>& authorization) const;
 
+  // Tokens from now on (a reload of --auth-tokens); calls already authorized go on.
+  void SetAuthenticator(std::shared_ptr<const Authenticator> auth);
+
   // Generate up to submission. A refusal ends the call, and is counted here; a started call
   // must be ended with FinishGenerate exactly once.
   absl::StatusOr<StartedGenerate> StartGenerate(const GenerateCall& call);
@@ -105,13 +109,20 @@ class RequestPath {
   // (malformed JSON, an unknown field): counted like any other refusal.
   void CountRefused(Api api, absl::StatusCode code) { Count(api, code); }
 
+  // Texts longer than max_text_bytes() are refused, as for a Generate prompt.
   absl::StatusOr<std::vector<uint32_t>> Tokenize(const std::optional<std::string>& authorization,
                                                  std::string_view text) const;
   // The text of `ids` (invalid UTF-8 as U+FFFD); INVALID_ARGUMENT for an id past the vocabulary.
   absl::StatusOr<std::string> Detokenize(const std::optional<std::string>& authorization,
                                          const std::vector<uint32_t>& ids) const;
   absl::StatusOr<ServedModel> ModelInfo(const std::optional<std::string>& authorization) const;
+  // Pool-wide counters: PERMISSION_DENIED unless the caller is admin.
   absl::StatusOr<EngineStats> CacheStats(const std::optional<std::string>& authorization) const;
+
+  // The longest text a prompt or Tokenize accepts: context length × the longest token's
+  // bytes. A longer text has more tokens than the context holds, so it is refused before
+  // any tokenizing.
+  size_t max_text_bytes() const;
 
   // Generate calls that passed every rule and were queued, since start-up.
   uint64_t accepted_generates() const { return accepted_generates_.load(); }
@@ -127,8 +138,13 @@ class RequestPath {
 
  private:
   void Count(Api api, absl::StatusCode code);
+  // Authorize's gate, returning the whole caller.
+  absl::StatusOr<Caller> Identify(const std::optional<std::string>& authorization) const;
+  // INVALID_ARGUMENT (field "text") for a text over max_text_bytes().
+  absl::Status CheckTextBytes(std::string_view text) const;
 
-  RequestPathOptions options_;
+  RequestPathOptions options_;  // options_.auth is guarded by auth_mu_
+  mutable absl::Mutex auth_mu_;
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> next_request_id_{1};
   std::atomic<uint64_t> accepted_generates_{0};

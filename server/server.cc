@@ -2,9 +2,11 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <thread>
@@ -15,19 +17,25 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "engine/read_file.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/server_posix.h"
 #include "prometheus/exposer.h"
 #include "server/auth.h"
 #include "server/backend_factory.h"
+#include "server/connection_acceptor.h"
 #include "server/http_front_end.h"
 #include "server/inference_service.h"
+#include "server/malformed_request_interceptor.h"
 #include "server/metrics.h"
+#include "server/rate_limited_log.h"
 #include "server/request_path.h"
+#include "server/tls_identity.h"
 
 namespace prefixd {
 namespace {
@@ -65,6 +73,61 @@ int LogCivetMessage(const mg_connection*, const char* message) {
   return 1;
 }
 
+// More CPU backend threads than any machine has cores would only cost memory (each has a
+// stack) and start-up time; far more fail to start at all.
+constexpr int32_t kMaxThreads = 1024;
+
+// The metrics endpoint's HTTP threads and how long one waits for a request to arrive.
+constexpr int kMetricsThreads = 8;
+constexpr int kMetricsRequestTimeoutMs = 2000;
+
+// How long a new gRPC connection may take to complete its TLS and HTTP/2 handshakes (gRPC's
+// default), or the idle timeout when that is shorter.
+constexpr int64_t kHandshakeTimeoutMs = 120000;
+
+// Descriptors kept for everything but gRPC connections: the model's files, the metrics
+// endpoint's connections, gRPC's and CUDA's own descriptors, the log.
+constexpr int64_t kReservedDescriptors = 128;
+// The derived connection limit's ceiling: each connection costs gRPC memory too.
+constexpr int64_t kMaxDerivedConnections = 16384;
+
+// --max-connections, or its default from RLIMIT_NOFILE: what the limit leaves once
+// kReservedDescriptors are set aside, up to kMaxDerivedConnections.
+absl::StatusOr<int> ResolveMaxConnections(int32_t flag) {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return absl::InternalError("getrlimit failed");
+  const int64_t limit = rl.rlim_cur == RLIM_INFINITY ? int64_t{1} << 30
+                                                      : static_cast<int64_t>(rl.rlim_cur);
+  const int64_t usable = limit - kReservedDescriptors;
+  if (usable < 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the descriptor limit (RLIMIT_NOFILE) is ", limit, ": prefixd needs more than ",
+        kReservedDescriptors, " (raise it with ulimit -n)"));
+  }
+  if (flag == 0) return static_cast<int>(std::min(usable, kMaxDerivedConnections));
+  if (flag > usable) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-connections ", flag, " is more than the descriptor limit (RLIMIT_NOFILE ", limit,
+        ") leaves for connections: use at most ", usable, ", or raise the limit (ulimit -n)"));
+  }
+  return static_cast<int>(flag);
+}
+
+// Keeps the reflection plugin (initialised for the whole process) off one server.
+class ReflectionOff : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    for (auto it = plugins->begin(); it != plugins->end();) {
+      if ((*it)->name() == "proto_server_reflection") {
+        it = plugins->erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+};
+
 bool IsUnixAddress(const std::string& address) {
   return absl::StartsWith(address, "unix:") || absl::StartsWith(address, "unix-abstract:");
 }
@@ -90,9 +153,9 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
         Named{"--max-samples", o.max_samples}}) {
     if (value < 1) return InvalidArgumentError(StrCat(name, " must be at least 1, got ", value));
   }
-  if (o.device.threads < 0) {
-    return InvalidArgumentError(
-        StrCat("--threads must be 0 (all cores) or positive, got ", o.device.threads));
+  if (o.device.threads < 0 || o.device.threads > kMaxThreads) {
+    return InvalidArgumentError(StrCat("--threads must be 0 (all cores) or 1 to ", kMaxThreads,
+                                       ", got ", o.device.threads));
   }
   if (o.cache_dir_bytes < 0) {
     return InvalidArgumentError(StrCat(
@@ -109,6 +172,15 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
     return InvalidArgumentError("--tls-cert and --tls-key go together");
   }
   if (o.listen.empty()) return InvalidArgumentError("--listen must not be empty");
+  if (o.max_connections < 0) {
+    return InvalidArgumentError(StrCat(
+        "--max-connections must be 0 (derived from the descriptor limit) or positive, got ",
+        o.max_connections));
+  }
+  if (o.connection_idle_timeout <= absl::ZeroDuration()) {
+    return InvalidArgumentError(StrCat("--connection-idle-timeout must be positive, got ",
+                                       absl::FormatDuration(o.connection_idle_timeout)));
+  }
   if (o.http_listen.empty()) {
     return InvalidArgumentError("--http-listen must not be empty (\"off\" disables it)");
   }
@@ -126,12 +198,16 @@ struct Server::Parts {
   std::function<void(std::string_view)> log;
   std::unique_ptr<Model> model;
   std::unique_ptr<Backend> backend;
-  Authenticator auth = Authenticator::AllowAll();
+  std::shared_ptr<const Authenticator> auth = std::make_shared<Authenticator>(Authenticator::AllowAll());
+  std::unique_ptr<TlsIdentity> tls_identity;  // with --tls-cert
   std::unique_ptr<Engine> engine;
   std::shared_ptr<ServerMetrics> metrics;
   std::unique_ptr<RequestPath> path;
   std::unique_ptr<InferenceService> service;
   std::unique_ptr<grpc::Server> grpc_server;
+  std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> external_acceptor;
+  std::unique_ptr<ConnectionAcceptor> acceptor;  // null for TLS on a unix socket
+  int max_connections = 0;  // resolved from --max-connections and RLIMIT_NOFILE
   std::unique_ptr<HttpFrontEnd> http;
   std::unique_ptr<prometheus::Exposer> exposer;
   std::string grpc_address;
@@ -145,7 +221,8 @@ struct Server::Parts {
   absl::Status fatal ABSL_GUARDED_BY(mu);
   std::thread drain_thread;  // started once, by the first BeginDrain
   absl::Notification stopped;
-  absl::Mutex join_mu;  // one Wait() joins the drain thread
+  absl::Mutex join_mu;    // one Wait() joins the drain thread
+  absl::Mutex reload_mu;  // one Reload() at a time
 
   ~Parts() {
     // A drain thread still running would use what is destroyed below.
@@ -172,6 +249,7 @@ struct Server::Parts {
       // whole deadline after the last call ended (seen with clients that keep their
       // connection).
       if (!service->WaitForNoGenerates(absl::Seconds(5))) log("cutting off calls still writing");
+      if (acceptor != nullptr) acceptor->Stop();
       grpc_server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
     }
     if (http != nullptr) {
@@ -194,29 +272,32 @@ struct Server::Parts {
   }
 
   absl::Status Build();
+  absl::Status Reload();
   absl::Status StartMetrics();
   absl::Status StartGrpc(const std::shared_ptr<grpc::ServerCredentials>& creds);
   absl::Status StartHttp();
 };
 
 absl::Status Server::Parts::Build() {
-  // Cheap checks first: TLS files and tokens are read before the model loads, so a typo in
-  // them costs no model load (or CUDA probe).
+  // Cheap checks first: the descriptor budget, the TLS files and tokens are read (and the
+  // TLS pair checked) before the model loads, so a typo in them costs no model load (or CUDA
+  // probe).
+  absl::StatusOr<int> max_conn = ResolveMaxConnections(options.max_connections);
+  if (!max_conn.ok()) return max_conn.status();
+  max_connections = *max_conn;
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
   if (!options.tls_cert_file.empty()) {
-    absl::StatusOr<std::string> cert = ReadWholeFile(options.tls_cert_file);
-    if (!cert.ok()) return cert.status();
-    absl::StatusOr<std::string> key = ReadWholeFile(options.tls_key_file);
-    if (!key.ok()) return key.status();
-    grpc::SslServerCredentialsOptions ssl;
-    ssl.pem_key_cert_pairs.push_back({*key, *cert});
-    creds = grpc::SslServerCredentials(ssl);
+    absl::StatusOr<std::unique_ptr<TlsIdentity>> id =
+        TlsIdentity::Create(options.tls_cert_file, options.tls_key_file);
+    if (!id.ok()) return id.status();
+    tls_identity = *std::move(id);
+    creds = tls_identity->credentials();
     tls = true;
   }
   if (!options.auth_tokens_file.empty()) {
     absl::StatusOr<Authenticator> a = Authenticator::FromFile(options.auth_tokens_file);
     if (!a.ok()) return a.status();
-    auth = *std::move(a);
+    auth = std::make_shared<Authenticator>(*std::move(a));
   }
 
   // Probing CUDA initialises its runtime (seconds without a GPU): only when it may be used.
@@ -289,7 +370,9 @@ absl::Status Server::Parts::Build() {
         options.cache_dir_bytes > 0 ? " (--cache-dir-bytes)"
                                     : " (the smaller of 8 GiB and half the free space)"));
   }
-  if (auth.enabled()) log(absl::StrCat("bearer tokens required (", auth.num_tokens(), " tokens)"));
+  if (auth->enabled()) {
+    log(absl::StrCat("bearer tokens required (", auth->num_tokens(), " tokens)"));
+  }
 
   Engine* eng = engine.get();
   Backend* be = backend.get();
@@ -301,7 +384,7 @@ absl::Status Server::Parts::Build() {
   RequestPathOptions popt;
   popt.engine = eng;
   popt.tokenizer = &model->tokenizer();
-  popt.auth = &auth;
+  popt.auth = auth;
   popt.metrics = metrics.get();
   popt.model = ServedModel{.name = model->name(),
                            .manifest_sha256 = model->manifest_sha256(),
@@ -322,6 +405,7 @@ absl::Status Server::Parts::StartHttp() {
   HttpFrontEndOptions hopt;
   hopt.listen = options.http_listen;
   hopt.path = path.get();
+  hopt.idle_timeout = options.connection_idle_timeout;
   hopt.log = log;
   absl::StatusOr<std::unique_ptr<HttpFrontEnd>> h = HttpFrontEnd::Start(std::move(hopt));
   if (!h.ok()) return h.status();
@@ -332,13 +416,49 @@ absl::Status Server::Parts::StartHttp() {
   return absl::OkStatus();
 }
 
+absl::Status Server::Parts::Reload() {
+  std::vector<std::string> failed;
+  if (!options.auth_tokens_file.empty()) {
+    absl::StatusOr<Authenticator> a = Authenticator::FromFile(options.auth_tokens_file);
+    if (a.ok()) {
+      const size_t n = a->num_tokens();
+      path->SetAuthenticator(std::make_shared<Authenticator>(*std::move(a)));
+      log(absl::StrCat("reload: ", n, " bearer tokens from ", options.auth_tokens_file));
+    } else {
+      failed.push_back(std::string(a.status().message()));
+      log(absl::StrCat("reload: keeping the previous tokens: ", a.status().message()));
+    }
+  }
+  if (tls_identity != nullptr) {
+    if (absl::Status s = tls_identity->Reload(); s.ok()) {
+      log(absl::StrCat("reload: TLS certificate ", options.tls_cert_file, " and key ",
+                       options.tls_key_file, " (new connections use them within ~1 s)"));
+    } else {
+      failed.push_back(std::string(s.message()));
+      log(absl::StrCat("reload: keeping the previous TLS certificate and key: ", s.message()));
+    }
+  }
+  if (options.auth_tokens_file.empty() && tls_identity == nullptr) {
+    log("reload: nothing to reload (no --auth-tokens, no --tls-cert)");
+  }
+  if (failed.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrJoin(failed, "; "));
+}
+
 absl::Status Server::Parts::StartMetrics() {
   if (options.metrics_listen == "off") return absl::OkStatus();
   const std::string address = ResolveMetricsAddress(options.metrics_listen);
   try {
     static CivetCallbacks callbacks;
     callbacks.log_message = &LogCivetMessage;
-    exposer = std::make_unique<prometheus::Exposer>(address, 2, &callbacks);
+    // A connection that sends no (or half a) request holds a CivetWeb thread until the
+    // request timeout (30 s by default): so a short timeout, and threads to spare, so that a
+    // few such connections cannot hold back a scrape.
+    exposer = std::make_unique<prometheus::Exposer>(
+        std::vector<std::string>{"listening_ports", address, "num_threads",
+                                 std::to_string(kMetricsThreads), "request_timeout_ms",
+                                 std::to_string(kMetricsRequestTimeoutMs)},
+        &callbacks);
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
@@ -354,33 +474,89 @@ absl::Status Server::Parts::StartMetrics() {
 
 absl::Status Server::Parts::StartGrpc(const std::shared_ptr<grpc::ServerCredentials>& creds) {
   grpc::EnableDefaultHealthCheckService(true);
+  // The plugin is process-wide once initialised; each builder then asks it whether to add
+  // reflection.
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  // gRPC sets SO_REUSEPORT by default on Linux: a second prefixd on a busy port would then
-  // start and take half of the first one's new connections. Refuse the port instead.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(options.listen, creds, &grpc_port);
+  if (!options.reflection) {
+    builder.SetOption(std::make_unique<ReflectionOff>());
+  }
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<MalformedRequestInterceptorFactory>(metrics.get()));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  // A connection without calls for the idle timeout gets a GOAWAY and is closed; one that
+  // never completes its TLS or HTTP/2 handshake is closed after the handshake timeout.
+  const int64_t idle_ms = absl::ToInt64Milliseconds(options.connection_idle_timeout);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                             static_cast<int>(std::min<int64_t>(idle_ms, INT32_MAX)));
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             static_cast<int>(std::min<int64_t>(idle_ms, kHandshakeTimeoutMs)));
+  const bool unix_socket = IsUnixAddress(options.listen);
+  // prefixd accepts itself (server/connection_acceptor.h) everywhere but TLS on a unix
+  // socket: TCP connections go to gRPC through an external connection acceptor (plaintext
+  // or TLS), unix ones through AddInsecureChannelFromFd (gRPC 1.51's external acceptor
+  // drops unix peers, whose address is unnamed).
+  const bool own_accept = !(unix_socket && tls);
+  if (own_accept) {
+    absl::StatusOr<std::unique_ptr<ConnectionAcceptor>> a =
+        ConnectionAcceptor::Listen(options.listen);
+    if (!a.ok()) return a.status();
+    acceptor = *std::move(a);
+    if (!unix_socket) {
+      external_acceptor = builder.experimental().AddExternalConnectionAcceptor(
+          grpc::ServerBuilder::experimental_type::ExternalConnectionType::FROM_FD, creds);
+    }
+  } else {
+    // gRPC sets SO_REUSEPORT by default on Linux: a second prefixd on a busy port would then
+    // start and take half of the first one's new connections. Refuse the port instead.
+    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    builder.AddListeningPort(options.listen, creds, &grpc_port);
+  }
   builder.RegisterService(service.get());
   grpc_server = builder.BuildAndStart();
-  if (grpc_server == nullptr || grpc_port == 0) {
+  if (grpc_server == nullptr || (!own_accept && grpc_port == 0)) {
     grpc_server.reset();
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen));
   }
   grpc_server->GetHealthCheckService()->SetServingStatus(true);
+  if (own_accept) {
+    ConnectionAcceptor::Handoff handoff;
+    if (unix_socket) {
+      grpc::Server* server = grpc_server.get();
+      handoff = [server](int, int fd) { grpc::AddInsecureChannelFromFd(server, fd); };
+    } else {
+      grpc::experimental::ExternalConnectionAcceptor* external = external_acceptor.get();
+      handoff = [external](int listener_fd, int fd) {
+        grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters p;
+        p.listener_fd = listener_fd;
+        p.fd = fd;
+        external->HandleNewConnection(&p);
+      };
+    }
+    acceptor->Start(std::move(handoff), max_connections, log);
+    grpc_port = acceptor->port();
+  }
   // A unix socket address has no port to report (gRPC sets `grpc_port` to 1 for it).
-  if (IsUnixAddress(options.listen)) {
+  if (unix_socket) {
     grpc_address = options.listen;
     grpc_port = 0;
   } else {
     grpc_address =
         absl::StrCat(options.listen.substr(0, options.listen.rfind(':')), ":", grpc_port);
   }
+  // Scripts read the port from this line: it ends with the address (or " (TLS)").
   log(absl::StrCat("listening on ", grpc_address, tls ? " (TLS)" : ""));
+  log(absl::StrCat(own_accept ? absl::StrCat("at most ", max_connections, " gRPC connections")
+                              : std::string("no gRPC connection limit (TLS on a unix socket)"),
+                   ", idle ones closed after ",
+                   absl::FormatDuration(options.connection_idle_timeout)));
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   if (absl::Status s = ValidateServerOptions(options); !s.ok()) return s;
+  // A client can make protobuf log a line per request (invalid UTF-8 in a string field).
+  RouteProtobufLogThroughRateLimit();
   auto parts = std::make_unique<Parts>();
   parts->log = options.log ? options.log : LogToStderr;
   parts->options = std::move(options);
@@ -405,6 +581,11 @@ Server::~Server() {
 }
 
 void Server::BeginDrain(absl::Duration grace) { parts_->BeginDrain(grace); }
+
+absl::Status Server::Reload() {
+  absl::MutexLock lock(&parts_->reload_mu);
+  return parts_->Reload();
+}
 
 absl::Status Server::Wait() {
   parts_->stopped.WaitForNotification();

@@ -60,6 +60,11 @@ struct ServerOptions {
   std::string auth_tokens_file;  // empty: every call is the default tenant
   std::string tls_cert_file;     // with tls_key_file: gRPC serves TLS
   std::string tls_key_file;
+  bool reflection = true;  // gRPC server reflection (needs no token; see docs/SERVER.md)
+  // Open gRPC connections accepted at once; 0 = what RLIMIT_NOFILE leaves (docs/SERVER.md).
+  int32_t max_connections = 0;
+  // A gRPC connection without calls this long is closed (GOAWAY).
+  absl::Duration connection_idle_timeout = absl::Seconds(300);
   // The grace of a drain the server starts itself (after a fatal backend error).
   absl::Duration shutdown_grace = absl::Seconds(30);
   // Start-up and shutdown log lines; unset = stderr, prefixed "prefixd: ".
@@ -81,6 +86,13 @@ class Server {
 
   // Does not block (may be called from any thread, a signal watcher included).
   void BeginDrain(absl::Duration grace);
+  // Re-reads --auth-tokens and the TLS certificate and key (SIGHUP). Each that reads and
+  // checks cleanly replaces the one in use: new tokens are accepted and removed ones refused
+  // from the next call on, and new TLS handshakes use the new pair within ~1 s; calls and
+  // connections already open go on. One that fails keeps what was in use, is logged, and
+  // its reason is in the returned error. Any thread.
+  absl::Status Reload();
+
   // Blocks until the drain has finished: OK, or the fatal backend error that ended serving.
   absl::Status Wait();
 

@@ -26,6 +26,8 @@ namespace prefixd::internal {
 // Pieces made of ASCII are found by a fast path; RE2 decides wherever a non-ASCII byte
 // could change the split.
 void PreTokenize(std::string_view text, absl::FunctionRef<void(std::string_view)> emit);
+// The same, stopping after the first piece for which `emit` returns false.
+void PreTokenizeWhile(std::string_view text, absl::FunctionRef<bool(std::string_view)> emit);
 
 // The same pieces, found by RE2 at every position: the reference for PreTokenize's fast
 // path in tests.

@@ -39,6 +39,29 @@ void ExpectInvalid(const absl::Status& s, const std::string& what) {
 
 TEST(RequestValidationTest, AcceptsAValidRequest) { EXPECT_TRUE(Check(Valid()).ok()); }
 
+TEST(RequestValidationTest, RequestIdIsShortPrintableAscii) {
+  EngineRequest r = Valid();
+  r.request_id = std::string(256, 'a');
+  EXPECT_TRUE(Check(r).ok());
+  r.request_id = std::string(257, 'a');
+  ExpectInvalid(Check(r), "request_id is 257 bytes: use at most 256");
+  r.request_id = " ~printable all the way";
+  EXPECT_TRUE(Check(r).ok());
+  for (char c : {'\n', '\x7f', '\x00', '\xff'}) {
+    r.request_id = std::string("ab") + c;
+    ExpectInvalid(Check(r), "request_id has byte 0x");
+    ExpectInvalid(Check(r), "at offset 2: use printable ASCII only");
+  }
+}
+
+TEST(RequestValidationTest, AtMost1024StopTokenIds) {
+  EngineRequest r = Valid();
+  r.stop_token_ids.assign(1024, 7);
+  EXPECT_TRUE(Check(r).ok());
+  r.stop_token_ids.push_back(7);
+  ExpectInvalid(Check(r), "1025 stop_token_ids is too many: give at most 1024");
+}
+
 TEST(RequestValidationTest, EmptyPrompt) {
   EngineRequest r = Valid();
   r.prompt.clear();

@@ -146,6 +146,21 @@ TEST_F(Gpt2TokenizerTest, LongPiecesRoundTrip) {
   EXPECT_EQ(tok_->Encode(std::string(50000, ' ')), std::vector<uint32_t>(50000, 220));
 }
 
+TEST_F(Gpt2TokenizerTest, EncodeAtMostStopsPastTheLimit) {
+  const std::string text = "Hello world, this is a test of a limit.";
+  const std::vector<uint32_t> all = tok_->Encode(text);
+  ASSERT_GT(all.size(), 5u);
+  EXPECT_EQ(tok_->EncodeAtMost(text, all.size()), all);
+  EXPECT_EQ(tok_->EncodeAtMost(text, 1000), all);
+  // Past the limit it stops: more than the limit, a prefix of the whole encoding.
+  const std::vector<uint32_t> cut = tok_->EncodeAtMost(text, 3);
+  EXPECT_GT(cut.size(), 3u);
+  EXPECT_LT(cut.size(), all.size());
+  EXPECT_TRUE(std::equal(cut.begin(), cut.end(), all.begin()));
+  // GPT-2's longest tokens are 128 bytes (runs of repeated characters).
+  EXPECT_EQ(tok_->max_token_bytes(), 128u);
+}
+
 TEST_F(Gpt2TokenizerTest, DecodeRejectsOutOfRangeIds) {
   auto bad = tok_->Decode(std::vector<uint32_t>{15496, 50257});
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);

@@ -40,11 +40,28 @@ TEST(AuthTest, RefusesMissingWrongAndPartialTokens) {
   }
 }
 
+TEST(AuthTest, AdminIsTheThirdColumn) {
+  absl::StatusOr<Authenticator> a = Authenticator::FromText("tok-a alice admin\ntok-b bob\n");
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<Caller> alice = a->Identify("Bearer tok-a");
+  ASSERT_TRUE(alice.ok());
+  EXPECT_EQ(alice->tenant, "alice");
+  EXPECT_TRUE(alice->admin);
+  absl::StatusOr<Caller> bob = a->Identify("Bearer tok-b");
+  ASSERT_TRUE(bob.ok());
+  EXPECT_EQ(bob->tenant, "bob");
+  EXPECT_FALSE(bob->admin);
+  // Without a tokens file the one tenant is admin.
+  EXPECT_TRUE(Authenticator::AllowAll().Identify(std::nullopt)->admin);
+}
+
 TEST(AuthTest, RejectsMalformedFiles) {
   EXPECT_THAT(std::string(Authenticator::FromText("a b\nonlytoken\n").status().message()),
               HasSubstr("line 2"));
   EXPECT_THAT(std::string(Authenticator::FromText("a b c\n").status().message()),
-              HasSubstr("line 1"));
+              HasSubstr("line 1: the third field may only be \"admin\""));
+  EXPECT_THAT(std::string(Authenticator::FromText("a b admin d\n").status().message()),
+              HasSubstr("line 1: expected"));
   EXPECT_THAT(std::string(Authenticator::FromText("t x\nt y\n").status().message()),
               HasSubstr("duplicate token"));
   EXPECT_EQ(Authenticator::FromText("# nothing\n\n").status().code(),

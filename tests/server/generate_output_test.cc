@@ -3,6 +3,7 @@
 // bytes are chosen by each test.
 #include "server/generate_output.h"
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -17,6 +18,12 @@ class FakeTokenizer final : public Tokenizer {
  public:
   explicit FakeTokenizer(std::map<uint32_t, std::string> bytes) : bytes_(std::move(bytes)) {}
   std::vector<uint32_t> Encode(std::string_view) const override { return {}; }
+  std::vector<uint32_t> EncodeAtMost(std::string_view, size_t) const override { return {}; }
+  size_t max_token_bytes() const override {
+    size_t longest = 1;
+    for (const auto& [id, b] : bytes_) longest = std::max(longest, b.size());
+    return longest;
+  }
   absl::StatusOr<std::string> Decode(absl::Span<const uint32_t>) const override { return ""; }
   std::string_view TokenBytes(uint32_t id) const override { return bytes_.at(id); }
   size_t vocab_size() const override { return bytes_.size(); }

@@ -218,9 +218,14 @@ CommandResult RunCommand(const std::vector<std::string>& argv, absl::Duration ti
   return r;
 }
 
-absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
+absl::StatusOr<std::string> HttpGet(int port, const std::string& path, absl::Duration timeout) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::InternalError("socket failed");
+  if (timeout != absl::InfiniteDuration()) {
+    const timeval tv = absl::ToTimeval(timeout);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  }
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
@@ -240,6 +245,16 @@ absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
   for (;;) {
     const ssize_t n = read(fd, buf, sizeof(buf));
     if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      close(fd);
+      return absl::DeadlineExceededError(absl::StrCat("no answer from 127.0.0.1:", port, " within ",
+                                                      absl::FormatDuration(timeout)));
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      close(fd);
+      return absl::DeadlineExceededError(absl::StrCat("no answer from 127.0.0.1:", port, " within ",
+                                                      absl::FormatDuration(timeout)));
+    }
     if (n <= 0) break;
     resp.append(buf, static_cast<size_t>(n));
   }
@@ -253,6 +268,20 @@ absl::StatusOr<std::string> HttpGet(int port, const std::string& path) {
     return absl::UnavailableError(absl::StrCat("HTTP ", status_line));
   }
   return resp.substr(body + 4);
+}
+
+int ConnectLoopback(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 int PickFreePort() {

@@ -109,8 +109,13 @@ struct CommandResult {
 CommandResult RunCommand(const std::vector<std::string>& argv,
                          absl::Duration timeout = absl::Seconds(60));
 
-// A minimal HTTP/1.0 GET against 127.0.0.1:port: the body, or an error.
-absl::StatusOr<std::string> HttpGet(int port, const std::string& path);
+// A minimal HTTP/1.0 GET against 127.0.0.1:port: the body, or an error (DEADLINE_EXCEEDED
+// when the server sends nothing for `timeout`).
+absl::StatusOr<std::string> HttpGet(int port, const std::string& path,
+                                    absl::Duration timeout = absl::InfiniteDuration());
+
+// A TCP connection to 127.0.0.1:port (the caller closes it), or -1.
+int ConnectLoopback(int port);
 
 // A port that was free a moment ago (bind to 0, read it, close) for programs that cannot
 // report the port they picked.

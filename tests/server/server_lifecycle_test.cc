@@ -57,8 +57,16 @@ TEST_F(LifecycleTest, BadStartupsExitNonZeroWithAMessage) {
       {"--max-batch-tokens=0", "--max-batch-tokens must be at least 1, got 0"},
       {"--max-queue=-5", "--max-queue must be at least 1, got -5"},
       {"--max-samples=0", "--max-samples must be at least 1, got 0"},
-      {"--threads=-1", "--threads must be 0 (all cores) or positive, got -1"},
+      {"--threads=-1", "--threads must be 0 (all cores) or 1 to 1024, got -1"},
+      {"--threads=1025", "--threads must be 0 (all cores) or 1 to 1024, got 1025"},
+      {"--threads=100000", "--threads must be 0 (all cores) or 1 to 1024, got 100000"},
       {"--shutdown-grace=-1s", "--shutdown-grace must not be negative, got -1s"},
+      {"--max-connections=-1",
+       "--max-connections must be 0 (derived from the descriptor limit) or positive, got -1"},
+      {"--max-connections=2147483647",
+       "--max-connections 2147483647 is more than the descriptor limit (RLIMIT_NOFILE"},
+      {"--connection-idle-timeout=0s", "--connection-idle-timeout must be positive, got 0"},
+      {"--reflection=maybe", "--reflection must be on or off, got maybe"},
       // More than any machine's memory: refused before the pool is allocated.
       {"--kv-cache-bytes=1000000000000000000", "is more than this machine's"},
   };

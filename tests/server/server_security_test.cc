@@ -32,7 +32,7 @@ class SecureServerTest : public ::testing::Test {
                                     "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"});
     ASSERT_EQ(gen.exit_code, 0) << gen.output;
     const std::string tokens = suite_.dir() + "/tokens";
-    std::ofstream(tokens) << "# token tenant\ntok-alice alice\ntok-bob bob\n";
+    std::ofstream(tokens) << "# token tenant [admin]\ntok-alice alice admin\ntok-bob bob\n";
     const absl::Status s = suite_.Start({"--kv-cache-bytes=4194304", "--tls-cert", cert_,
                                          "--tls-key", key, "--auth-tokens", tokens});
     ASSERT_TRUE(s.ok()) << s;
@@ -68,6 +68,22 @@ TEST_F(SecureServerTest, EveryInferenceCallNeedsAKnownToken) {
   grpc::ClientContext ctx2;
   ctx2.AddMetadata("authorization", "Bearer tok-bob");
   EXPECT_TRUE(stub_->GetModelInfo(&ctx2, v1::GetModelInfoRequest(), &info).ok());
+}
+
+TEST_F(SecureServerTest, PoolWideStatisticsOnlyForAdmins) {
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer tok-bob");
+  v1::CacheStats stats;
+  const grpc::Status bob = stub_->GetCacheStats(&ctx, v1::GetCacheStatsRequest(), &stats);
+  EXPECT_EQ(bob.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(bob.error_message(), ::testing::HasSubstr("tenant \"bob\" is not marked admin"));
+  grpc::ClientContext ctx2;
+  ctx2.AddMetadata("authorization", "Bearer tok-alice");
+  EXPECT_TRUE(stub_->GetCacheStats(&ctx2, v1::GetCacheStatsRequest(), &stats).ok());
+  EXPECT_GT(stats.blocks_total(), 0u);
+  grpc::ClientContext ctx3;
+  EXPECT_EQ(stub_->GetCacheStats(&ctx3, v1::GetCacheStatsRequest(), &stats).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
 }
 
 TEST_F(SecureServerTest, HealthNeedsNoToken) {

@@ -1,6 +1,8 @@
 // prefixd over gRPC, in-process: a prefixd::Server on a free loopback port serving a tiny
 // random model on the CPU backend. (Holding requests in flight: server_flow_test.cc.)
 #include <filesystem>
+#include <unistd.h>
+
 #include <numeric>
 
 #include "absl/synchronization/notification.h"
@@ -184,30 +186,90 @@ TEST_F(ServerTest, EveryValidationCaseIsInvalidArgument) {
   r = ok;
   r.add_stop_token_ids(60000);
   expect_invalid(r, "stop token id 60000");
+  r = ok;
+  r.set_request_id(std::string(257, 'x'));
+  expect_invalid(r, "request_id is 257 bytes: use at most 256");
+  r = ok;
+  r.set_request_id("tab\there");
+  expect_invalid(r, "request_id has byte 0x09 at offset 3");
+  r = ok;
+  for (int i = 0; i < 1025; ++i) r.add_stop_token_ids(i);
+  expect_invalid(r, "1025 stop_token_ids is too many");
+  r = ok;
+  r.set_text(std::string(256 * 128 + 1, 'a'));  // context 256 x 128 bytes, GPT-2's longest
+  expect_invalid(r, "text is 32769 bytes, more than any text of at most 256 tokens");
+  r = ok;
+  std::string words;
+  for (int i = 0; i < 300; ++i) words += " a";  // 300 tokens in 600 bytes
+  r.set_text(words);
+  expect_invalid(r, "text has more than 256 tokens, the model's context length");
   // Nothing was queued by any of them.
   EXPECT_EQ(GetStats(*stub_).blocks_active(), 0u);
   EXPECT_TRUE(Generate(*stub_, ok).status.ok());
 }
 
-TEST_F(ServerTest, InvalidUtf8IsAnErrorAndTheServerCarriesOn) {
-  // TokenizeRequest{text = "\xC3\x28"}: field 1, length 2, an invalid UTF-8 sequence that
-  // protobuf refuses to parse into a `string` field.
-  grpc::GenericStub generic(channel_);
-  const char raw[] = {0x0A, 0x02, static_cast<char>(0xC3), 0x28};
-  grpc::Slice slice(raw, sizeof(raw));
+// Sends `raw` bytes as the request of `method` (a Inference method name) and returns the status.
+grpc::Status RawUnaryCall(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
+                          const std::string& raw) {
+  grpc::GenericStub generic(channel);
+  grpc::Slice slice(raw.data(), raw.size());
   grpc::ByteBuffer request(&slice, 1);
   grpc::ByteBuffer response;
   grpc::ClientContext ctx;
   absl::Notification done;
   grpc::Status status;
-  generic.UnaryCall(&ctx, "/prefixd.v1.Inference/Tokenize", grpc::StubOptions(), &request,
+  generic.UnaryCall(&ctx, "/prefixd.v1.Inference/" + method, grpc::StubOptions(), &request,
                     &response, [&](grpc::Status s) {
                       status = std::move(s);
                       done.Notify();
                     });
-  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
-  EXPECT_FALSE(status.ok());
-  EXPECT_NE(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  return status;
+}
+
+TEST_F(ServerTest, UnparsableRequestsAreInvalidArgumentAndCounted) {
+  const auto invalid_argument = [&] {
+    absl::StatusOr<std::string> text = HttpGet(server_->metrics_port(), "/metrics");
+    return text.ok() ? MetricValue(*text, "prefixd_requests_total{api=\"grpc\",code=\"INVALID_ARGUMENT\"}")
+                     : -2;
+  };
+  const double before = std::max(0.0, invalid_argument());
+  // TokenizeRequest{text = "\xC3\x28"}: field 1, length 2, an invalid UTF-8 sequence that
+  // protobuf refuses to parse into a `string` field.
+  grpc::Status status = RawUnaryCall(channel_, "Tokenize", std::string("\x0A\x02\xC3\x28", 4));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("the request is not a valid prefixd.v1.TokenizeRequest: it did not parse"));
+  // Not protobuf at all (a field 1 of length 100 in 3 bytes).
+  status = RawUnaryCall(channel_, "GetModelInfo", std::string("\x0A\x64xy", 4));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  // GenerateRequest{request_id = "\xff"}, as a server-streaming call: refused the same way,
+  // and counted with the Generate calls.
+  grpc::GenericStub generic(channel_);
+  const std::string raw("\x0A\x01\xFF", 3);
+  grpc::Slice slice(raw.data(), raw.size());
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ClientContext ctx;
+  grpc::CompletionQueue cq;
+  auto call = generic.PrepareCall(&ctx, "/prefixd.v1.Inference/Generate", &cq);
+  void* tag;
+  bool ok;
+  call->StartCall(reinterpret_cast<void*>(1));
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  call->Write(request, reinterpret_cast<void*>(2));
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  call->WritesDone(reinterpret_cast<void*>(3));
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  grpc::Status gstatus;
+  call->Finish(&gstatus, reinterpret_cast<void*>(4));
+  ASSERT_TRUE(cq.Next(&tag, &ok));
+  EXPECT_EQ(gstatus.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(gstatus.error_message(), HasSubstr("prefixd.v1.GenerateRequest"));
+  EXPECT_EQ(invalid_argument(), before + 1);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
 
   grpc::ClientContext ctx2;
   v1::TokenizeRequest treq;
@@ -215,6 +277,17 @@ TEST_F(ServerTest, InvalidUtf8IsAnErrorAndTheServerCarriesOn) {
   v1::TokenizeResponse tresp;
   EXPECT_TRUE(stub_->Tokenize(&ctx2, treq, &tresp).ok());
   EXPECT_GT(tresp.token_ids_size(), 0);
+}
+
+TEST_F(ServerTest, TokenizeRefusesTextsLongerThanAnyPrompt) {
+  grpc::ClientContext ctx;
+  v1::TokenizeRequest req;
+  req.set_text(std::string(256 * 128 + 1, 'a'));
+  v1::TokenizeResponse resp;
+  const grpc::Status s = stub_->Tokenize(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("text is 32769 bytes"));
+  EXPECT_EQ(resp.token_ids_size(), 0);
 }
 
 TEST_F(ServerTest, ModelInfo) {
@@ -282,6 +355,49 @@ TEST_F(ServerTest, CacheHitsAcrossRequestsButNotAcrossSalts) {
   EXPECT_GE(stats.hit_tokens(), 47u + 48u + 47u + 40u);
   EXPECT_EQ(stats.blocks_active(), 0u);
   EXPECT_EQ(stats.blocks_total(), stats.blocks_free() + stats.blocks_cached());
+}
+
+TEST_F(ServerTest, ReflectionCanBeTurnedOff) {
+  ServerOptions o = TestServerOptions(model_dir_);
+  o.reflection = false;
+  absl::StatusOr<std::unique_ptr<Server>> off = Server::Start(std::move(o));
+  ASSERT_TRUE(off.ok()) << off.status();
+  auto channel = InsecureChannel((*off)->grpc_address());
+  auto reflection = grpc::reflection::v1alpha::ServerReflection::NewStub(channel);
+  grpc::ClientContext rctx;
+  auto stream = reflection->ServerReflectionInfo(&rctx);
+  grpc::reflection::v1alpha::ServerReflectionRequest rreq;
+  rreq.set_list_services("");
+  stream->Write(rreq);
+  stream->WritesDone();
+  grpc::reflection::v1alpha::ServerReflectionResponse rresp;
+  EXPECT_FALSE(stream->Read(&rresp));
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  // The API itself is served.
+  auto stub = v1::Inference::NewStub(channel);
+  EXPECT_TRUE(Generate(*stub, IdsRequest({1, 2, 3}, 2)).status.ok());
+}
+
+// Connections that send half a request (or nothing) hold an exposer thread only until its
+// request timeout, and there are threads to spare: a scrape still answers at once.
+TEST_F(ServerTest, MetricsAnswerDespiteHalfOpenConnections) {
+  std::vector<int> idle;
+  for (int i = 0; i < 4; ++i) {
+    const int fd = ConnectLoopback(server_->metrics_port());
+    ASSERT_GE(fd, 0);
+    if (i % 2 == 0) {
+      const std::string half = "GET /metrics HTTP/1.1\r\nHost: x\r\n";
+      ASSERT_EQ(write(fd, half.data(), half.size()), static_cast<ssize_t>(half.size()));
+    }
+    idle.push_back(fd);
+  }
+  for (int round = 0; round < 3; ++round) {
+    absl::StatusOr<std::string> text =
+        HttpGet(server_->metrics_port(), "/metrics", absl::Seconds(3));
+    ASSERT_TRUE(text.ok()) << text.status();
+    EXPECT_THAT(*text, HasSubstr("prefixd_kv_pool_bytes"));
+  }
+  for (int fd : idle) close(fd);
 }
 
 TEST_F(ServerTest, HealthAndReflection) {
