@@ -3,13 +3,12 @@
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
 
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "engine/read_file.h"
 
 namespace prefixd {
 namespace {
@@ -63,11 +62,14 @@ absl::StatusOr<Authenticator> Authenticator::FromText(std::string_view text) {
 }
 
 absl::StatusOr<Authenticator> Authenticator::FromFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read auth tokens file ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  absl::StatusOr<Authenticator> auth = FromText(ss.str());
+  // ReadWholeFile refuses a FIFO, a directory or a symlink loop saying which, instead of
+  // blocking start-up (or a SIGHUP reload) on a FIFO nobody writes.
+  absl::StatusOr<std::string> text = ReadWholeFile(path);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(),
+                        absl::StrCat("auth tokens file: ", text.status().message()));
+  }
+  absl::StatusOr<Authenticator> auth = FromText(*text);
   if (!auth.ok()) {
     return absl::Status(auth.status().code(), absl::StrCat(path, ": ", auth.status().message()));
   }

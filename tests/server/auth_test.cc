@@ -1,5 +1,7 @@
 #include "server/auth.h"
 
+#include <sys/stat.h>
+
 #include <fstream>
 
 #include "gmock/gmock.h"
@@ -77,6 +79,18 @@ TEST(AuthTest, ReadsAFile) {
   EXPECT_EQ(*a->Authenticate("Bearer tok2"), "t2");
   EXPECT_EQ(Authenticator::FromFile(dir.path() + "/missing").status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// A FIFO nobody writes is refused at once, saying what it is (reading it would block
+// start-up, or a SIGHUP reload, for good).
+TEST(AuthTest, AFifoIsRefusedNotWaitedOn) {
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/tokens";
+  ASSERT_EQ(mkfifo(path.c_str(), 0600), 0);
+  absl::StatusOr<Authenticator> a = Authenticator::FromFile(path);
+  ASSERT_FALSE(a.ok());
+  EXPECT_THAT(std::string(a.status().message()), ::testing::HasSubstr("auth tokens file"));
+  EXPECT_THAT(std::string(a.status().message()), ::testing::HasSubstr("FIFO"));
 }
 
 }  // namespace
