@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "gtest/gtest.h"
 
 namespace prefixd::testing {
 
@@ -58,6 +59,24 @@ class TempDir {
 
 // Writes the tiny random model (tools/random_model.h) into `dir`.
 absl::Status WriteTinyModel(const std::string& dir);
+
+// A fixture whose tests share one tiny model, written once per suite: dir_ (a temporary
+// directory, removed after the suite) and model_ (the model directory inside it).
+class TinyModelSuite : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    model_ = dir_->path() + "/model";
+    ASSERT_TRUE(WriteTinyModel(model_).ok());
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+
+  static inline TempDir* dir_ = nullptr;
+  static inline std::string model_;
+};
 
 // Path of a binary built in this build tree (PREFIXD_BINARY_DIR/<relative>).
 std::string BuiltBinary(const std::string& relative);

@@ -19,18 +19,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-class LifecycleTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    model_ = dir_->path() + "/model";
-    ASSERT_TRUE(WriteTinyModel(model_).ok());
-  }
-  static void TearDownTestSuite() { delete dir_; }
-
-  static inline TempDir* dir_ = nullptr;
-  static inline std::string model_;
-};
+class LifecycleTest : public TinyModelSuite {};
 
 TEST_F(LifecycleTest, BadStartupsExitNonZeroWithAMessage) {
   const std::string prefixd = BuiltBinary("server/prefixd");

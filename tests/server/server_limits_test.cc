@@ -21,18 +21,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-class LimitsTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    model_ = dir_->path() + "/model";
-    ASSERT_TRUE(WriteTinyModel(model_).ok());
-  }
-  static void TearDownTestSuite() { delete dir_; }
-
-  static inline TempDir* dir_ = nullptr;
-  static inline std::string model_;
-};
+class LimitsTest : public TinyModelSuite {};
 
 // A raw connection to a unix socket, or -1.
 int ConnectUnix(const std::string& path) {

@@ -48,18 +48,7 @@ grpc::StatusCode ModelInfoCode(v1::Inference::Stub& stub, const std::string& tok
   return stub.GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).error_code();
 }
 
-class ReloadTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    model_ = dir_->path() + "/model";
-    ASSERT_TRUE(WriteTinyModel(model_).ok());
-  }
-  static void TearDownTestSuite() { delete dir_; }
-
-  static inline TempDir* dir_ = nullptr;
-  static inline std::string model_;
-};
+class ReloadTest : public TinyModelSuite {};
 
 TEST_F(ReloadTest, SighupReloadsTokensAndKeepsThemWhenTheFileIsBroken) {
   TempDir dir;
