@@ -32,6 +32,7 @@ struct HttpFrontEnd::Impl {
   int64_t created = 0;  // start time, for /v1/models
   mutable absl::Mutex mu;
   int64_t live_completions ABSL_GUARDED_BY(mu) = 0;
+  int64_t open_connections ABSL_GUARDED_BY(mu) = 0;
   bool stopped ABSL_GUARDED_BY(mu) = false;
   // Declared after what sessions use: destroying the io_context destroys the sessions its
   // pending handlers hold, and they count their requests on the way out.
@@ -41,6 +42,18 @@ struct HttpFrontEnd::Impl {
   int port = 0;
 
   void Accept();
+  bool AtConnectionLimit() {
+    absl::MutexLock lock(&mu);
+    return options.max_connections > 0 && open_connections >= options.max_connections;
+  }
+  void ConnectionOpened() {
+    absl::MutexLock lock(&mu);
+    ++open_connections;
+  }
+  void ConnectionClosed() {
+    absl::MutexLock lock(&mu);
+    --open_connections;
+  }
   void CompletionStarted() {
     absl::MutexLock lock(&mu);
     ++live_completions;
@@ -73,9 +86,14 @@ struct Job {
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket&& socket, HttpFrontEnd::Impl* impl)
-      : stream_(std::move(socket)), impl_(impl) {}
+      : stream_(std::move(socket)), impl_(impl) {
+    impl_->ConnectionOpened();
+  }
 
-  ~Session() { AbandonJob(); }
+  ~Session() {
+    AbandonJob();
+    impl_->ConnectionClosed();
+  }
 
   void Run() {
     net::dispatch(stream_.get_executor(),
@@ -494,6 +512,14 @@ class Session : public std::enable_shared_from_this<Session> {
 }  // namespace
 
 void HttpFrontEnd::Impl::Accept() {
+  if (AtConnectionLimit()) {
+    // New connections wait in the listen queue; look again when one may have closed.
+    auto timer = std::make_shared<net::steady_timer>(ioc, std::chrono::milliseconds(50));
+    timer->async_wait([this, timer](beast::error_code ec) {
+      if (!ec) Accept();
+    });
+    return;
+  }
   acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket socket) {
     if (ec) {
       if (ec == net::error::operation_aborted) return;  // Stop()
@@ -558,6 +584,11 @@ HttpFrontEnd::HttpFrontEnd(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 HttpFrontEnd::~HttpFrontEnd() { Stop(); }
 
 int HttpFrontEnd::port() const { return impl_->port; }
+
+int64_t HttpFrontEnd::open_connections() const {
+  absl::MutexLock lock(&impl_->mu);
+  return impl_->open_connections;
+}
 
 int64_t HttpFrontEnd::live_completions() const {
   absl::MutexLock lock(&impl_->mu);

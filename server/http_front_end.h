@@ -39,6 +39,9 @@ struct HttpFrontEndOptions {
   size_t max_body_bytes = size_t{8} << 20;
   // A connection with no request in progress is closed after this.
   absl::Duration idle_timeout = absl::Seconds(300);
+  // Open connections at once; more wait in the kernel's listen queue until one closes.
+  // 0: no limit.
+  int max_connections = 0;
   std::function<void(std::string_view)> log;
 };
 
@@ -49,6 +52,7 @@ class HttpFrontEnd {
   ~HttpFrontEnd();  // Stop()
 
   int port() const;
+  int64_t open_connections() const;
   // Completions whose response is not finished yet.
   int64_t live_completions() const;
   bool WaitForNoCompletions(absl::Duration timeout);

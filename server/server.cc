@@ -406,6 +406,9 @@ absl::Status Server::Parts::StartHttp() {
   hopt.listen = options.http_listen;
   hopt.path = path.get();
   hopt.idle_timeout = options.connection_idle_timeout;
+  // The same limit as gRPC's, for each front end; a descriptor shortage in between only
+  // delays accepts (both loops retry).
+  hopt.max_connections = max_connections;
   hopt.log = log;
   absl::StatusOr<std::unique_ptr<HttpFrontEnd>> h = HttpFrontEnd::Start(std::move(hopt));
   if (!h.ok()) return h.status();

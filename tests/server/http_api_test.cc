@@ -2,6 +2,12 @@
 // the tiny random model on the CPU backend. Completions are compared with gRPC's for the
 // same ids and seed; every endpoint and error is exercised. (Held requests: below, on the
 // gated fake backend.)
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <fstream>
 #include <map>
 #include <string>
@@ -348,8 +354,9 @@ class HttpFlowTest : public ::testing::Test {
   }
   static void TearDownTestSuite() { delete dir_; }
 
-  void StartServer(int32_t max_queue = 1024, bool auth = false) {
+  void StartServer(int32_t max_queue = 1024, bool auth = false, int32_t max_connections = 0) {
     ServerOptions o = TestServerOptions(model_dir_);
+    o.max_connections = max_connections;
     o.metrics_listen = "127.0.0.1:0";
     o.http_listen = "127.0.0.1:0";
     o.max_queue = max_queue;
@@ -470,6 +477,36 @@ TEST_F(HttpFlowTest, BearerTokensAsInGrpc) {
   // /health needs no token (a load balancer asks it).
   r = HttpFetch(server_->http_port(), "GET", "/health");
   EXPECT_EQ(r->status, 200);
+}
+
+// Past --max-connections a connection waits in the listen queue, and is served once another
+// closes.
+TEST_F(HttpFlowTest, ConnectionsPastTheLimitWaitForOneToClose) {
+  StartServer(1024, false, /*max_connections=*/2);
+  gate_.Notify();
+  auto connect_to = [&]() {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(server_->http_port()));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    return fd;
+  };
+  const int idle1 = connect_to();
+  const int idle2 = connect_to();
+  const int third = connect_to();
+  const std::string req = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  ASSERT_EQ(send(third, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+  pollfd p{.fd = third, .events = POLLIN, .revents = 0};
+  EXPECT_EQ(poll(&p, 1, 500), 0) << "served although two connections were open";
+  close(idle1);
+  ASSERT_EQ(poll(&p, 1, 5000), 1) << "not served after a connection closed";
+  char buf[64] = {};
+  ASSERT_GT(recv(third, buf, sizeof(buf) - 1, 0), 0);
+  EXPECT_THAT(std::string(buf), HasSubstr("HTTP/1.1 200"));
+  close(idle2);
+  close(third);
 }
 
 }  // namespace
