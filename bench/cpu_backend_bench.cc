@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_clock.h"
 #include "cache/kv_layout.h"
 #include "engine/backend.h"
 #include "engine/dtype.h"
@@ -35,17 +36,8 @@
 namespace prefixd {
 namespace {
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// CPU seconds of all the process's threads: on a shared machine, wall time includes waiting
-// for a core, CPU time does not (it still includes spinning at barriers).
-double CpuNow() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+using bench::CpuNow;
+using bench::Now;
 
 // Best wall time and best CPU time over the repetitions (each its own minimum).
 struct Timing {

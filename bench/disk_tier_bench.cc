@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/command_line.h"
 #include "cache/kv_layout.h"
 #include "engine/engine.h"
 #include "engine/model.h"
@@ -312,42 +313,40 @@ void Capacity(const Model& model, const Flags& f, const std::string& root) {
 }
 
 int Main(int argc, char** argv) {
+  static constexpr FlagSpec kFlags[] = {{"model"},         {"dir"},
+                                        {"threads"},       {"prefix"},
+                                        {"reps"},          {"prompts"},
+                                        {"prompt-tokens"}, {"pool-prompts"},
+                                        {"concurrency"},   {"drop-caches", FlagKind::kSwitch},
+                                        {"only"}};
+  absl::StatusOr<ParsedCommandLine> args =
+      ParseArgv(absl::MakeConstSpan(argv + 1, static_cast<size_t>(argc - 1)), kFlags);
+  if (!args.ok() || !args->positional.empty()) {
+    std::fprintf(stderr, "disk_tier_bench: %s (see the header of disk_tier_bench.cc)\n",
+                 args.ok() ? "unexpected positional argument"
+                           : std::string(args.status().message()).c_str());
+    return 2;
+  }
   Flags f;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--model")
-      f.model = value();
-    else if (a == "--dir")
-      f.dir = value();
-    else if (a == "--threads")
-      f.threads = std::stoi(value());
-    else if (a == "--prefix")
-      f.prefix = std::stoi(value());
-    else if (a == "--reps")
-      f.reps = std::stoi(value());
-    else if (a == "--prompts")
-      f.prompts = std::stoi(value());
-    else if (a == "--prompt-tokens")
-      f.prompt_tokens = std::stoi(value());
-    else if (a == "--pool-prompts")
-      f.pool_prompts = std::stoi(value());
-    else if (a == "--concurrency")
-      f.concurrency = std::stoi(value());
-    else if (a == "--drop-caches")
-      f.drop_caches = true;
-    else if (a == "--only")
-      f.only = value();
-    else {
-      std::fprintf(stderr, "unknown flag %s (see the header of disk_tier_bench.cc)\n", a.c_str());
+  f.model = args->Flag("model").value_or(f.model);
+  f.dir = args->Flag("dir").value_or(f.dir);
+  f.only = args->Flag("only").value_or(f.only);
+  f.drop_caches = args->Has("drop-caches");
+  for (auto [name, field] : {std::pair<const char*, int*>{"threads", &f.threads},
+                             {"prefix", &f.prefix},
+                             {"reps", &f.reps},
+                             {"prompts", &f.prompts},
+                             {"prompt-tokens", &f.prompt_tokens},
+                             {"pool-prompts", &f.pool_prompts},
+                             {"concurrency", &f.concurrency}}) {
+    const std::optional<std::string> v = args->Flag(name);
+    if (!v.has_value()) continue;
+    absl::StatusOr<int64_t> n = ParseInteger(*v, absl::StrCat("--", name), 0, 1 << 20);
+    if (!n.ok()) {
+      std::fprintf(stderr, "disk_tier_bench: %s\n", std::string(n.status().message()).c_str());
       return 2;
     }
+    *field = static_cast<int>(*n);
   }
   if (!f.only.empty() && f.only != "restart" && f.only != "capacity") {
     std::fprintf(stderr, "--only takes restart or capacity, got %s\n", f.only.c_str());

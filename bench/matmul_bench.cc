@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_clock.h"
 #include "engine/dtype.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/thread_pool.h"
@@ -27,15 +28,8 @@
 namespace prefixd {
 namespace {
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double CpuNow() {
-  timespec ts;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+using bench::CpuNow;
+using bench::Now;
 
 struct Shape {
   int64_t k, n;
