@@ -65,11 +65,17 @@ class CpuBackend final : public Backend {
   int64_t num_blocks_;
   ThreadPool pool_;
 
-  std::vector<float> wte_;  // [V, E]
+  // wte^T packed [E, V]: token t's embedding is its column t (PackedMatrix::CopyColumn), and
+  // it is the LM head too unless the file has its own lm_head.weight. One copy of the
+  // embeddings, at the weights' dtype (a separate fp32 [V, E] copy cost 154 MB for GPT-2).
+  PackedMatrix wte_t_;
+  PackedMatrix untied_lm_head_;  // [E, V] = lm_head.weight^T; empty when tied
+  const PackedMatrix& lm_head() const {
+    return untied_lm_head_.k() != 0 ? untied_lm_head_ : wte_t_;
+  }
   std::vector<float> wpe_;  // [P, E]
   std::vector<LayerWeights> layers_;
   std::vector<float> ln_f_g_, ln_f_b_;
-  PackedMatrix lm_head_;  // [E, V]: wte^T, or lm_head.weight^T when the file has one
   AlignedFloats kv_;
 
   // Per-step rows (all new tokens of the batch, in step order) and scratch buffers.
@@ -100,7 +106,10 @@ CpuBackend::CpuBackend(const Model& model, const CpuBackendOptions& options, int
     const std::vector<float> w = model.ToFloat(model.Get(name));
     return PackedMatrix::Pack(w.data(), k, n, /*transposed=*/false, dtype_);
   };
-  wte_ = f("wte.weight");
+  {
+    const std::vector<float> wte = model.ToFloat(model.Get("wte.weight"));
+    wte_t_ = PackedMatrix::Pack(wte.data(), e, config_.vocab_size, /*transposed=*/true, dtype_);
+  }
   wpe_ = f("wpe.weight");
   layers_.resize(config_.n_layer);
   for (int32_t i = 0; i < config_.n_layer; ++i) {
@@ -123,9 +132,8 @@ CpuBackend::CpuBackend(const Model& model, const CpuBackendOptions& options, int
   ln_f_b_ = f("ln_f.bias");
   if (const Tensor* head = model.Find("lm_head.weight"); head != nullptr) {
     const std::vector<float> w = model.ToFloat(*head);
-    lm_head_ = PackedMatrix::Pack(w.data(), e, config_.vocab_size, /*transposed=*/true, dtype_);
-  } else {
-    lm_head_ = PackedMatrix::Pack(wte_.data(), e, config_.vocab_size, /*transposed=*/true, dtype_);
+    untied_lm_head_ =
+        PackedMatrix::Pack(w.data(), e, config_.vocab_size, /*transposed=*/true, dtype_);
   }
   kv_ = AllocateFloats(static_cast<size_t>(num_blocks_ * geometry_.block_stride()));
 }
@@ -133,7 +141,8 @@ CpuBackend::CpuBackend(const Model& model, const CpuBackendOptions& options, int
 MemoryUsage CpuBackend::memory_usage() const {
   MemoryUsage u;
   auto vec = [](const std::vector<float>& v) { return static_cast<int64_t>(v.size() * 4); };
-  int64_t w = vec(wte_) + vec(wpe_) + vec(ln_f_g_) + vec(ln_f_b_) + lm_head_.size_bytes();
+  int64_t w = wte_t_.size_bytes() + untied_lm_head_.size_bytes() + vec(wpe_) + vec(ln_f_g_) +
+              vec(ln_f_b_);
   for (const LayerWeights& l : layers_) {
     w += vec(l.ln1_g) + vec(l.ln1_b) + vec(l.ln2_g) + vec(l.ln2_b) + vec(l.c_attn_b) +
          vec(l.attn_proj_b) + vec(l.c_fc_b) + vec(l.mlp_proj_b) + l.c_attn.size_bytes() +
@@ -322,9 +331,10 @@ absl::Status CpuBackend::Forward(absl::Span<const SequenceStep> steps, std::vect
       const int32_t pos = step.start_pos + static_cast<int32_t>(i);
       row_pos_[r] = pos;
       row_table_[r] = step.block_table.data();
-      const float* te = wte_.data() + int64_t{step.token_ids[i]} * e;
+      float* row = x + r * e;
+      wte_t_.CopyColumn(step.token_ids[i], row);
       const float* pe = wpe_.data() + int64_t{pos} * e;
-      for (int64_t j = 0; j < e; ++j) x[r * e + j] = te[j] + pe[j];
+      for (int64_t j = 0; j < e; ++j) row[j] += pe[j];
     }
     if (step.want_logits) logit_rows.push_back(r - 1);
   }
@@ -340,7 +350,7 @@ absl::Status CpuBackend::Forward(absl::Span<const SequenceStep> steps, std::vect
   const int64_t v = config_.vocab_size;
   const size_t old_size = logits->size();
   logits->resize(old_size + n_out * v);
-  MatMul(h, n_out, e, lm_head_, nullptr, logits->data() + old_size, v, &pool_);
+  MatMul(h, n_out, e, lm_head(), nullptr, logits->data() + old_size, v, &pool_);
   return absl::OkStatus();
 }
 

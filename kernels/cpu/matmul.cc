@@ -150,6 +150,28 @@ float PackedMatrix::at(int64_t kk, int64_t nn) const {
   return 0;
 }
 
+void PackedMatrix::CopyColumn(int64_t nn, float* out) const {
+  PREFIXD_CHECK(nn >= 0 && nn < n_);
+  const int64_t first = (nn / kPanelWidth) * k_ * kPanelWidth + nn % kPanelWidth;
+  switch (dtype_) {
+    case DType::kF32: {
+      const float* p = reinterpret_cast<const float*>(data_.get()) + first;
+      for (int64_t kk = 0; kk < k_; ++kk) out[kk] = p[kk * kPanelWidth];
+      return;
+    }
+    case DType::kF16: {
+      const uint16_t* p = reinterpret_cast<const uint16_t*>(data_.get()) + first;
+      for (int64_t kk = 0; kk < k_; ++kk) out[kk] = HalfToFloat(p[kk * kPanelWidth]);
+      return;
+    }
+    case DType::kBF16: {
+      const uint16_t* p = reinterpret_cast<const uint16_t*>(data_.get()) + first;
+      for (int64_t kk = 0; kk < k_; ++kk) out[kk] = BF16ToFloat(p[kk * kPanelWidth]);
+      return;
+    }
+  }
+}
+
 namespace {
 
 // c[r, col0 .. col0 + cols) = out[r - row_begin, :cols] + bias, for r in [row_begin, row_end).
@@ -164,6 +186,19 @@ void StoreRows(const float* out, int64_t row_begin, int64_t row_end, int64_t col
       std::memcpy(dst, src, cols * sizeof(float));
     }
   }
+}
+
+// A thread's buffer for one widened panel of `k` rows (64-byte aligned; kept for the
+// thread's life and grown when a larger K comes).
+float* WidenScratch(int64_t k) {
+  thread_local AlignedFloats buffer;
+  thread_local int64_t capacity = 0;
+  const int64_t need = k * kPanelWidth;
+  if (need > capacity) {
+    buffer = AllocateFloats(static_cast<size_t>(need));
+    capacity = need;
+  }
+  return buffer.get();
 }
 
 }  // namespace
@@ -219,19 +254,28 @@ void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const
     const int64_t row_begin = (t / panels) * kRowsPerTask;
     const int64_t row_end = std::min(m, row_begin + kRowsPerTask);
     alignas(64) float out[kRowsPerTask * kPanelWidth];
+    internal::PanelRef source = panel(j);
+    if (source.dtype != DType::kF32 && row_end - row_begin > internal::kMaxRowsAvx512) {
+      // Several row blocks will read this half-precision panel: widen it once (exact, so the
+      // bits stay those of the half kernels) and let every block load fp32. Prefill is
+      // arithmetic-bound, and widening in each block cost it ≈15 % against f32.
+      float* widened = WidenScratch(w.k());
+      internal::WidenPanelAvx2(source, widened);
+      source = {widened, DType::kF32, w.k()};
+    }
     if (avx512) {
       for (int64_t r0 = row_begin, rows = 0; r0 < row_end; r0 += rows) {
         // 6-row blocks, except that 7 or 8 left go in one block (one pass over the panel).
         const int64_t left = row_end - r0;
         rows = left <= internal::kMaxRowsAvx512 ? left : std::min<int64_t>(6, left);
-        internal::PanelRowsAvx512(a + r0 * lda, rows, lda, panel(j),
+        internal::PanelRowsAvx512(a + r0 * lda, rows, lda, source,
                                   /*prefetch=*/r0 == row_begin,
                                   out + (r0 - row_begin) * kPanelWidth);
       }
     } else {
       for (int64_t r0 = row_begin, rows = 0; r0 < row_end; r0 += rows) {
         rows = std::min(internal::kMaxRowsAvx2, row_end - r0);
-        internal::PanelRowsAvx2(a + r0 * lda, rows, lda, panel(j),
+        internal::PanelRowsAvx2(a + r0 * lda, rows, lda, source,
                                 out + (r0 - row_begin) * kPanelWidth);
       }
     }

@@ -57,6 +57,9 @@ class PackedMatrix {
   }
   // Element W[kk, nn] as fp32 (what the products multiply by).
   float at(int64_t kk, int64_t nn) const;
+  // out[kk] = at(kk, nn) for kk in [0, k): column nn, e.g. a row of the source of a
+  // transposed pack (an embedding of the tied wte).
+  void CopyColumn(int64_t nn, float* out) const;
   size_t size_bytes() const {
     return static_cast<size_t>(num_panels() * k_ * kPanelWidth * DTypeSize(dtype_));
   }

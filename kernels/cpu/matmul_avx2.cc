@@ -15,6 +15,10 @@
 namespace prefixd::internal {
 namespace {
 
+// Panel rows the single-row block prefetches ahead, counted in f32 rows (a half-precision
+// panel goes twice as many rows ahead: the same bytes).
+constexpr int64_t kDecodePrefetchRows = 16;
+
 // Eight panel elements as fp32, exactly (fp16 and bf16 widen without rounding). `p` is
 // 16-byte aligned for the half types, 32-byte for f32.
 template <DType D>
@@ -44,7 +48,9 @@ struct Load8<DType::kBF16> {
 // and NV*8 columns starting at `p` (a panel plus a column offset; row stride kPanelWidth).
 // Always inlined: compiled on its own, g++ 12 kept the accumulators in memory, storing each
 // one every k (half the prefill rate).
-template <DType D, int R, int NV>
+// kPrefetchDistance > 0: prefetch the panel that many rows ahead (the single-row decode
+// block, which streams the panel from memory; 0 for blocks that find it in cache).
+template <DType D, int R, int NV, int64_t kPrefetchDistance = 0>
 __attribute__((always_inline)) inline void MicroKernel(const float* a, int64_t lda,
                                                        const typename Load8<D>::T* p, int64_t k,
                                                        float* out) {
@@ -55,6 +61,14 @@ __attribute__((always_inline)) inline void MicroKernel(const float* a, int64_t l
     for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_setzero_ps();
   for (int64_t kk = 0; kk < k; ++kk) {
     const auto* prow = p + kk * kPanelWidth;
+    if constexpr (kPrefetchDistance > 0) {
+      constexpr int64_t kBytes = NV * 8 * sizeof(*prow);
+#pragma GCC unroll 16
+      for (int64_t line = 0; line < kBytes; line += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(prow + kPrefetchDistance * kPanelWidth) + line,
+                     _MM_HINT_T0);
+      }
+    }
     __m256 b[NV];
 #pragma GCC unroll 16
     for (int v = 0; v < NV; ++v) b[v] = Load8<D>::At(prow + 8 * v);
@@ -77,8 +91,10 @@ void PanelBlock(const float* a, int64_t lda, const typename Load8<D>::T* panel, 
                 float* out) {
   // Register budget (16 ymm): R x NV accumulators + NV panel loads + 1 broadcast.
   constexpr int NV = R == 1 ? 8 : R == 2 ? 4 : 2;
+  // One row is a decode step's stream of the weights from memory: prefetch ahead.
+  constexpr int64_t kDistance = R == 1 ? kDecodePrefetchRows * sizeof(float) / sizeof(*panel) : 0;
   for (int64_t c = 0; c < kPanelWidth; c += 8 * NV) {
-    MicroKernel<D, R, NV>(a, lda, panel + c, k, out + c);
+    MicroKernel<D, R, NV, kDistance>(a, lda, panel + c, k, out + c);
   }
 }
 
@@ -128,9 +144,12 @@ __attribute__((always_inline)) inline void BatchTile(const float* a, int64_t lda
       acc[r][v] = k0 == 0 ? _mm256_setzero_ps() : _mm256_load_ps(out + r * kPanelWidth + 8 * v);
     }
   }
+  // A local copy: through the reference its counters went to memory every k, a store-to-load
+  // chain longer than the k step's arithmetic.
+  PrefetchSpread spread = prefetch;
   for (int64_t kk = k0; kk < k1; ++kk) {
     const auto* prow = p + kk * kPanelWidth;
-    prefetch.Step();
+    spread.Step();
     const __m256 b0 = Load8<D>::At(prow);
     const __m256 b1 = Load8<D>::At(prow + 8);
 #pragma GCC unroll 16
@@ -140,6 +159,7 @@ __attribute__((always_inline)) inline void BatchTile(const float* a, int64_t lda
       acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
     }
   }
+  prefetch = spread;
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
@@ -199,6 +219,17 @@ void PanelRowsAvx2(const float* a, int64_t rows, int64_t lda, PanelRef panel, fl
       return Rows<DType::kF16>(a, rows, lda, panel.data, panel.k, out);
     case DType::kBF16:
       return Rows<DType::kBF16>(a, rows, lda, panel.data, panel.k, out);
+  }
+}
+
+void WidenPanelAvx2(PanelRef panel, float* out) {
+  PREFIXD_CHECK(panel.dtype != DType::kF32);
+  const auto* p = static_cast<const uint16_t*>(panel.data);
+  const int64_t n = panel.k * kPanelWidth;
+  if (panel.dtype == DType::kF16) {
+    for (int64_t i = 0; i < n; i += 8) _mm256_store_ps(out + i, Load8<DType::kF16>::At(p + i));
+  } else {
+    for (int64_t i = 0; i < n; i += 8) _mm256_store_ps(out + i, Load8<DType::kBF16>::At(p + i));
   }
 }
 

@@ -226,9 +226,12 @@ PREFIXD_TARGET_AVX512 __attribute__((always_inline)) inline void BatchTile(
       acc[r][v] = k0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(out + r * kPanelWidth + 16 * v);
     }
   }
+  // A local copy: through the reference its counters went to memory every k, a store-to-load
+  // chain longer than the k step's arithmetic.
+  PrefetchSpread spread = prefetch;
   for (int64_t kk = k0; kk < k1; ++kk) {
     const Elem<D>* prow = p + kk * kPanelWidth;
-    prefetch.Step();
+    spread.Step();
     __m512 b[4];
 #pragma GCC unroll 16
     for (int v = 0; v < 4; ++v) b[v] = Load16<D>::At(prow + 16 * v);
@@ -239,6 +242,7 @@ PREFIXD_TARGET_AVX512 __attribute__((always_inline)) inline void BatchTile(
       for (int v = 0; v < 4; ++v) acc[r][v] = _mm512_fmadd_ps(av, b[v], acc[r][v]);
     }
   }
+  prefetch = spread;
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16

@@ -210,6 +210,28 @@ TEST_P(CpuBackendDTypeTest, InstructionSetDoesNotChangeLogits) {
   }
 }
 
+TEST_P(CpuBackendDTypeTest, HoldsEachWeightOnce) {
+  // The tied embeddings are held once, as the packed LM head (each weight at the dtype's size,
+  // vectors in fp32, panels padded to 64 columns): a second copy of wte for the embedding
+  // lookup would add V x E x 4 bytes.
+  const DType dtype = GetParam();
+  for (const Model* model : Models()) {
+    const ModelConfig& c = model->config();
+    const int64_t e = c.n_embd;
+    auto panels_bytes = [&](int64_t k, int64_t n) {
+      return (n + kPanelWidth - 1) / kPanelWidth * kPanelWidth * k * DTypeSize(dtype);
+    };
+    const int64_t matrices = c.n_layer * (panels_bytes(e, 3 * e) + panels_bytes(e, e) +
+                                          panels_bytes(e, 4 * e) + panels_bytes(4 * e, e)) +
+                             panels_bytes(e, c.vocab_size);
+    const int64_t matrix_params = c.n_layer * 12 * e * e + c.vocab_size * e;
+    const int64_t vectors = (model->num_parameters() - matrix_params) * 4;
+    EXPECT_EQ(MakeBackend(*model, 1, 64, 16, dtype)->memory_usage().weights_bytes,
+              matrices + vectors)
+        << model->name();
+  }
+}
+
 TEST_F(CpuBackendTest, HalfPrecisionIsTheF32BackendOnTheRoundedCheckpoint) {
   // --dtype f16|bf16 on an f32 checkpoint rounds every weight at load and computes in fp32:
   // bit for bit what the f32 backend computes from the checkpoint written in that dtype (the
