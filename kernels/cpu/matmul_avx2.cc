@@ -123,24 +123,28 @@ void Rows(const float* a, int64_t rows, int64_t lda, const void* data, int64_t k
 // Panel bytes per K chunk: the chunk being multiplied and the one being prefetched both fit
 // a 32 KiB L1 next to the rows' inputs.
 constexpr int64_t kBatchChunkBytes = 8 << 10;
-// Columns per tile: 2 ymm of 8. With up to 6 rows that is 12 accumulators, 2 panel loads and
-// a broadcast of the 16 registers.
-constexpr int64_t kBatchTileColumns = 16;
 constexpr int kMaxBatchTileRows = 6;
 
-// out[r, 0..16) (row stride kPanelWidth) continues its fma chains over panel rows
-// [k0, k1) for R rows and the 16 columns at `p`: from +0.0f when k0 == 0, else from the
-// partial sums stored there; one step of `prefetch` per k.
-template <DType D, int R>
+// Vectors of 8 columns per tile for a row block of R rows: as many accumulators as the 16 ymm
+// registers hold next to the tile's panel loads and a broadcast (R x NV + NV + 1 <= 16), and
+// at least 8 of them where R allows, so that the FMAs' latency (4 cycles, 2 ports) is hidden:
+// 2 rows x 4 vectors, 3 x 3, 4 x 3 (12), 5 x 2, 6 x 2 (12). With NV = 3 the panel's 8
+// vectors go as 3 + 3 + 2.
+constexpr int TileVectors(int rows) { return rows <= 2 ? 4 : rows <= 4 ? 3 : 2; }
+
+// out[r, 0..8 NV) (row stride kPanelWidth) continues its fma chains over panel rows [k0, k1)
+// for R rows and the 8 NV columns at `p`: from +0.0f when k0 == 0, else from the partial sums
+// stored there; one step of `prefetch` per k.
+template <DType D, int R, int NV>
 __attribute__((always_inline)) inline void BatchTile(const float* a, int64_t lda,
                                                      const typename Load8<D>::T* p, int64_t k0,
                                                      int64_t k1, PrefetchSpread& prefetch,
                                                      float* out) {
-  __m256 acc[R][2];
+  __m256 acc[R][NV];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 16
-    for (int v = 0; v < 2; ++v) {
+    for (int v = 0; v < NV; ++v) {
       acc[r][v] = k0 == 0 ? _mm256_setzero_ps() : _mm256_load_ps(out + r * kPanelWidth + 8 * v);
     }
   }
@@ -150,38 +154,62 @@ __attribute__((always_inline)) inline void BatchTile(const float* a, int64_t lda
   for (int64_t kk = k0; kk < k1; ++kk) {
     const auto* prow = p + kk * kPanelWidth;
     spread.Step();
-    const __m256 b0 = Load8<D>::At(prow);
-    const __m256 b1 = Load8<D>::At(prow + 8);
+    __m256 b[NV];
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) b[v] = Load8<D>::At(prow + 8 * v);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m256 av = _mm256_broadcast_ss(a + r * lda + kk);
-      acc[r][0] = _mm256_fmadd_ps(av, b0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(av, b1, acc[r][1]);
+#pragma GCC unroll 16
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm256_fmadd_ps(av, b[v], acc[r][v]);
     }
   }
   prefetch = spread;
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
-    for (int v = 0; v < 2; ++v) _mm256_store_ps(out + r * kPanelWidth + 8 * v, acc[r][v]);
+    for (int v = 0; v < NV; ++v) _mm256_store_ps(out + r * kPanelWidth + 8 * v, acc[r][v]);
+}
+
+// The tiles of an R-row block across the whole panel: 8 / NV of them, NV = TileVectors(R),
+// a narrower last one when NV does not divide 8.
+template <DType D, int R>
+__attribute__((always_inline)) inline void BatchBlock(const float* a, int64_t lda,
+                                                      const typename Load8<D>::T* p, int64_t k0,
+                                                      int64_t k1, PrefetchSpread& prefetch,
+                                                      float* out) {
+  constexpr int kNV = TileVectors(R);
+  constexpr int kFull = 8 / kNV, kLast = 8 % kNV;
+#pragma GCC unroll 4
+  for (int t = 0; t < kFull; ++t) {
+    BatchTile<D, R, kNV>(a, lda, p + 8 * kNV * t, k0, k1, prefetch, out + 8 * kNV * t);
+  }
+  if constexpr (kLast > 0) {
+    BatchTile<D, R, kLast>(a, lda, p + 8 * kNV * kFull, k0, k1, prefetch, out + 8 * kNV * kFull);
+  }
+}
+
+// Tiles (k passes over a chunk) an R-row block makes across the panel.
+constexpr int TilesPerBlock(int rows) {
+  return (8 + TileVectors(rows) - 1) / TileVectors(rows);
 }
 
 template <DType D>
-void BatchTileRows(const float* a, int64_t rows, int64_t lda, const typename Load8<D>::T* p,
-                   int64_t k0, int64_t k1, PrefetchSpread& prefetch, float* out) {
+void BatchBlockRows(const float* a, int64_t rows, int64_t lda, const typename Load8<D>::T* p,
+                    int64_t k0, int64_t k1, PrefetchSpread& prefetch, float* out) {
   switch (rows) {
     case 1:
-      return BatchTile<D, 1>(a, lda, p, k0, k1, prefetch, out);
+      return BatchBlock<D, 1>(a, lda, p, k0, k1, prefetch, out);
     case 2:
-      return BatchTile<D, 2>(a, lda, p, k0, k1, prefetch, out);
+      return BatchBlock<D, 2>(a, lda, p, k0, k1, prefetch, out);
     case 3:
-      return BatchTile<D, 3>(a, lda, p, k0, k1, prefetch, out);
+      return BatchBlock<D, 3>(a, lda, p, k0, k1, prefetch, out);
     case 4:
-      return BatchTile<D, 4>(a, lda, p, k0, k1, prefetch, out);
+      return BatchBlock<D, 4>(a, lda, p, k0, k1, prefetch, out);
     case 5:
-      return BatchTile<D, 5>(a, lda, p, k0, k1, prefetch, out);
+      return BatchBlock<D, 5>(a, lda, p, k0, k1, prefetch, out);
     case 6:
-      return BatchTile<D, 6>(a, lda, p, k0, k1, prefetch, out);
+      return BatchBlock<D, 6>(a, lda, p, k0, k1, prefetch, out);
   }
   PREFIXD_CHECK(false);
 }
@@ -191,20 +219,21 @@ void Batch(const float* a, int64_t rows, int64_t lda, const void* data, int64_t 
   using T = typename Load8<D>::T;
   const T* panel = static_cast<const T*>(data);
   constexpr int64_t kChunk = kBatchChunkBytes / (kPanelWidth * sizeof(T));
-  constexpr int64_t kColumnGroups = kPanelWidth / kBatchTileColumns;
   // Row blocks of near-equal size (8 rows: 4 + 4, not 6 + 2).
   const int64_t blocks = (rows + kMaxBatchTileRows - 1) / kMaxBatchTileRows;
+  int64_t tiles = 0;  // per k, over all blocks
+  for (int64_t b = 0; b < blocks; ++b) {
+    tiles += TilesPerBlock(static_cast<int>(rows * (b + 1) / blocks - rows * b / blocks));
+  }
   for (int64_t k0 = 0; k0 < k; k0 += kChunk) {
     const int64_t k1 = std::min(k, k0 + kChunk);
     const int64_t next_rows = std::min(k, k1 + kChunk) - k1;
     PrefetchSpread prefetch(panel + k1 * kPanelWidth, next_rows * kPanelWidth * sizeof(T),
-                            (k1 - k0) * blocks * kColumnGroups);
-    for (int64_t c = 0; c < kPanelWidth; c += kBatchTileColumns) {
-      for (int64_t b = 0; b < blocks; ++b) {
-        const int64_t r0 = rows * b / blocks, r1 = rows * (b + 1) / blocks;
-        BatchTileRows<D>(a + r0 * lda, r1 - r0, lda, panel + c, k0, k1, prefetch,
-                         out + r0 * kPanelWidth + c);
-      }
+                            (k1 - k0) * tiles);
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t r0 = rows * b / blocks, r1 = rows * (b + 1) / blocks;
+      BatchBlockRows<D>(a + r0 * lda, r1 - r0, lda, panel, k0, k1, prefetch,
+                        out + r0 * kPanelWidth);
     }
   }
 }
