@@ -156,6 +156,22 @@ TEST_F(MatMulTest, TransposedPackReadsRowMajorNByK) {
   EXPECT_EQ(got, want);
 }
 
+TEST_F(MatMulTest, CopyColumnReturnsARowOfATransposedPackAtItsDType) {
+  // The CPU backend reads token embeddings this way from the packed (tied) LM head.
+  const int64_t k = 9, n = 70;
+  const std::vector<float> wt = RandomVector(n * k, 11);  // [n, k]
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const PackedMatrix packed = PackedMatrix::Pack(wt.data(), k, n, /*transposed=*/true, dtype);
+    std::vector<float> column(k);
+    for (int64_t i : {int64_t{0}, int64_t{1}, int64_t{63}, int64_t{64}, n - 1}) {
+      packed.CopyColumn(i, column.data());
+      for (int64_t j = 0; j < k; ++j) {
+        ASSERT_EQ(column[j], RoundToDType(wt[i * k + j], dtype)) << DTypeName(dtype) << " " << i;
+      }
+    }
+  }
+}
+
 TEST_F(MatMulTest, HonoursRowStrides) {
   const int64_t k = 8, n = 10, m = 4, lda = 13, ldc = 17;
   const std::vector<float> w = RandomVector(k * n, 9);
