@@ -188,19 +188,6 @@ void StoreRows(const float* out, int64_t row_begin, int64_t row_end, int64_t col
   }
 }
 
-// A thread's buffer for one widened panel of `k` rows (64-byte aligned; kept for the
-// thread's life and grown when a larger K comes).
-float* WidenScratch(int64_t k) {
-  thread_local AlignedFloats buffer;
-  thread_local int64_t capacity = 0;
-  const int64_t need = k * kPanelWidth;
-  if (need > capacity) {
-    buffer = AllocateFloats(static_cast<size_t>(need));
-    capacity = need;
-  }
-  return buffer.get();
-}
-
 }  // namespace
 
 void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const float* bias,
@@ -254,28 +241,19 @@ void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const
     const int64_t row_begin = (t / panels) * kRowsPerTask;
     const int64_t row_end = std::min(m, row_begin + kRowsPerTask);
     alignas(64) float out[kRowsPerTask * kPanelWidth];
-    internal::PanelRef source = panel(j);
-    if (source.dtype != DType::kF32 && row_end - row_begin > internal::kMaxRowsAvx512) {
-      // Several row blocks will read this half-precision panel: widen it once (exact, so the
-      // bits stay those of the half kernels) and let every block load fp32. Prefill is
-      // arithmetic-bound, and widening in each block cost it ≈15 % against f32.
-      float* widened = WidenScratch(w.k());
-      internal::WidenPanelAvx2(source, widened);
-      source = {widened, DType::kF32, w.k()};
-    }
     if (avx512) {
       for (int64_t r0 = row_begin, rows = 0; r0 < row_end; r0 += rows) {
         // 6-row blocks, except that 7 or 8 left go in one block (one pass over the panel).
         const int64_t left = row_end - r0;
         rows = left <= internal::kMaxRowsAvx512 ? left : std::min<int64_t>(6, left);
-        internal::PanelRowsAvx512(a + r0 * lda, rows, lda, source,
+        internal::PanelRowsAvx512(a + r0 * lda, rows, lda, panel(j),
                                   /*prefetch=*/r0 == row_begin,
                                   out + (r0 - row_begin) * kPanelWidth);
       }
     } else {
       for (int64_t r0 = row_begin, rows = 0; r0 < row_end; r0 += rows) {
         rows = std::min(internal::kMaxRowsAvx2, row_end - r0);
-        internal::PanelRowsAvx2(a + r0 * lda, rows, lda, source,
+        internal::PanelRowsAvx2(a + r0 * lda, rows, lda, panel(j),
                                 out + (r0 - row_begin) * kPanelWidth);
       }
     }

@@ -251,17 +251,6 @@ void PanelRowsAvx2(const float* a, int64_t rows, int64_t lda, PanelRef panel, fl
   }
 }
 
-void WidenPanelAvx2(PanelRef panel, float* out) {
-  PREFIXD_CHECK(panel.dtype != DType::kF32);
-  const auto* p = static_cast<const uint16_t*>(panel.data);
-  const int64_t n = panel.k * kPanelWidth;
-  if (panel.dtype == DType::kF16) {
-    for (int64_t i = 0; i < n; i += 8) _mm256_store_ps(out + i, Load8<DType::kF16>::At(p + i));
-  } else {
-    for (int64_t i = 0; i < n; i += 8) _mm256_store_ps(out + i, Load8<DType::kBF16>::At(p + i));
-  }
-}
-
 void PanelBatchAvx2(const float* a, int64_t rows, int64_t lda, PanelRef panel, float* out) {
   PREFIXD_CHECK(rows >= 1 && rows <= kMaxBatchRows);
   switch (panel.dtype) {

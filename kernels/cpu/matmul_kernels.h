@@ -36,11 +36,6 @@ inline constexpr int64_t kMaxRowsAvx2 = 6;
 // prefill block (and AVX2's single-row decode). `out` is [rows, 64].
 void PanelRowsAvx2(const float* a, int64_t rows, int64_t lda, PanelRef panel, float* out);
 
-// out[0 .. k * kPanelWidth) = the panel's elements as fp32 (exact), for a half-precision
-// panel that many row blocks are about to read (prefill): each block then loads fp32 instead
-// of widening the same halves again. `out` is 64-byte aligned.
-void WidenPanelAvx2(PanelRef panel, float* out);
-
 // ---- AVX-512 ----
 
 // Most rows PanelRowsAvx512 takes in one call.

@@ -157,16 +157,44 @@ inline void Axpy(float w, const float* x, float* y, int64_t n) {
 // outermost: fn(chunk, query, position of the block's first key, keys of the block the query
 // sees, the block's K (kv 0) or V (kv 1) rows for `head`). Query i of a chunk sees keys
 // [0, pos0 + i].
+//
+// Each visited (block, chunk) segment is a few KiB at a stride of a whole block (every layer
+// and head), so the hardware prefetchers start cold on each one and a decode query, whose
+// arithmetic per segment is short, would wait on memory segment after segment. The rows of
+// the segment kSegmentsAhead visits on are prefetched before each segment is used, which
+// keeps that many segments' misses in flight. Prefetching reads nothing into the arithmetic.
 template <typename F>
 inline void ForEachBlockAndQuery(absl::Span<const AttentionChunk> chunks, int32_t max_keys,
                                  const float* kv, const KvGeometry& g, int32_t layer, int32_t which,
                                  int32_t head, F fn) {
+  constexpr size_t kSegmentsAhead = 2;
+  struct Segment {
+    const float* rows;
+    int64_t bytes;  // the rows any query of the chunk reads
+  };
   const int32_t bs = g.block_size;
+  absl::InlinedVector<Segment, 64> order;
   for (int32_t j = 0, b = 0; j < max_keys; j += bs, ++b) {
+    for (const AttentionChunk& ch : chunks) {
+      const int32_t end = ch.pos0 + ch.num_queries;
+      if (j >= end) continue;
+      order.push_back({kv + g.Offset(ch.block_table[b], layer, which, head, 0),
+                       int64_t{std::min(bs, end - j)} * g.head_dim * int64_t{sizeof(float)}});
+    }
+  }
+  auto prefetch = [&](size_t v) {
+    if (v >= order.size()) return;
+    const char* p = reinterpret_cast<const char*>(order[v].rows);
+    for (int64_t off = 0; off < order[v].bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+  };
+  for (size_t v = 0; v < kSegmentsAhead; ++v) prefetch(v);
+  size_t v = 0;
+  for (int32_t j = 0; j < max_keys; j += bs) {
     for (size_t c = 0; c < chunks.size(); ++c) {
       const AttentionChunk& ch = chunks[c];
       if (j >= ch.pos0 + ch.num_queries) continue;
-      const float* block = kv + g.Offset(ch.block_table[b], layer, which, head, 0);
+      prefetch(v + kSegmentsAhead);
+      const float* block = order[v++].rows;
       for (int32_t i = std::max(0, j - ch.pos0); i < ch.num_queries; ++i) {
         fn(c, i, j, std::min(bs, ch.pos0 + i + 1 - j), block);
       }
