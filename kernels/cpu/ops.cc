@@ -169,16 +169,18 @@ inline void ForEachBlockAndQuery(absl::Span<const AttentionChunk> chunks, int32_
                                  int32_t head, F fn) {
   constexpr size_t kSegmentsAhead = 2;
   struct Segment {
+    size_t chunk;
+    int32_t j;  // position of the block's first key
     const float* rows;
     int64_t bytes;  // the rows any query of the chunk reads
   };
   const int32_t bs = g.block_size;
   absl::InlinedVector<Segment, 64> order;
   for (int32_t j = 0, b = 0; j < max_keys; j += bs, ++b) {
-    for (const AttentionChunk& ch : chunks) {
-      const int32_t end = ch.pos0 + ch.num_queries;
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      const int32_t end = chunks[c].pos0 + chunks[c].num_queries;
       if (j >= end) continue;
-      order.push_back({kv + g.Offset(ch.block_table[b], layer, which, head, 0),
+      order.push_back({c, j, kv + g.Offset(chunks[c].block_table[b], layer, which, head, 0),
                        int64_t{std::min(bs, end - j)} * g.head_dim * int64_t{sizeof(float)}});
     }
   }
@@ -188,16 +190,12 @@ inline void ForEachBlockAndQuery(absl::Span<const AttentionChunk> chunks, int32_
     for (int64_t off = 0; off < order[v].bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
   };
   for (size_t v = 0; v < kSegmentsAhead; ++v) prefetch(v);
-  size_t v = 0;
-  for (int32_t j = 0; j < max_keys; j += bs) {
-    for (size_t c = 0; c < chunks.size(); ++c) {
-      const AttentionChunk& ch = chunks[c];
-      if (j >= ch.pos0 + ch.num_queries) continue;
-      prefetch(v + kSegmentsAhead);
-      const float* block = order[v++].rows;
-      for (int32_t i = std::max(0, j - ch.pos0); i < ch.num_queries; ++i) {
-        fn(c, i, j, std::min(bs, ch.pos0 + i + 1 - j), block);
-      }
+  for (size_t v = 0; v < order.size(); ++v) {
+    prefetch(v + kSegmentsAhead);
+    const Segment& s = order[v];
+    const AttentionChunk& ch = chunks[s.chunk];
+    for (int32_t i = std::max(0, s.j - ch.pos0); i < ch.num_queries; ++i) {
+      fn(s.chunk, i, s.j, std::min(bs, ch.pos0 + i + 1 - s.j), s.rows);
     }
   }
 }
