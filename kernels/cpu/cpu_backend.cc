@@ -24,6 +24,9 @@ namespace {
 // ~1 MB apart in the pool and alias in the caches).
 constexpr int64_t kQueryChunk = 16;
 
+// Up to this many rows, layer norms run on the calling thread (no round of the pool).
+constexpr int64_t kInlineLayerNormRows = 16;
+
 struct LayerWeights {
   std::vector<float> ln1_g, ln1_b, ln2_g, ln2_b;
   PackedMatrix c_attn, attn_proj, c_fc, mlp_proj;  // [E,3E] [E,E] [E,4E] [4E,E]
@@ -58,6 +61,8 @@ class CpuBackend final : public Backend {
   float* Workspace(std::vector<float>& buffer, int64_t n);
   std::atomic<int64_t> workspace_bytes_{0};  // of the vectors below, kept by Forward
   void RunLayer(int32_t layer, int64_t rows);
+  // out[r] = LayerNormRow(x[r]) for r in [0, rows).
+  void LayerNorm(const float* x, int64_t rows, const float* gamma, const float* beta, float* out);
 
   ModelConfig config_;
   DType dtype_;
@@ -87,7 +92,8 @@ class CpuBackend final : public Backend {
     int32_t count;
   };
   std::vector<QueryChunk> chunks_;
-  std::vector<float> x_, h_, qkv_, att_, fc_, tmp_;
+  std::vector<AttentionChunk> attention_chunks_;
+  std::vector<float> x_, h_, qkv_, att_, fc_;
 };
 
 CpuBackend::CpuBackend(const Model& model, const CpuBackendOptions& options, int64_t num_blocks,
@@ -236,17 +242,13 @@ void CpuBackend::RunLayer(int32_t layer, int64_t rows) {
   const LayerWeights& w = layers_[layer];
   const int64_t e = config_.n_embd;
   const int32_t hd = geometry_.head_dim;
-  const float eps = config_.layer_norm_epsilon;
   float* x = x_.data();
   float* h = h_.data();
   float* qkv = qkv_.data();
   float* att = att_.data();
   float* fc = fc_.data();
-  float* tmp = tmp_.data();
 
-  pool_.Run(rows, [&](int64_t r) {
-    LayerNormRow(x + r * e, e, w.ln1_g.data(), w.ln1_b.data(), eps, h + r * e);
-  });
+  LayerNorm(x, rows, w.ln1_g.data(), w.ln1_b.data(), h);
   MatMul(h, rows, e, w.c_attn, w.c_attn_b.data(), qkv, 3 * e, &pool_);
   // K/V of every new token go to their rows first, so each query below reads all of its
   // keys, cached or new, the same way.
@@ -261,41 +263,33 @@ void CpuBackend::RunLayer(int32_t layer, int64_t rows) {
                   qkv + r * 3 * e + 2 * e + head * hd, sizeof(float) * hd);
     }
   }
-  // One task per (head, group of query chunks): a task walks one head's key blocks by index
-  // for every chunk in its group at once (AttendChunks), so a K/V block that sequences share
-  // (a common prefix, or a long prompt's earlier blocks) comes from memory once per task and
-  // from L1 for the other chunks, instead of once per (sequence, chunk). Heads cost the
-  // same, so whole heads balance the threads; groups only split them when there are too few
-  // heads for the pool.
-  const int32_t n_head = geometry_.n_head;
-  const int64_t num_chunks = static_cast<int64_t>(chunks_.size());
-  const int64_t groups =
-      std::min<int64_t>(num_chunks, (4 * pool_.num_threads() + n_head - 1) / n_head);
-  pool_.Run(n_head * groups, [&](int64_t task) {
-    thread_local std::vector<float> scratch;
-    thread_local std::vector<AttentionChunk> group;
-    const int32_t head = static_cast<int32_t>(task / groups);
-    const int64_t g = task % groups;
-    group.clear();
-    for (int64_t ci = g * num_chunks / groups; ci < (g + 1) * num_chunks / groups; ++ci) {
-      const QueryChunk& c = chunks_[ci];
-      group.push_back({qkv + c.row * 3 * e + head * hd, 3 * e, c.count, row_pos_[c.row],
-                       row_table_[c.row], att + c.row * e + head * hd, e});
-    }
-    const size_t need = static_cast<size_t>(AttendChunksScratch(group));
-    if (scratch.size() < need) scratch.resize(need);
-    AttendChunks(group, kv_.get(), geometry_, layer, head, scratch.data());
-  });
-  MatMul(att, rows, e, w.attn_proj, w.attn_proj_b.data(), tmp, e, &pool_);
-  for (int64_t i = 0; i < rows * e; ++i) x[i] += tmp[i];
+  // Every chunk's queries and outputs, at head 0 of their rows.
+  attention_chunks_.clear();
+  for (const QueryChunk& c : chunks_) {
+    attention_chunks_.push_back({qkv + c.row * 3 * e, 3 * e, c.count, row_pos_[c.row],
+                                 row_table_[c.row], att + c.row * e, e});
+  }
+  AttendBatch(attention_chunks_, kv_.get(), geometry_, layer,
+              AttentionHeadsPerTask(geometry_.n_head, attention_chunks_, pool_.num_threads()),
+              &pool_);
+  // The residual connections and gelu are applied by the products as they store.
+  MatMul(att, rows, e, w.attn_proj, w.attn_proj_b.data(), x, e, &pool_, MatMulOutput::kAddTo);
+  LayerNorm(x, rows, w.ln2_g.data(), w.ln2_b.data(), h);
+  MatMul(h, rows, e, w.c_fc, w.c_fc_b.data(), fc, 4 * e, &pool_, MatMulOutput::kGelu);
+  MatMul(fc, rows, 4 * e, w.mlp_proj, w.mlp_proj_b.data(), x, e, &pool_, MatMulOutput::kAddTo);
+}
 
-  pool_.Run(rows, [&](int64_t r) {
-    LayerNormRow(x + r * e, e, w.ln2_g.data(), w.ln2_b.data(), eps, h + r * e);
-  });
-  MatMul(h, rows, e, w.c_fc, w.c_fc_b.data(), fc, 4 * e, &pool_);
-  pool_.Run(rows, [&](int64_t r) { GeluNewInPlace(fc + r * 4 * e, 4 * e); });
-  MatMul(fc, rows, 4 * e, w.mlp_proj, w.mlp_proj_b.data(), tmp, e, &pool_);
-  for (int64_t i = 0; i < rows * e; ++i) x[i] += tmp[i];
+void CpuBackend::LayerNorm(const float* x, int64_t rows, const float* gamma, const float* beta,
+                           float* out) {
+  const int64_t e = config_.n_embd;
+  const float eps = config_.layer_norm_epsilon;
+  auto row = [&](int64_t r) { LayerNormRow(x + r * e, e, gamma, beta, eps, out + r * e); };
+  // A decode step's few rows take a couple of microseconds: less than a round of the pool.
+  if (rows <= kInlineLayerNormRows) {
+    for (int64_t r = 0; r < rows; ++r) row(r);
+  } else {
+    pool_.Run(rows, row);
+  }
 }
 
 absl::Status CpuBackend::Forward(absl::Span<const SequenceStep> steps, std::vector<float>* logits) {
@@ -311,12 +305,11 @@ absl::Status CpuBackend::Forward(absl::Span<const SequenceStep> steps, std::vect
   Workspace(qkv_, rows * 3 * e);
   Workspace(att_, rows * e);
   Workspace(fc_, rows * 4 * e);
-  Workspace(tmp_, rows * e);
   // For memory_usage(), which a metrics scrape calls on its own thread: the vectors' sizes
   // themselves are this thread's alone.
   auto bytes = [](const std::vector<float>& v) { return static_cast<int64_t>(v.size() * 4); };
   workspace_bytes_.store(
-      bytes(x_) + bytes(h_) + bytes(qkv_) + bytes(att_) + bytes(fc_) + bytes(tmp_),
+      bytes(x_) + bytes(h_) + bytes(qkv_) + bytes(att_) + bytes(fc_),
       std::memory_order_relaxed);
 
   std::vector<int64_t> logit_rows;

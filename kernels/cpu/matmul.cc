@@ -13,6 +13,7 @@
 
 #include "base/check.h"
 #include "kernels/cpu/matmul_kernels.h"
+#include "kernels/cpu/ops.h"
 
 namespace prefixd {
 namespace {
@@ -174,16 +175,32 @@ void PackedMatrix::CopyColumn(int64_t nn, float* out) const {
 
 namespace {
 
-// c[r, col0 .. col0 + cols) = out[r - row_begin, :cols] + bias, for r in [row_begin, row_end).
+// c[r, col0 .. col0 + cols) = out[r - row_begin, :cols] + bias (or gelu of it, or += it), for
+// r in [row_begin, row_end).
 void StoreRows(const float* out, int64_t row_begin, int64_t row_end, int64_t col0, int64_t cols,
-               const float* bias, float* c, int64_t ldc) {
+               const float* bias, float* c, int64_t ldc, MatMulOutput output) {
   for (int64_t r = row_begin; r < row_end; ++r) {
     float* dst = c + r * ldc + col0;
     const float* src = out + (r - row_begin) * kPanelWidth;
-    if (bias != nullptr) {
-      for (int64_t cc = 0; cc < cols; ++cc) dst[cc] = src[cc] + bias[col0 + cc];
-    } else {
-      std::memcpy(dst, src, cols * sizeof(float));
+    switch (output) {
+      case MatMulOutput::kStore:
+      case MatMulOutput::kGelu:
+        if (bias != nullptr) {
+          for (int64_t cc = 0; cc < cols; ++cc) dst[cc] = src[cc] + bias[col0 + cc];
+        } else {
+          std::memcpy(dst, src, cols * sizeof(float));
+        }
+        // Element-wise, each element through the same instructions wherever it falls, so a
+        // panel's columns give the bits of the whole row.
+        if (output == MatMulOutput::kGelu) GeluNewInPlace(dst, cols);
+        break;
+      case MatMulOutput::kAddTo:
+        if (bias != nullptr) {
+          for (int64_t cc = 0; cc < cols; ++cc) dst[cc] += src[cc] + bias[col0 + cc];
+        } else {
+          for (int64_t cc = 0; cc < cols; ++cc) dst[cc] += src[cc];
+        }
+        break;
     }
   }
 }
@@ -191,7 +208,7 @@ void StoreRows(const float* out, int64_t row_begin, int64_t row_end, int64_t col
 }  // namespace
 
 void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const float* bias,
-            float* c, int64_t ldc, ThreadPool* pool) {
+            float* c, int64_t ldc, ThreadPool* pool, MatMulOutput output) {
   if (m <= 0) return;
   const int64_t panels = w.num_panels();
   const int64_t n = w.n();
@@ -214,7 +231,7 @@ void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const
       for (int64_t s = 0; s < count; ++s) {
         const int64_t col0 = (j + s) * kPanelWidth;
         StoreRows(out + s * m * kPanelWidth, 0, m, col0, std::min(kPanelWidth, n - col0), bias, c,
-                  ldc);
+                  ldc, output);
       }
     });
   }
@@ -232,7 +249,7 @@ void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const
         internal::PanelBatchAvx2(a, m, lda, panel(j), out);
       }
       const int64_t col0 = j * kPanelWidth;
-      StoreRows(out, 0, m, col0, std::min(kPanelWidth, n - col0), bias, c, ldc);
+      StoreRows(out, 0, m, col0, std::min(kPanelWidth, n - col0), bias, c, ldc, output);
     });
   }
   const int64_t row_tasks = (m + kRowsPerTask - 1) / kRowsPerTask;
@@ -258,7 +275,8 @@ void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const
       }
     }
     const int64_t col0 = j * kPanelWidth;
-    StoreRows(out, row_begin, row_end, col0, std::min(kPanelWidth, n - col0), bias, c, ldc);
+    StoreRows(out, row_begin, row_end, col0, std::min(kPanelWidth, n - col0), bias, c, ldc,
+              output);
   });
 }
 

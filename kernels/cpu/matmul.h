@@ -75,10 +75,17 @@ class PackedMatrix {
 // packed at that dtype multiplies by.
 float RoundToDType(float x, DType dtype);
 
-// C[m, :] = A[m, :] · W + bias for m in [0, M). `bias` may be null (no bias term). lda/ldc
-// are row strides in floats. `pool` may be null (single thread).
+// What MatMul does with each output element y = A[m, :] · W + bias (rounded to fp32 first,
+// so that a fused form gives the bits of the product followed by a separate pass): store it,
+// store gelu_new(y) (GeluNewInPlace's arithmetic), or add it to C (a residual connection).
+// Fusing saves the separate pass over C and, in a step of a few rows, a round of the pool.
+enum class MatMulOutput { kStore, kGelu, kAddTo };
+
+// C[m, :] = A[m, :] · W + bias for m in [0, M) (or gelu of it, or C += it: `output`).
+// `bias` may be null (no bias term). lda/ldc are row strides in floats. `pool` may be null
+// (single thread).
 void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const float* bias,
-            float* c, int64_t ldc, ThreadPool* pool);
+            float* c, int64_t ldc, ThreadPool* pool, MatMulOutput output = MatMulOutput::kStore);
 
 // Which register blocks MatMul uses: kAuto takes AVX-512 where the CPU has it (avx512f and
 // avx512vl), else AVX2 (+ FMA + F16C, the baseline this library is built for). Every choice

@@ -153,24 +153,27 @@ inline void Axpy(float w, const float* x, float* y, int64_t n) {
 }
 
 
-// Visits every (key block index, chunk, query of the chunk that sees the block), block index
-// outermost: fn(chunk, query, position of the block's first key, keys of the block the query
-// sees, the block's K (kv 0) or V (kv 1) rows for `head`). Query i of a chunk sees keys
-// [0, pos0 + i].
+// Visits every (key block index, chunk, head, query of the chunk that sees the block), block
+// index outermost: fn(chunk, head - first_head, query, position of the block's first key, keys
+// of the block the query sees, the block's K (kv 0) or V (kv 1) rows for that head). Query i of
+// a chunk sees keys [0, pos0 + i].
 //
-// Each visited (block, chunk) segment is a few KiB at a stride of a whole block (every layer
-// and head), so the hardware prefetchers start cold on each one and a decode query, whose
-// arithmetic per segment is short, would wait on memory segment after segment. The rows of
-// the segment kSegmentsAhead visits on are prefetched before each segment is used, which
-// keeps that many segments' misses in flight. Prefetching reads nothing into the arithmetic.
+// A block holds each layer's heads one after another, so the heads of one (block, chunk) are
+// one contiguous run of num_heads segments of a few KiB each, at a stride of a whole block
+// (every layer) from the next block. The hardware prefetchers start cold on each run and a
+// decode query, whose arithmetic per segment is short, would wait on memory segment after
+// segment: the rows of the segment kSegmentsAhead visits on are prefetched before each
+// segment is used, which keeps that many segments' misses in flight, and longer runs (more
+// heads per call) let the prefetchers stream. Prefetching reads nothing into the arithmetic.
 template <typename F>
 inline void ForEachBlockAndQuery(absl::Span<const AttentionChunk> chunks, int32_t max_keys,
                                  const float* kv, const KvGeometry& g, int32_t layer, int32_t which,
-                                 int32_t head, F fn) {
+                                 int32_t first_head, int32_t num_heads, F fn) {
   constexpr size_t kSegmentsAhead = 2;
   struct Segment {
-    size_t chunk;
-    int32_t j;  // position of the block's first key
+    uint32_t chunk;
+    int32_t head;  // from first_head
+    int32_t j;     // position of the block's first key
     const float* rows;
     int64_t bytes;  // the rows any query of the chunk reads
   };
@@ -180,8 +183,11 @@ inline void ForEachBlockAndQuery(absl::Span<const AttentionChunk> chunks, int32_
     for (size_t c = 0; c < chunks.size(); ++c) {
       const int32_t end = chunks[c].pos0 + chunks[c].num_queries;
       if (j >= end) continue;
-      order.push_back({c, j, kv + g.Offset(chunks[c].block_table[b], layer, which, head, 0),
-                       int64_t{std::min(bs, end - j)} * g.head_dim * int64_t{sizeof(float)}});
+      const float* rows = kv + g.Offset(chunks[c].block_table[b], layer, which, first_head, 0);
+      const int64_t bytes = int64_t{std::min(bs, end - j)} * g.head_dim * int64_t{sizeof(float)};
+      for (int32_t h = 0; h < num_heads; ++h) {
+        order.push_back({static_cast<uint32_t>(c), h, j, rows + h * g.head_stride(), bytes});
+      }
     }
   }
   auto prefetch = [&](size_t v) {
@@ -195,7 +201,7 @@ inline void ForEachBlockAndQuery(absl::Span<const AttentionChunk> chunks, int32_
     const Segment& s = order[v];
     const AttentionChunk& ch = chunks[s.chunk];
     for (int32_t i = std::max(0, s.j - ch.pos0); i < ch.num_queries; ++i) {
-      fn(s.chunk, i, s.j, std::min(bs, ch.pos0 + i + 1 - s.j), s.rows);
+      fn(s.chunk, s.head, i, s.j, std::min(bs, ch.pos0 + i + 1 - s.j), s.rows);
     }
   }
 }
@@ -259,89 +265,148 @@ void AttendQueries(const float* q, int64_t q_stride, int32_t num_queries, int32_
                    const float* kv, const KvGeometry& g, const int32_t* block_table, int32_t layer,
                    int32_t head, float* scratch, float* out, int64_t out_stride) {
   const AttentionChunk chunk{q, q_stride, num_queries, pos0, block_table, out, out_stride};
-  AttendChunks({&chunk, 1}, kv, g, layer, head, scratch);
+  AttendChunks({&chunk, 1}, kv, g, layer, head, /*num_heads=*/1, scratch);
 }
 
-int64_t AttendChunksScratch(absl::Span<const AttentionChunk> chunks) {
+int64_t AttendChunksScratch(absl::Span<const AttentionChunk> chunks, int32_t num_heads) {
   int64_t n = 0;
   for (const AttentionChunk& c : chunks) n += int64_t{c.num_queries} * (c.pos0 + c.num_queries + 8);
-  return n;
+  return n * num_heads;
 }
 
 void AttendChunks(absl::Span<const AttentionChunk> chunks, const float* kv, const KvGeometry& g,
-                  int32_t layer, int32_t head, float* scratch) {
+                  int32_t layer, int32_t first_head, int32_t num_heads, float* scratch) {
   const int32_t hd = g.head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  // Each chunk's scores: num_queries rows of (keys seen by its last query + 8) floats.
-  absl::InlinedVector<float*, 16> scores(chunks.size());
+  // Scores of (chunk c, head h): num_queries rows of (keys seen by its last query + 8) floats
+  // at scores[c * num_heads + h].
+  absl::InlinedVector<float*, 64> scores(chunks.size() * num_heads);
   int32_t max_keys = 0;
   auto s_stride = [&](size_t c) { return int64_t{chunks[c].pos0} + chunks[c].num_queries + 8; };
   float* next = scratch;
   for (size_t c = 0; c < chunks.size(); ++c) {
-    scores[c] = next;
-    next += chunks[c].num_queries * s_stride(c);
+    for (int32_t h = 0; h < num_heads; ++h) {
+      scores[c * num_heads + h] = next;
+      next += chunks[c].num_queries * s_stride(c);
+    }
     max_keys = std::max(max_keys, chunks[c].pos0 + chunks[c].num_queries);
   }
-  // Scores, one key block index at a time for every chunk and every query that sees it: a
+  // Query i of chunk c for head h, and its output.
+  auto query = [&](size_t c, int32_t h, int32_t i) {
+    return chunks[c].q + i * chunks[c].q_stride + int64_t{h} * hd;
+  };
+  auto output = [&](size_t c, int32_t h, int32_t i) {
+    return chunks[c].out + i * chunks[c].out_stride + int64_t{h} * hd;
+  };
+  // Scores, one key block index at a time for every chunk, head and query that sees it: a
   // block that several chunks' tables share is read once and stays in L1 for the others.
-  ForEachBlockAndQuery(chunks, max_keys, kv, g, layer, /*kv=*/0, head,
-                       [&](size_t c, int32_t i, int32_t j, int32_t rows, const float* keys) {
-                         const float* qi = chunks[c].q + i * chunks[c].q_stride;
-                         float* si = scores[c] + i * s_stride(c) + j;
-                         int32_t r = 0;
-                         if (hd % 8 == 0) {
-                           for (; r + 8 <= rows; r += 8) {
-                             Dot8Keys(qi, keys + int64_t{r} * hd, hd, scale, si + r);
-                           }
-                         }
-                         for (; r < rows; ++r) si[r] = Dot(qi, keys + int64_t{r} * hd, hd) * scale;
-                       });
-  // Softmax weights per query (unnormalised; each output is divided by its sum at the end).
+  ForEachBlockAndQuery(
+      chunks, max_keys, kv, g, layer, /*which=*/0, first_head, num_heads,
+      [&](size_t c, int32_t h, int32_t i, int32_t j, int32_t rows, const float* keys) {
+        const float* qi = query(c, h, i);
+        float* si = scores[c * num_heads + h] + i * s_stride(c) + j;
+        int32_t r = 0;
+        if (hd % 8 == 0) {
+          for (; r + 8 <= rows; r += 8) Dot8Keys(qi, keys + int64_t{r} * hd, hd, scale, si + r);
+        }
+        for (; r < rows; ++r) si[r] = Dot(qi, keys + int64_t{r} * hd, hd) * scale;
+      });
+  // Softmax weights per query (unnormalised; each output is divided by its sum at the end),
+  // the sums in (chunk, head, query) order.
   absl::InlinedVector<float, 64> sums;
   for (size_t c = 0; c < chunks.size(); ++c) {
     const AttentionChunk& ch = chunks[c];
-    for (int32_t i = 0; i < ch.num_queries; ++i) {
-      float* si = scores[c] + i * s_stride(c);
-      const int32_t n = ch.pos0 + i + 1;
-      const float max_score = MaxOf(si, n);
-      for (int32_t k = 0; k < n; ++k) si[k] -= max_score;
-      ExpInPlace(si, n);
-      float sum = 0.0f;
-      for (int32_t k = 0; k < n; ++k) sum += si[k];
-      sums.push_back(sum);
+    for (int32_t h = 0; h < num_heads; ++h) {
+      for (int32_t i = 0; i < ch.num_queries; ++i) {
+        float* si = scores[c * num_heads + h] + i * s_stride(c);
+        const int32_t n = ch.pos0 + i + 1;
+        const float max_score = MaxOf(si, n);
+        for (int32_t k = 0; k < n; ++k) si[k] -= max_score;
+        ExpInPlace(si, n);
+        float sum = 0.0f;
+        for (int32_t k = 0; k < n; ++k) sum += si[k];
+        sums.push_back(sum);
+      }
     }
   }
   // Values, again block index by block index; each output element is one fma chain over the
   // keys in position order, carried through `out` between blocks.
-  ForEachBlockAndQuery(chunks, max_keys, kv, g, layer, /*kv=*/1, head,
-                       [&](size_t c, int32_t i, int32_t j, int32_t rows, const float* values) {
-                         const float* wi = scores[c] + i * s_stride(c) + j;
-                         float* oi = chunks[c].out + i * chunks[c].out_stride;
-                         const bool first = j == 0;
-                         switch (hd) {
-                           case 8:
-                             return AccumulateValues<1>(wi, values, rows, first, oi);
-                           case 16:
-                             return AccumulateValues<2>(wi, values, rows, first, oi);
-                           case 32:
-                             return AccumulateValues<4>(wi, values, rows, first, oi);
-                           case 64:
-                             return AccumulateValues<8>(wi, values, rows, first, oi);
-                           default:
-                             if (first) std::fill(oi, oi + hd, 0.0f);
-                             for (int32_t r = 0; r < rows; ++r) {
-                               Axpy(wi[r], values + int64_t{r} * hd, oi, hd);
-                             }
-                         }
-                       });
+  ForEachBlockAndQuery(
+      chunks, max_keys, kv, g, layer, /*which=*/1, first_head, num_heads,
+      [&](size_t c, int32_t h, int32_t i, int32_t j, int32_t rows, const float* values) {
+        const float* wi = scores[c * num_heads + h] + i * s_stride(c) + j;
+        float* oi = output(c, h, i);
+        const bool first = j == 0;
+        switch (hd) {
+          case 8:
+            return AccumulateValues<1>(wi, values, rows, first, oi);
+          case 16:
+            return AccumulateValues<2>(wi, values, rows, first, oi);
+          case 32:
+            return AccumulateValues<4>(wi, values, rows, first, oi);
+          case 64:
+            return AccumulateValues<8>(wi, values, rows, first, oi);
+          default:
+            if (first) std::fill(oi, oi + hd, 0.0f);
+            for (int32_t r = 0; r < rows; ++r) Axpy(wi[r], values + int64_t{r} * hd, oi, hd);
+        }
+      });
   size_t q_index = 0;
-  for (const AttentionChunk& ch : chunks) {
-    for (int32_t i = 0; i < ch.num_queries; ++i) {
-      const float inv = 1.0f / sums[q_index++];
-      float* oi = ch.out + i * ch.out_stride;
-      for (int32_t d = 0; d < hd; ++d) oi[d] *= inv;
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    for (int32_t h = 0; h < num_heads; ++h) {
+      for (int32_t i = 0; i < chunks[c].num_queries; ++i) {
+        const float inv = 1.0f / sums[q_index++];
+        float* oi = output(c, h, i);
+        for (int32_t d = 0; d < hd; ++d) oi[d] *= inv;
+      }
     }
   }
+}
+
+int32_t AttentionHeadsPerTask(int32_t n_head, absl::Span<const AttentionChunk> chunks,
+                              int threads) {
+  // Chunks that start from the same block (one prompt's chunks, or sequences on a cached
+  // common prefix) read the same K/V: one task per head over all of them reads each block
+  // once per head and from L1 for the rest.
+  absl::InlinedVector<int32_t, 64> first_blocks;
+  for (const AttentionChunk& c : chunks) first_blocks.push_back(c.block_table[0]);
+  std::sort(first_blocks.begin(), first_blocks.end());
+  if (std::adjacent_find(first_blocks.begin(), first_blocks.end()) != first_blocks.end()) {
+    return 1;
+  }
+  // Sequences of their own: as many heads per task as leaves 4 tasks per thread.
+  const int64_t num_chunks = std::max<int64_t>(1, static_cast<int64_t>(chunks.size()));
+  const int64_t head_groups =
+      std::clamp<int64_t>((4 * int64_t{threads} + num_chunks - 1) / num_chunks, 1, n_head);
+  return static_cast<int32_t>((n_head + head_groups - 1) / head_groups);
+}
+
+void AttendBatch(absl::Span<const AttentionChunk> chunks, const float* kv, const KvGeometry& g,
+                 int32_t layer, int32_t heads_per_task, ThreadPool* pool) {
+  const int32_t hd = g.head_dim;
+  heads_per_task = std::clamp(heads_per_task, 1, g.n_head);
+  const int32_t head_groups = (g.n_head + heads_per_task - 1) / heads_per_task;
+  const int64_t num_chunks = static_cast<int64_t>(chunks.size());
+  // At least 4 tasks per thread where the chunks allow, for balance.
+  const int64_t groups =
+      std::min<int64_t>(num_chunks, (4 * pool->num_threads() + head_groups - 1) / head_groups);
+  pool->Run(head_groups * groups, [&](int64_t task) {
+    thread_local std::vector<float> scratch;
+    thread_local std::vector<AttentionChunk> group;
+    const int32_t head = static_cast<int32_t>(task / groups) * heads_per_task;
+    const int32_t num_heads = std::min(heads_per_task, g.n_head - head);
+    const int64_t gi = task % groups;
+    group.clear();
+    for (int64_t ci = gi * num_chunks / groups; ci < (gi + 1) * num_chunks / groups; ++ci) {
+      AttentionChunk c = chunks[ci];
+      c.q += int64_t{head} * hd;
+      c.out += int64_t{head} * hd;
+      group.push_back(c);
+    }
+    const size_t need = static_cast<size_t>(AttendChunksScratch(group, num_heads));
+    if (scratch.size() < need) scratch.resize(need);
+    AttendChunks(group, kv, g, layer, head, num_heads, scratch.data());
+  });
 }
 
 }  // namespace prefixd

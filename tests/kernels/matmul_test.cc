@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace prefixd {
@@ -181,6 +182,39 @@ TEST_F(MatMulTest, HonoursRowStrides) {
   MatMulReference(a.data(), m, lda, w.data(), k, n, nullptr, want.data(), ldc);
   MatMul(a.data(), m, lda, packed, nullptr, got.data(), ldc, nullptr);
   EXPECT_EQ(got, want);  // including the untouched 5.0 padding between rows
+}
+
+TEST_F(MatMulTest, FusedGeluAndAddToGiveTheBitsOfTheSeparatePasses) {
+  // MatMulOutput::kGelu is MatMul then GeluNewInPlace over each row; kAddTo is C + MatMul,
+  // element by element: with ==, through every kernel path (few-row decode, batched blocks,
+  // prefill blocks), both ISAs, with and without bias, and a last panel of 3 columns (a
+  // gelu tail that is not a multiple of 8).
+  const int64_t k = 96, n = 131, ldc = 133;
+  const std::vector<float> w = RandomVector(k * n, 11);
+  const std::vector<float> bias = RandomVector(n, 12);
+  const PackedMatrix packed = PackedMatrix::Pack(w.data(), k, n, false);
+  ThreadPool pool(2);
+  for (int64_t m : {1, 3, 8, 40}) {
+    const std::vector<float> a = RandomVector(m * k, 13 + m);
+    const std::vector<float> c0 = RandomVector(m * ldc, 20 + m);  // what kAddTo adds to
+    for (MatMulIsa isa : Isas()) {
+      SetMatMulIsa(isa);
+      for (const float* b : {bias.data(), static_cast<const float*>(nullptr)}) {
+        std::vector<float> product(m * ldc, 7.0f);
+        MatMul(a.data(), m, k, packed, b, product.data(), ldc, &pool);
+        std::vector<float> want_gelu = product, want_add = c0;
+        for (int64_t r = 0; r < m; ++r) {
+          GeluNewInPlace(want_gelu.data() + r * ldc, n);
+          for (int64_t j = 0; j < n; ++j) want_add[r * ldc + j] += product[r * ldc + j];
+        }
+        std::vector<float> gelu(m * ldc, 7.0f), add = c0;
+        MatMul(a.data(), m, k, packed, b, gelu.data(), ldc, &pool, MatMulOutput::kGelu);
+        MatMul(a.data(), m, k, packed, b, add.data(), ldc, &pool, MatMulOutput::kAddTo);
+        ASSERT_EQ(gelu, want_gelu) << "m=" << m << " bias=" << (b != nullptr);
+        ASSERT_EQ(add, want_add) << "m=" << m << " bias=" << (b != nullptr);
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -215,8 +215,8 @@ TEST(OpsTest, AttendChunksOfSeveralSequencesEqualsEachChunkAlone) {
       chunks.push_back({q[c].data(), hd, specs[c].count, specs[c].pos0, specs[c].table.data(),
                         got[c].data(), hd});
     }
-    std::vector<float> scratch(AttendChunksScratch(chunks));
-    AttendChunks(chunks, kv.data(), g, 1, 1, scratch.data());
+    std::vector<float> scratch(AttendChunksScratch(chunks, /*num_heads=*/1));
+    AttendChunks(chunks, kv.data(), g, 1, 1, /*num_heads=*/1, scratch.data());
     for (size_t c = 0; c < specs.size(); ++c) {
       const Spec& sp = specs[c];
       std::vector<float> alone_scratch(sp.count * (sp.pos0 + sp.count + 8));
@@ -226,6 +226,81 @@ TEST(OpsTest, AttendChunksOfSeveralSequencesEqualsEachChunkAlone) {
       EXPECT_EQ(got[c], want) << "bs=" << block_size << " chunk " << c;
     }
   }
+}
+
+TEST(OpsTest, AttendBatchGivesEachHeadTheBitsOfAttendQueriesForAnySplit) {
+  // Several heads per task (AttendChunks walks a block's heads as one run) against one head
+  // at a time, with ==: every heads-per-task value, including ones that do not divide the
+  // heads, 1 and 3 threads, decode chunks and a prefill chunk, some blocks shared.
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  const int hd = 16, n_head = 5, bs = 4;
+  const KvGeometry g{/*n_layer=*/2, n_head, hd, bs};
+  const int64_t e = int64_t{n_head} * hd;
+  const int num_blocks = 40;
+  std::vector<float> kv(num_blocks * g.block_stride());
+  for (float& x : kv) x = dist(rng);
+  const std::vector<std::vector<int32_t>> tables = {
+      {3, 7, 1, 9, 12}, {3, 7, 2, 20}, {30, 31, 32, 33, 34, 35}, {3, 8}};
+  struct Spec {
+    int table, pos0, count;
+  };
+  const std::vector<Spec> specs = {{0, 17, 1}, {1, 13, 1}, {2, 9, 12}, {3, 5, 1}};
+  // Rows laid out as the backend's: [q | k | v] for every head, outputs [head 0 | head 1 ..].
+  std::vector<std::vector<float>> qkv(specs.size());
+  for (size_t c = 0; c < specs.size(); ++c) {
+    qkv[c].resize(specs[c].count * 3 * e);
+    for (float& x : qkv[c]) x = dist(rng);
+  }
+  auto chunks_into = [&](std::vector<std::vector<float>>& out) {
+    std::vector<AttentionChunk> chunks;
+    out.assign(specs.size(), {});
+    for (size_t c = 0; c < specs.size(); ++c) {
+      out[c].assign(specs[c].count * e, -1.0f);
+      chunks.push_back({qkv[c].data(), 3 * e, specs[c].count, specs[c].pos0,
+                        tables[specs[c].table].data(), out[c].data(), e});
+    }
+    return chunks;
+  };
+  std::vector<std::vector<float>> want;
+  chunks_into(want);
+  for (size_t c = 0; c < specs.size(); ++c) {
+    for (int head = 0; head < n_head; ++head) {
+      std::vector<float> scratch(specs[c].count * (specs[c].pos0 + specs[c].count + 8));
+      AttendQueries(qkv[c].data() + head * hd, 3 * e, specs[c].count, specs[c].pos0, kv.data(),
+                    g, tables[specs[c].table].data(), 1, head, scratch.data(),
+                    want[c].data() + head * hd, e);
+    }
+  }
+  for (int threads : {1, 3}) {
+    ThreadPool pool(threads);
+    for (int heads_per_task = 1; heads_per_task <= n_head + 1; ++heads_per_task) {
+      std::vector<std::vector<float>> got;
+      const std::vector<AttentionChunk> chunks = chunks_into(got);
+      AttendBatch(chunks, kv.data(), g, 1, heads_per_task, &pool);
+      EXPECT_EQ(got, want) << threads << " threads, " << heads_per_task << " heads per task";
+    }
+  }
+}
+
+TEST(OpsTest, AttentionHeadsPerTaskKeepsSharedBlocksInOneTaskAndEveryThreadBusy) {
+  // Sequences of their own: enough tasks for the pool (4 per thread where the heads and
+  // chunks allow), as many heads per task as that leaves. Chunks that share their first
+  // block: one head per task, all chunks in it.
+  const std::vector<std::vector<int32_t>> own = {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}};
+  auto chunks = [](const std::vector<std::vector<int32_t>>& tables, size_t n) {
+    std::vector<AttentionChunk> c(n);
+    for (size_t i = 0; i < n; ++i) c[i].block_table = tables[i].data();
+    return c;
+  };
+  EXPECT_EQ(AttentionHeadsPerTask(12, chunks(own, 8), 2), 12);  // one chunk per task
+  EXPECT_EQ(AttentionHeadsPerTask(12, chunks(own, 4), 2), 6);
+  EXPECT_EQ(AttentionHeadsPerTask(12, chunks(own, 1), 2), 2);   // 6 tasks of 2 heads
+  EXPECT_EQ(AttentionHeadsPerTask(12, chunks(own, 1), 16), 1);  // more threads than heads
+  std::vector<std::vector<int32_t>> shared = own;
+  shared[5] = {2, 9};  // sequence 5 starts on sequence 2's block
+  EXPECT_EQ(AttentionHeadsPerTask(12, chunks(shared, 8), 2), 1);
+  EXPECT_EQ(AttentionHeadsPerTask(12, chunks(shared, 5), 2), 6);  // not among these 5
 }
 
 }  // namespace
