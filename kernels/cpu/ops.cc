@@ -143,6 +143,30 @@ inline void AccumulateValues(const float* w, const float* values, int32_t rows, 
   for (int v = 0; v < NV; ++v) _mm256_storeu_ps(out + 8 * v, acc[v]);
 }
 
+// sums[r] = x[r][0] + x[r][1] + ... + x[r][n[r] - 1], added left to right from 0.0f, for
+// r < count <= kSumsAtOnce. The rows' chains are interleaved in one loop: each is still its
+// own in-order chain (the same bits as summing the rows one by one), but the adds' latency,
+// which bounds a single chain, overlaps across them.
+constexpr size_t kSumsAtOnce = 4;
+inline void SumsInOrder(const float* const* x, const int32_t* n, size_t count, float* sums) {
+  float s[kSumsAtOnce] = {};
+  int32_t common = n[0];
+  for (size_t r = 1; r < count; ++r) common = std::min(common, n[r]);
+  int32_t k = 0;
+  if (count == kSumsAtOnce) {
+    for (; k < common; ++k) {
+      s[0] += x[0][k];
+      s[1] += x[1][k];
+      s[2] += x[2][k];
+      s[3] += x[3][k];
+    }
+  }
+  for (size_t r = 0; r < count; ++r) {
+    for (int32_t i = k; i < n[r]; ++i) s[r] += x[r][i];
+    sums[r] = s[r];
+  }
+}
+
 // y[0..n) += w * x[0..n)
 inline void Axpy(float w, const float* x, float* y, int64_t n) {
   const __m256 wv = _mm256_set1_ps(w);
@@ -190,14 +214,23 @@ inline void ForEachBlockAndQuery(absl::Span<const AttentionChunk> chunks, int32_
       }
     }
   }
-  auto prefetch = [&](size_t v) {
-    if (v >= order.size()) return;
-    const char* p = reinterpret_cast<const char*>(order[v].rows);
-    for (int64_t off = 0; off < order[v].bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
-  };
-  for (size_t v = 0; v < kSegmentsAhead; ++v) prefetch(v);
+  // Chunks on a shared prefix visit the same segment one after another: the look-ahead counts
+  // distinct segments (`distinct` holds the visit where each one first appears). Counting
+  // visits would prefetch the segment in hand again and again (8 chunks on one prefix: 8
+  // times the prefetch instructions) and reach the next block only a visit before its use.
+  absl::InlinedVector<uint32_t, 64> distinct;
   for (size_t v = 0; v < order.size(); ++v) {
-    prefetch(v + kSegmentsAhead);
+    if (v == 0 || order[v].rows != order[v - 1].rows) distinct.push_back(static_cast<uint32_t>(v));
+  }
+  auto prefetch = [&](size_t d) {
+    if (d >= distinct.size()) return;
+    const Segment& s = order[distinct[d]];
+    const char* p = reinterpret_cast<const char*>(s.rows);
+    for (int64_t off = 0; off < s.bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+  };
+  for (size_t d = 0; d < kSegmentsAhead; ++d) prefetch(d);
+  for (size_t v = 0, d = 0; v < order.size(); ++v) {
+    if (d < distinct.size() && distinct[d] == v) prefetch(kSegmentsAhead + d++);
     const Segment& s = order[v];
     const AttentionChunk& ch = chunks[s.chunk];
     for (int32_t i = std::max(0, s.j - ch.pos0); i < ch.num_queries; ++i) {
@@ -313,7 +346,8 @@ void AttendChunks(absl::Span<const AttentionChunk> chunks, const float* kv, cons
       });
   // Softmax weights per query (unnormalised; each output is divided by its sum at the end),
   // the sums in (chunk, head, query) order.
-  absl::InlinedVector<float, 64> sums;
+  absl::InlinedVector<const float*, 64> weights;
+  absl::InlinedVector<int32_t, 64> counts;
   for (size_t c = 0; c < chunks.size(); ++c) {
     const AttentionChunk& ch = chunks[c];
     for (int32_t h = 0; h < num_heads; ++h) {
@@ -323,11 +357,14 @@ void AttendChunks(absl::Span<const AttentionChunk> chunks, const float* kv, cons
         const float max_score = MaxOf(si, n);
         for (int32_t k = 0; k < n; ++k) si[k] -= max_score;
         ExpInPlace(si, n);
-        float sum = 0.0f;
-        for (int32_t k = 0; k < n; ++k) sum += si[k];
-        sums.push_back(sum);
+        weights.push_back(si);
+        counts.push_back(n);
       }
     }
+  }
+  absl::InlinedVector<float, 64> sums(weights.size());
+  for (size_t q = 0; q < weights.size(); q += kSumsAtOnce) {
+    SumsInOrder(&weights[q], &counts[q], std::min(kSumsAtOnce, weights.size() - q), &sums[q]);
   }
   // Values, again block index by block index; each output element is one fma chain over the
   // keys in position order, carried through `out` between blocks.
