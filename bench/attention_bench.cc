@@ -99,7 +99,7 @@ int Main(int argc, char** argv) {
   }
   std::vector<int32_t> ids(pool_blocks);
   std::iota(ids.begin(), ids.end(), 0);
-  std::shuffle(ids.begin(), ids.end(), rng);
+  if (!getenv("SEQ")) std::shuffle(ids.begin(), ids.end(), rng);
   std::vector<std::vector<int32_t>> tables(batch);
   auto next_id = ids.begin() + shared_blocks;
   for (int64_t s = 0; s < batch; ++s) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <new>
 #include <string>
 #include <thread>
 #include <utility>
@@ -26,6 +27,23 @@ constexpr int64_t kQueryChunk = 16;
 
 // Up to this many rows, layer norms run on the calling thread (no round of the pool).
 constexpr int64_t kInlineLayerNormRows = 16;
+
+// Workspace rows start on cache lines (GPT-2's rows are whole lines long): the products'
+// tasks store a row's 64-column panels from different threads, and a panel edge inside a line
+// would have two cores write, or read-modify-write (the residual adds), one line.
+template <typename T>
+struct CacheLineAllocator {
+  using value_type = T;
+  CacheLineAllocator() = default;
+  template <typename U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) {}
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64}));
+  }
+  void deallocate(T* p, size_t n) { ::operator delete(p, n * sizeof(T), std::align_val_t{64}); }
+  bool operator==(const CacheLineAllocator&) const { return true; }
+};
+using Workspace = std::vector<float, CacheLineAllocator<float>>;
 
 struct LayerWeights {
   std::vector<float> ln1_g, ln1_b, ln2_g, ln2_b;
@@ -58,7 +76,7 @@ class CpuBackend final : public Backend {
  private:
   absl::Status Validate(absl::Span<const SequenceStep> steps) const;
   absl::Status CheckBlockBytes(int32_t block, size_t size) const;
-  float* Workspace(std::vector<float>& buffer, int64_t n);
+  static float* Reserve(Workspace& buffer, int64_t n);
   std::atomic<int64_t> workspace_bytes_{0};  // of the vectors below, kept by Forward
   void RunLayer(int32_t layer, int64_t rows);
   // out[r] = LayerNormRow(x[r]) for r in [0, rows).
@@ -93,7 +111,7 @@ class CpuBackend final : public Backend {
   };
   std::vector<QueryChunk> chunks_;
   std::vector<AttentionChunk> attention_chunks_;
-  std::vector<float> x_, h_, qkv_, att_, fc_;
+  Workspace x_, h_, qkv_, att_, fc_;
 };
 
 CpuBackend::CpuBackend(const Model& model, const CpuBackendOptions& options, int64_t num_blocks,
@@ -233,7 +251,7 @@ absl::Status CpuBackend::Validate(absl::Span<const SequenceStep> steps) const {
   return absl::OkStatus();
 }
 
-float* CpuBackend::Workspace(std::vector<float>& buffer, int64_t n) {
+float* CpuBackend::Reserve(Workspace& buffer, int64_t n) {
   if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(n);
   return buffer.data();
 }
@@ -300,14 +318,14 @@ absl::Status CpuBackend::Forward(absl::Span<const SequenceStep> steps, std::vect
   if (rows == 0) return absl::OkStatus();
   row_pos_.resize(rows);
   row_table_.resize(rows);
-  float* x = Workspace(x_, rows * e);
-  Workspace(h_, rows * e);
-  Workspace(qkv_, rows * 3 * e);
-  Workspace(att_, rows * e);
-  Workspace(fc_, rows * 4 * e);
+  float* x = Reserve(x_, rows * e);
+  Reserve(h_, rows * e);
+  Reserve(qkv_, rows * 3 * e);
+  Reserve(att_, rows * e);
+  Reserve(fc_, rows * 4 * e);
   // For memory_usage(), which a metrics scrape calls on its own thread: the vectors' sizes
   // themselves are this thread's alone.
-  auto bytes = [](const std::vector<float>& v) { return static_cast<int64_t>(v.size() * 4); };
+  auto bytes = [](const Workspace& v) { return static_cast<int64_t>(v.size() * 4); };
   workspace_bytes_.store(
       bytes(x_) + bytes(h_) + bytes(qkv_) + bytes(att_) + bytes(fc_),
       std::memory_order_relaxed);
