@@ -1,17 +1,19 @@
 // The CPU backend's attention alone, as one GPT-2 (124M) decode step makes it: every layer's
-// AttendBatch for a batch of sequences with private K/V blocks scattered over a pool, for
+// AttendBatch for a batch of sequences with K/V blocks of their own (or a shared prefix), for
 // several heads-per-task splits, alternated round by round so that a shared machine's drift
 // falls on all of them alike. Separates attention's memory traffic from the products'.
 //
 //   attention_bench [--threads 2] [--batch 8] [--context 128] [--rounds 15]
 //                   [--heads-per-task 1,2,3,4,6,12] [--pool-blocks 256] [--shared 0]
+//                   [--placement random|sequential]
 //
 // --shared N: the sequences' first N tokens (whole blocks) are one shared prefix, as when the
 // prefix cache serves a common system prompt: its blocks are read by every sequence.
 //
 // The pool has GPT-2's geometry (12 layers, 12 heads of 64, blocks of 16 tokens; 1.18 MB a
 // block); each sequence's blocks are drawn at random from it, as a long-running server's
-// free list leaves them. A step reads context x 12 layers x 2 x 768 floats per sequence
+// free list leaves them (--placement sequential: consecutive blocks, as a fresh pool gives
+// them out). A step reads context x 12 layers x 2 x 768 floats per sequence
 // (75 MB for 8 sequences at context 128), far more than the caches hold, so each layer's
 // K/V comes from memory as in a real step. Per split: the median and minimum step over the
 // rounds, and the K/V bytes read per second at the median.
@@ -36,9 +38,9 @@ namespace {
 using bench::Now;
 
 int Main(int argc, char** argv) {
-  static constexpr FlagSpec kFlags[] = {{"threads"},     {"batch"},       {"context"},
-                                        {"rounds"},      {"heads-per-task"}, {"pool-blocks"},
-                                        {"shared"}};
+  static constexpr FlagSpec kFlags[] = {{"threads"}, {"batch"},          {"context"},
+                                        {"rounds"},  {"heads-per-task"}, {"pool-blocks"},
+                                        {"shared"},  {"placement"}};
   absl::StatusOr<ParsedCommandLine> args =
       ParseArgv(absl::MakeConstSpan(argv + 1, static_cast<size_t>(argc - 1)), kFlags);
   if (!args.ok() || !args->positional.empty()) {
@@ -48,20 +50,28 @@ int Main(int argc, char** argv) {
     return 2;
   }
   int64_t threads = 2, batch = 8, context = 128, rounds = 15, pool_blocks = 256, shared = 0;
-  for (auto [name, field, max] : {std::tuple<const char*, int64_t*, int64_t>{"threads", &threads, 256},
-                                  {"batch", &batch, 256},
-                                  {"context", &context, 1023},
-                                  {"rounds", &rounds, 10000},
-                                  {"pool-blocks", &pool_blocks, 1 << 16},
-                                  {"shared", &shared, 1023}}) {
+  for (auto [name, field, max] :
+       {std::tuple<const char*, int64_t*, int64_t>{"threads", &threads, 256},
+        {"batch", &batch, 256},
+        {"context", &context, 1023},
+        {"rounds", &rounds, 10000},
+        {"pool-blocks", &pool_blocks, 1 << 16},
+        {"shared", &shared, 1023}}) {
     const std::optional<std::string> v = args->Flag(name);
     if (!v.has_value()) continue;
-    absl::StatusOr<int64_t> n = ParseInteger(*v, absl::StrCat("--", name), 1, max);
+    const int64_t min = std::string_view(name) == "shared" ? 0 : 1;
+    absl::StatusOr<int64_t> n = ParseInteger(*v, absl::StrCat("--", name), min, max);
     if (!n.ok()) {
       std::fprintf(stderr, "attention_bench: %s\n", std::string(n.status().message()).c_str());
       return 2;
     }
     *field = *n;
+  }
+  const std::string placement = args->Flag("placement").value_or("random");
+  if (placement != "random" && placement != "sequential") {
+    std::fprintf(stderr, "attention_bench: --placement takes random or sequential, got %s\n",
+                 placement.c_str());
+    return 2;
   }
   std::vector<int32_t> splits = {1, 2, 3, 4, 6, 12};
   if (const std::optional<std::string> v = args->Flag("heads-per-task"); v.has_value()) {
@@ -83,8 +93,10 @@ int Main(int argc, char** argv) {
   const int64_t shared_blocks = std::min(shared, context + 1) / g.block_size;
   const int64_t blocks_needed = shared_blocks + batch * (blocks_each - shared_blocks);
   if (blocks_needed > pool_blocks) {
-    std::fprintf(stderr, "attention_bench: the sequences need a pool of at least %lld blocks "
-                 "(--pool-blocks)\n", static_cast<long long>(blocks_needed));
+    std::fprintf(stderr,
+                 "attention_bench: the sequences need a pool of at least %lld blocks "
+                 "(--pool-blocks)\n",
+                 static_cast<long long>(blocks_needed));
     return 2;
   }
   AlignedFloats kv = AllocateFloats(static_cast<size_t>(pool_blocks * g.block_stride()));
@@ -99,7 +111,7 @@ int Main(int argc, char** argv) {
   }
   std::vector<int32_t> ids(pool_blocks);
   std::iota(ids.begin(), ids.end(), 0);
-  if (!getenv("SEQ")) std::shuffle(ids.begin(), ids.end(), rng);
+  if (placement == "random") std::shuffle(ids.begin(), ids.end(), rng);
   std::vector<std::vector<int32_t>> tables(batch);
   auto next_id = ids.begin() + shared_blocks;
   for (int64_t s = 0; s < batch; ++s) {
@@ -117,9 +129,9 @@ int Main(int argc, char** argv) {
   }
   ThreadPool pool(static_cast<int>(threads));
   // K/V bytes the step reads from its distinct blocks (a shared block counts once).
-  const double bytes =
-      static_cast<double>(shared_blocks * g.block_size + batch * (context + 1 - shared_blocks * g.block_size)) *
-      g.n_layer * 2 * e * 4;
+  const double bytes = static_cast<double>(shared_blocks * g.block_size +
+                                           batch * (context + 1 - shared_blocks * g.block_size)) *
+                       g.n_layer * 2 * e * 4;
 
   std::vector<std::vector<double>> steps(splits.size());
   std::vector<float> first_out;
@@ -138,12 +150,15 @@ int Main(int argc, char** argv) {
       }
     }
   }
-  std::printf("attention of one decode step: %lld sequences at context %lld (%lld tokens shared), "
-              "%.1f MB of distinct K/V, %lld threads, %lld rounds\n\n| heads per task | median step | min step | K/V GB/s "
-              "(median) |\n|---|---|---|---|\n",
-              static_cast<long long>(batch), static_cast<long long>(context),
-              static_cast<long long>(shared_blocks * g.block_size), bytes / 1e6,
-              static_cast<long long>(threads), static_cast<long long>(rounds));
+  std::printf(
+      "attention of one decode step: %lld sequences at context %lld (%lld tokens shared), "
+      "%.1f MB of distinct K/V, blocks placed %s, %lld threads, %lld rounds; the backend "
+      "runs %d heads per task here\n\n| heads per task | median step | min step | K/V GB/s "
+      "(median) |\n|---|---|---|---|\n",
+      static_cast<long long>(batch), static_cast<long long>(context),
+      static_cast<long long>(shared_blocks * g.block_size), bytes / 1e6, placement.c_str(),
+      static_cast<long long>(threads), static_cast<long long>(rounds),
+      AttentionHeadsPerTask(g.n_head, chunks, pool.num_threads()));
   for (size_t i = 0; i < splits.size(); ++i) {
     std::vector<double>& t = steps[i];
     std::sort(t.begin(), t.end());

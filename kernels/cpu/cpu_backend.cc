@@ -326,9 +326,8 @@ absl::Status CpuBackend::Forward(absl::Span<const SequenceStep> steps, std::vect
   // For memory_usage(), which a metrics scrape calls on its own thread: the vectors' sizes
   // themselves are this thread's alone.
   auto bytes = [](const Workspace& v) { return static_cast<int64_t>(v.size() * 4); };
-  workspace_bytes_.store(
-      bytes(x_) + bytes(h_) + bytes(qkv_) + bytes(att_) + bytes(fc_),
-      std::memory_order_relaxed);
+  workspace_bytes_.store(bytes(x_) + bytes(h_) + bytes(qkv_) + bytes(att_) + bytes(fc_),
+                         std::memory_order_relaxed);
 
   std::vector<int64_t> logit_rows;
   chunks_.clear();

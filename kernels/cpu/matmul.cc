@@ -275,8 +275,7 @@ void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const
       }
     }
     const int64_t col0 = j * kPanelWidth;
-    StoreRows(out, row_begin, row_end, col0, std::min(kPanelWidth, n - col0), bias, c, ldc,
-              output);
+    StoreRows(out, row_begin, row_end, col0, std::min(kPanelWidth, n - col0), bias, c, ldc, output);
   });
 }
 

@@ -91,8 +91,7 @@ int64_t AttendChunksScratch(absl::Span<const AttentionChunk> chunks, int32_t num
 // pool 4 tasks, so that one task reads each block's heads as one run. Attention of a decode
 // batch of 8 sequences of their own at context 128 (GPT-2, 2 threads): 12 heads per task
 // read the K/V ~1.4x faster than 1 (bench/attention_bench).
-int32_t AttentionHeadsPerTask(int32_t n_head, absl::Span<const AttentionChunk> chunks,
-                              int threads);
+int32_t AttentionHeadsPerTask(int32_t n_head, absl::Span<const AttentionChunk> chunks, int threads);
 
 // Attention of one layer for every chunk (q and out at head 0 of their rows) and every head,
 // spread over `pool`: one task per (run of heads_per_task heads, group of chunks) calls

@@ -267,8 +267,8 @@ TEST(OpsTest, AttendBatchGivesEachHeadTheBitsOfAttendQueriesForAnySplit) {
   for (size_t c = 0; c < specs.size(); ++c) {
     for (int head = 0; head < n_head; ++head) {
       std::vector<float> scratch(specs[c].count * (specs[c].pos0 + specs[c].count + 8));
-      AttendQueries(qkv[c].data() + head * hd, 3 * e, specs[c].count, specs[c].pos0, kv.data(),
-                    g, tables[specs[c].table].data(), 1, head, scratch.data(),
+      AttendQueries(qkv[c].data() + head * hd, 3 * e, specs[c].count, specs[c].pos0, kv.data(), g,
+                    tables[specs[c].table].data(), 1, head, scratch.data(),
                     want[c].data() + head * hd, e);
     }
   }
