@@ -79,8 +79,9 @@ class CpuBackend final : public Backend {
   static float* Reserve(Workspace& buffer, int64_t n);
   std::atomic<int64_t> workspace_bytes_{0};  // of the vectors below, kept by Forward
   void RunLayer(int32_t layer, int64_t rows);
-  // out[r] = LayerNormRow(x[r]) for r in [0, rows).
-  void LayerNorm(const float* x, int64_t rows, const float* gamma, const float* beta, float* out);
+  // out[r] = LayerNormRow(x[r]) for r in [0, rows), or of x[x_rows[r]] when x_rows is given.
+  void LayerNorm(const float* x, int64_t rows, const float* gamma, const float* beta, float* out,
+                 const int64_t* x_rows = nullptr);
 
   ModelConfig config_;
   DType dtype_;
@@ -298,10 +299,12 @@ void CpuBackend::RunLayer(int32_t layer, int64_t rows) {
 }
 
 void CpuBackend::LayerNorm(const float* x, int64_t rows, const float* gamma, const float* beta,
-                           float* out) {
+                           float* out, const int64_t* x_rows) {
   const int64_t e = config_.n_embd;
   const float eps = config_.layer_norm_epsilon;
-  auto row = [&](int64_t r) { LayerNormRow(x + r * e, e, gamma, beta, eps, out + r * e); };
+  auto row = [&](int64_t r) {
+    LayerNormRow(x + (x_rows != nullptr ? x_rows[r] : r) * e, e, gamma, beta, eps, out + r * e);
+  };
   // A decode step's few rows take a couple of microseconds: less than a round of the pool.
   if (rows <= kInlineLayerNormRows) {
     for (int64_t r = 0; r < rows; ++r) row(r);
@@ -353,10 +356,7 @@ absl::Status CpuBackend::Forward(absl::Span<const SequenceStep> steps, std::vect
 
   const int64_t n_out = static_cast<int64_t>(logit_rows.size());
   float* h = h_.data();  // rows >= n_out, so h_ has room
-  pool_.Run(n_out, [&](int64_t i) {
-    LayerNormRow(x + logit_rows[i] * e, e, ln_f_g_.data(), ln_f_b_.data(),
-                 config_.layer_norm_epsilon, h + i * e);
-  });
+  LayerNorm(x, n_out, ln_f_g_.data(), ln_f_b_.data(), h, logit_rows.data());
   const int64_t v = config_.vocab_size;
   const size_t old_size = logits->size();
   logits->resize(old_size + n_out * v);
