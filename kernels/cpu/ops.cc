@@ -400,6 +400,10 @@ void AttendChunks(absl::Span<const AttentionChunk> chunks, const float* kv, cons
   }
 }
 
+// Attention tasks per thread of the pool where the heads and chunks allow: enough that the
+// dynamic task queue evens out threads that run at different speeds.
+constexpr int64_t kAttentionTasksPerThread = 4;
+
 int32_t AttentionHeadsPerTask(int32_t n_head, absl::Span<const AttentionChunk> chunks,
                               int threads) {
   // Chunks that start from the same block (one prompt's chunks, or sequences on a cached
@@ -411,10 +415,12 @@ int32_t AttentionHeadsPerTask(int32_t n_head, absl::Span<const AttentionChunk> c
   if (std::adjacent_find(first_blocks.begin(), first_blocks.end()) != first_blocks.end()) {
     return 1;
   }
-  // Sequences of their own: as many heads per task as leaves 4 tasks per thread.
+  // Sequences of their own: as many heads per task as leaves kAttentionTasksPerThread tasks
+  // per thread.
   const int64_t num_chunks = std::max<int64_t>(1, static_cast<int64_t>(chunks.size()));
   const int64_t head_groups =
-      std::clamp<int64_t>((4 * int64_t{threads} + num_chunks - 1) / num_chunks, 1, n_head);
+      std::clamp<int64_t>((kAttentionTasksPerThread * threads + num_chunks - 1) / num_chunks, 1,
+                          n_head);
   return static_cast<int32_t>((n_head + head_groups - 1) / head_groups);
 }
 
@@ -424,9 +430,8 @@ void AttendBatch(absl::Span<const AttentionChunk> chunks, const float* kv, const
   heads_per_task = std::clamp(heads_per_task, 1, g.n_head);
   const int32_t head_groups = (g.n_head + heads_per_task - 1) / heads_per_task;
   const int64_t num_chunks = static_cast<int64_t>(chunks.size());
-  // At least 4 tasks per thread where the chunks allow, for balance.
-  const int64_t groups =
-      std::min<int64_t>(num_chunks, (4 * pool->num_threads() + head_groups - 1) / head_groups);
+  const int64_t groups = std::min<int64_t>(
+      num_chunks, (kAttentionTasksPerThread * pool->num_threads() + head_groups - 1) / head_groups);
   pool->Run(head_groups * groups, [&](int64_t task) {
     thread_local std::vector<float> scratch;
     thread_local std::vector<AttentionChunk> group;
