@@ -59,7 +59,15 @@ class Backend {
   virtual ~Backend() = default;
 
   virtual std::string device_name() const = 0;  // "cpu" | "cuda:0"
-  virtual DType dtype() const = 0;              // of weights and KV storage
+  // The weights' dtype. KV storage may be wider (the CPU backend keeps fp32 K/V under half
+  // weights): kv_bytes_per_token() is what a block holds.
+  virtual DType dtype() const = 0;
+  // What, besides the model, dtype() and the block geometry, decides the bits of the K/V this
+  // backend writes: the kernels' arithmetic ("cpu r1"; "cuda sm_90 cublas 130000"). Blocks move
+  // between processes (the disk tier) only when this string is equal, since K/V computed
+  // another way would make a cache hit differ from a cold run. A backend whose kernels change
+  // any K/V bit must change the string.
+  virtual std::string kv_numerics() const = 0;
   virtual int64_t num_blocks() const = 0;
   virtual int32_t block_size() const = 0;
   virtual int64_t kv_bytes_per_token() const = 0;  // cache/kv_layout.h's formula
@@ -74,9 +82,9 @@ class Backend {
   virtual absl::Status CopyBlocks(absl::Span<const BlockCopy> copies) = 0;
 
   // One block's K/V as host bytes, for the disk tier: every row of every layer, laid out
-  // [n_layer][2 (K, V)][n_head][block_size][head_dim] elements of dtype(), exactly
-  // KvBlockBytes() of them. Both backends store a block this way, so the bytes depend only on
-  // the model's geometry, the dtype and the block size. ReadKvBlock sees every copy and
+  // [n_layer][2 (K, V)][n_head][block_size][head_dim] elements, exactly KvBlockBytes() of
+  // them (the element is kv_bytes_per_token() / (2 n_layer n_head head_dim) bytes). Both
+  // backends store a block this way; the values also depend on dtype() and kv_numerics(). ReadKvBlock sees every copy and
   // Forward before it; WriteKvBlock's rows are what later calls read. INVALID_ARGUMENT for a
   // block outside the pool or a span of another size (nothing is copied).
   int64_t KvBlockBytes() const { return int64_t{block_size()} * kv_bytes_per_token(); }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -287,13 +288,24 @@ class EngineImpl final : public Engine {
 
 }  // namespace
 
-DiskLayout EngineDiskLayout(const EngineOptions& options) {
+absl::StatusOr<DiskLayout> EngineDiskLayout(const EngineOptions& options) {
   const ModelConfig& c = options.model_config;
+  const Backend& b = *options.backend;
+  // The stored element is what the backend keeps, not the weights' dtype: the CPU backend
+  // holds fp32 K/V under f16 weights.
+  const int64_t elements_per_token = 2 * int64_t{c.n_layer} * c.n_head * c.head_dim();
+  if (elements_per_token <= 0 || b.kv_bytes_per_token() % elements_per_token != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("disk cache tier: the backend keeps ", b.kv_bytes_per_token(),
+                     " K/V bytes per token, not a whole element size for ", elements_per_token,
+                     " elements (2 x layers x heads x head_dim)"));
+  }
   DiskLayout l;
   l.manifest_key = Sha256Of(options.manifest_sha256);
-  l.dtype = static_cast<uint32_t>(options.backend->dtype());
-  l.element_bytes = static_cast<uint32_t>(DTypeSize(options.backend->dtype()));
-  l.block_size = static_cast<uint32_t>(options.backend->block_size());
+  l.numerics_key = Sha256Of(b.kv_numerics());
+  l.dtype = static_cast<uint32_t>(b.dtype());
+  l.element_bytes = static_cast<uint32_t>(b.kv_bytes_per_token() / elements_per_token);
+  l.block_size = static_cast<uint32_t>(b.block_size());
   l.n_layer = static_cast<uint32_t>(c.n_layer);
   l.n_head = static_cast<uint32_t>(c.n_head);
   l.head_dim = static_cast<uint32_t>(c.head_dim());
@@ -327,8 +339,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
       return absl::InvalidArgumentError(
           "the disk cache tier needs the prefix cache: drop --no-prefix-cache or --cache-dir");
     }
-    absl::StatusOr<std::unique_ptr<DiskTier>> opened =
-        DiskTier::Open(options.disk_tier, EngineDiskLayout(options));
+    absl::StatusOr<DiskLayout> layout = EngineDiskLayout(options);
+    if (!layout.ok()) return layout.status();
+    absl::StatusOr<std::unique_ptr<DiskTier>> opened = DiskTier::Open(options.disk_tier, *layout);
     if (!opened.ok()) return opened.status();
     tier = *std::move(opened);
     spiller = std::make_unique<DiskSpiller>(options.backend, tier.get());

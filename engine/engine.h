@@ -143,9 +143,11 @@ inline uint64_t HitTokens(const EngineStats& s) {
   return s.cache.hit_tokens + s.scheduler.disk_hit_tokens;
 }
 
-// The disk tier layout of an engine's blocks: its manifest, the backend's dtype and block
-// size, the model's layer and head geometry.
-DiskLayout EngineDiskLayout(const EngineOptions& options);
+// The disk tier layout of an engine's blocks: its manifest, the backend's kv_numerics(),
+// dtype, K/V element size and block size, the model's layer and head geometry.
+// INVALID_ARGUMENT when the backend's kv_bytes_per_token() is not a whole element size for
+// that geometry (its blocks could not be described).
+absl::StatusOr<DiskLayout> EngineDiskLayout(const EngineOptions& options);
 
 class Engine {
  public:

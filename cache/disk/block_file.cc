@@ -68,6 +68,7 @@ std::string DiskLayout::Id() const {
   std::string bytes;
   PutU32(&bytes, kBlockFileVersion);
   PutDigest(&bytes, manifest_key);
+  PutDigest(&bytes, numerics_key);
   for (uint32_t v : {dtype, element_bytes, block_size, n_layer, n_head, head_dim}) {
     PutU32(&bytes, v);
   }
@@ -103,6 +104,7 @@ std::string EncodeBlockFile(const DiskLayout& layout, const BlockRecord& r) {
   PutDigest(&out, r.root);
   PutDigest(&out, r.parent_key);
   PutDigest(&out, r.key);
+  PutDigest(&out, layout.numerics_key);
   PREFIXD_CHECK(static_cast<int64_t>(out.size()) == kBlockFileHeaderBytes);
   for (uint32_t t : r.tokens) PutU32(&out, t);
   out.append(reinterpret_cast<const char*>(r.data.data()), r.data.size());
@@ -133,11 +135,13 @@ absl::StatusOr<absl::Span<const uint8_t>> DecodeBlockFile(std::string_view bytes
   got.n_layer = in.U32();
   got.n_head = in.U32();
   got.head_dim = in.U32();
-  if (!(got == layout)) return Lost("layout (manifest, dtype or geometry) differs");
-  if (in.U64() != static_cast<uint64_t>(layout.data_bytes())) return Lost("data size");
+  const uint64_t data_bytes = in.U64();
   const Digest root = in.D();
   const Digest parent_key = in.D();
   const Digest stored_key = in.D();
+  got.numerics_key = in.D();
+  if (!(got == layout)) return Lost("layout (manifest, numerics, dtype or geometry) differs");
+  if (data_bytes != static_cast<uint64_t>(layout.data_bytes())) return Lost("data size");
   if (static_cast<int64_t>(bytes.size()) != layout.file_bytes()) {
     return Lost(
         absl::StrFormat("size: %d bytes, the layout needs %d", bytes.size(), layout.file_bytes()));

@@ -4,11 +4,11 @@
 // A file is four sections, every integer little-endian:
 //   header (kBlockFileHeaderBytes):
 //     0   magic "PFXDKVB\0"            8
-//     8   format version (1)           u32
-//     12  header bytes (176)           u32
+//     8   format version (2)           u32
+//     12  header bytes (208)           u32
 //     16  manifest key                 32   SHA-256 of the model manifest string
-//     48  dtype code                   u32  the backend's DType value
-//     52  element bytes                u32
+//     48  dtype code                   u32  the backend's DType value (of its weights)
+//     52  element bytes                u32  of a stored K/V element
 //     56  block size (tokens)          u32
 //     60  n_layer                      u32
 //     64  n_head                       u32
@@ -17,6 +17,7 @@
 //     80  root key                     32   CacheRootKey(manifest, namespace): opaque
 //     112 parent key                   32   the chain key before this block (root for the first)
 //     144 chain key                    32   ChainKey(parent key, tokens)
+//     176 numerics key                 32   SHA-256 of Backend::kv_numerics()
 //   tokens: block size x u32
 //   data:   data bytes of K/V in the backends' block layout (engine/backend.h ReadKvBlock)
 //   checksum: SHA-256 over the three sections before it (32 bytes)
@@ -42,13 +43,16 @@
 
 namespace prefixd {
 
-inline constexpr uint32_t kBlockFileVersion = 1;
-inline constexpr int64_t kBlockFileHeaderBytes = 176;
+// Version 2 added the numerics key: version 1 files, whose K/V any backend of the same dtype
+// would have read, are dropped on sight.
+inline constexpr uint32_t kBlockFileVersion = 2;
+inline constexpr int64_t kBlockFileHeaderBytes = 208;
 inline constexpr int64_t kBlockFileChecksumBytes = 32;
 
 // What must match between the process that wrote a block and the one that reads it.
 struct DiskLayout {
   Digest manifest_key{};  // Sha256Of(manifest)
+  Digest numerics_key{};  // Sha256Of(Backend::kv_numerics()): who computed the K/V, and how
   uint32_t dtype = 0;
   uint32_t element_bytes = 0;
   uint32_t block_size = 0;

@@ -58,6 +58,10 @@ class CpuBackend final : public Backend {
   std::string device_name() const override { return "cpu"; }
   // The weights' storage; KV stays fp32 (kv_bytes_per_token).
   DType dtype() const override { return dtype_; }
+  // The same bits on every instruction set and thread count (the invariance tests), so one
+  // name covers every CPU. kCpuKvNumerics changes with any kernel change that moves a K/V bit
+  // (tests/kernels/cpu_backend_test.cc pins the bits it names).
+  std::string kv_numerics() const override { return std::string(kCpuKvNumerics); }
   int64_t num_blocks() const override { return num_blocks_; }
   int32_t block_size() const override { return geometry_.block_size; }
   int64_t kv_bytes_per_token() const override {

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -23,6 +24,10 @@
 #include "engine/model.h"
 
 namespace prefixd {
+
+// Backend::kv_numerics() of every CPU backend. The revision moves with any kernel change that
+// changes a K/V bit, so that a disk tier written by the old arithmetic is not read by the new.
+inline constexpr std::string_view kCpuKvNumerics = "cpu r1";
 
 struct CpuBackendOptions {
   const Model* model = nullptr;  // read during CreateCpuBackend only

@@ -129,6 +129,9 @@ class CudaBackend final : public Backend {
   absl::Status Init();
 
   std::string device_name() const override { return absl::StrCat("cuda:", options_.device); }
+  // cuBLAS picks its algorithms by architecture and version, so K/V bits are only known to
+  // repeat on the same pair.
+  std::string kv_numerics() const override { return kv_numerics_; }
   DType dtype() const override { return options_.dtype; }
   int64_t num_blocks() const override { return num_blocks_; }
   int32_t block_size() const override { return options_.block_size; }
@@ -184,6 +187,7 @@ class CudaBackend final : public Backend {
   cuda::KvPoolLayout layout_;
   int64_t num_blocks_ = 0;
   MemoryUsage usage_;
+  std::string kv_numerics_;  // set by Init
   absl::Status broken_;
 
   cudaStream_t stream_ = nullptr;
@@ -269,6 +273,13 @@ absl::Status CudaBackend::Init() {
   usage_.workspace_bytes += kCublasWorkspaceBytes;
   PREFIXD_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, options_.device));
+  int cc_major = 0, cc_minor = 0, cublas_version = 0;
+  PREFIXD_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, options_.device));
+  PREFIXD_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, options_.device));
+  PREFIXD_CUBLAS_RETURN_IF_ERROR(cublasGetVersion(cublas_, &cublas_version));
+  kv_numerics_ = absl::StrCat("cuda r1 sm_", cc_major, cc_minor, " cublas ", cublas_version);
 
   n_inner_ = static_cast<int32_t>(options_.model->Get("h.0.mlp.c_fc.weight").shape[1]);
   max_blocks_per_seq_ = (config_.n_positions + options_.block_size - 1) / options_.block_size;

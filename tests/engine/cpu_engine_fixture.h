@@ -49,6 +49,7 @@ struct CpuEngineOptions {
   int32_t max_batch_tokens = 256;
   bool prefix_cache = true;
   int32_t threads = 2;
+  DType dtype = DType::kF32;  // of the weights; K/V stay fp32
   DiskTierOptions disk_tier;  // off unless dir is set
   std::string manifest;       // empty: the model's own
 };
@@ -64,6 +65,7 @@ struct CpuEngine {
     b.kv_cache_bytes = o.pool_blocks * o.block_size * per_token;
     b.block_size = o.block_size;
     b.threads = o.threads;
+    b.dtype = o.dtype;
     auto created = CreateCpuBackend(b);
     PREFIXD_CHECK_MSG(created.ok(), std::string(created.status().message()).c_str());
     backend = *std::move(created);

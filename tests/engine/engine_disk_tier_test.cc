@@ -15,9 +15,11 @@
 #include "engine/engine.h"
 #include "engine/engine_testing.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "tests/cache/disk/disk_test_util.h"
 #include "tests/engine/cpu_engine_fixture.h"
 #include "tests/engine/engine_test_util.h"
+#include "tests/engine/fake_backend.h"
 
 namespace prefixd {
 namespace {
@@ -45,13 +47,14 @@ EngineRequest Request(uint32_t seed, int prompt_tokens = 100, const std::string&
   return r;
 }
 
-RequestResult Cold(const EngineRequest& r) {
-  CpuEngine cold({.pool_blocks = 64, .prefix_cache = false});
+RequestResult Cold(const EngineRequest& r, DType dtype = DType::kF32) {
+  CpuEngine cold({.pool_blocks = 64, .prefix_cache = false, .dtype = dtype});
   return RunOne(*cold.engine, r);
 }
 
-CpuEngineOptions WithTier(const std::string& dir, int64_t pool_blocks = 16) {
-  CpuEngineOptions o{.pool_blocks = pool_blocks, .block_size = 16};
+CpuEngineOptions WithTier(const std::string& dir, int64_t pool_blocks = 16,
+                          DType dtype = DType::kF32) {
+  CpuEngineOptions o{.pool_blocks = pool_blocks, .block_size = 16, .dtype = dtype};
   o.disk_tier.dir = dir;
   o.disk_tier.max_bytes = int64_t{256} << 20;
   return o;
@@ -81,8 +84,8 @@ fs::path FileOfBlock(const std::string& dir, const std::vector<uint32_t>& prompt
 
 // Runs `r` on an engine with a tier in `dir`, then shuts it down with a grace that lets it
 // write its cached blocks (a restart's first half).
-void RunAndShutDown(const std::string& dir, const EngineRequest& r) {
-  CpuEngine first(WithTier(dir));
+void RunAndShutDown(const std::string& dir, const EngineRequest& r, DType dtype = DType::kF32) {
+  CpuEngine first(WithTier(dir, 16, dtype));
   const RequestResult out = RunOne(*first.engine, r);
   ASSERT_TRUE(out.status.ok()) << out.status;
   first.engine->Shutdown(absl::Seconds(10));
@@ -239,6 +242,93 @@ TEST(EngineDiskTierTest, ASecondEngineOnTheSameDirectoryIsRefusedClearly) {
       << second.status();
   e.enable_prefix_cache = false;
   e.disk_tier.dir = dir.path() + "/other";
+  EXPECT_EQ(Engine::Create(e).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Half-precision weights keep fp32 K/V on the CPU: the files hold 4-byte elements and come
+// back bit for bit (this aborted on the first eviction when the layout took its element size
+// from the weights' dtype).
+TEST(EngineDiskTierTest, HalfPrecisionWeightsSpillAndReloadTheirFp32Blocks) {
+  for (DType dtype : {DType::kF16, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    testing::ScratchDir dir("engine_half");
+    const EngineRequest a = Request(11);
+    CpuEngine engine(WithTier(dir.path(), 16, dtype));
+    const RequestResult first = RunOne(*engine.engine, a);
+    ASSERT_TRUE(first.status.ok()) << first.status;
+    for (uint32_t seed : {12u, 13u}) {
+      ASSERT_TRUE(RunOne(*engine.engine, Request(seed, 200)).status.ok());
+    }
+    ASSERT_TRUE(FlushDiskTierForTest(*engine.engine, absl::Now() + kWait));
+    EXPECT_GE(engine.engine->Stats().disk.spills, 7u);
+    const RequestResult again = RunOne(*engine.engine, a);
+    ASSERT_TRUE(again.status.ok()) << again.status;
+    EXPECT_EQ(again.usage.cached_prompt_tokens, 96u);
+    EXPECT_EQ(engine.engine->Stats().disk.loads, 6u);
+    EXPECT_EQ(engine.engine->Stats().disk.corrupt_blocks, 0u);
+    const RequestResult cold = Cold(a, dtype);
+    EXPECT_EQ(again.samples[0], cold.samples[0]);
+    EXPECT_EQ(first.samples[0], cold.samples[0]);
+    // One file: header, 16 tokens, 16 x 2 x layers x heads x head_dim fp32 elements, checksum.
+    const ModelConfig& c = TinyModel::Get().config();
+    const std::vector<fs::path> files = BlockFiles(dir.path());
+    ASSERT_FALSE(files.empty());
+    EXPECT_EQ(fs::file_size(files[0]),
+              static_cast<uintmax_t>(kBlockFileHeaderBytes + 16 * 4 +
+                                     16 * 2 * c.n_layer * c.n_head * c.head_dim() * 4 +
+                                     kBlockFileChecksumBytes));
+  }
+}
+
+// The same prefix written under f32 weights is not the f16 backend's (other weights computed
+// it) and the other way round: neither engine reads the other's files.
+TEST(EngineDiskTierTest, FilesOfAnotherWeightsDTypeAreNeverRead) {
+  testing::ScratchDir dir("engine_dtype_isolation");
+  const EngineRequest a = Request(14);
+  RunAndShutDown(dir.path(), a, DType::kF32);
+  {
+    CpuEngine half(WithTier(dir.path(), 16, DType::kF16));
+    EXPECT_EQ(half.engine->Stats().disk.blocks, 0u);
+    const RequestResult out = RunOne(*half.engine, a);
+    EXPECT_EQ(out.usage.cached_prompt_tokens, 0u);
+    EXPECT_EQ(half.engine->Stats().disk.loads, 0u);
+    EXPECT_EQ(out.samples[0], Cold(a, DType::kF16).samples[0]);
+  }
+  CpuEngine full(WithTier(dir.path()));
+  EXPECT_EQ(full.engine->Stats().disk.blocks, 7u);  // its own files are all still there
+  EXPECT_EQ(RunOne(*full.engine, a).usage.cached_prompt_tokens, 96u);
+}
+
+// The layout names who computed the K/V: the CPU backend's numerics at every dtype, and a
+// backend of the same dtype and element size but other arithmetic gets another layout id.
+TEST(EngineDiskTierTest, TheLayoutNamesTheBackendsNumericsAndKvElementSize) {
+  CpuEngine f32({});
+  CpuEngine f16({.dtype = DType::kF16});
+  EngineOptions e;
+  e.model_config = TinyModel::Get().config();
+  e.manifest_sha256 = TinyModel::Get().manifest_sha256();
+  e.backend = f32.backend.get();
+  const absl::StatusOr<DiskLayout> a = EngineDiskLayout(e);
+  e.backend = f16.backend.get();
+  const absl::StatusOr<DiskLayout> b = EngineDiskLayout(e);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->numerics_key, Sha256Of(kCpuKvNumerics));
+  EXPECT_EQ(b->numerics_key, Sha256Of(kCpuKvNumerics));
+  EXPECT_EQ(a->element_bytes, 4u);
+  EXPECT_EQ(b->element_bytes, 4u);
+  EXPECT_EQ(b->dtype, static_cast<uint32_t>(DType::kF16));
+  EXPECT_NE(a->Id(), b->Id());
+  DiskLayout other_arithmetic = *a;
+  other_arithmetic.numerics_key = Sha256Of("cuda r1 sm_90 cublas 130000");
+  EXPECT_NE(other_arithmetic.Id(), a->Id());
+  // 8 bytes a token is no whole element size for 2 x 2 layers x 2 heads x 32 dims.
+  FakeBackend fake(16, 16, TinyModel::Get().config().vocab_size);
+  e.backend = &fake;
+  const absl::StatusOr<DiskLayout> bad = EngineDiskLayout(e);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(bad.status().message(), "8 K/V bytes per token")) << bad.status();
+  testing::ScratchDir dir("engine_bad_layout");
+  e.disk_tier.dir = dir.path();
   EXPECT_EQ(Engine::Create(e).status().code(), absl::StatusCode::kInvalidArgument);
 }
 

@@ -54,6 +54,7 @@ class FakeBackend final : public Backend {
   }
 
   std::string device_name() const override { return "fake"; }
+  std::string kv_numerics() const override { return "fake"; }
   DType dtype() const override { return DType::kF32; }
   int64_t num_blocks() const override { return num_blocks_; }
   int32_t block_size() const override { return block_size_; }

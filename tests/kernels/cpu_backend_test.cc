@@ -9,7 +9,9 @@
 #include <numeric>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "cache/kv_layout.h"
+#include "cache/sha256.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/matmul.h"
 #include "tests/kernels/reference_gpt2.h"
@@ -141,6 +143,40 @@ TEST_F(CpuBackendTest, KvBlocksRoundTripThroughHostBytes) {
               absl::StatusCode::kInvalidArgument);
     host.pop_back();
     EXPECT_EQ(backend->WriteKvBlock(0, host).code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
+// The K/V bits the CPU kernels computed when kCpuKvNumerics was last named. A disk tier only
+// reuses blocks whose numerics string is equal, so a change that moves any of these bits must
+// rename kCpuKvNumerics (kernels/cpu/cpu_backend.h) and then record the new digests here;
+// the invariance tests make them the same on every instruction set and thread count.
+TEST_F(CpuBackendTest, KvBitsAreTheOnesItsNumericsNameRecords) {
+  ASSERT_EQ(kCpuKvNumerics, "cpu r1");
+  struct Pinned {
+    const Model* model;
+    DType dtype;
+    const char* sha256;
+  };
+  const Pinned pinned[] = {
+      {tiny_, DType::kF32, "dad3ed78ea3ad9d011aa9a6d14e46112d4ce6f12b58ac48721df6f4064f0c3e5"},
+      {tiny_, DType::kF16, "8e5420eb7c028f82cc165a43916acb309440239bed33798711748198a4a6899b"},
+      {tiny_, DType::kBF16, "5b3e4f9fc931e89cb207ca3e1a256f8558047f866ff02ff14214c903667ae49b"},
+      {odd_, DType::kF32, "d470f3a09d8c7c9d01344dfe27ce9dfa687136790704178fe71e6504c064b39a"},
+  };
+  for (const Pinned& p : pinned) {
+    SCOPED_TRACE(
+        absl::StrCat(p.model == tiny_ ? "tiny " : "odd ", std::string(DTypeName(p.dtype))));
+    auto backend = MakeBackend(*p.model, 2, 64, 16, p.dtype);
+    const std::vector<uint32_t> prompt = RandomTokens(48, 31);
+    Prefill(*backend, prompt, Blocks(0, 3), 0);
+    std::string bytes;
+    for (int32_t b = 0; b < 3; ++b) {
+      std::vector<uint8_t> host(static_cast<size_t>(backend->KvBlockBytes()));
+      ASSERT_TRUE(backend->ReadKvBlock(b, absl::MakeSpan(host)).ok());
+      bytes.append(reinterpret_cast<const char*>(host.data()), host.size());
+    }
+    EXPECT_EQ(DigestHex(Sha256Of(bytes)), p.sha256)
+        << "the CPU kernels' K/V bits changed: rename kCpuKvNumerics and record the new digest";
   }
 }
 

@@ -100,6 +100,8 @@ TEST(BlockFileTest, EveryHeaderFieldIsCheckedEvenWithAValidChecksum) {
       {112, "tokens do not hash"},  // parent
       {144, "chain key"},
       {175, "chain key"},
+      {176, "layout"},
+      {207, "layout"},  // numerics
       {kHeader, "tokens do not hash"},
       {kTokensEnd - 1, "tokens do not hash"},
   };
@@ -132,8 +134,8 @@ TEST(BlockFileTest, TheReaderExpectationMustMatch) {
   e = ExpectationOf(chain[1]);
   e.tokens = tokens;
   EXPECT_TRUE(absl::StrContains(DecodeBlockFile(file, layout, e).status().message(), "prompt"));
-  // Another model, dtype, block size or geometry: the layout check.
-  for (int field = 0; field < 7; ++field) {
+  // Another model, dtype, block size, geometry or numerics: the layout check.
+  for (int field = 0; field < 8; ++field) {
     DiskLayout other = layout;
     switch (field) {
       case 0:
@@ -162,6 +164,9 @@ TEST(BlockFileTest, TheReaderExpectationMustMatch) {
         other.head_dim = 8;
         other.n_head = 1;
         other.dtype = 1;
+        break;
+      case 7:  // the same bytes, computed by another backend
+        other.numerics_key = Sha256Of("numerics-2");
         break;
     }
     EXPECT_NE(other.Id(), layout.Id()) << field;

@@ -19,6 +19,7 @@ namespace prefixd::testing {
 inline DiskLayout SmallLayout(std::string_view manifest = "manifest-1") {
   DiskLayout l;
   l.manifest_key = Sha256Of(manifest);
+  l.numerics_key = Sha256Of("numerics-1");
   l.dtype = 0;
   l.element_bytes = 4;
   l.block_size = 4;
