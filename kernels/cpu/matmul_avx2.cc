@@ -227,9 +227,8 @@ void Batch(const float* a, int64_t rows, int64_t lda, const void* data, int64_t 
   }
   for (int64_t k0 = 0; k0 < k; k0 += kChunk) {
     const int64_t k1 = std::min(k, k0 + kChunk);
-    const int64_t next_rows = std::min(k, k1 + kChunk) - k1;
-    PrefetchSpread prefetch(panel + k1 * kPanelWidth, next_rows * kPanelWidth * sizeof(T),
-                            (k1 - k0) * tiles);
+    PrefetchSpread prefetch = ChunkPrefetch<PrefetchFarChunk(D)>(panel, kPanelWidth * sizeof(T), k,
+                                                                 k1, kChunk, (k1 - k0) * tiles);
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t r0 = rows * b / blocks, r1 = rows * (b + 1) / blocks;
       BatchBlockRows<D>(a + r0 * lda, r1 - r0, lda, panel, k0, k1, prefetch,

@@ -279,9 +279,8 @@ PREFIXD_TARGET_AVX512 void Batch(const float* a, int64_t rows, int64_t lda, cons
   const int64_t blocks = (rows + kMaxBatchTileRows - 1) / kMaxBatchTileRows;
   for (int64_t k0 = 0; k0 < k; k0 += kChunk) {
     const int64_t k1 = std::min(k, k0 + kChunk);
-    const int64_t next_rows = std::min(k, k1 + kChunk) - k1;
-    PrefetchSpread prefetch(panel + k1 * kPanelWidth, next_rows * kPanelWidth * sizeof(Elem<D>),
-                            (k1 - k0) * blocks);
+    PrefetchSpread prefetch = ChunkPrefetch<PrefetchFarChunk(D)>(
+        panel, kPanelWidth * sizeof(Elem<D>), k, k1, kChunk, (k1 - k0) * blocks);
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t r0 = rows * b / blocks, r1 = rows * (b + 1) / blocks;
       BatchTileRows<D>(a + r0 * lda, r1 - r0, lda, panel, k0, k1, prefetch, out + r0 * kPanelWidth);
