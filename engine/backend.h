@@ -63,7 +63,7 @@ class Backend {
   // weights): kv_bytes_per_token() is what a block holds.
   virtual DType dtype() const = 0;
   // What, besides the model, dtype() and the block geometry, decides the bits of the K/V this
-  // backend writes: the kernels' arithmetic ("cpu r1"; "cuda sm_90 cublas 130000"). Blocks move
+  // backend writes: the kernels' arithmetic ("cpu r1"; "cuda r1 sm_90 cublas 130000"). Blocks move
   // between processes (the disk tier) only when this string is equal, since K/V computed
   // another way would make a cache hit differ from a cold run. A backend whose kernels change
   // any K/V bit must change the string.
@@ -84,9 +84,10 @@ class Backend {
   // One block's K/V as host bytes, for the disk tier: every row of every layer, laid out
   // [n_layer][2 (K, V)][n_head][block_size][head_dim] elements, exactly KvBlockBytes() of
   // them (the element is kv_bytes_per_token() / (2 n_layer n_head head_dim) bytes). Both
-  // backends store a block this way; the values also depend on dtype() and kv_numerics(). ReadKvBlock sees every copy and
-  // Forward before it; WriteKvBlock's rows are what later calls read. INVALID_ARGUMENT for a
-  // block outside the pool or a span of another size (nothing is copied).
+  // backends store a block this way; the values also depend on dtype() and kv_numerics().
+  // ReadKvBlock sees every copy and Forward before it; WriteKvBlock's rows are what later calls
+  // read. INVALID_ARGUMENT for a block outside the pool or a span of another size (nothing is
+  // copied).
   int64_t KvBlockBytes() const { return int64_t{block_size()} * kv_bytes_per_token(); }
   virtual absl::Status ReadKvBlock(int32_t block, absl::Span<uint8_t> out) = 0;
   virtual absl::Status WriteKvBlock(int32_t block, absl::Span<const uint8_t> data) = 0;

@@ -176,11 +176,18 @@ inline void Axpy(float w, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] = std::fma(w, x[i], y[i]);
 }
 
-// Prefetches the cache lines of [p, p + bytes) into L1 (_MM_HINT_T0) or L2 (_MM_HINT_T1).
+// Prefetches the cache lines of [p, p + bytes) into L1 (_MM_HINT_T0) or L2 only (_MM_HINT_T1).
 template <int kHint>
 inline void PrefetchLines(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
-  for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(c + off, static_cast<_mm_hint>(kHint));
+  for (int64_t off = 0; off < bytes; off += 64) {
+    // Spelled out: g++ takes the hint as an enum type that clang does not have.
+    if constexpr (kHint == _MM_HINT_T0) {
+      _mm_prefetch(c + off, _MM_HINT_T0);
+    } else {
+      _mm_prefetch(c + off, _MM_HINT_T1);
+    }
+  }
 }
 
 // Visits every (key block index, chunk, head, query of the chunk that sees the block), block
@@ -196,8 +203,9 @@ inline void PrefetchLines(const void* p, int64_t bytes) {
 // one kL2SegmentsAhead on into L2 only: the L1 tracks few misses at once, so asking it alone
 // for two segments ahead (as this did) left the stream waiting on those few, while L2's longer
 // miss queue keeps three segments in flight and the L1 prefetch then finds its lines there
-// (attention_bench on an AMD EPYC Zen 4: 8 sequences at context 128, 3.8-4.2 -> 2.1-2.5 ms a
-// step; 8 on a shared 528-token prefix 5.1-6.4 -> 3.6-4.0; one at 256, 0.53-0.62 -> 0.36-0.37).
+// (attention_bench on an AMD EPYC Zen 4, alternating: 8 sequences at context 128, 3.3-4.1 ->
+// 2.8-3.5 ms a step; 8 on a shared 528-token prefix 4.0-5.1 -> 3.6-3.8; one at context 256,
+// 0.46-0.84 -> 0.36-0.38).
 // Longer runs (more heads per call) let the hardware prefetchers stream too. Prefetching reads
 // nothing into the arithmetic.
 template <typename F>
