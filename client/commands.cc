@@ -157,15 +157,8 @@ int RunInfo(Connection& conn, const CliArgs& args, std::ostream& out, std::ostre
   return 0;
 }
 
-int RunStats(Connection& conn, const CliArgs& args, std::ostream& out, std::ostream& err) {
-  v1::CacheStats s;
-  auto ctx = conn.NewContext();
-  grpc::Status status = conn.stub().GetCacheStats(ctx.get(), v1::GetCacheStatsRequest(), &s);
-  if (!status.ok()) {
-    err << DescribeRpcError("stats", status) << "\n";
-    return 1;
-  }
-  if (args.json) {
+void PrintCacheStats(const v1::CacheStats& s, bool json, std::ostream& out) {
+  if (json) {
     out << nlohmann::json({{"queried_tokens", s.queried_tokens()},
                            {"hit_tokens", s.hit_tokens()},
                            {"blocks_total", s.blocks_total()},
@@ -174,10 +167,19 @@ int RunStats(Connection& conn, const CliArgs& args, std::ostream& out, std::ostr
                            {"blocks_cached", s.blocks_cached()},
                            {"evictions", s.evictions()},
                            {"cow_copies", s.cow_copies()},
-                           {"pool_bytes", s.pool_bytes()}})
+                           {"cow_rows", s.cow_rows()},
+                           {"pool_bytes", s.pool_bytes()},
+                           {"disk_hit_tokens", s.disk_hit_tokens()},
+                           {"disk_blocks", s.disk_blocks()},
+                           {"disk_bytes", s.disk_bytes()},
+                           {"disk_cap_bytes", s.disk_cap_bytes()},
+                           {"disk_spills", s.disk_spills()},
+                           {"disk_spills_dropped", s.disk_spills_dropped()},
+                           {"disk_loads", s.disk_loads()},
+                           {"disk_corrupt_blocks", s.disk_corrupt_blocks()}})
                .dump()
         << "\n";
-    return 0;
+    return;
   }
   const double ratio = s.queried_tokens() == 0 ? 0.0
                                                : 100.0 * static_cast<double>(s.hit_tokens()) /
@@ -190,6 +192,23 @@ int RunStats(Connection& conn, const CliArgs& args, std::ostream& out, std::ostr
       "pool             %u bytes\n",
       s.hit_tokens(), s.queried_tokens(), ratio, s.blocks_total(), s.blocks_free(),
       s.blocks_active(), s.blocks_cached(), s.evictions(), s.cow_copies(), s.pool_bytes());
+  if (s.disk_cap_bytes() == 0) return;  // no disk tier
+  out << absl::StrFormat(
+      "disk tier        %u blocks, %u of %u bytes; %u of the prompt tokens above came from it\n"
+      "disk traffic     %u blocks written, %u dropped, %u read back, %u corrupt (recomputed)\n",
+      s.disk_blocks(), s.disk_bytes(), s.disk_cap_bytes(), s.disk_hit_tokens(), s.disk_spills(),
+      s.disk_spills_dropped(), s.disk_loads(), s.disk_corrupt_blocks());
+}
+
+int RunStats(Connection& conn, const CliArgs& args, std::ostream& out, std::ostream& err) {
+  v1::CacheStats s;
+  auto ctx = conn.NewContext();
+  grpc::Status status = conn.stub().GetCacheStats(ctx.get(), v1::GetCacheStatsRequest(), &s);
+  if (!status.ok()) {
+    err << DescribeRpcError("stats", status) << "\n";
+    return 1;
+  }
+  PrintCacheStats(s, args.json, out);
   return 0;
 }
 

@@ -14,6 +14,9 @@ int RunGenerate(Connection& conn, const CliArgs& args, std::ostream& out, std::o
 int RunTokenize(Connection& conn, const CliArgs& args, std::ostream& out, std::ostream& err);
 int RunInfo(Connection& conn, const CliArgs& args, std::ostream& out, std::ostream& err);
 int RunStats(Connection& conn, const CliArgs& args, std::ostream& out, std::ostream& err);
+// What `stats` prints for `s`: one JSON object, or lines for a person (the disk tier's two
+// only when the server has one).
+void PrintCacheStats(const v1::CacheStats& s, bool json, std::ostream& out);
 // grpc.health.v1 Check of the whole server: prints the status; 0 only when SERVING (the
 // container's HEALTHCHECK and scripts use the exit code).
 int RunHealth(Connection& conn, std::ostream& out, std::ostream& err);

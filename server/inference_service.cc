@@ -71,6 +71,15 @@ void ToProto(const EngineStats& stats, v1::CacheStats* out) {
   out->set_cow_copies(c.cow_copies);
   out->set_pool_bytes(c.pool_bytes);
   out->set_cow_rows(c.cow_rows);
+  const DiskTierStats& d = stats.disk;
+  out->set_disk_hit_tokens(stats.scheduler.disk_hit_tokens);
+  out->set_disk_blocks(static_cast<uint64_t>(d.blocks));
+  out->set_disk_bytes(static_cast<uint64_t>(d.bytes));
+  out->set_disk_cap_bytes(static_cast<uint64_t>(d.cap_bytes));
+  out->set_disk_spills(d.spills);
+  out->set_disk_spills_dropped(d.spills_dropped);
+  out->set_disk_loads(d.loads);
+  out->set_disk_corrupt_blocks(d.corrupt_blocks);
 }
 
 void InferenceService::GenerateStarted() {

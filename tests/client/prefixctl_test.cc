@@ -77,12 +77,14 @@ TEST_F(PrefixctlTest, TokenizeInfoStats) {
   CommandResult stats = Ctl({"stats"});
   ASSERT_EQ(stats.exit_code, 0) << stats.output;
   EXPECT_THAT(stats.output, HasSubstr("KV blocks"));
+  EXPECT_THAT(stats.output, ::testing::Not(HasSubstr("disk tier")));  // no --cache-dir
   CommandResult sj = Ctl({"stats", "--json"});
   ASSERT_EQ(sj.exit_code, 0) << sj.output;
   nlohmann::json s = nlohmann::json::parse(sj.output);
   EXPECT_EQ(s["blocks_total"].get<uint64_t>(), s["blocks_free"].get<uint64_t>() +
                                                    s["blocks_active"].get<uint64_t>() +
                                                    s["blocks_cached"].get<uint64_t>());
+  EXPECT_EQ(s["disk_cap_bytes"].get<uint64_t>(), 0u);
 }
 
 TEST_F(PrefixctlTest, HealthReportsServing) {

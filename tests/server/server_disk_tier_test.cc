@@ -68,7 +68,20 @@ TEST_F(ServerDiskTierTest, ARestartServesThePromptCachedBeforeIt) {
   EXPECT_EQ(MetricValue(*text, "prefixd_disk_cache_loads_total"), 4);
   EXPECT_EQ(MetricValue(*text, "prefixd_disk_cache_corrupt_blocks_total"), 0);
   EXPECT_EQ(MetricValue(*text, "prefixd_disk_cache_load_seconds_count"), 4);
-  EXPECT_EQ(GetStats(*stub).hit_tokens(), 63u);
+  const v1::CacheStats stats = GetStats(*stub);
+  EXPECT_EQ(stats.hit_tokens(), 63u);
+  // GetCacheStats says the same as the metrics, and what the tier holds.
+  EXPECT_EQ(stats.disk_hit_tokens(), 63u);
+  EXPECT_EQ(stats.disk_loads(), 4u);
+  EXPECT_EQ(stats.disk_blocks(), 4u);
+  EXPECT_EQ(stats.disk_corrupt_blocks(), 0u);
+  EXPECT_EQ(stats.disk_spills(), 0u);  // this server has evicted nothing yet
+  EXPECT_EQ(static_cast<double>(stats.disk_bytes()),
+            MetricValue(*text, "prefixd_disk_cache_bytes{kind=\"used\"}"));
+  EXPECT_EQ(static_cast<double>(stats.disk_cap_bytes()),
+            MetricValue(*text, "prefixd_disk_cache_bytes{kind=\"cap\"}"));
+  EXPECT_GT(stats.disk_bytes(), 0u);
+  EXPECT_GE(stats.disk_cap_bytes(), stats.disk_bytes());
 
   // The directory is in use: another server on it refuses to start, saying why.
   LogSink other_log;
