@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "cache/block_key.h"
 #include "base/check.h"
+#include "base/file.h"
 
 namespace prefixd {
 namespace {
@@ -50,53 +51,6 @@ std::optional<Digest> ParseHexDigest(std::string_view hex) {
     d[i] = static_cast<uint8_t>(v);
   }
   return d;
-}
-
-// Reads the whole file into *out. errno-style error on failure (ENOENT when absent).
-int ReadFile(const std::string& path, std::string* out) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno;
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return err;
-  }
-  out->resize(static_cast<size_t>(st.st_size));
-  size_t done = 0;
-  while (done < out->size()) {
-    const ssize_t n = ::pread(fd, out->data() + done, out->size() - done, done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : EIO;
-      ::close(fd);
-      return err;
-    }
-    done += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  return 0;
-}
-
-// Writes `bytes` to `tmp`, then renames it to `path`: readers see all of it or nothing.
-int WriteFileAtomically(const std::string& tmp, const std::string& path, std::string_view bytes) {
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return errno;
-  size_t done = 0;
-  int err = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      err = n < 0 ? errno : EIO;
-      break;
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::close(fd) != 0 && err == 0) err = errno;
-  if (err == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
-  if (err != 0) ::unlink(tmp.c_str());
-  return err;
 }
 
 int64_t MtimeNanos(const struct stat& st) {
@@ -152,7 +106,7 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
   }
   // A directory whose LOCK file is writable may still refuse new files.
   const std::string probe = options.dir + "/probe" + kTempSuffix;
-  if (int err = WriteFileAtomically(options.dir + "/probe.w" + kTempSuffix, probe, "probe");
+  if (int err = WriteFileAtomically(options.dir + "/probe.w" + kTempSuffix, probe, "probe", 0644);
       err != 0) {
     ::close(fd);
     return absl::FailedPreconditionError(
@@ -185,6 +139,11 @@ DiskTier::DiskTier(const DiskTierOptions& options, const DiskLayout& layout, int
       layout_id_(layout.Id()),
       max_queued_(options.max_queued_blocks),
       clock_(options.clock ? options.clock : [] { return absl::ToUnixNanos(absl::Now()); }),
+      write_file_(options.write_file ? options.write_file
+                                     : [](const std::string& tmp, const std::string& path,
+                                          std::string_view bytes) {
+                                         return WriteFileAtomically(tmp, path, bytes, 0644);
+                                       }),
       lock_fd_(lock_fd),
       cap_(cap) {
   stats_.cap_bytes = cap;
@@ -280,7 +239,7 @@ absl::Status DiskTier::Load(const BlockExpectation& expect, absl::Span<uint8_t> 
     if (!index_.Contains(expect.key)) return absl::NotFoundError("block not in the disk tier");
   }
   const std::string path = PathOf(expect.key);
-  const int err = ReadFile(path, &load_buffer_);
+  const int err = ReadFileInto(path, &load_buffer_);
   if (err == ENOENT) {
     // Deleted for the cap by the writer since the lookup: a miss, not damage.
     absl::MutexLock lock(&mu_);
@@ -363,7 +322,7 @@ void DiskTier::WriterLoop() {
     const std::string path = PathOf(record.key);
     if (fits) {
       const std::string bytes = EncodeBlockFile(layout_, record);
-      err = WriteFileAtomically(path + kTempSuffix, path, bytes);
+      err = write_file_(path + kTempSuffix, path, bytes);
     }
     absl::MutexLock lock(&mu_);
     writing_ = false;

@@ -30,6 +30,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -57,6 +58,11 @@ struct DiskTierOptions {
   int32_t max_queued_blocks = 64;
   // LRU time in nanoseconds; default the wall clock (file mtimes order blocks after a restart).
   std::function<int64_t()> clock;
+  // How the writer thread writes a block file: base/file.h's WriteFileAtomically (0 or an
+  // errno) unless set. The one seam to the file system's write side, as leveldb's Env is, so
+  // that a slow or failing disk can be put under the tier.
+  std::function<int(const std::string& tmp, const std::string& path, std::string_view bytes)>
+      write_file;
 };
 
 struct DiskTierStats {
@@ -132,6 +138,7 @@ class DiskTier {
   const std::string layout_id_;
   const int32_t max_queued_;
   const std::function<int64_t()> clock_;
+  const std::function<int(const std::string&, const std::string&, std::string_view)> write_file_;
   const int lock_fd_;
   const int64_t cap_;
 

@@ -11,7 +11,9 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "base/file.h"
 #include "cache/block_key.h"
 #include "cache/kv_cache.h"
 #include "gmock/gmock.h"
@@ -273,27 +275,34 @@ TEST_F(DiskTierTest, DefaultCapIsAtMostHalfTheFreeSpaceAndEightGiB) {
   EXPECT_LE((*tier)->cap_bytes(), static_cast<int64_t>(space.available / 2) + (1 << 20));
 }
 
-// A writer stuck on a slow disk (here: the temporary file is a FIFO nobody reads yet) must not
+// A writer stuck on a slow disk (here: a write that waits until the test lets it go) must not
 // stall the engine: spills beyond the queue are dropped and counted.
 TEST_F(DiskTierTest, AFullQueueDropsSpillsAndCountsThem) {
   const std::vector<BlockRecord> chain = MakeChain(SmallLayout(), 1, 3);
-  auto tier = Open(int64_t{1} << 20, SmallLayout(), /*queue=*/1);
-  ASSERT_NE(tier, nullptr);
-  const std::string fifo = tier->PathOf(chain[0].key) + ".tmp";
-  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  absl::Notification writing, disk_unstuck;
+  DiskTierOptions o;
+  o.dir = dir_.path();
+  o.max_bytes = int64_t{1} << 20;
+  o.max_queued_blocks = 1;
+  o.write_file = [&](const std::string& tmp, const std::string& path, std::string_view bytes) {
+    if (!writing.HasBeenNotified()) writing.Notify();
+    disk_unstuck.WaitForNotification();
+    return WriteFileAtomically(tmp, path, bytes, 0644);
+  };
+  absl::StatusOr<std::unique_ptr<DiskTier>> opened = DiskTier::Open(o, SmallLayout());
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  DiskTier* tier = opened->get();
   ASSERT_TRUE(tier->WantsSpill(chain[0].key));
   tier->Spill(chain[0]);
-  // The writer takes chain[0] and blocks opening the FIFO; chain[1] then fills the queue.
-  while (tier->Stats().queued_blocks != 0) std::this_thread::yield();
+  // The writer takes chain[0] and blocks in its write; chain[1] then fills the queue.
+  writing.WaitForNotification();
   ASSERT_TRUE(tier->WantsSpill(chain[1].key));
   tier->Spill(chain[1]);
   EXPECT_FALSE(tier->WantsSpill(chain[2].key));  // full: dropped, never waited for
   EXPECT_FALSE(tier->WantsSpill(chain[2].key, absl::Now() + absl::Milliseconds(20)));
   EXPECT_EQ(tier->Stats().spills_dropped, 2u);
-  // Unblock the writer: read the FIFO to its end.
-  std::thread reader([&] { testing::ReadFile(fifo); });
+  disk_unstuck.Notify();
   ASSERT_TRUE(tier->Flush(absl::Now() + kWait));
-  reader.join();
   EXPECT_TRUE(tier->Contains(chain[1].key));
   std::vector<uint8_t> data;
   ASSERT_TRUE(LoadInto(*tier, chain[1], &data).ok());
