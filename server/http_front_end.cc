@@ -187,6 +187,7 @@ class Session : public std::enable_shared_from_this<Session> {
     const std::string target(req.target());
     const std::string_view path_only = std::string_view(target).substr(0, target.find('?'));
     const http::verb method = req.method();
+    head_ = method == http::verb::head;
     authorization_.reset();
     if (auto it = req.find(http::field::authorization); it != req.end()) {
       authorization_ = std::string(it->value());
@@ -266,6 +267,9 @@ class Session : public std::enable_shared_from_this<Session> {
     res->keep_alive(keep_alive_);
     res->body() = std::move(body);
     res->prepare_payload();
+    // A response to HEAD has the GET response's headers and no body: a client reads the
+    // next response right after the headers (RFC 9110 9.3.2).
+    if (head_) res->body().clear();
     http::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code ec, size_t) {
       if (ec || res->need_eof()) return self->Close();
       self->ReadHeader();
@@ -505,6 +509,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   unsigned version_ = 11;
   bool keep_alive_ = true;
+  bool head_ = false;  // the request being answered is HEAD
   std::optional<std::string> authorization_;
   std::unique_ptr<Job> job_;
 };
