@@ -52,15 +52,17 @@ std::optional<Digest> ParseHexDigest(std::string_view hex) {
   return d;
 }
 
-// Reads the whole file into *out. errno-style error on failure (ENOENT when absent).
+// Reads the whole file into *out. errno-style error on failure (ENOENT when absent). Only a
+// regular file is read: a symlink (ELOOP) or a FIFO put in the directory is not followed and
+// cannot block the engine thread.
 int ReadFile(const std::string& path, std::string* out) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return errno;
   struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
+  const int stat_err = ::fstat(fd, &st) != 0 ? errno : (S_ISREG(st.st_mode) ? 0 : EINVAL);
+  if (stat_err != 0) {
     ::close(fd);
-    return err;
+    return stat_err;
   }
   out->resize(static_cast<size_t>(st.st_size));
   size_t done = 0;
@@ -78,13 +80,32 @@ int ReadFile(const std::string& path, std::string* out) {
   return 0;
 }
 
-// Writes `bytes` to `tmp`, then renames it to `path`: readers see all of it or nothing.
+// Opens `path` for writing, creating it, never through a symlink (ELOOP) and never into a
+// file that is also linked from elsewhere (a hard link planted at a name this tier uses):
+// EEXIST for anything but a regular file with one link. Truncates only after that check.
+int OpenOwnFileForWrite(const std::string& path, int flags) {
+  const int fd = ::open(path.c_str(), flags | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) return -errno;
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
+    ::close(fd);
+    return -EEXIST;
+  }
+  return fd;
+}
+
+// Writes `bytes` to `tmp`, then renames it to `path`: readers see all of it or nothing. The
+// rename replaces a symlink at `path` itself, never its target.
 int WriteFileAtomically(const std::string& tmp, const std::string& path, std::string_view bytes) {
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return errno;
+  const int fd = OpenOwnFileForWrite(tmp, O_WRONLY);
+  if (fd < 0) {
+    // Removes a planted link (never what it points at), so that the next write can succeed.
+    if (fd == -EEXIST || fd == -ELOOP) ::unlink(tmp.c_str());
+    return -fd;
+  }
+  int err = ::ftruncate(fd, 0) == 0 ? 0 : errno;
   size_t done = 0;
-  int err = 0;
-  while (done < bytes.size()) {
+  while (err == 0 && done < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
@@ -97,6 +118,32 @@ int WriteFileAtomically(const std::string& tmp, const std::string& path, std::st
   if (err == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
   if (err != 0) ::unlink(tmp.c_str());
   return err;
+}
+
+// As ssh refuses a loose ~/.ssh: a directory another user may write to, or owns, lets that
+// user plant, replace or delete block files (a block is checked against its key, but a
+// planted link or a swapped file is still a way in). Owned by this user or root, and
+// writable by neither group nor others.
+absl::Status CheckDirectoryOwnership(const std::string& dir) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cannot stat cache dir %s: %s", dir, ErrnoText(errno)));
+  }
+  const uid_t me = ::geteuid();
+  if (st.st_uid != me && st.st_uid != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cache dir %s is owned by uid %d, not by this user (uid %d) or root: another user "
+        "could replace its block files; chown it or choose another",
+        dir, st.st_uid, me));
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cache dir %s is writable by %s (mode %04o): another user could plant or replace "
+        "its block files; chmod go-w it or choose another",
+        dir, (st.st_mode & S_IWOTH) != 0 ? "everyone" : "its group", st.st_mode & 07777));
+  }
+  return absl::OkStatus();
 }
 
 int64_t MtimeNanos(const struct stat& st) {
@@ -119,13 +166,15 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
     return absl::FailedPreconditionError(absl::StrFormat(
         "cannot create cache dir %s: %s; create it or choose another", options.dir, ec.message()));
   }
+  if (absl::Status s = CheckDirectoryOwnership(options.dir); !s.ok()) return s;
   const std::string lock_path = options.dir + "/" + kLockName;
-  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  const int fd = OpenOwnFileForWrite(lock_path, O_RDWR);
   if (fd < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("cache dir %s is not writable (%s: %s); fix its permissions or choose "
-                        "another",
-                        options.dir, lock_path, ErrnoText(errno)));
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cache dir %s is not writable (%s: %s); fix its permissions or choose another",
+        options.dir, lock_path,
+        fd == -EEXIST || fd == -ELOOP ? "not a regular file of its own (a link?)"
+                                      : ErrnoText(-fd)));
   }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
@@ -152,8 +201,9 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
   }
   // A directory whose LOCK file is writable may still refuse new files.
   const std::string probe = options.dir + "/probe" + kTempSuffix;
-  if (int err = WriteFileAtomically(options.dir + "/probe.w" + kTempSuffix, probe, "probe");
-      err != 0) {
+  const std::string probe_tmp = options.dir + "/probe.w" + kTempSuffix;
+  ::unlink(probe_tmp.c_str());  // a leftover (or a link: removed, not followed)
+  if (int err = WriteFileAtomically(probe_tmp, probe, "probe"); err != 0) {
     ::close(fd);
     return absl::FailedPreconditionError(
         absl::StrFormat("cache dir %s is not writable (%s); fix its permissions or choose another",
@@ -266,7 +316,7 @@ bool DiskTier::Contains(const Digest& key) const {
 
 void DiskTier::Prefetch(absl::Span<const Digest> keys) const {
   for (const Digest& key : keys) {
-    const int fd = ::open(PathOf(key).c_str(), O_RDONLY | O_CLOEXEC);
+    const int fd = ::open(PathOf(key).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) continue;
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
     ::close(fd);
@@ -298,7 +348,8 @@ absl::Status DiskTier::Load(const BlockExpectation& expect, absl::Span<uint8_t> 
   }
   std::memcpy(out.data(), data->data(), out.size());
   index_.Touch(expect.key, Now());
-  ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);  // the LRU order survives a restart
+  // The LRU order survives a restart (a symlink swapped in meanwhile: its own times).
+  ::utimensat(AT_FDCWD, path.c_str(), nullptr, AT_SYMLINK_NOFOLLOW);
   ++stats_.loads;
   return absl::OkStatus();
 }
