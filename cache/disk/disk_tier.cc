@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "cache/block_key.h"
 #include "base/check.h"
+#include "base/file.h"
 
 namespace prefixd {
 namespace {
@@ -52,74 +53,6 @@ std::optional<Digest> ParseHexDigest(std::string_view hex) {
   return d;
 }
 
-// Reads the whole file into *out. errno-style error on failure (ENOENT when absent). Only a
-// regular file is read: a symlink (ELOOP) or a FIFO put in the directory is not followed and
-// cannot block the engine thread.
-int ReadFile(const std::string& path, std::string* out) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-  if (fd < 0) return errno;
-  struct stat st;
-  const int stat_err = ::fstat(fd, &st) != 0 ? errno : (S_ISREG(st.st_mode) ? 0 : EINVAL);
-  if (stat_err != 0) {
-    ::close(fd);
-    return stat_err;
-  }
-  out->resize(static_cast<size_t>(st.st_size));
-  size_t done = 0;
-  while (done < out->size()) {
-    const ssize_t n = ::pread(fd, out->data() + done, out->size() - done, done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : EIO;
-      ::close(fd);
-      return err;
-    }
-    done += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  return 0;
-}
-
-// Opens `path` for writing, creating it, never through a symlink (ELOOP) and never into a
-// file that is also linked from elsewhere (a hard link planted at a name this tier uses):
-// EEXIST for anything but a regular file with one link. Truncates only after that check.
-int OpenOwnFileForWrite(const std::string& path, int flags) {
-  const int fd = ::open(path.c_str(), flags | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) return -errno;
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
-    ::close(fd);
-    return -EEXIST;
-  }
-  return fd;
-}
-
-// Writes `bytes` to `tmp`, then renames it to `path`: readers see all of it or nothing. The
-// rename replaces a symlink at `path` itself, never its target.
-int WriteFileAtomically(const std::string& tmp, const std::string& path, std::string_view bytes) {
-  const int fd = OpenOwnFileForWrite(tmp, O_WRONLY);
-  if (fd < 0) {
-    // Removes a planted link (never what it points at), so that the next write can succeed.
-    if (fd == -EEXIST || fd == -ELOOP) ::unlink(tmp.c_str());
-    return -fd;
-  }
-  int err = ::ftruncate(fd, 0) == 0 ? 0 : errno;
-  size_t done = 0;
-  while (err == 0 && done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      err = n < 0 ? errno : EIO;
-      break;
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::close(fd) != 0 && err == 0) err = errno;
-  if (err == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
-  if (err != 0) ::unlink(tmp.c_str());
-  return err;
-}
-
 // As ssh refuses a loose ~/.ssh: a directory another user may write to, or owns, lets that
 // user plant, replace or delete block files (a block is checked against its key, but a
 // planted link or a swapped file is still a way in). Owned by this user or root, and
@@ -146,6 +79,20 @@ absl::Status CheckDirectoryOwnership(const std::string& dir) {
   return absl::OkStatus();
 }
 
+// DIR/LOCK, opened for the flock and the pid it holds: never through a symbolic link, and
+// only a regular file with no other name (a hard link planted there would have the pid
+// written into a file elsewhere). A descriptor, or -errno (-EEXIST for a link).
+int OpenLockFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) return errno == ELOOP ? -EEXIST : -errno;
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
+    ::close(fd);
+    return -EEXIST;
+  }
+  return fd;
+}
+
 int64_t MtimeNanos(const struct stat& st) {
   return int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
 }
@@ -168,13 +115,12 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
   }
   if (absl::Status s = CheckDirectoryOwnership(options.dir); !s.ok()) return s;
   const std::string lock_path = options.dir + "/" + kLockName;
-  const int fd = OpenOwnFileForWrite(lock_path, O_RDWR);
+  const int fd = OpenLockFile(lock_path);
   if (fd < 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "cache dir %s is not writable (%s: %s); fix its permissions or choose another",
         options.dir, lock_path,
-        fd == -EEXIST || fd == -ELOOP ? "not a regular file of its own (a link?)"
-                                      : ErrnoText(-fd)));
+        fd == -EEXIST ? "not a regular file of its own (a link?)" : ErrnoText(-fd)));
   }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
@@ -201,9 +147,8 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
   }
   // A directory whose LOCK file is writable may still refuse new files.
   const std::string probe = options.dir + "/probe" + kTempSuffix;
-  const std::string probe_tmp = options.dir + "/probe.w" + kTempSuffix;
-  ::unlink(probe_tmp.c_str());  // a leftover (or a link: removed, not followed)
-  if (int err = WriteFileAtomically(probe_tmp, probe, "probe"); err != 0) {
+  if (int err = WriteFileAtomically(options.dir + "/probe.w" + kTempSuffix, probe, "probe", 0644);
+      err != 0) {
     ::close(fd);
     return absl::FailedPreconditionError(
         absl::StrFormat("cache dir %s is not writable (%s); fix its permissions or choose another",
@@ -235,6 +180,11 @@ DiskTier::DiskTier(const DiskTierOptions& options, const DiskLayout& layout, int
       layout_id_(layout.Id()),
       max_queued_(options.max_queued_blocks),
       clock_(options.clock ? options.clock : [] { return absl::ToUnixNanos(absl::Now()); }),
+      write_file_(options.write_file ? options.write_file
+                                     : [](const std::string& tmp, const std::string& path,
+                                          std::string_view bytes) {
+                                         return WriteFileAtomically(tmp, path, bytes, 0644);
+                                       }),
       lock_fd_(lock_fd),
       cap_(cap) {
   stats_.cap_bytes = cap;
@@ -316,7 +266,7 @@ bool DiskTier::Contains(const Digest& key) const {
 
 void DiskTier::Prefetch(absl::Span<const Digest> keys) const {
   for (const Digest& key : keys) {
-    const int fd = ::open(PathOf(key).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    const int fd = ::open(PathOf(key).c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) continue;
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
     ::close(fd);
@@ -330,7 +280,7 @@ absl::Status DiskTier::Load(const BlockExpectation& expect, absl::Span<uint8_t> 
     if (!index_.Contains(expect.key)) return absl::NotFoundError("block not in the disk tier");
   }
   const std::string path = PathOf(expect.key);
-  const int err = ReadFile(path, &load_buffer_);
+  const int err = ReadFileInto(path, &load_buffer_);
   if (err == ENOENT) {
     // Deleted for the cap by the writer since the lookup: a miss, not damage.
     absl::MutexLock lock(&mu_);
@@ -348,7 +298,7 @@ absl::Status DiskTier::Load(const BlockExpectation& expect, absl::Span<uint8_t> 
   }
   std::memcpy(out.data(), data->data(), out.size());
   index_.Touch(expect.key, Now());
-  // The LRU order survives a restart (a symlink swapped in meanwhile: its own times).
+  // The LRU order survives a restart (a link swapped in meanwhile: its own times).
   ::utimensat(AT_FDCWD, path.c_str(), nullptr, AT_SYMLINK_NOFOLLOW);
   ++stats_.loads;
   return absl::OkStatus();
@@ -414,7 +364,7 @@ void DiskTier::WriterLoop() {
     const std::string path = PathOf(record.key);
     if (fits) {
       const std::string bytes = EncodeBlockFile(layout_, record);
-      err = WriteFileAtomically(path + kTempSuffix, path, bytes);
+      err = write_file_(path + kTempSuffix, path, bytes);
     }
     absl::MutexLock lock(&mu_);
     writing_ = false;

@@ -22,11 +22,12 @@
 // Files of another layout (model manifest, dtype, block size or geometry) are never loaded;
 // they count against the cap and are the first to be deleted. Files other than *.kvb (and the
 // tier's own *.tmp leftovers, deleted at start) are left alone.
-//  4. Nothing outside the directory is touched through it: a symlink is never followed (only
-//     regular files are indexed, read or written; deleting a link removes the link), and a
-//     name that is hard-linked from elsewhere is never written. The directory must belong to
-//     this user (or root) and be writable by no one else, or Open refuses it, as ssh refuses
-//     a loose ~/.ssh.
+//  4. Nothing outside the directory is written or deleted through it: only regular files are
+//     indexed; block files are created anew (base/file.h: O_EXCL|O_NOFOLLOW, then renamed
+//     over a link, never through it); deleting a link removes the link; DIR/LOCK is opened
+//     O_NOFOLLOW and written only as a regular file with no other name. The directory must
+//     belong to this user (or root) and be writable by no one else, or Open refuses it, as
+//     ssh refuses a loose ~/.ssh.
 #ifndef PREFIXD_CACHE_DISK_DISK_TIER_H_
 #define PREFIXD_CACHE_DISK_DISK_TIER_H_
 
@@ -35,6 +36,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -62,6 +64,11 @@ struct DiskTierOptions {
   int32_t max_queued_blocks = 64;
   // LRU time in nanoseconds; default the wall clock (file mtimes order blocks after a restart).
   std::function<int64_t()> clock;
+  // How the writer thread writes a block file: base/file.h's WriteFileAtomically (0 or an
+  // errno) unless set. The one seam to the file system's write side, as leveldb's Env is, so
+  // that a slow or failing disk can be put under the tier.
+  std::function<int(const std::string& tmp, const std::string& path, std::string_view bytes)>
+      write_file;
 };
 
 struct DiskTierStats {
@@ -138,6 +145,7 @@ class DiskTier {
   const std::string layout_id_;
   const int32_t max_queued_;
   const std::function<int64_t()> clock_;
+  const std::function<int(const std::string&, const std::string&, std::string_view)> write_file_;
   const int lock_fd_;
   const int64_t cap_;
 

@@ -18,7 +18,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "base/file.h"
 #include "cache/block_key.h"
 #include "cache/kv_cache.h"
 #include "gmock/gmock.h"
@@ -280,27 +282,34 @@ TEST_F(DiskTierTest, DefaultCapIsAtMostHalfTheFreeSpaceAndEightGiB) {
   EXPECT_LE((*tier)->cap_bytes(), static_cast<int64_t>(space.available / 2) + (1 << 20));
 }
 
-// A writer stuck on a slow disk (here: the temporary file is a FIFO nobody reads yet) must not
+// A writer stuck on a slow disk (here: a write that waits until the test lets it go) must not
 // stall the engine: spills beyond the queue are dropped and counted.
 TEST_F(DiskTierTest, AFullQueueDropsSpillsAndCountsThem) {
   const std::vector<BlockRecord> chain = MakeChain(SmallLayout(), 1, 3);
-  auto tier = Open(int64_t{1} << 20, SmallLayout(), /*queue=*/1);
-  ASSERT_NE(tier, nullptr);
-  const std::string fifo = tier->PathOf(chain[0].key) + ".tmp";
-  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  absl::Notification writing, disk_unstuck;
+  DiskTierOptions o;
+  o.dir = dir_.path();
+  o.max_bytes = int64_t{1} << 20;
+  o.max_queued_blocks = 1;
+  o.write_file = [&](const std::string& tmp, const std::string& path, std::string_view bytes) {
+    if (!writing.HasBeenNotified()) writing.Notify();
+    disk_unstuck.WaitForNotification();
+    return WriteFileAtomically(tmp, path, bytes, 0644);
+  };
+  absl::StatusOr<std::unique_ptr<DiskTier>> opened = DiskTier::Open(o, SmallLayout());
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  DiskTier* tier = opened->get();
   ASSERT_TRUE(tier->WantsSpill(chain[0].key));
   tier->Spill(chain[0]);
-  // The writer takes chain[0] and blocks opening the FIFO; chain[1] then fills the queue.
-  while (tier->Stats().queued_blocks != 0) std::this_thread::yield();
+  // The writer takes chain[0] and blocks in its write; chain[1] then fills the queue.
+  writing.WaitForNotification();
   ASSERT_TRUE(tier->WantsSpill(chain[1].key));
   tier->Spill(chain[1]);
   EXPECT_FALSE(tier->WantsSpill(chain[2].key));  // full: dropped, never waited for
   EXPECT_FALSE(tier->WantsSpill(chain[2].key, absl::Now() + absl::Milliseconds(20)));
   EXPECT_EQ(tier->Stats().spills_dropped, 2u);
-  // Unblock the writer: read the FIFO to its end.
-  std::thread reader([&] { testing::ReadFile(fifo); });
+  disk_unstuck.Notify();
   ASSERT_TRUE(tier->Flush(absl::Now() + kWait));
-  reader.join();
   EXPECT_TRUE(tier->Contains(chain[1].key));
   std::vector<uint8_t> data;
   ASSERT_TRUE(LoadInto(*tier, chain[1], &data).ok());
@@ -381,34 +390,44 @@ TEST_F(DiskTierTest, SymlinksAndHardLinksInTheDirectoryAreNeverWrittenThroughOrF
   // link (same filesystem) to files outside.
   Precious symlink_victim(outside.path() + "/symlinked");
   Precious hardlink_victim(outside.path() + "/hardlinked");
+  // The write removes the planted name and creates its own file: the blocks are written.
   std::filesystem::create_symlink(symlink_victim.path(), tier->PathOf(chain[0].key) + ".tmp");
   std::filesystem::create_hard_link(hardlink_victim.path(), tier->PathOf(chain[2].key) + ".tmp");
   SpillAll(*tier, {chain[0], chain[2]});
   EXPECT_TRUE(symlink_victim.Intact());
   EXPECT_TRUE(hardlink_victim.Intact());
   DiskTierStats s = tier->Stats();
-  EXPECT_EQ(s.write_errors, 2u);
-  EXPECT_EQ(s.spills, 0u);
-  EXPECT_FALSE(tier->Contains(chain[0].key));
-  EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(
-      tier->PathOf(chain[0].key) + ".tmp")));
+  EXPECT_EQ(s.write_errors, 0u);
+  EXPECT_EQ(s.spills, 2u);
+  for (const BlockRecord* r : {&chain[0], &chain[2]}) {
+    EXPECT_FALSE(IsSymlink(tier->PathOf(r->key)));
+    std::vector<uint8_t> data;
+    ASSERT_TRUE(LoadInto(*tier, *r, &data).ok());
+    EXPECT_EQ(data, r->data);
+  }
+  // A link planted at a block's own name is replaced by the rename, its target untouched.
+  Precious renamed_over(outside.path() + "/renamed-over");
+  std::filesystem::create_symlink(renamed_over.path(), tier->PathOf(chain[3].key));
 
-  // Blocks written, then more than the cap holds: eviction deletes indexed files only.
+  // More than the cap holds (2 files): eviction deletes indexed files only.
   SpillAll(*tier, {chain[3], chain[4]});
-  ASSERT_TRUE(tier->Contains(chain[3].key));
+  EXPECT_TRUE(renamed_over.Intact());
+  EXPECT_TRUE(tier->Contains(chain[4].key));
+  EXPECT_FALSE(tier->Contains(chain[0].key)) << "evicted";
+  EXPECT_GE(tier->Stats().evicted_files, 2u);
   EXPECT_TRUE(IsSymlink(path1)) << "not the tier's file: never deleted";
   EXPECT_EQ(testing::ReadFile(block_copy), EncodeBlockFile(SmallLayout(), chain[1]));
 
-  // A written file swapped for a link to a valid copy of itself is not read through.
-  const std::string path3 = tier->PathOf(chain[3].key);
-  const std::string copy3 = outside.path() + "/copy3.kvb";
-  std::filesystem::copy_file(path3, copy3);
-  std::filesystem::remove(path3);
-  std::filesystem::create_symlink(copy3, path3);
+  // A block file swapped for a link to a file outside fails verification; deleting it
+  // removes the link, never its target.
+  const std::string path4 = tier->PathOf(chain[4].key);
+  Precious swapped_in(outside.path() + "/swapped-in");
+  std::filesystem::remove(path4);
+  std::filesystem::create_symlink(swapped_in.path(), path4);
   std::vector<uint8_t> data;
-  EXPECT_EQ(LoadInto(*tier, chain[3], &data).code(), absl::StatusCode::kDataLoss);
-  EXPECT_FALSE(IsSymlink(path3)) << "the link is removed";
-  EXPECT_EQ(testing::ReadFile(copy3), EncodeBlockFile(SmallLayout(), chain[3]));
+  EXPECT_EQ(LoadInto(*tier, chain[4], &data).code(), absl::StatusCode::kDataLoss);
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(path4)));
+  EXPECT_TRUE(swapped_in.Intact());
   EXPECT_EQ(tier->Stats().corrupt_blocks, 1u);
 }
 
