@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "base/check.h"
 #include "kernels/cpu/matmul.h"
@@ -300,7 +301,10 @@ PREFIXD_TARGET_AVX512 void PanelsFewRowsAvx512(const float* a, int64_t lda, int6
       return FewRowsFor<DType::kF16>(a, lda, rows, panel.data, num_panels, panel.k, out);
     case DType::kBF16:
       return FewRowsFor<DType::kBF16>(a, lda, rows, panel.data, num_panels, panel.k, out);
+    case DType::kI8:  // PanelInt8Avx512
+      break;
   }
+  PREFIXD_CHECK(false);
 }
 
 PREFIXD_TARGET_AVX512 void PanelRowsAvx512(const float* a, int64_t rows, int64_t lda,
@@ -315,7 +319,10 @@ PREFIXD_TARGET_AVX512 void PanelRowsAvx512(const float* a, int64_t rows, int64_t
     case DType::kBF16:
       return prefetch ? Rows<DType::kBF16, true>(a, rows, lda, panel.data, panel.k, out)
                       : Rows<DType::kBF16, false>(a, rows, lda, panel.data, panel.k, out);
+    case DType::kI8:  // PanelInt8Avx512
+      break;
   }
+  PREFIXD_CHECK(false);
 }
 
 PREFIXD_TARGET_AVX512 void PanelBatchAvx512(const float* a, int64_t rows, int64_t lda,
@@ -328,7 +335,79 @@ PREFIXD_TARGET_AVX512 void PanelBatchAvx512(const float* a, int64_t rows, int64_
       return Batch<DType::kF16>(a, rows, lda, panel.data, panel.k, out);
     case DType::kBF16:
       return Batch<DType::kBF16>(a, rows, lda, panel.data, panel.k, out);
+    case DType::kI8:  // PanelInt8Avx512
+      break;
   }
+  PREFIXD_CHECK(false);
+}
+
+// ---- int8 ----
+
+// The int8 template (matmul_int8.h) compiled for AVX-512 with VNNI. Everything it includes
+// was included above without the target, so only its own (internal-linkage) functions get it.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni,fma,f16c"))), \
+                             apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni,fma,f16c")
+#endif
+}  // namespace prefixd::internal
+
+#include "kernels/cpu/matmul_int8.h"
+
+namespace prefixd::internal {
+namespace {
+
+// vpdpbusd multiplies unsigned by signed bytes and adds each group of 4 into an int32 lane
+// without saturation: the panel's bytes (qw + 128) are the unsigned operand and the row's qa
+// the signed one, so each lane gets sum (qw + 128) qa, and starting the lane from -128 x (the
+// row block's sum of qa) leaves exactly sum qw qa.
+struct Avx512VnniInt8 {
+  using I = __m512i;
+  using F = __m512;
+  using W = __m512i;
+  using A = __m512i;
+  static constexpr int kLanes = 16;
+  // 32 zmm: up to 3 rows take the whole panel (4 vectors: 3 x 4 integer and 3 x 4 float
+  // accumulators, 4 weight vectors, a broadcast); 4 to 6 rows take it in halves.
+  static constexpr int kMaxTileRows = 6;
+  static constexpr int Tile(int rows) { return rows <= 3 ? 4 : 2; }
+  static W Weights(const uint8_t* p) { return _mm512_load_si512(p); }
+  static A Acts(const int8_t* p) {
+    int32_t x;
+    std::memcpy(&x, p, 4);
+    return _mm512_set1_epi32(x);
+  }
+  static I Init(int32_t sum) { return _mm512_set1_epi32(-128 * sum); }
+  static I Dot(I acc, W w, A a) { return _mm512_dpbusd_epi32(acc, w, a); }
+  static F ToFloat(I x) { return _mm512_cvtepi32_ps(x); }
+  static F FLoad(const float* p) { return _mm512_load_ps(p); }
+  static void FStore(float* p, F x) { _mm512_store_ps(p, x); }
+  static F FZero() { return _mm512_setzero_ps(); }
+  static F FSet1(float x) { return _mm512_set1_ps(x); }
+  static F Mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F Fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+};
+
+}  // namespace
+
+void PanelInt8Avx512(const Int8Rows& a, int64_t row0, int64_t rows, PanelRef panel, float* out) {
+  PREFIXD_CHECK(panel.dtype == DType::kI8 && rows >= 1 && rows <= kMaxBatchRows);
+  Int8Panel<Avx512VnniInt8>(a, row0, rows, panel.data, (panel.k + kInt8BlockK - 1) / kInt8BlockK,
+                            out);
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+bool CpuHasAvx512Vnni() {
+  static const bool has = CpuHasAvx512() && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vnni");
+  return has;
 }
 
 bool CpuHasAvx512() {
