@@ -2,7 +2,7 @@
 // lengths, batched decode, and a cached decode step against recomputing the prefix.
 //
 //   cpu_backend_bench [--model DIR] [--threads 2] [--reps 5] [--isa auto|avx2|avx512]
-//                     [--dtype f32|f16|bf16] [--quick 0-5]
+//                     [--dtype f32|f16|bf16|int8] [--quick 0-5]
 //
 // --isa picks the matrix-product register blocks (all give identical bits); --dtype the
 // weights' storage (the checkpoint is rounded to it at load; arithmetic stays fp32); --quick 1 runs
@@ -152,7 +152,7 @@ int Main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: cpu_backend_bench [--model DIR] [--threads N] [--reps N] "
-                   "[--isa auto|avx2|avx512] [--dtype f32|f16|bf16] [--quick 0-5]\n");
+                   "[--isa auto|avx2|avx512] [--dtype f32|f16|bf16|int8] [--quick 0-5]\n");
       return 2;
     }
   }

@@ -4,7 +4,7 @@
 // shows where a batch stops riding on the weight stream.
 //
 //   matmul_bench [--threads 2] [--reps 7] [--rows 1,4,8,16] [--isa auto|avx2|avx512|both]
-//                [--dtype f32|f16|bf16|all] [--weights stream|resident]
+//                [--dtype f32|f16|bf16|int8|all] [--weights stream|resident]
 //
 // Each figure is the best of --reps steps (wall and CPU time of all threads, each its own
 // minimum); the weights (≈500 MB in f32) are far larger than the caches, so every step
@@ -60,7 +60,7 @@ int Main(int argc, char** argv) {
       if (value == "avx2" || value == "both") isas.push_back(MatMulIsa::kAvx2);
       if (value == "avx512" || value == "both") isas.push_back(MatMulIsa::kAvx512);
     } else if (flag == "--dtype" && value == "all") {
-      dtypes = {DType::kF32, DType::kF16, DType::kBF16};
+      dtypes = {DType::kF32, DType::kF16, DType::kBF16, DType::kI8};
     } else if (flag == "--dtype" && ParseDType(value)) {
       dtypes = {*ParseDType(value)};
     } else if (flag == "--weights" && (value == "stream" || value == "resident")) {
@@ -68,7 +68,7 @@ int Main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: matmul_bench [--threads N] [--reps N] [--rows 1,8,...] "
-                   "[--isa auto|avx2|avx512|both] [--dtype f32|f16|bf16|all] "
+                   "[--isa auto|avx2|avx512|both] [--dtype f32|f16|bf16|int8|all] "
                    "[--weights stream|resident]\n");
       return 2;
     }
