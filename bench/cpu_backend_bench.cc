@@ -1,7 +1,7 @@
 // CPU backend throughput on full-size GPT-2 (124M): prefill, decode at several context
 // lengths, batched decode, and a cached decode step against recomputing the prefix.
 //
-//   cpu_backend_bench [--model DIR] [--threads 2] [--reps 5] [--isa auto|avx2|avx512]
+//   cpu_backend_bench [--model DIR] [--threads 2] [--reps 5] [--isa auto|avx2|avxvnni|avx512]
 //                     [--dtype f32|f16|bf16|int8] [--quick 0-5]
 //
 // --isa picks the matrix-product register blocks (all give identical bits); --dtype the
@@ -138,7 +138,7 @@ int Main(int argc, char** argv) {
   DType dtype = DType::kF32;
   constexpr const char* kUsage =
       "usage: cpu_backend_bench [--model DIR] [--threads N] [--reps N] "
-      "[--isa auto|avx2|avx512] [--dtype f32|f16|bf16|int8] [--quick 0-5]\n";
+      "[--isa auto|avx2|avxvnni|avx512] [--dtype f32|f16|bf16|int8] [--quick 0-5]\n";
   static constexpr FlagSpec kFlags[] = {
       {"model"}, {"threads"}, {"reps"}, {"quick"}, {"isa"}, {"dtype"}, {"help", FlagKind::kSwitch}};
   absl::StatusOr<ParsedCommandLine> args =
@@ -175,8 +175,10 @@ int Main(int argc, char** argv) {
       isa = MatMulIsa::kAvx2;
     } else if (*v == "avx512") {
       isa = MatMulIsa::kAvx512;
+    } else if (*v == "avxvnni") {
+      isa = MatMulIsa::kAvxVnni;
     } else {
-      std::fprintf(stderr, "cpu_backend_bench: --isa takes auto, avx2 or avx512, got %s\n",
+      std::fprintf(stderr, "cpu_backend_bench: --isa takes auto, avx2, avxvnni or avx512, got %s\n",
                    v->c_str());
       return 2;
     }
@@ -190,7 +192,7 @@ int Main(int argc, char** argv) {
     dtype = *ParseDType(*v);
   }
   if (!MatMulIsaSupported(isa)) {
-    std::fprintf(stderr, "cpu_backend_bench: this CPU lacks AVX-512\n");
+    std::fprintf(stderr, "cpu_backend_bench: this CPU lacks that instruction set\n");
     return 2;
   }
   SetMatMulIsa(isa);

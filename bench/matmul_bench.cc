@@ -3,7 +3,7 @@
 // dtype. Separates the products' cost from attention and the rest of the forward pass, and
 // shows where a batch stops riding on the weight stream.
 //
-//   matmul_bench [--threads 2] [--reps 7] [--rows 1,4,8,16] [--isa auto|avx2|avx512|both]
+//   matmul_bench [--threads 2] [--reps 7] [--rows 1,4,8,16] [--isa auto|avx2|avxvnni|avx512|both]
 //                [--dtype f32|f16|bf16|int8|all] [--weights stream|resident]
 //
 // Each figure is the best of --reps steps (wall and CPU time of all threads, each its own
@@ -54,9 +54,10 @@ int Main(int argc, char** argv) {
       rows.clear();
       std::stringstream ss(value);
       for (std::string item; std::getline(ss, item, ',');) rows.push_back(std::atoll(item.c_str()));
-    } else if (flag == "--isa" &&
-               (value == "auto" || value == "avx2" || value == "avx512" || value == "both")) {
+    } else if (flag == "--isa" && (value == "auto" || value == "avx2" || value == "avxvnni" ||
+                                   value == "avx512" || value == "both")) {
       if (value == "auto") isas = {MatMulIsa::kAuto};
+      if (value == "avxvnni") isas.push_back(MatMulIsa::kAvxVnni);
       if (value == "avx2" || value == "both") isas.push_back(MatMulIsa::kAvx2);
       if (value == "avx512" || value == "both") isas.push_back(MatMulIsa::kAvx512);
     } else if (flag == "--dtype" && value == "all") {
@@ -68,7 +69,7 @@ int Main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: matmul_bench [--threads N] [--reps N] [--rows 1,8,...] "
-                   "[--isa auto|avx2|avx512|both] [--dtype f32|f16|bf16|int8|all] "
+                   "[--isa auto|avx2|avxvnni|avx512|both] [--dtype f32|f16|bf16|int8|all] "
                    "[--weights stream|resident]\n");
       return 2;
     }
@@ -76,7 +77,7 @@ int Main(int argc, char** argv) {
   if (isas.empty()) isas = {MatMulIsa::kAuto};
   for (MatMulIsa isa : isas) {
     if (!MatMulIsaSupported(isa)) {
-      std::fprintf(stderr, "matmul_bench: this CPU lacks AVX-512\n");
+      std::fprintf(stderr, "matmul_bench: this CPU lacks that instruction set\n");
       return 2;
     }
   }
@@ -125,8 +126,9 @@ int Main(int argc, char** argv) {
     for (float& x : a) x = dist(rng);
     for (MatMulIsa isa : isas) {
       SetMatMulIsa(isa);
-      const char* isa_name = isa == MatMulIsa::kAvx2     ? "avx2"
-                             : isa == MatMulIsa::kAvx512 ? "avx512"
+      const char* isa_name = isa == MatMulIsa::kAvx2      ? "avx2"
+                             : isa == MatMulIsa::kAvx512  ? "avx512"
+                             : isa == MatMulIsa::kAvxVnni ? "avxvnni"
                                                          : "auto";
       for (int64_t m : rows) {
         double best_wall = 1e30, best_cpu = 1e30;

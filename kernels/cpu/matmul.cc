@@ -26,35 +26,42 @@ constexpr int64_t kRowsPerTask = 96;
 
 std::atomic<MatMulIsa> g_isa{MatMulIsa::kAuto};
 
-// kAuto's answer: AVX-512 where the CPU has it, unless PREFIXD_CPU_ISA=avx2 asks for the
-// baseline.
-bool AutoPicksAvx512() {
-  static const bool avx512 = [] {
+// The best of the register-block sets this CPU has: AVX-512, else AVX2 with AVX-VNNI, else
+// AVX2.
+MatMulIsa BestIsa() {
+  if (internal::CpuHasAvx512()) return MatMulIsa::kAvx512;
+  if (internal::CpuHasAvxVnni()) return MatMulIsa::kAvxVnni;
+  return MatMulIsa::kAvx2;
+}
+
+// kAuto's answer: BestIsa(), unless PREFIXD_CPU_ISA asks for a lesser one.
+MatMulIsa AutoIsa() {
+  static const MatMulIsa isa = [] {
     const char* env = std::getenv("PREFIXD_CPU_ISA");
     const std::string_view want = env == nullptr ? "" : env;
-    if (want == "avx2") return false;
+    if (want == "avx2") return MatMulIsa::kAvx2;
+    if (want == "avxvnni") {
+      if (internal::CpuHasAvxVnni()) return MatMulIsa::kAvxVnni;
+      std::fprintf(stderr, "prefixd: PREFIXD_CPU_ISA=avxvnni but this CPU lacks it; using AVX2\n");
+      return MatMulIsa::kAvx2;
+    }
     if (!want.empty() && want != "auto" && want != "avx512") {
-      std::fprintf(stderr, "prefixd: ignoring PREFIXD_CPU_ISA=%s (not auto, avx2 or avx512)\n",
+      std::fprintf(stderr,
+                   "prefixd: ignoring PREFIXD_CPU_ISA=%s (not auto, avx2, avxvnni or avx512)\n",
                    env);
     }
     if (want == "avx512" && !internal::CpuHasAvx512()) {
-      std::fprintf(stderr, "prefixd: PREFIXD_CPU_ISA=avx512 but this CPU lacks it; using AVX2\n");
+      std::fprintf(stderr, "prefixd: PREFIXD_CPU_ISA=avx512 but this CPU lacks it; using %s\n",
+                   internal::CpuHasAvxVnni() ? "AVX2 with AVX-VNNI" : "AVX2");
     }
-    return internal::CpuHasAvx512();
+    return BestIsa();
   }();
-  return avx512;
+  return isa;
 }
 
-bool UseAvx512() {
-  switch (g_isa.load(std::memory_order_relaxed)) {
-    case MatMulIsa::kAuto:
-      return AutoPicksAvx512();
-    case MatMulIsa::kAvx512:
-      return internal::CpuHasAvx512();
-    case MatMulIsa::kAvx2:
-      return false;
-  }
-  return false;
+MatMulIsa Isa() {
+  const MatMulIsa isa = g_isa.load(std::memory_order_relaxed);
+  return isa == MatMulIsa::kAuto ? AutoIsa() : isa;
 }
 
 void* AllocateAligned(size_t bytes_wanted) {
@@ -75,7 +82,16 @@ void* AllocateAligned(size_t bytes_wanted) {
 }  // namespace
 
 bool MatMulIsaSupported(MatMulIsa isa) {
-  return isa != MatMulIsa::kAvx512 || internal::CpuHasAvx512();
+  switch (isa) {
+    case MatMulIsa::kAvx512:
+      return internal::CpuHasAvx512();
+    case MatMulIsa::kAvxVnni:
+      return internal::CpuHasAvxVnni();
+    case MatMulIsa::kAuto:
+    case MatMulIsa::kAvx2:
+      return true;
+  }
+  return false;
 }
 
 void SetMatMulIsa(MatMulIsa isa) {
@@ -336,11 +352,20 @@ struct Int8Scratch {
   std::vector<int32_t> sum;
 };
 
+// The int8 blocks for an instruction-set choice: AVX-512's need VNNI too (else AVX-VNNI's or
+// AVX2's serve); all give the same bits.
+enum class Int8Kernel { kAvx2, kAvxVnni, kAvx512Vnni };
+Int8Kernel Int8KernelFor(MatMulIsa isa) {
+  if (isa == MatMulIsa::kAvx512 && internal::CpuHasAvx512Vnni()) return Int8Kernel::kAvx512Vnni;
+  if (isa != MatMulIsa::kAvx2 && internal::CpuHasAvxVnni()) return Int8Kernel::kAvxVnni;
+  return Int8Kernel::kAvx2;
+}
+
 // Rows quantized by one task when MatMul spreads the quantization over the pool.
 constexpr int64_t kQuantizeRowsPerTask = 32;
 
 void MatMulInt8(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const float* bias,
-                float* c, int64_t ldc, MatMulOutput output, bool avx512,
+                float* c, int64_t ldc, MatMulOutput output, Int8Kernel kernel,
                 const std::function<void(int64_t, const std::function<void(int64_t)>&)>& run) {
   const int64_t k = w.k(), n = w.n(), panels = w.num_panels();
   const int64_t blocks = (k + kInt8BlockK - 1) / kInt8BlockK;
@@ -368,10 +393,16 @@ void MatMulInt8(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, c
   }
   auto product = [&](int64_t j, int64_t row_begin, int64_t row_end, float* out) {
     const internal::PanelRef panel{w.panel(j), w.dtype(), k};
-    if (avx512) {
-      internal::PanelInt8Avx512(rows, row_begin, row_end - row_begin, panel, out);
-    } else {
-      internal::PanelInt8Avx2(rows, row_begin, row_end - row_begin, panel, out);
+    switch (kernel) {
+      case Int8Kernel::kAvx512Vnni:
+        internal::PanelInt8Avx512(rows, row_begin, row_end - row_begin, panel, out);
+        break;
+      case Int8Kernel::kAvxVnni:
+        internal::PanelInt8AvxVnni(rows, row_begin, row_end - row_begin, panel, out);
+        break;
+      case Int8Kernel::kAvx2:
+        internal::PanelInt8Avx2(rows, row_begin, row_end - row_begin, panel, out);
+        break;
     }
     const int64_t col0 = j * kPanelWidth;
     StoreRows(out, row_begin, row_end, col0, std::min(kPanelWidth, n - col0), bias, c, ldc, output);
@@ -404,7 +435,8 @@ void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const
   if (m <= 0) return;
   const int64_t panels = w.num_panels();
   const int64_t n = w.n();
-  const bool avx512 = UseAvx512();
+  const MatMulIsa isa = Isa();
+  const bool avx512 = isa == MatMulIsa::kAvx512;
   auto panel = [&w](int64_t j) { return internal::PanelRef{w.panel(j), w.dtype(), w.k()}; };
   auto run = [pool](int64_t tasks, const std::function<void(int64_t)>& fn) {
     if (pool != nullptr) {
@@ -414,8 +446,7 @@ void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const
     }
   };
   if (w.dtype() == DType::kI8) {
-    return MatMulInt8(a, m, lda, w, bias, c, ldc, output,
-                      avx512 && internal::CpuHasAvx512Vnni(), run);
+    return MatMulInt8(a, m, lda, w, bias, c, ldc, output, Int8KernelFor(isa), run);
   }
   if (m <= internal::kMaxFewRowsAvx512 && avx512) {
     // Decode: a few rows stream the weights; a task takes two neighbouring panels.

@@ -115,13 +115,16 @@ void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const
             float* c, int64_t ldc, ThreadPool* pool, MatMulOutput output = MatMulOutput::kStore);
 
 // Which register blocks MatMul uses: kAuto takes AVX-512 where the CPU has it (avx512f and
-// avx512vl), else AVX2 (+ FMA + F16C, the baseline this library is built for). int8 panels
-// take AVX-512's blocks only where it also has avx512bw and avx512_vnni, else AVX2's. Every choice
+// avx512vl), else AVX2 with AVX-VNNI where it has that, else AVX2 (+ FMA + F16C, the baseline
+// this library is built for). kAvxVnni differs from kAvx2 for int8 panels only (vpdpbusd on
+// 256 bits instead of vpmaddubsw); int8 panels take AVX-512's blocks only where the CPU also
+// has avx512bw and avx512_vnni, else AVX-VNNI's or AVX2's. Every choice
 // gives identical bits (the invariant above); the setting exists so that tests can run each
 // path on one machine and benchmarks can compare them. The environment variable
-// PREFIXD_CPU_ISA=avx2 makes kAuto pick AVX2, for running a whole program (a server, a test
-// suite) as it would run on a CPU without AVX-512.
-enum class MatMulIsa { kAuto, kAvx2, kAvx512 };
+// PREFIXD_CPU_ISA=avx2 (or avxvnni) makes kAuto pick AVX2 (or AVX2 with AVX-VNNI), for running
+// a whole program (a server, a test suite) as it would run on a CPU without AVX-512 (and
+// without AVX-VNNI: an AMD Zen 2 or 3).
+enum class MatMulIsa { kAuto, kAvx2, kAvx512, kAvxVnni };
 bool MatMulIsaSupported(MatMulIsa isa);
 // Process-wide. PREFIXD_CHECKs that `isa` is supported. Not to be called while a MatMul runs.
 void SetMatMulIsa(MatMulIsa isa);

@@ -104,6 +104,10 @@ struct Int8Rows {
 void PanelInt8Avx2(const Int8Rows& a, int64_t row0, int64_t rows, PanelRef panel, float* out);
 void PanelInt8Avx512(const Int8Rows& a, int64_t row0, int64_t rows, PanelRef panel, float* out);
 bool CpuHasAvx512Vnni();
+// As PanelInt8Avx512 with 256-bit vpdpbusd (AVX-VNNI: Intel since Alder Lake, AMD Zen 5).
+// Only call when CpuHasAvxVnni().
+void PanelInt8AvxVnni(const Int8Rows& a, int64_t row0, int64_t rows, PanelRef panel, float* out);
+bool CpuHasAvxVnni();
 
 // Spreads the prefetches of the next K chunk (`near`, into L1) and of the chunk after it
 // (`far`, into L2 only) evenly over `steps` k steps (every pass of every row block over this

@@ -245,6 +245,14 @@ TEST_P(CpuBackendDTypeTest, InstructionSetDoesNotChangeLogits) {
     EXPECT_EQ(got, want);
     EXPECT_EQ(got_chunked, want_chunked);
     EXPECT_EQ(got_chunked, want);
+    if (MatMulIsaSupported(MatMulIsa::kAvxVnni)) {  // int8's third set of blocks
+      SetMatMulIsa(MatMulIsa::kAvxVnni);
+      const std::vector<float> vnni = Prefill(*backend, tokens, Blocks(12, 3), 0);
+      const std::vector<float> vnni_chunked = Prefill(*backend, tokens, Blocks(15, 3), 5);
+      SetMatMulIsa(MatMulIsa::kAuto);
+      EXPECT_EQ(vnni, want);
+      EXPECT_EQ(vnni_chunked, want);
+    }
   }
 }
 

@@ -30,6 +30,7 @@ std::vector<float> RandomVector(size_t n, uint32_t seed) {
 // Every register-block path this CPU can run (all must give the same bits).
 std::vector<MatMulIsa> Isas() {
   std::vector<MatMulIsa> isas = {MatMulIsa::kAvx2};
+  if (MatMulIsaSupported(MatMulIsa::kAvxVnni)) isas.push_back(MatMulIsa::kAvxVnni);
   if (MatMulIsaSupported(MatMulIsa::kAvx512)) isas.push_back(MatMulIsa::kAvx512);
   return isas;
 }
