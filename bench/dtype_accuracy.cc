@@ -6,11 +6,12 @@
 // Teacher-forced: a fixed pseudo-random token sequence is fed one token per step, and at
 // every position the log-softmax of each other backend is compared with f32's: the largest
 // and the mean |Δ logprob| on the token f32 ranks first, the largest over f32's top 5 and over
-// the whole vocabulary, and how often the argmax agrees. Free-running: each backend greedily continues a prompt on
-// its own, and the report gives how many leading tokens agree with f32's continuation. --ids
-// feeds the given tokens instead of the pseudo-random ones (and sets --positions to their
-// count): e.g. a prompt and f32's greedy continuation of it, the sequence scripts/bench-peer's
-// cross-check feeds llama.cpp, so that its figures and these compare position for position.
+// the whole vocabulary, and how often the argmax agrees. Free-running: each backend greedily
+// continues a prompt on its own, and the report gives how many leading tokens agree with f32's
+// continuation. --ids feeds the given tokens instead of the pseudo-random ones (and sets
+// --positions to their count): e.g. a prompt and f32's greedy continuation of it, the sequence
+// scripts/bench-peer's cross-check feeds llama.cpp, so that its figures and these compare position
+// for position.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

@@ -112,7 +112,7 @@ int Main(int argc, char** argv) {
     std::normal_distribution<float> dist(0.0f, 0.02f);
     std::vector<PackedMatrix> mats;
     double bytes = 0, flops_per_row = 0;  // read and computed per step
-    double weight_bytes = 0;               // held
+    double weight_bytes = 0;              // held
     for (const Shape& s : shapes) {
       std::vector<float> w(s.k * s.n);
       for (float& x : w) x = dist(rng);
@@ -129,7 +129,7 @@ int Main(int argc, char** argv) {
       const char* isa_name = isa == MatMulIsa::kAvx2      ? "avx2"
                              : isa == MatMulIsa::kAvx512  ? "avx512"
                              : isa == MatMulIsa::kAvxVnni ? "avxvnni"
-                                                         : "auto";
+                                                          : "auto";
       for (int64_t m : rows) {
         double best_wall = 1e30, best_cpu = 1e30;
         for (int r = 0; r < reps; ++r) {

@@ -15,15 +15,10 @@ namespace prefixd {
 enum class DType { kF32 = 0, kF16 = 1, kBF16 = 2, kI8 = 3 };
 
 // Bytes of one element (for kI8 without its share of the block scales).
-constexpr int64_t DTypeSize(DType t) {
-  return t == DType::kF32 ? 4 : t == DType::kI8 ? 1 : 2;
-}
+constexpr int64_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : t == DType::kI8 ? 1 : 2; }
 // "f32" | "f16" | "bf16" | "int8": the names the API, flags and tools use.
 constexpr std::string_view DTypeName(DType t) {
-  return t == DType::kF32   ? "f32"
-         : t == DType::kF16 ? "f16"
-         : t == DType::kI8  ? "int8"
-                            : "bf16";
+  return t == DType::kF32 ? "f32" : t == DType::kF16 ? "f16" : t == DType::kI8 ? "int8" : "bf16";
 }
 inline std::optional<DType> ParseDType(std::string_view s) {
   if (s == "f32") return DType::kF32;

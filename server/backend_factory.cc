@@ -42,8 +42,8 @@ absl::StatusOr<DevicePlan> PlanDevice(std::string_view device, std::string_view 
   } else if (std::optional<DType> d = ParseDType(dtype)) {
     plan.dtype = *d;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--dtype=", std::string(dtype), " is not one of auto, f32, f16, bf16, int8"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dtype=", std::string(dtype), " is not one of auto, f32, f16, bf16, int8"));
   }
   if (plan.dtype == DType::kI8 && plan.use_cuda) {
     if (device == "cuda") {

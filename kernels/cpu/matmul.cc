@@ -321,8 +321,9 @@ void QuantizeRowInt8(const float* x, int64_t k, int8_t* q, float* scale, int32_t
     }
     __m256 v[4];
     for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(p + 8 * i);
-    __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
-                              _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
+    __m256 mx =
+        _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
+                      _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
     alignas(32) float lanes[8];
     _mm256_store_ps(lanes, mx);
     float m = 0.0f;
@@ -330,16 +331,18 @@ void QuantizeRowInt8(const float* x, int64_t k, int8_t* q, float* scale, int32_t
     const float inv = m > 0.0f ? 127.0f / m : 0.0f;
     scale[b] = m / 127.0f;
     __m256i qi[4];
-    for (int i = 0; i < 4; ++i) qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)));
-    const __m256i s = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
+    for (int i = 0; i < 4; ++i)
+      qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)));
+    const __m256i s =
+        _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
     alignas(32) int32_t s_lanes[8];
     _mm256_store_si256(reinterpret_cast<__m256i*>(s_lanes), s);
     int32_t total = 0;
     for (int32_t l : s_lanes) total += l;
     sum[b] = total;
     // packs interleave 128-bit lanes; the permutation restores element order.
-    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]),
-                                             _mm256_packs_epi32(qi[2], qi[3]));
+    const __m256i bytes =
+        _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k0),
                         _mm256_permutevar8x32_epi32(bytes, order));
   }

@@ -28,16 +28,16 @@ bool CpuHasAvx512() {
 }
 
 bool CpuHasAvx512Vnni() {
-  static const bool has = CpuHasAvx512() && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vnni");
+  static const bool has =
+      CpuHasAvx512() && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
   return has;
 }
 
 }  // namespace prefixd::internal
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni,fma,f16c"))), \
-                             apply_to = function)
+#pragma clang attribute push( \
+    __attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni,fma,f16c"))), apply_to = function)
 #else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni,fma,f16c")

@@ -71,8 +71,7 @@ struct AvxVnniInt8 {
 
 void PanelInt8AvxVnni(const Int8Rows& a, int64_t row0, int64_t rows, PanelRef panel, float* out) {
   PREFIXD_CHECK(panel.dtype == DType::kI8 && rows >= 1 && rows <= kMaxBatchRows);
-  Int8Panel<AvxVnniInt8>(a, row0, rows, panel.data, (panel.k + kInt8BlockK - 1) / kInt8BlockK,
-                         out);
+  Int8Panel<AvxVnniInt8>(a, row0, rows, panel.data, (panel.k + kInt8BlockK - 1) / kInt8BlockK, out);
 }
 
 }  // namespace prefixd::internal

@@ -124,10 +124,12 @@ void Rows(const float* a, int64_t rows, int64_t lda, const void* data, int64_t k
     case 6:
       return RowsBlock<Isa, D, 6, kPrefetch>(a, lda, panel, k, out);
     case 7:
-      if constexpr (Isa::kMaxRows >= 7) return RowsBlock<Isa, D, 7, kPrefetch>(a, lda, panel, k, out);
+      if constexpr (Isa::kMaxRows >= 7)
+        return RowsBlock<Isa, D, 7, kPrefetch>(a, lda, panel, k, out);
       break;
     case 8:
-      if constexpr (Isa::kMaxRows >= 8) return RowsBlock<Isa, D, 8, kPrefetch>(a, lda, panel, k, out);
+      if constexpr (Isa::kMaxRows >= 8)
+        return RowsBlock<Isa, D, 8, kPrefetch>(a, lda, panel, k, out);
       break;
   }
   __builtin_trap();  // rows outside [1, kMaxRows]: MatMul never asks for them
@@ -155,8 +157,7 @@ __attribute__((always_inline)) inline void BatchTile(const float* a, int64_t lda
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 16
     for (int v = 0; v < NV; ++v) {
-      acc[r][v] =
-          k0 == 0 ? Isa::Zero() : Isa::LoadAligned(out + r * kPanelWidth + Isa::kLanes * v);
+      acc[r][v] = k0 == 0 ? Isa::Zero() : Isa::LoadAligned(out + r * kPanelWidth + Isa::kLanes * v);
     }
   }
   // A local copy: through the reference its counters went to memory every k, a store-to-load

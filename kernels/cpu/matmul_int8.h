@@ -1,6 +1,7 @@
-// The int8 register blocks behind MatMul (matmul.h "int8 panels"), one template over an
-// instruction set's integer dot product. Internal to kernels/cpu: matmul_avx2.cc and
-// matmul_avx512.cc include it under their own target and instantiate it with their Ops.
+// The int8 register blocks behind MatMul (matmul.h, "int8 panels"), one template over an
+// instruction set's integer dot product. Internal to kernels/cpu: matmul_avx2.cc,
+// matmul_avxvnni.cc and matmul_avx512.cc include it (the latter two under their own target
+// pragma) and instantiate it with their Ops. The panel layout is in matmul_kernels.h.
 //
 // Invariant: for every row r and column c, and each K block b of kInt8BlockK rows in order,
 //   isum = sum over the block of qa[r, k] * qw[k, c]        (exact in int32)
@@ -11,8 +12,8 @@
 // the same bits. Partial sums wait between K chunks in `out` (an fp32 store and reload: exact).
 //
 // Ops supplies, for vectors of kLanes int32 / fp32 lanes (kLanes columns):
-//   I, F, A                      integer, float and prepared-activation vector types
-//   Weights(p)                   4 k x kLanes columns of the panel at p (u8 = qw + 128)
+//   I, F, W, A                   integer, float, prepared-weight and -activation vectors
+//   Weights(p)                   4 k x kLanes columns of the panel at p (bytes qw + 128)
 //   Acts(p)                      qa[k..k+4) of a row, broadcast
 //   Init(sum)                    the integer accumulator's start for a row whose block sums
 //                                to `sum` (what Dot's encoding of the weights needs)
@@ -83,8 +84,8 @@ __attribute__((always_inline)) inline void Int8Tile(const Int8Rows& a, int64_t r
         for (int v = 0; v < NV; ++v) iacc[r][v] = Ops::Dot(iacc[r][v], w[v], av);
       }
     }
-    const float* sw = reinterpret_cast<const float*>(panel + b * kInt8BlockBytes +
-                                                     kInt8BlockWeightBytes) + c0;
+    const float* sw =
+        reinterpret_cast<const float*>(panel + b * kInt8BlockBytes + kInt8BlockWeightBytes) + c0;
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const F sa = Ops::FSet1(a.scale[(row0 + r) * a.blocks + b]);
@@ -105,8 +106,8 @@ __attribute__((always_inline)) inline void Int8Tile(const Int8Rows& a, int64_t r
 // The column tiles of an R-row tile across the panel.
 template <class Ops, int R>
 __attribute__((always_inline)) inline void Int8RowTile(const Int8Rows& a, int64_t row0,
-                                                     const uint8_t* panel, int64_t b0, int64_t b1,
-                                                     PrefetchSpread& prefetch, float* out) {
+                                                       const uint8_t* panel, int64_t b0, int64_t b1,
+                                                       PrefetchSpread& prefetch, float* out) {
   constexpr int kNV = Ops::Tile(R);
   constexpr int kCols = Ops::kLanes * kNV;
   static_assert(kPanelWidth % kCols == 0);
@@ -124,19 +125,24 @@ void Int8TileRows(const Int8Rows& a, int64_t row0, int64_t rows, const uint8_t* 
     case 1:
       return Int8RowTile<Ops, 1>(a, row0, panel, b0, b1, prefetch, out);
     case 2:
-      if constexpr (Ops::kMaxTileRows >= 2) return Int8RowTile<Ops, 2>(a, row0, panel, b0, b1, prefetch, out);
+      if constexpr (Ops::kMaxTileRows >= 2)
+        return Int8RowTile<Ops, 2>(a, row0, panel, b0, b1, prefetch, out);
       break;
     case 3:
-      if constexpr (Ops::kMaxTileRows >= 3) return Int8RowTile<Ops, 3>(a, row0, panel, b0, b1, prefetch, out);
+      if constexpr (Ops::kMaxTileRows >= 3)
+        return Int8RowTile<Ops, 3>(a, row0, panel, b0, b1, prefetch, out);
       break;
     case 4:
-      if constexpr (Ops::kMaxTileRows >= 4) return Int8RowTile<Ops, 4>(a, row0, panel, b0, b1, prefetch, out);
+      if constexpr (Ops::kMaxTileRows >= 4)
+        return Int8RowTile<Ops, 4>(a, row0, panel, b0, b1, prefetch, out);
       break;
     case 5:
-      if constexpr (Ops::kMaxTileRows >= 5) return Int8RowTile<Ops, 5>(a, row0, panel, b0, b1, prefetch, out);
+      if constexpr (Ops::kMaxTileRows >= 5)
+        return Int8RowTile<Ops, 5>(a, row0, panel, b0, b1, prefetch, out);
       break;
     case 6:
-      if constexpr (Ops::kMaxTileRows >= 6) return Int8RowTile<Ops, 6>(a, row0, panel, b0, b1, prefetch, out);
+      if constexpr (Ops::kMaxTileRows >= 6)
+        return Int8RowTile<Ops, 6>(a, row0, panel, b0, b1, prefetch, out);
       break;
   }
   __builtin_trap();  // rows outside [1, kMaxTileRows]: a bug in Int8Panel below
@@ -168,8 +174,8 @@ void Int8Panel(const Int8Rows& a, int64_t row0, int64_t rows, const void* panel_
   }
   for (int64_t b0 = 0; b0 < blocks; b0 += kInt8ChunkBlocks) {
     const int64_t b1 = std::min(blocks, b0 + kInt8ChunkBlocks);
-    PrefetchSpread prefetch = ChunkPrefetch<true>(panel, kInt8BlockBytes, blocks, b1,
-                                                  kInt8ChunkBlocks, (b1 - b0) * kInt8QuadRows * passes);
+    PrefetchSpread prefetch = ChunkPrefetch<true>(
+        panel, kInt8BlockBytes, blocks, b1, kInt8ChunkBlocks, (b1 - b0) * kInt8QuadRows * passes);
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t r0 = rows * t / tiles, r1 = rows * (t + 1) / tiles;
       Int8TileRows<Ops>(a, row0 + r0, r1 - r0, panel, b0, b1, prefetch, out + r0 * kPanelWidth);

@@ -77,17 +77,18 @@ inline constexpr int64_t kMaxBatchRows = 64;
 void PanelBatchAvx2(const float* a, int64_t rows, int64_t lda, PanelRef panel, float* out);
 void PanelBatchAvx512(const float* a, int64_t rows, int64_t lda, PanelRef panel, float* out);
 
-// ---- int8 panels, both instruction sets ----
+// ---- int8 panels, every instruction set ----
 
-// One panel's K block: kInt8QuadRows rows of [kPanelWidth columns][4 k] bytes (so that one
-// 32-bit lane holds a column's 4 consecutive k, what the dot products multiply), then the
-// block's kPanelWidth fp32 scales.
+// One panel's K block: kInt8QuadRows rows of [kPanelWidth columns][4 k] bytes qw + 128 (so
+// that one 32-bit lane holds a column's 4 consecutive k, what the dot products multiply; the
+// offset makes them the unsigned operand vpdpbusd takes), then the block's kPanelWidth fp32
+// scales. A panel is ceil(K / kInt8BlockK) such blocks; K past the end holds qw = 0.
 inline constexpr int64_t kInt8QuadRows = kInt8BlockK / 4;
 inline constexpr int64_t kInt8QuadRowBytes = kPanelWidth * 4;
 inline constexpr int64_t kInt8BlockWeightBytes = kInt8QuadRows * kInt8QuadRowBytes;
 inline constexpr int64_t kInt8BlockBytes = kInt8BlockWeightBytes + kPanelWidth * 4;
 
-// Activation rows quantized by QuantizeRowsInt8 (matmul.cc): row r's block b is
+// Activation rows quantized by QuantizeRowInt8 (matmul.cc): row r's block b is
 // q[r * q_stride + b * kInt8BlockK ..] (zero past K), scale[r * blocks + b], sum[r * blocks + b].
 struct Int8Rows {
   const int8_t* q = nullptr;
