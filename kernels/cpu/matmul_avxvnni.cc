@@ -3,6 +3,7 @@
 // matmul_avx512.cc, a target pragma covers only what follows the includes, and the int8
 // template's functions have internal linkage, so no AVX-VNNI code can stand in for a copy
 // that another file compiled for plain AVX2.
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -15,9 +16,14 @@
 
 namespace prefixd::internal {
 
-// Outside the target: runs on every CPU.
+// Outside the target: runs on every CPU. CPUID leaf 7 sub-leaf 1, EAX bit 4 (clang 14's
+// __builtin_cpu_supports does not know "avxvnni"); the ymm state it needs is AVX2's, which
+// this library requires anyway.
 bool CpuHasAvxVnni() {
-  static const bool has = __builtin_cpu_supports("avxvnni");
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 && (eax & (1u << 4)) != 0;
+  }();
   return has;
 }
 
