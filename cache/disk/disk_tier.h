@@ -42,7 +42,7 @@
 #include "absl/types/span.h"
 #include "cache/disk/block_file.h"
 #include "cache/disk/tier_index.h"
-#include "cache/internal/digest_hash.h"
+#include "cache/digest_hash.h"
 
 namespace prefixd {
 
@@ -86,10 +86,10 @@ class DiskTier {
   DiskTier(const DiskTier&) = delete;
   DiskTier& operator=(const DiskTier&) = delete;
 
-  // The chain keys of the whole blocks of `tokens` (which follow the block whose key is
-  // `parent`, or start a chain when `parent` is the root) that the tier holds, in order,
-  // stopping at the first one it does not hold.
-  std::vector<Digest> MatchFrom(const Digest& parent, absl::Span<const uint32_t> tokens) const;
+  // How many of `keys` (chain keys of consecutive blocks, as a TokenChain holds them:
+  // cache/token_chain.h) the tier holds, counted from the first to the first it does not hold.
+  // Hashes nothing: the keys are the request's own.
+  size_t MatchFrom(absl::Span<const Digest> keys) const;
   bool Contains(const Digest& key) const;
 
   // Asks the kernel to start reading the files of `keys` (posix_fadvise WILLNEED), so that
