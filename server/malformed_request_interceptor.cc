@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "server/metrics.h"
 
 namespace prefixd {
 namespace {
