@@ -21,8 +21,12 @@
 #include <ctime>
 #include <filesystem>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "base/command_line.h"
 #include "bench/bench_clock.h"
 #include "cache/kv_layout.h"
 #include "engine/backend.h"
@@ -131,30 +135,58 @@ int Main(int argc, char** argv) {
   int quick = 0;
   MatMulIsa isa = MatMulIsa::kAuto;
   DType dtype = DType::kF32;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--model")
-      model_dir = argv[i + 1];
-    else if (flag == "--threads")
-      threads = std::atoi(argv[i + 1]);
-    else if (flag == "--reps")
-      reps = std::atoi(argv[i + 1]);
-    else if (flag == "--quick")
-      quick = std::atoi(argv[i + 1]);
-    else if (flag == "--isa" && std::string(argv[i + 1]) == "auto")
-      isa = MatMulIsa::kAuto;
-    else if (flag == "--isa" && std::string(argv[i + 1]) == "avx2")
-      isa = MatMulIsa::kAvx2;
-    else if (flag == "--isa" && std::string(argv[i + 1]) == "avx512")
-      isa = MatMulIsa::kAvx512;
-    else if (flag == "--dtype" && ParseDType(argv[i + 1]))
-      dtype = *ParseDType(argv[i + 1]);
-    else {
-      std::fprintf(stderr,
-                   "usage: cpu_backend_bench [--model DIR] [--threads N] [--reps N] "
-                   "[--isa auto|avx2|avx512] [--dtype f32|f16|bf16] [--quick 0-5]\n");
+  constexpr const char* kUsage =
+      "usage: cpu_backend_bench [--model DIR] [--threads N] [--reps N] "
+      "[--isa auto|avx2|avx512] [--dtype f32|f16|bf16] [--quick 0-5]\n";
+  static constexpr FlagSpec kFlags[] = {
+      {"model"}, {"threads"}, {"reps"}, {"quick"}, {"isa"}, {"dtype"}, {"help", FlagKind::kSwitch}};
+  absl::StatusOr<ParsedCommandLine> args =
+      ParseArgv(absl::MakeConstSpan(argv + 1, static_cast<size_t>(argc - 1)), kFlags);
+  if (args.ok() && args->Has("help")) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (!args.ok() || !args->positional.empty()) {
+    std::fprintf(
+        stderr, "cpu_backend_bench: %s\n%s",
+        args.ok() ? "unexpected positional argument" : std::string(args.status().message()).c_str(),
+        kUsage);
+    return 2;
+  }
+  model_dir = args->Flag("model").value_or("");
+  for (auto [name, field, lo, hi] :
+       {std::tuple<const char*, int*, int, int>{"threads", &threads, 1, 1024},
+        {"reps", &reps, 1, 1 << 20},
+        {"quick", &quick, 0, 5}}) {
+    const std::optional<std::string> v = args->Flag(name);
+    if (!v.has_value()) continue;
+    absl::StatusOr<int64_t> n = ParseInteger(*v, absl::StrCat("--", name), lo, hi);
+    if (!n.ok()) {
+      std::fprintf(stderr, "cpu_backend_bench: %s\n", std::string(n.status().message()).c_str());
       return 2;
     }
+    *field = static_cast<int>(*n);
+  }
+  if (const std::optional<std::string> v = args->Flag("isa"); v.has_value()) {
+    if (*v == "auto") {
+      isa = MatMulIsa::kAuto;
+    } else if (*v == "avx2") {
+      isa = MatMulIsa::kAvx2;
+    } else if (*v == "avx512") {
+      isa = MatMulIsa::kAvx512;
+    } else {
+      std::fprintf(stderr, "cpu_backend_bench: --isa takes auto, avx2 or avx512, got %s\n",
+                   v->c_str());
+      return 2;
+    }
+  }
+  if (const std::optional<std::string> v = args->Flag("dtype"); v.has_value()) {
+    if (!ParseDType(*v)) {
+      std::fprintf(stderr, "cpu_backend_bench: --dtype takes f32, f16 or bf16, got %s\n",
+                   v->c_str());
+      return 2;
+    }
+    dtype = *ParseDType(*v);
   }
   if (!MatMulIsaSupported(isa)) {
     std::fprintf(stderr, "cpu_backend_bench: this CPU lacks AVX-512\n");

@@ -30,7 +30,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/dtype.h"
 #include "engine/model.h"
-#include "engine/read_file.h"
+#include "base/file.h"
 #include "engine/tokenizer.h"  // Model holds a unique_ptr<Tokenizer>
 #include "nlohmann/json.hpp"
 

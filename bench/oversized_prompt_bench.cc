@@ -1,7 +1,7 @@
 // What an oversized text prompt costs the server: a 3.9 MB text Generate sent to prefixd
 // (in-process, on the tiny random model, CPU backend, loopback gRPC) is refused by its byte
 // length before any tokenizing. Prints each round trip, their median, and, for scale, what
-// tokenizing that text in full costs (what the server spent before the byte-length rule).
+// tokenizing that text in full costs (what the server would spend without the byte-length rule).
 //
 //   oversized_prompt_bench [--reps 3] [--bytes 3900000]
 #include <algorithm>

@@ -1,5 +1,5 @@
-// Cache identity: the keys that decide which KV blocks may be shared (DESIGN.md "Cache
-// identity and layout").
+// Cache identity: the keys that decide which KV blocks may be shared (docs/ARCHITECTURE.md,
+// "Cache identity and invariants").
 //
 // A block's KV rows are correct only for the exact weights, tokenizer, tenant and token ids
 // that produced them, so a block is keyed by a hash chain over all of them:

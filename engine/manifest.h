@@ -1,4 +1,4 @@
-// The model manifest: the identity every cached KV block is keyed by (DESIGN.md).
+// The model manifest: the identity every cached KV block is keyed by (docs/ARCHITECTURE.md).
 //
 // manifest = SHA-256 over, for each of kManifestFiles in that order, the file's name
 // (length-prefixed) followed by the SHA-256 of its content. The directory's own name and any

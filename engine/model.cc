@@ -19,7 +19,7 @@
 #include "base/escape.h"
 #include "cache/sha256.h"
 #include "engine/manifest.h"
-#include "engine/read_file.h"
+#include "base/file.h"
 #include "engine/safetensors.h"
 #include "engine/tokenizer.h"
 #include "engine/weights_scan.h"

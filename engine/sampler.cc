@@ -30,11 +30,10 @@ struct ByLogitDesc {
 };
 
 // The loops below run once per generated token over the whole vocabulary (50k entries for
-// GPT-2), on the engine thread between backend steps; written scalar they cost ~0.4 ms a
-// row, 10% of a batch-8 CPU decode step. Each is written in 8 independent lanes, which the
-// compiler turns into vector code (this file is built with -O3 for x86-64-v3, the kernels'
-// baseline), and each result depends only on the row: the lanes and their final order are
-// fixed, whatever else is in the batch.
+// GPT-2), on the engine thread between backend steps, while the backend's threads wait. Each
+// is written in 8 independent lanes, which the compiler turns into vector code (this file is
+// built with -O3 for x86-64-v3, the kernels' baseline), and each result depends only on the
+// row: the lanes and their final order are fixed, whatever else is in the batch.
 constexpr size_t kLanes = 8;
 
 // The largest logit. `a > b ? a : b` per lane is a vector max; a max is exact, so the lane

@@ -22,7 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/escape.h"
 #include "engine/internal/bpe_pretokenizer.h"
-#include "engine/read_file.h"
+#include "base/file.h"
 #include "nlohmann/json.hpp"
 
 namespace prefixd {

@@ -8,7 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "engine/read_file.h"
+#include "base/file.h"
 
 namespace prefixd {
 namespace {

@@ -28,6 +28,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "server/listen_address.h"
 
 namespace prefixd {
 
@@ -36,10 +37,9 @@ class ConnectionAcceptor {
   // Gives an accepted connection to gRPC. `listener_fd` is the socket it was accepted on.
   using Handoff = std::function<void(int listener_fd, int fd)>;
 
-  // Binds and listens on `address`: "HOST:PORT" (every address HOST resolves to; an empty
-  // HOST or "[::]" is every interface), "[IPV6]:PORT", "unix:PATH" or "unix-abstract:NAME".
-  // Port 0 picks a free port. Nothing is accepted before Start.
-  static absl::StatusOr<std::unique_ptr<ConnectionAcceptor>> Listen(const std::string& address);
+  // Binds and listens on `address` (server/listen_address.h: every address a TCP host
+  // resolves to, or a unix socket). Nothing is accepted before Start.
+  static absl::StatusOr<std::unique_ptr<ConnectionAcceptor>> Listen(const ListenAddress& address);
   ~ConnectionAcceptor();  // Stop()s
 
   ConnectionAcceptor(const ConnectionAcceptor&) = delete;

@@ -1,4 +1,4 @@
-// One error vocabulary end to end (STYLE.md 9): absl::StatusCode and grpc::StatusCode share
+// One error vocabulary end to end: absl::StatusCode and grpc::StatusCode share
 // their numeric values (both follow google.rpc.Code), so the mapping is the identity and no
 // code is ever translated into another.
 #ifndef PREFIXD_SERVER_GRPC_STATUS_H_

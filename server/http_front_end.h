@@ -1,21 +1,11 @@
 // The HTTP front end: OpenAI's completions API (server/openai_api.h) and a few vLLM-style
-// endpoints over HTTP/1.1, on Boost.Beast (asio). It translates and moves bytes; every
-// request goes through the request path (server/request_path.h) like a gRPC call.
-//
-//   POST /v1/completions       streamed (Server-Sent Events) or not
-//   GET  /v1/models            the served model
-//   GET  /health               200 while serving, 503 while draining
-//   POST /tokenize, /detokenize
-//   POST /v1/chat/completions  400: GPT-2 is a base model without a chat template
+// endpoints over HTTP/1.1, on Boost.Beast (asio). This class listens and owns the I/O
+// threads; a connection is a session (server/http_session.h), what a request gets is the
+// router's (server/http_router.h), a running completion is server/http_completion.h.
 //
 // Concurrency: a few I/O threads serve every connection asynchronously (no thread per
-// connection or stream). Each connection runs on its own strand. Engine events reach a
-// connection through the request stream's notify, posted onto that strand.
-// Backpressure: at most one write per connection is in flight; tokens that arrive meanwhile
-// are coalesced (server/generate_output.h) into the next write.
-// Disconnects: while a completion runs, the connection is watched for readability, so a
-// client that goes away is noticed (and its requests cancelled, their blocks released) even
-// while no token is being written to it.
+// connection or stream). Each connection runs on its own strand; engine events reach it
+// through the request stream's notify, posted onto that strand.
 #ifndef PREFIXD_SERVER_HTTP_FRONT_END_H_
 #define PREFIXD_SERVER_HTTP_FRONT_END_H_
 
@@ -27,12 +17,13 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "server/listen_address.h"
 #include "server/request_path.h"
 
 namespace prefixd {
 
 struct HttpFrontEndOptions {
-  std::string listen;  // "HOST:PORT"; port 0 picks a free one
+  ListenAddress listen;         // TCP only; every address the host resolves to; port 0 picks one
   RequestPath* path = nullptr;  // not owned
   int threads = 2;
   // A request body past this is refused with 413 before it is read.

@@ -4,16 +4,19 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/descriptor.h"
 #include "server/metrics.h"
 
 namespace prefixd {
 namespace {
 
-constexpr std::string_view kService = "/prefixd.v1.Inference/";
+constexpr std::string_view kServiceName = "prefixd.v1.Inference";
+constexpr std::string_view kServicePath = "/prefixd.v1.Inference/";
 
 class MalformedRequestInterceptor : public grpc::experimental::Interceptor {
  public:
-  MalformedRequestInterceptor(std::string_view method, ServerMetrics* metrics)
+  MalformedRequestInterceptor(const google::protobuf::MethodDescriptor* method,
+                              ServerMetrics* metrics)
       : method_(method), metrics_(metrics) {}
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
@@ -24,10 +27,10 @@ class MalformedRequestInterceptor : public grpc::experimental::Interceptor {
           status.error_message().empty()) {
         methods->ModifySendStatus(grpc::Status(
             grpc::StatusCode::INVALID_ARGUMENT,
-            absl::StrCat("the request is not a valid prefixd.v1.", method_,
-                         "Request: it did not parse (a string field holds invalid UTF-8, or the "
+            absl::StrCat("the request is not a valid ", method_->input_type()->full_name(),
+                         ": it did not parse (a string field holds invalid UTF-8, or the "
                          "bytes are not that protobuf message)")));
-        if (method_ == "Generate" && metrics_ != nullptr) {
+        if (method_->name() == "Generate" && metrics_ != nullptr) {
           metrics_->RecordRequest(Api::kGrpc, absl::StatusCode::kInvalidArgument);
         }
       }
@@ -36,7 +39,7 @@ class MalformedRequestInterceptor : public grpc::experimental::Interceptor {
   }
 
  private:
-  std::string method_;  // "Generate", "Tokenize", ...
+  const google::protobuf::MethodDescriptor* method_;  // a method of kService
   ServerMetrics* metrics_;
 };
 
@@ -44,9 +47,18 @@ class MalformedRequestInterceptor : public grpc::experimental::Interceptor {
 
 grpc::experimental::Interceptor* MalformedRequestInterceptorFactory::CreateServerInterceptor(
     grpc::experimental::ServerRpcInfo* info) {
-  const std::string_view method = info->method() != nullptr ? info->method() : "";
-  if (method.substr(0, kService.size()) != kService) return nullptr;
-  return new MalformedRequestInterceptor(method.substr(kService.size()), metrics_);
+  const std::string_view path = info->method() != nullptr ? info->method() : "";
+  if (path.substr(0, kServicePath.size()) != kServicePath) return nullptr;
+  // Only a method the service has: gRPC's own UNIMPLEMENTED for a method that does not exist
+  // ("/prefixd.v1.Inference/NoSuchMethod") must reach the client as it is.
+  const google::protobuf::ServiceDescriptor* service =
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+          std::string(kServiceName));
+  if (service == nullptr) return nullptr;
+  const google::protobuf::MethodDescriptor* method =
+      service->FindMethodByName(std::string(path.substr(kServicePath.size())));
+  if (method == nullptr) return nullptr;
+  return new MalformedRequestInterceptor(method, metrics_);
 }
 
 }  // namespace prefixd

@@ -20,12 +20,30 @@ absl::Status Invalid(const std::string& field, const std::string& message) {
 }
 
 absl::StatusOr<json> ParseObject(const std::string& body) {
+  // Nothing a client sends may raise: every nlohmann error (syntax, a number past a double's
+  // range such as 1e400, invalid UTF-8) is caught here, the one place every body passes,
+  // and answered naming the object key it came after, when there was one.
+  std::string last_key;
+  const json::parser_callback_t track_key = [&last_key](int, json::parse_event_t event,
+                                                        json& parsed) {
+    if (event == json::parse_event_t::key && parsed.is_string()) {
+      last_key = parsed.get<std::string>();
+    }
+    return true;
+  };
   json j;
   try {
-    j = json::parse(body.begin(), body.end());
-  } catch (const json::parse_error& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the body is not valid JSON (", e.what(), "): send a JSON object"));
+    j = json::parse(body.begin(), body.end(), track_key);
+  } catch (const json::exception& e) {
+    std::string where;
+    if (!last_key.empty()) {
+      where = absl::StrCat(" in or after `", absl::CHexEscape(last_key.substr(0, 64)), "`");
+    }
+    absl::Status s = absl::InvalidArgumentError(
+        absl::StrCat("the body is not valid JSON", where, " (", e.what(),
+                     "): send a JSON object whose numbers fit a double"));
+    if (!last_key.empty()) s.SetPayload(kInvalidFieldPayload, absl::Cord(last_key.substr(0, 64)));
+    return s;
   }
   if (!j.is_object()) {
     return absl::InvalidArgumentError("the body must be a JSON object");
@@ -36,7 +54,7 @@ absl::StatusOr<json> ParseObject(const std::string& body) {
 // Typed readers: each refuses a value of the wrong type naming the field. `null` is the
 // same as leaving the field out (OpenAI's SDKs send nulls for unset options).
 absl::StatusOr<std::optional<int64_t>> GetInt(const json& j, const char* field, int64_t lo,
-                                             int64_t hi) {
+                                              int64_t hi) {
   auto it = j.find(field);
   if (it == j.end() || it->is_null()) return std::optional<int64_t>();
   if (!it->is_number_integer()) {
@@ -57,7 +75,13 @@ absl::StatusOr<std::optional<double>> GetNumber(const json& j, const char* field
   auto it = j.find(field);
   if (it == j.end() || it->is_null()) return std::optional<double>();
   if (!it->is_number()) return Invalid(field, absl::StrCat("`", field, "` must be a number"));
-  return std::optional<double>(it->get<double>());
+  const double v = it->get<double>();
+  // Every number field is read as a float: one past its range would convert to infinity
+  // (undefined behaviour in C++).
+  if (!(std::fabs(v) <= std::numeric_limits<float>::max())) {
+    return Invalid(field, absl::StrCat("`", field, "` is out of range, got ", v));
+  }
+  return std::optional<double>(v);
 }
 
 absl::StatusOr<std::optional<bool>> GetBool(const json& j, const char* field) {
@@ -80,8 +104,7 @@ absl::StatusOr<std::vector<uint32_t>> TokenIdArray(const json& a, const char* fi
   for (const json& v : a) {
     if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
         (v.is_number_unsigned() && v.get<uint64_t>() > std::numeric_limits<uint32_t>::max())) {
-      return Invalid(field, absl::StrCat("`", field,
-                                         "` token ids must be non-negative integers"));
+      return Invalid(field, absl::StrCat("`", field, "` token ids must be non-negative integers"));
     }
     ids.push_back(static_cast<uint32_t>(v.get<uint64_t>()));
   }
@@ -93,9 +116,9 @@ absl::Status CheckModel(const json& j, const std::string& served_model) {
   if (it == j.end() || it->is_null()) return absl::OkStatus();
   if (!it->is_string()) return Invalid("model", "`model` must be a string");
   if (it->get<std::string>() != served_model) {
-    absl::Status s = absl::NotFoundError(absl::StrCat(
-        "The model `", it->get<std::string>(), "` does not exist: this server serves `",
-        served_model, "` (GET /v1/models)"));
+    absl::Status s = absl::NotFoundError(absl::StrCat("The model `", it->get<std::string>(),
+                                                      "` does not exist: this server serves `",
+                                                      served_model, "` (GET /v1/models)"));
     s.SetPayload(kInvalidFieldPayload, absl::Cord("model"));
     return s;
   }
@@ -155,22 +178,22 @@ absl::StatusOr<std::vector<GenerateCall>> ParsePrompts(const json& j) {
 
 // Parameters OpenAI has and prefixd does not implement: accepted only at their neutral value.
 absl::Status CheckUnsupported(const json& j) {
-  if (auto it = j.find("best_of"); it != j.end() && !it->is_null() &&
-                                    !(it->is_number_integer() && it->get<int64_t>() == 1)) {
+  if (auto it = j.find("best_of");
+      it != j.end() && !it->is_null() && !(it->is_number_integer() && it->get<int64_t>() == 1)) {
     return Invalid("best_of", "`best_of` other than 1 is not supported: use `n`");
   }
   for (const char* f : {"presence_penalty", "frequency_penalty"}) {
-    if (auto it = j.find(f); it != j.end() && !it->is_null() &&
-                             !(it->is_number() && it->get<double>() == 0.0)) {
+    if (auto it = j.find(f);
+        it != j.end() && !it->is_null() && !(it->is_number() && it->get<double>() == 0.0)) {
       return Invalid(f, absl::StrCat("`", f, "` is not supported: leave it out or 0"));
     }
   }
-  if (auto it = j.find("logit_bias"); it != j.end() && !it->is_null() &&
-                                       !(it->is_object() && it->empty())) {
+  if (auto it = j.find("logit_bias");
+      it != j.end() && !it->is_null() && !(it->is_object() && it->empty())) {
     return Invalid("logit_bias", "`logit_bias` is not supported: leave it out");
   }
-  if (auto it = j.find("suffix"); it != j.end() && !it->is_null() &&
-                                   !(it->is_string() && it->get<std::string>().empty())) {
+  if (auto it = j.find("suffix");
+      it != j.end() && !it->is_null() && !(it->is_string() && it->get<std::string>().empty())) {
     return Invalid("suffix", "`suffix` is not supported: leave it out");
   }
   if (auto it = j.find("echo"); it != j.end() && !it->is_null()) {
@@ -180,11 +203,28 @@ absl::Status CheckUnsupported(const json& j) {
   return absl::OkStatus();
 }
 
-constexpr const char* kKnownFields[] = {
-    "model", "prompt", "max_tokens", "temperature", "top_p", "n", "seed", "stop", "logprobs",
-    "stream", "stream_options", "user", "echo", "best_of", "presence_penalty",
-    "frequency_penalty", "logit_bias", "suffix", "top_k", "ignore_eos", "cache_salt",
-    "stop_token_ids"};
+constexpr const char* kKnownFields[] = {"model",
+                                        "prompt",
+                                        "max_tokens",
+                                        "temperature",
+                                        "top_p",
+                                        "n",
+                                        "seed",
+                                        "stop",
+                                        "logprobs",
+                                        "stream",
+                                        "stream_options",
+                                        "user",
+                                        "echo",
+                                        "best_of",
+                                        "presence_penalty",
+                                        "frequency_penalty",
+                                        "logit_bias",
+                                        "suffix",
+                                        "top_k",
+                                        "ignore_eos",
+                                        "cache_salt",
+                                        "stop_token_ids"};
 
 }  // namespace
 
@@ -250,7 +290,8 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(const std::string& body
       base.stop.push_back(it->get<std::string>());
     } else if (it->is_array()) {
       for (const json& s : *it) {
-        if (!s.is_string()) return Invalid("stop", "`stop` must be a string or an array of strings");
+        if (!s.is_string())
+          return Invalid("stop", "`stop` must be a string or an array of strings");
         base.stop.push_back(s.get<std::string>());
       }
     } else {
@@ -313,7 +354,8 @@ void AppendToChoice(const Tokenizer& tokenizer, const SampleOutput& out, Choice*
       lp.tokens.push_back(TokenName(tokenizer, t.token_id));
       lp.token_logprobs.push_back(t.logprob);
       std::vector<std::pair<std::string, float>> top;
-      for (const TokenLogprob& e : t.top) top.emplace_back(TokenName(tokenizer, e.token_id), e.logprob);
+      for (const TokenLogprob& e : t.top)
+        top.emplace_back(TokenName(tokenizer, e.token_id), e.logprob);
       lp.top_logprobs.push_back(std::move(top));
       lp.text_offset.push_back(static_cast<uint32_t>(choice->text.size()));
     }
@@ -325,9 +367,9 @@ void AppendToChoice(const Tokenizer& tokenizer, const SampleOutput& out, Choice*
 
 ojson UsageJson(const Usage& u) {
   return ojson{{"prompt_tokens", u.prompt_tokens},
-              {"completion_tokens", u.completion_tokens},
-              {"total_tokens", u.prompt_tokens + u.completion_tokens},
-              {"prompt_tokens_details", {{"cached_tokens", u.cached_prompt_tokens}}}};
+               {"completion_tokens", u.completion_tokens},
+               {"total_tokens", u.prompt_tokens + u.completion_tokens},
+               {"prompt_tokens_details", {{"cached_tokens", u.cached_prompt_tokens}}}};
 }
 
 ojson ChoiceJson(const Choice& c) {
@@ -344,9 +386,9 @@ ojson ChoiceJson(const Choice& c) {
       top.push_back(std::move(o));
     }
     choice["logprobs"] = ojson{{"tokens", c.logprobs->tokens},
-                              {"token_logprobs", c.logprobs->token_logprobs},
-                              {"top_logprobs", std::move(top)},
-                              {"text_offset", c.logprobs->text_offset}};
+                               {"token_logprobs", c.logprobs->token_logprobs},
+                               {"top_logprobs", std::move(top)},
+                               {"text_offset", c.logprobs->text_offset}};
   }
   switch (c.finish_reason) {
     case FinishReason::kLength:
@@ -365,8 +407,8 @@ ojson ChoiceJson(const Choice& c) {
 namespace {
 
 ojson Header(const ResponseHeader& h) {
-  return ojson{{"id", h.id}, {"object", "text_completion"}, {"created", h.created},
-              {"model", h.model}};
+  return ojson{
+      {"id", h.id}, {"object", "text_completion"}, {"created", h.created}, {"model", h.model}};
 }
 
 // Invalid UTF-8 cannot reach here (text is decoded with U+FFFD), but token names and
@@ -449,18 +491,18 @@ std::string ErrorJson(const absl::Status& status) {
   }
   const std::string field = InvalidField(status);
   ojson error{{"message", std::string(status.message())},
-             {"type", type},
-             {"param", field.empty() ? ojson(nullptr) : ojson(field)},
-             {"code", status.code() == absl::StatusCode::kNotFound && field == "model"
-                          ? ojson("model_not_found")
-                          : ojson(absl::StatusCodeToString(status.code()))}};
+              {"type", type},
+              {"param", field.empty() ? ojson(nullptr) : ojson(field)},
+              {"code", status.code() == absl::StatusCode::kNotFound && field == "model"
+                           ? ojson("model_not_found")
+                           : ojson(absl::StatusCodeToString(status.code()))}};
   return Dump(ojson{{"error", std::move(error)}});
 }
 
 absl::Status ToHttpFieldNames(const absl::Status& status) {
   static constexpr std::pair<const char*, const char*> kNames[] = {
-      {"max_new_tokens", "max_tokens"}, {"num_samples", "n"},   {"top_logprobs", "logprobs"},
-      {"token_ids", "prompt"},          {"text", "prompt"},     {"--max-samples", "--max-samples"}};
+      {"max_new_tokens", "max_tokens"}, {"num_samples", "n"}, {"top_logprobs", "logprobs"},
+      {"token_ids", "prompt"},          {"text", "prompt"},   {"--max-samples", "--max-samples"}};
   const std::string field = InvalidField(status);
   if (field.empty()) return status;
   std::string message(status.message());

@@ -1,5 +1,5 @@
 // The one request path that every front end calls: authenticate → tenant namespace →
-// tokenize → validate → submit → stream → finish and count. A front end (gRPC today) only
+// tokenize → validate → submit → stream → finish and count. A front end (gRPC, HTTP) only
 // translates its protocol into a GenerateCall, the results back into its messages, and a
 // Status into its protocol's status; it adds no rule of its own, so every front end refuses
 // the same requests with the same messages.

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <exception>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -20,7 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
-#include "engine/read_file.h"
+#include "base/file.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -32,6 +33,7 @@
 #include "server/executor.h"
 #include "server/http_front_end.h"
 #include "server/inference_service.h"
+#include "server/listen_address.h"
 #include "server/malformed_request_interceptor.h"
 #include "server/metrics.h"
 #include "server/rate_limited_log.h"
@@ -46,25 +48,52 @@ void LogToStderr(std::string_view line) {
   std::fflush(stderr);
 }
 
-// CivetWeb (under prometheus-cpp's Exposer) cannot bind port 0, so for "host:0" ask the OS
-// for a free port first. The port could be taken in between; start-up then fails clearly.
-std::string ResolveMetricsAddress(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || address.substr(colon + 1) != "0") return address;
-  const std::string host = address.substr(0, colon);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) return address;
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return address;
-  std::string resolved = address;
-  socklen_t len = sizeof(addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    resolved = absl::StrCat(host, ":", ntohs(addr.sin_port));
+// The addresses each listener takes, read once from the options (server/listen_address.h).
+struct ServerListenAddresses {
+  ListenAddress grpc;
+  std::optional<ListenAddress> http;     // nullopt: "off"
+  std::optional<ListenAddress> metrics;  // nullopt: "off"
+};
+
+absl::StatusOr<ServerListenAddresses> ParseServerListenAddresses(const ServerOptions& o) {
+  ServerListenAddresses out;
+  absl::StatusOr<ListenAddress> grpc =
+      ParseListenAddress("--listen", o.listen, UnixSockets::kAllow);
+  if (!grpc.ok()) return grpc.status();
+  out.grpc = *std::move(grpc);
+  for (auto [flag, text, field] :
+       {std::tuple<const char*, const std::string*, std::optional<ListenAddress>*>{
+            "--http-listen", &o.http_listen, &out.http},
+        {"--metrics-listen", &o.metrics_listen, &out.metrics}}) {
+    if (*text == "off") continue;
+    absl::StatusOr<ListenAddress> a = ParseListenAddress(flag, *text, UnixSockets::kRefuse);
+    if (!a.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(a.status().message(), " (\"off\" disables it)"));
+    }
+    *field = *std::move(a);
   }
-  close(fd);
-  return resolved;
+  return out;
+}
+
+// CivetWeb (under prometheus-cpp's Exposer) takes its own "ip:port,ip:port" list and cannot
+// bind port 0: so it gets every address the host resolves to, and for port 0 a free port
+// the kernel picked for them here first. The port could be taken in between; start-up then
+// fails clearly.
+absl::StatusOr<std::string> CivetListeningPorts(const ListenAddress& address) {
+  ListenAddress fixed = address;
+  if (fixed.port == 0) {
+    absl::StatusOr<ListenSockets> probe = Listen(fixed, 1);
+    if (!probe.ok()) return probe.status();
+    for (int fd : probe->fds) close(fd);
+    fixed.port = probe->port;
+  }
+  absl::StatusOr<std::vector<SocketAddress>> resolved =
+      ResolveListenAddress("--metrics-listen", fixed);
+  if (!resolved.ok()) return resolved.status();
+  std::vector<std::string> ports;
+  for (const SocketAddress& a : *resolved) ports.push_back(a.ToString());
+  return absl::StrJoin(ports, ",");
 }
 
 // CivetWeb reports why it failed only through this hook; it has no user pointer, so the
@@ -101,8 +130,8 @@ constexpr int64_t kMaxDerivedConnections = 16384;
 absl::StatusOr<int> ResolveMaxConnections(int32_t flag) {
   rlimit rl{};
   if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return absl::InternalError("getrlimit failed");
-  const int64_t limit = rl.rlim_cur == RLIM_INFINITY ? int64_t{1} << 30
-                                                      : static_cast<int64_t>(rl.rlim_cur);
+  const int64_t limit =
+      rl.rlim_cur == RLIM_INFINITY ? int64_t{1} << 30 : static_cast<int64_t>(rl.rlim_cur);
   const int64_t usable = limit - kReservedDescriptors;
   if (usable < 1) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -133,10 +162,6 @@ class ReflectionOff : public grpc::ServerBuilderOption {
   }
 };
 
-bool IsUnixAddress(const std::string& address) {
-  return absl::StartsWith(address, "unix:") || absl::StartsWith(address, "unix-abstract:");
-}
-
 }  // namespace
 
 absl::Status ValidateServerOptions(const ServerOptions& o) {
@@ -144,9 +169,9 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
   using absl::StrCat;
   if (o.model_dir.empty()) return InvalidArgumentError("--model DIR is required");
   if (o.device.kv_cache_bytes < 0) {
-    return InvalidArgumentError(StrCat(
-        "--kv-cache-bytes must be 0 (the default budget) or positive, got ",
-        o.device.kv_cache_bytes));
+    return InvalidArgumentError(
+        StrCat("--kv-cache-bytes must be 0 (the default budget) or positive, got ",
+               o.device.kv_cache_bytes));
   }
   if (const int32_t v = o.device.block_size; v < 1 || v > 1024 || (v & (v - 1))) {
     return InvalidArgumentError(
@@ -176,21 +201,17 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
   if (o.tls_cert_file.empty() != o.tls_key_file.empty()) {
     return InvalidArgumentError("--tls-cert and --tls-key go together");
   }
-  if (o.listen.empty()) return InvalidArgumentError("--listen must not be empty");
+  if (absl::StatusOr<ServerListenAddresses> a = ParseServerListenAddresses(o); !a.ok()) {
+    return a.status();
+  }
   if (o.max_connections < 0) {
-    return InvalidArgumentError(StrCat(
-        "--max-connections must be 0 (derived from the descriptor limit) or positive, got ",
-        o.max_connections));
+    return InvalidArgumentError(
+        StrCat("--max-connections must be 0 (derived from the descriptor limit) or positive, got ",
+               o.max_connections));
   }
   if (o.connection_idle_timeout <= absl::ZeroDuration()) {
     return InvalidArgumentError(StrCat("--connection-idle-timeout must be positive, got ",
                                        absl::FormatDuration(o.connection_idle_timeout)));
-  }
-  if (o.http_listen.empty()) {
-    return InvalidArgumentError("--http-listen must not be empty (\"off\" disables it)");
-  }
-  if (o.metrics_listen.empty()) {
-    return InvalidArgumentError("--metrics-listen must not be empty (\"off\" disables it)");
   }
   return absl::OkStatus();
 }
@@ -203,7 +224,8 @@ struct Server::Parts {
   std::function<void(std::string_view)> log;
   std::unique_ptr<Model> model;
   std::unique_ptr<Backend> backend;
-  std::shared_ptr<const Authenticator> auth = std::make_shared<Authenticator>(Authenticator::AllowAll());
+  std::shared_ptr<const Authenticator> auth =
+      std::make_shared<Authenticator>(Authenticator::AllowAll());
   std::unique_ptr<TlsIdentity> tls_identity;  // with --tls-cert
   // Pumps of the gRPC Generate reactors. Built before the engine, whose notifies post here,
   // so it is destroyed after the engine has stopped.
@@ -218,6 +240,7 @@ struct Server::Parts {
   int max_connections = 0;  // resolved from --max-connections and RLIMIT_NOFILE
   std::unique_ptr<HttpFrontEnd> http;
   std::unique_ptr<prometheus::Exposer> exposer;
+  ServerListenAddresses listen;  // parsed from the options by Build
   std::string grpc_address;
   int grpc_port = 0;
   int metrics_port = 0;
@@ -290,6 +313,9 @@ absl::Status Server::Parts::Build() {
   // Cheap checks first: the descriptor budget, the TLS files and tokens are read (and the
   // TLS pair checked) before the model loads, so a typo in them costs no model load (or CUDA
   // probe).
+  absl::StatusOr<ServerListenAddresses> addresses = ParseServerListenAddresses(options);
+  if (!addresses.ok()) return addresses.status();
+  listen = *std::move(addresses);
   absl::StatusOr<int> max_conn = ResolveMaxConnections(options.max_connections);
   if (!max_conn.ok()) return max_conn.status();
   max_connections = *max_conn;
@@ -312,9 +338,8 @@ absl::Status Server::Parts::Build() {
   DevicePlan plan;
   if (!options.backend_factory) {
     const std::string& device = options.device.device;
-    const absl::Status cuda_usable = device == "auto" || device == "cuda"
-                                         ? CudaUsable()
-                                         : absl::UnavailableError("not probed");
+    const absl::Status cuda_usable =
+        device == "auto" || device == "cuda" ? CudaUsable() : absl::UnavailableError("not probed");
     absl::StatusOr<DevicePlan> p = PlanDevice(device, options.device.dtype, cuda_usable);
     if (!p.ok()) return p.status();
     plan = *std::move(p);
@@ -366,7 +391,8 @@ absl::Status Server::Parts::Build() {
   // From the engine thread: BeginDrain does not block, so the engine can stop afterwards.
   eopt.on_fatal_error = [this](const absl::Status& status) { OnFatalError(status); };
   absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(eopt);
-  if (!e.ok()) return absl::Status(e.status().code(), absl::StrCat("engine: ", e.status().message()));
+  if (!e.ok())
+    return absl::Status(e.status().code(), absl::StrCat("engine: ", e.status().message()));
   engine = *std::move(e);
   if (!options.enable_prefix_cache) log("prefix cache disabled (--no-prefix-cache)");
   if (!options.cache_dir.empty()) {
@@ -384,9 +410,9 @@ absl::Status Server::Parts::Build() {
 
   Engine* eng = engine.get();
   Backend* be = backend.get();
-  metrics = std::make_shared<ServerMetrics>(
-      MetricsSources{[eng] { return eng->Stats(); }, [eng] { return eng->DrainLatencies(); },
-                     [be] { return be->memory_usage(); }});
+  metrics = std::make_shared<ServerMetrics>(MetricsSources{[eng] { return eng->Stats(); },
+                                                           [eng] { return eng->DrainLatencies(); },
+                                                           [be] { return be->memory_usage(); }});
   if (absl::Status s = StartMetrics(); !s.ok()) return s;
 
   RequestPathOptions popt;
@@ -409,9 +435,9 @@ absl::Status Server::Parts::Build() {
 }
 
 absl::Status Server::Parts::StartHttp() {
-  if (options.http_listen == "off") return absl::OkStatus();
+  if (!listen.http.has_value()) return absl::OkStatus();
   HttpFrontEndOptions hopt;
-  hopt.listen = options.http_listen;
+  hopt.listen = *listen.http;
   hopt.path = path.get();
   hopt.idle_timeout = options.connection_idle_timeout;
   // The same limit as gRPC's, for each front end; a descriptor shortage in between only
@@ -422,8 +448,7 @@ absl::Status Server::Parts::StartHttp() {
   if (!h.ok()) return h.status();
   http = *std::move(h);
   http_port = http->port();
-  log(absl::StrCat("http on http://", options.http_listen.substr(0, options.http_listen.rfind(':')),
-                   ":", http_port));
+  log(absl::StrCat("http on http://", listen.http->WithPort(http_port)));
   return absl::OkStatus();
 }
 
@@ -457,8 +482,10 @@ absl::Status Server::Parts::Reload() {
 }
 
 absl::Status Server::Parts::StartMetrics() {
-  if (options.metrics_listen == "off") return absl::OkStatus();
-  const std::string address = ResolveMetricsAddress(options.metrics_listen);
+  if (!listen.metrics.has_value()) return absl::OkStatus();
+  absl::StatusOr<std::string> ports = CivetListeningPorts(*listen.metrics);
+  if (!ports.ok()) return ports.status();
+  const std::string& address = *ports;
   try {
     static CivetCallbacks callbacks;
     callbacks.log_message = &LogCivetMessage;
@@ -477,8 +504,7 @@ absl::Status Server::Parts::StartMetrics() {
   exposer->RegisterCollectable(metrics);
   if (std::vector<int> ports = exposer->GetListeningPorts(); !ports.empty()) {
     metrics_port = ports[0];
-    log(absl::StrCat("metrics on http://", address.substr(0, address.rfind(':')), ":",
-                     metrics_port, "/metrics"));
+    log(absl::StrCat("metrics on http://", listen.metrics->WithPort(metrics_port), "/metrics"));
   }
   return absl::OkStatus();
 }
@@ -502,15 +528,14 @@ absl::Status Server::Parts::StartGrpc(const std::shared_ptr<grpc::ServerCredenti
                              static_cast<int>(std::min<int64_t>(idle_ms, INT32_MAX)));
   builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
                              static_cast<int>(std::min<int64_t>(idle_ms, kHandshakeTimeoutMs)));
-  const bool unix_socket = IsUnixAddress(options.listen);
+  const bool unix_socket = listen.grpc.kind != ListenAddress::Kind::kTcp;
   // prefixd accepts itself (server/connection_acceptor.h) everywhere but TLS on a unix
   // socket: TCP connections go to gRPC through an external connection acceptor (plaintext
   // or TLS), unix ones through AddInsecureChannelFromFd (gRPC 1.51's external acceptor
   // drops unix peers, whose address is unnamed).
   const bool own_accept = !(unix_socket && tls);
   if (own_accept) {
-    absl::StatusOr<std::unique_ptr<ConnectionAcceptor>> a =
-        ConnectionAcceptor::Listen(options.listen);
+    absl::StatusOr<std::unique_ptr<ConnectionAcceptor>> a = ConnectionAcceptor::Listen(listen.grpc);
     if (!a.ok()) return a.status();
     acceptor = *std::move(a);
     if (!unix_socket) {
@@ -552,8 +577,7 @@ absl::Status Server::Parts::StartGrpc(const std::shared_ptr<grpc::ServerCredenti
     grpc_address = options.listen;
     grpc_port = 0;
   } else {
-    grpc_address =
-        absl::StrCat(options.listen.substr(0, options.listen.rfind(':')), ":", grpc_port);
+    grpc_address = listen.grpc.WithPort(grpc_port);
   }
   // Scripts read the port from this line: it ends with the address (or " (TLS)").
   log(absl::StrCat("listening on ", grpc_address, tls ? " (TLS)" : ""));

@@ -1,6 +1,6 @@
 // prefixd::Server: the composition root as a library. It loads the model, builds the backend
 // (or takes one from an injected factory), the engine, the request path and its front ends
-// (gRPC with health and reflection), and the Prometheus exposer; serves until BeginDrain;
+// (gRPC with health and reflection, HTTP), and the Prometheus exposer; serves until BeginDrain;
 // and stops them in order. `prefixd` (server/main.cc) is this class plus flags and signals;
 // tests run it in-process on a fake backend.
 //

@@ -16,7 +16,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "engine/read_file.h"
+#include "base/file.h"
 #include "grpcpp/security/tls_certificate_provider.h"
 #include "grpcpp/security/tls_credentials_options.h"
 
@@ -48,26 +48,11 @@ std::unique_ptr<BIO, BioFree> MemBio(const std::string& data) {
 // Refuses to prompt for a pass phrase: an encrypted key is an error, not a terminal prompt.
 int NoPassphrase(char*, int, int, void*) { return -1; }
 
-// Writes `data` to `path` (mode 0600) through a temporary name and a rename, so that a
-// reader sees the old file or the new one, never a part.
+// Writes `data` to `path` (mode 0600) atomically (base/file.h): gRPC's watcher reads the
+// old file or the new one, never a part.
 absl::Status WriteAtomically(const std::string& path, const std::string& data) {
-  const std::string tmp = path + ".new";
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return absl::InternalError(absl::StrCat("cannot write ", tmp, ": ", strerror(errno)));
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = write(fd, data.data() + done, data.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      close(fd);
-      return absl::InternalError(absl::StrCat("cannot write ", tmp, ": ", strerror(err)));
-    }
-    done += static_cast<size_t>(n);
-  }
-  close(fd);
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot rename ", tmp, ": ", strerror(errno)));
+  if (const int err = WriteFileAtomically(path + ".new", path, data, 0600); err != 0) {
+    return absl::InternalError(absl::StrCat("cannot write ", path, ": ", strerror(err)));
   }
   return absl::OkStatus();
 }

@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "cache/block_key.h"
 #include "base/check.h"
+#include "base/file.h"
 
 namespace prefixd {
 namespace {
@@ -52,51 +53,44 @@ std::optional<Digest> ParseHexDigest(std::string_view hex) {
   return d;
 }
 
-// Reads the whole file into *out. errno-style error on failure (ENOENT when absent).
-int ReadFile(const std::string& path, std::string* out) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno;
+// Opens `path` for writing, creating it, never through a symlink (ELOOP) and never into a
+// file that is also linked from elsewhere (a hard link planted at a name this tier uses):
+// -EEXIST for anything but a regular file with one link; -errno on other failures.
+int OpenOwnFileForWrite(const std::string& path, int flags) {
+  const int fd = ::open(path.c_str(), flags | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) return -errno;
   struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
     ::close(fd);
-    return err;
+    return -EEXIST;
   }
-  out->resize(static_cast<size_t>(st.st_size));
-  size_t done = 0;
-  while (done < out->size()) {
-    const ssize_t n = ::pread(fd, out->data() + done, out->size() - done, done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : EIO;
-      ::close(fd);
-      return err;
-    }
-    done += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  return 0;
+  return fd;
 }
 
-// Writes `bytes` to `tmp`, then renames it to `path`: readers see all of it or nothing.
-int WriteFileAtomically(const std::string& tmp, const std::string& path, std::string_view bytes) {
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return errno;
-  size_t done = 0;
-  int err = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      err = n < 0 ? errno : EIO;
-      break;
-    }
-    done += static_cast<size_t>(n);
+// As ssh refuses a loose ~/.ssh: a directory another user may write to, or owns, lets that
+// user plant, replace or delete block files (a block is checked against its key, but a
+// planted link or a swapped file is still a way in). Owned by this user or root, and
+// writable by neither group nor others.
+absl::Status CheckDirectoryOwnership(const std::string& dir) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cannot stat cache dir %s: %s", dir, ErrnoText(errno)));
   }
-  if (::close(fd) != 0 && err == 0) err = errno;
-  if (err == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
-  if (err != 0) ::unlink(tmp.c_str());
-  return err;
+  const uid_t me = ::geteuid();
+  if (st.st_uid != me && st.st_uid != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cache dir %s is owned by uid %d, not by this user (uid %d) or root: another user "
+        "could replace its block files; chown it or choose another",
+        dir, st.st_uid, me));
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cache dir %s is writable by %s (mode %04o): another user could plant or replace "
+        "its block files; chmod go-w it or choose another",
+        dir, (st.st_mode & S_IWOTH) != 0 ? "everyone" : "its group", st.st_mode & 07777));
+  }
+  return absl::OkStatus();
 }
 
 int64_t MtimeNanos(const struct stat& st) {
@@ -119,13 +113,15 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
     return absl::FailedPreconditionError(absl::StrFormat(
         "cannot create cache dir %s: %s; create it or choose another", options.dir, ec.message()));
   }
+  if (absl::Status s = CheckDirectoryOwnership(options.dir); !s.ok()) return s;
   const std::string lock_path = options.dir + "/" + kLockName;
-  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  const int fd = OpenOwnFileForWrite(lock_path, O_RDWR);
   if (fd < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("cache dir %s is not writable (%s: %s); fix its permissions or choose "
-                        "another",
-                        options.dir, lock_path, ErrnoText(errno)));
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cache dir %s is not writable (%s: %s); fix its permissions or choose another",
+        options.dir, lock_path,
+        fd == -EEXIST || fd == -ELOOP ? "not a regular file of its own (a link?)"
+                                      : ErrnoText(-fd)));
   }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
@@ -152,7 +148,7 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
   }
   // A directory whose LOCK file is writable may still refuse new files.
   const std::string probe = options.dir + "/probe" + kTempSuffix;
-  if (int err = WriteFileAtomically(options.dir + "/probe.w" + kTempSuffix, probe, "probe");
+  if (int err = WriteFileAtomically(options.dir + "/probe.w" + kTempSuffix, probe, "probe", 0644);
       err != 0) {
     ::close(fd);
     return absl::FailedPreconditionError(
@@ -185,6 +181,11 @@ DiskTier::DiskTier(const DiskTierOptions& options, const DiskLayout& layout, int
       layout_id_(layout.Id()),
       max_queued_(options.max_queued_blocks),
       clock_(options.clock ? options.clock : [] { return absl::ToUnixNanos(absl::Now()); }),
+      write_file_(options.write_file ? options.write_file
+                                     : [](const std::string& tmp, const std::string& path,
+                                          std::string_view bytes) {
+                                         return WriteFileAtomically(tmp, path, bytes, 0644);
+                                       }),
       lock_fd_(lock_fd),
       cap_(cap) {
   stats_.cap_bytes = cap;
@@ -258,7 +259,7 @@ bool DiskTier::Contains(const Digest& key) const {
 
 void DiskTier::Prefetch(absl::Span<const Digest> keys) const {
   for (const Digest& key : keys) {
-    const int fd = ::open(PathOf(key).c_str(), O_RDONLY | O_CLOEXEC);
+    const int fd = ::open(PathOf(key).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) continue;
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
     ::close(fd);
@@ -272,7 +273,7 @@ absl::Status DiskTier::Load(const BlockExpectation& expect, absl::Span<uint8_t> 
     if (!index_.Contains(expect.key)) return absl::NotFoundError("block not in the disk tier");
   }
   const std::string path = PathOf(expect.key);
-  const int err = ReadFile(path, &load_buffer_);
+  const int err = ReadFileInto(path, &load_buffer_);
   if (err == ENOENT) {
     // Deleted for the cap by the writer since the lookup: a miss, not damage.
     absl::MutexLock lock(&mu_);
@@ -290,7 +291,8 @@ absl::Status DiskTier::Load(const BlockExpectation& expect, absl::Span<uint8_t> 
   }
   std::memcpy(out.data(), data->data(), out.size());
   index_.Touch(expect.key, Now());
-  ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);  // the LRU order survives a restart
+  // The LRU order survives a restart (a symlink swapped in meanwhile: its own times).
+  ::utimensat(AT_FDCWD, path.c_str(), nullptr, AT_SYMLINK_NOFOLLOW);
   ++stats_.loads;
   return absl::OkStatus();
 }
@@ -355,7 +357,7 @@ void DiskTier::WriterLoop() {
     const std::string path = PathOf(record.key);
     if (fits) {
       const std::string bytes = EncodeBlockFile(layout_, record);
-      err = WriteFileAtomically(path + kTempSuffix, path, bytes);
+      err = write_file_(path + kTempSuffix, path, bytes);
     }
     absl::MutexLock lock(&mu_);
     writing_ = false;

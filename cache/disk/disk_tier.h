@@ -22,6 +22,11 @@
 // Files of another layout (model manifest, dtype, block size or geometry) are never loaded;
 // they count against the cap and are the first to be deleted. Files other than *.kvb (and the
 // tier's own *.tmp leftovers, deleted at start) are left alone.
+//  4. Nothing outside the directory is touched through it: a symlink is never followed (only
+//     regular files are indexed, read or written; deleting a link removes the link), and a
+//     name that is hard-linked from elsewhere is never written. The directory must belong to
+//     this user (or root) and be writable by no one else, or Open refuses it, as ssh refuses
+//     a loose ~/.ssh.
 #ifndef PREFIXD_CACHE_DISK_DISK_TIER_H_
 #define PREFIXD_CACHE_DISK_DISK_TIER_H_
 
@@ -30,6 +35,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -53,7 +59,8 @@ class DiskTier {
   // Creates the directory if needed, takes its lock, rebuilds the index from the *.kvb files
   // (this layout's by name; others as foreign), deletes *.tmp leftovers and enforces the cap.
   // INVALID_ARGUMENT for a bad layout or options; FAILED_PRECONDITION with what to fix when the
-  // directory cannot be created or written, or another process holds its lock.
+  // directory cannot be created or written, is writable by group or others or owned by another
+  // user (invariant 4), or another process holds its lock.
   static absl::StatusOr<std::unique_ptr<DiskTier>> Open(const DiskTierOptions& options,
                                                         const DiskLayout& layout);
   // Stops the writer: a write in progress completes, queued spills are dropped (counted).
@@ -107,6 +114,7 @@ class DiskTier {
   const std::string layout_id_;
   const int32_t max_queued_;
   const std::function<int64_t()> clock_;
+  const std::function<int(const std::string&, const std::string&, std::string_view)> write_file_;
   const int lock_fd_;
   const int64_t cap_;
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 
 namespace prefixd {
 
@@ -20,6 +21,11 @@ struct DiskTierOptions {
   int32_t max_queued_blocks = 64;
   // LRU time in nanoseconds; default the wall clock (file mtimes order blocks after a restart).
   std::function<int64_t()> clock;
+  // How the writer thread writes a block file: base/file.h's WriteFileAtomically (0 or an
+  // errno) unless set. The one seam to the file system's write side, as leveldb's Env is, so
+  // that a slow or failing disk can be put under the tier.
+  std::function<int(const std::string& tmp, const std::string& path, std::string_view bytes)>
+      write_file;
 };
 
 }  // namespace prefixd

@@ -236,8 +236,7 @@ void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const
     });
   }
   // AVX2 has no few-row kernel: from 2 rows on, its batched blocks (chunked, prefetched)
-  // stream better than the prefill blocks (products of a GPT-2 step, one thread: 22 → 15 ms
-  // at 2 rows, 40 → 18 ms at 3).
+  // stream better than the prefill blocks (bench/matmul_bench --isa avx2 --rows 2,3).
   const int64_t min_batch_rows = avx512 ? internal::kMinBatchRows : 2;
   if (m >= min_batch_rows && m <= internal::kMaxBatchRows) {
     // Batched decode: one task per panel, all rows.

@@ -82,8 +82,8 @@ void PanelBatchAvx512(const float* a, int64_t rows, int64_t lda, PanelRef panel,
 // behind it, then leave the memory idle for the rest of the chunk. The far stream exists
 // because L1 tracks few misses at once: with only the next chunk requested, and only into L1,
 // the stream stalls on those few; asked a chunk earlier into L2, whose miss queue is longer,
-// the chunk is already there when its L1 prefetches come (f32 batch-8 decode step of GPT-2 -7
-// to -18% on an AMD EPYC Zen 4; see PrefetchFarChunk). Each stream is Bresenham's line:
+// the chunk is already there when its L1 prefetches come (which panels: PrefetchFarChunk;
+// figures: docs/BENCHMARKS.md, "CPU backend"). Each stream is Bresenham's line:
 // `lines` prefetches per `steps`.
 class PrefetchSpread {
  public:
@@ -127,8 +127,8 @@ class PrefetchSpread {
 
 // Whether batched blocks also prefetch the chunk after next (into L2) for panels of `dtype`:
 // for f32, whose 8 KiB chunk is 32 k steps, yes; a half chunk is 64 k steps, long enough for
-// the next chunk's L1 prefetches alone, and there the extra instructions cost 2-3% of a
-// batch-8 step (AMD EPYC Zen 4).
+// the next chunk's L1 prefetches alone, and there the extra instructions cost more than the
+// far stream gains.
 constexpr bool PrefetchFarChunk(DType dtype) { return dtype == DType::kF32; }
 
 // The prefetches of a batched block that multiplies the K chunk of a panel (`k` rows of

@@ -114,7 +114,7 @@ inline void Dot8Keys(const float* q, const float* keys, int64_t n, float scale, 
 }
 
 // max(x[0..n)), n >= 1, 8 lanes at a time (a max is exact, so the grouping cannot change
-// it; a scalar compare chain here was latency-bound and a sizeable part of attention).
+// it; one scalar compare chain would be bound by its latency).
 inline float MaxOf(const float* x, int64_t n) {
   __m256 m = _mm256_set1_ps(-INFINITY);
   int64_t i = 0;
@@ -200,12 +200,10 @@ inline void PrefetchLines(const void* p, int64_t bytes) {
 // (every layer) from the next block. The hardware prefetchers start cold on each run and a
 // decode query, whose arithmetic per segment is short, would wait on memory segment after
 // segment. Before each segment is used, the next distinct one is prefetched into L1 and the
-// one kL2SegmentsAhead on into L2 only: the L1 tracks few misses at once, so asking it alone
-// for two segments ahead (as this did) left the stream waiting on those few, while L2's longer
-// miss queue keeps three segments in flight and the L1 prefetch then finds its lines there
-// (attention_bench on an AMD EPYC Zen 4, alternating: 8 sequences at context 128, 3.3-4.1 ->
-// 2.8-3.5 ms a step; 8 on a shared 528-token prefix 4.0-5.1 -> 3.6-3.8; one at context 256,
-// 0.46-0.84 -> 0.36-0.38).
+// one kL2SegmentsAhead on into L2 only: the L1 tracks few misses at once, so L1 prefetches
+// alone leave the stream waiting on those few, while L2's longer miss queue keeps three
+// segments in flight and the L1 prefetch then finds its lines there (bench/attention_bench;
+// figures in docs/BENCHMARKS.md, "Attention").
 // Longer runs (more heads per call) let the hardware prefetchers stream too. Prefetching reads
 // nothing into the arithmetic.
 template <typename F>

@@ -88,9 +88,8 @@ int64_t AttendChunksScratch(absl::Span<const AttentionChunk> chunks, int32_t num
 
 // The heads per task AttendBatch should use: 1 when chunks share K/V blocks (each task then
 // reads a shared block once for all its chunks); else as many as leave every thread of the
-// pool 4 tasks, so that one task reads each block's heads as one run. Attention of a decode
-// batch of 8 sequences of their own at context 128 (GPT-2, 2 threads): 12 heads per task
-// read the K/V ~1.4x faster than 1 (bench/attention_bench).
+// pool 4 tasks, so that one task reads each block's heads as one run (bench/attention_bench
+// compares the splits; docs/BENCHMARKS.md, "Attention").
 int32_t AttentionHeadsPerTask(int32_t n_head, absl::Span<const AttentionChunk> chunks, int threads);
 
 // Attention of one layer for every chunk (q and out at head 0 of their rows) and every head,

@@ -1,4 +1,4 @@
-// Copy-on-write tested by pattern (STYLE.md 5): a host-memory fake of the backend's KV
+// Copy-on-write tested by pattern: a host-memory fake of the backend's KV
 // storage, laid out like a real one ([block][layer][K|V][head][row][head_dim]), executes the
 // BlockCopy lists that cache/ returns. Every element written for a position is a function of
 // the position's whole prefix, so after forks, partial reuse and writes, checking every

@@ -1,4 +1,4 @@
-// Tiny-pool scenario tests (STYLE.md 4): exact block ids, reference counts, free-list and
+// Tiny-pool scenario tests: exact block ids, reference counts, free-list and
 // eviction order after each step. Block size 4 throughout, so block i of a prompt holds
 // tokens [4i, 4i + 4).
 #include "cache/kv_cache.h"

@@ -1,4 +1,4 @@
-// The known ways to reuse a KV cache wrongly (DESIGN.md "Why the cache is allowed to exist").
+// The known ways to reuse a KV cache wrongly (docs/ARCHITECTURE.md, "Why a cache is allowed").
 // Each test first bypasses identity and plants the wrong rows, showing that the logits come
 // out different from the correct ones (quietly: nothing fails, the numbers are just wrong);
 // then it asks cache/'s KvCache, keyed by manifest + namespace + tokens, and shows that it

@@ -15,10 +15,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "engine/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "engine/tokenizer.h"
 #include "server/server.h"
 #include "tests/engine/fake_backend.h"
 #include "tests/server/grpc_helpers.h"
@@ -30,8 +30,8 @@
 namespace prefixd::testing {
 namespace {
 
-using ::testing::HasSubstr;
 using nlohmann::json;
+using ::testing::HasSubstr;
 
 class HttpApiTest : public ::testing::Test {
  protected:
@@ -131,8 +131,12 @@ TEST_F(HttpApiTest, CompletionEqualsGrpcForTheSameIdsAndSeed) {
 }
 
 TEST_F(HttpApiTest, StreamedEqualsNotStreamed) {
-  const json body = {{"prompt", "The quick brown fox"}, {"max_tokens", 12}, {"n", 2},
-                     {"temperature", 1.0},          {"seed", 9},       {"ignore_eos", true}};
+  const json body = {{"prompt", "The quick brown fox"},
+                     {"max_tokens", 12},
+                     {"n", 2},
+                     {"temperature", 1.0},
+                     {"seed", 9},
+                     {"ignore_eos", true}};
   const json whole = Post("/v1/completions", body);
   json streamed_body = body;
   streamed_body["stream"] = true;
@@ -191,8 +195,10 @@ TEST_F(HttpApiTest, LogprobsMatchGrpcsInOpenAisShape) {
     EXPECT_GE(lp["top_logprobs"][i].size(), 1u);
     EXPECT_EQ(lp["text_offset"][i].get<size_t>(), text.size());
     const std::string name = lp["tokens"][i];
-    if (name.rfind("bytes:", 0) != 0) text += name;
-    else break;  // a token that is part of a character: offsets past it are not checked
+    if (name.rfind("bytes:", 0) != 0)
+      text += name;
+    else
+      break;  // a token that is part of a character: offsets past it are not checked
   }
 }
 
@@ -301,14 +307,43 @@ TEST_F(HttpApiTest, ErrorsSayWhatToFix) {
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->status, 405);
   // A body over the limit is refused before it is read.
-  r = HttpFetch(server_->http_port(), "POST", "/v1/completions",
-                std::string(9 << 20, ' '));
+  r = HttpFetch(server_->http_port(), "POST", "/v1/completions", std::string(9 << 20, ' '));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->status, 413);
   EXPECT_THAT(r->body, HasSubstr("larger than 8388608 bytes"));
   // Refusals are counted like gRPC's, under api="http".
   EXPECT_GE(Metric("prefixd_requests_total{api=\"http\",code=\"INVALID_ARGUMENT\"}"), 4);
   EXPECT_GE(Metric("prefixd_requests_total{api=\"http\",code=\"NOT_FOUND\"}"), 1);
+}
+
+// Numbers past a double's range (and past a float's, where a field is a float) are a 400
+// naming the field, on every endpoint that parses a body; the server goes on serving.
+TEST_F(HttpApiTest, NumbersThatOverflowAre400AndTheServerGoesOn) {
+  struct Case {
+    const char* path;
+    const char* body;
+    const char* param;  // the error's `param`
+  };
+  const Case cases[] = {
+      {"/v1/completions", R"({"prompt":"hi","max_tokens":1e400})", "max_tokens"},
+      {"/v1/completions", R"({"prompt":"hi","temperature":-1e400})", "temperature"},
+      {"/v1/completions", R"({"prompt":"hi","top_p":1e39})", "top_p"},
+      {"/v1/completions", R"({"prompt":[1,2,1e999]})", "prompt"},
+      {"/v1/completions", R"({"prompt":"hi","stream_options":{"include_usage":1e400}})",
+       "include_usage"},
+      {"/tokenize", R"({"prompt":"hi","x":1e999})", "x"},
+      {"/detokenize", R"({"tokens":[1e400]})", "tokens"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<HttpResponse> r = HttpFetch(server_->http_port(), "POST", c.path, c.body);
+    ASSERT_TRUE(r.ok()) << c.body << ": " << r.status();
+    EXPECT_EQ(r->status, 400) << c.body;
+    const json e = json::parse(r->body);
+    EXPECT_EQ(e["error"]["type"], "invalid_request_error") << c.body;
+    EXPECT_EQ(e["error"]["param"], c.param) << c.body;
+  }
+  const json ok = Post("/v1/completions", {{"prompt", "hi"}, {"max_tokens", 2}});
+  EXPECT_EQ(ok["choices"].size(), 1u);
 }
 
 TEST_F(HttpApiTest, ModelsHealthTokenizeDetokenize) {
@@ -337,8 +372,8 @@ TEST_F(HttpApiTest, ModelsHealthTokenizeDetokenize) {
 
 TEST_F(HttpApiTest, CompletionsAreCountedUnderTheHttpLabel) {
   const double before = Metric("prefixd_requests_total{api=\"http\",code=\"OK\"}");
-  Post("/v1/completions", {{"prompt", json::array({json::array({1, 2}), json::array({3})})},
-                           {"max_tokens", 1}});
+  Post("/v1/completions",
+       {{"prompt", json::array({json::array({1, 2}), json::array({3})})}, {"max_tokens", 1}});
   EXPECT_EQ(Metric("prefixd_requests_total{api=\"http\",code=\"OK\"}"), before + 2)
       << "one per prompt";
 }
@@ -464,8 +499,7 @@ TEST_F(HttpFlowTest, BearerTokensAsInGrpc) {
   StartServer(1024, /*auth=*/true);
   gate_.Notify();
   const std::string body = json{{"prompt", json::array({1, 2})}, {"max_tokens", 2}}.dump();
-  absl::StatusOr<HttpResponse> r =
-      HttpFetch(server_->http_port(), "POST", "/v1/completions", body);
+  absl::StatusOr<HttpResponse> r = HttpFetch(server_->http_port(), "POST", "/v1/completions", body);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->status, 401);
   EXPECT_EQ(json::parse(r->body)["error"]["type"], "authentication_error");
@@ -475,6 +509,15 @@ TEST_F(HttpFlowTest, BearerTokensAsInGrpc) {
   r = HttpFetch(server_->http_port(), "POST", "/v1/completions", body,
                 {{"Authorization", "Bearer secret-a"}});
   EXPECT_EQ(r->status, 200) << r->body;
+  // The token is checked before the body is parsed: a body that does not parse, or
+  // numbers that overflow, are 401 without a token.
+  for (const char* path : {"/v1/completions", "/tokenize", "/detokenize", "/v1/models"}) {
+    r = HttpFetch(server_->http_port(), "POST", path, R"({"prompt":"hi","max_tokens":1e400})");
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->status, 401) << path;
+  }
+  r = HttpFetch(server_->http_port(), "POST", "/v1/completions", "{not json");
+  EXPECT_EQ(r->status, 401);
   // /health needs no token (a load balancer asks it).
   r = HttpFetch(server_->http_port(), "GET", "/health");
   EXPECT_EQ(r->status, 200);

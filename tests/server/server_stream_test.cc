@@ -1,18 +1,18 @@
 // prefixd over gRPC, in-process: a prefixd::Server on a free loopback port serving a tiny
 // random model on the CPU backend. (Holding requests in flight: server_flow_test.cc.)
-#include <filesystem>
 #include <unistd.h>
 
+#include <filesystem>
 #include <numeric>
 
 #include "absl/synchronization/notification.h"
 #include "engine/tokenizer.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
-#include "src/proto/grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "server/server.h"
+#include "src/proto/grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "tests/server/grpc_helpers.h"
 #include "tests/server/in_process_server.h"
 #include "tests/server/process.h"
@@ -22,6 +22,7 @@ namespace {
 
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 class ServerTest : public ::testing::Test {
  protected:
@@ -230,7 +231,8 @@ grpc::Status RawUnaryCall(const std::shared_ptr<grpc::Channel>& channel, const s
 TEST_F(ServerTest, UnparsableRequestsAreInvalidArgumentAndCounted) {
   const auto invalid_argument = [&] {
     absl::StatusOr<std::string> text = HttpGet(server_->metrics_port(), "/metrics");
-    return text.ok() ? MetricValue(*text, "prefixd_requests_total{api=\"grpc\",code=\"INVALID_ARGUMENT\"}")
+    return text.ok() ? MetricValue(*text,
+                                   "prefixd_requests_total{api=\"grpc\",code=\"INVALID_ARGUMENT\"}")
                      : -2;
   };
   const double before = std::max(0.0, invalid_argument());
@@ -277,6 +279,32 @@ TEST_F(ServerTest, UnparsableRequestsAreInvalidArgumentAndCounted) {
   v1::TokenizeResponse tresp;
   EXPECT_TRUE(stub_->Tokenize(&ctx2, treq, &tresp).ok());
   EXPECT_GT(tresp.token_ids_size(), 0);
+}
+
+// gRPC's own answer for a method the service does not have stays UNIMPLEMENTED: only a
+// method whose request failed to parse is rewritten, for this service or any other.
+TEST_F(ServerTest, UnknownMethodsStayUnimplemented) {
+  for (const std::string& method :
+       {std::string("/prefixd.v1.Inference/NoSuchMethod"),
+        std::string("/prefixd.v1.Other/Generate"), std::string("/prefixd.v1.Inference/")}) {
+    grpc::GenericStub generic(channel_);
+    grpc::Slice slice(std::string(""));
+    grpc::ByteBuffer request(&slice, 1);
+    grpc::ByteBuffer response;
+    grpc::ClientContext ctx;
+    absl::Notification done;
+    grpc::Status status;
+    generic.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
+      status = std::move(s);
+      done.Notify();
+    });
+    ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED) << method;
+    EXPECT_THAT(status.error_message(), Not(HasSubstr("did not parse"))) << method;
+  }
+  // A malformed request of a real method is still rewritten.
+  EXPECT_EQ(RawUnaryCall(channel_, "Tokenize", std::string("\x0A\x02\xC3\x28", 4)).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 TEST_F(ServerTest, TokenizeRefusesTextsLongerThanAnyPrompt) {

@@ -141,7 +141,7 @@ TEST_F(PrefixdModelTest, Gpt2PresetHasGpt2ParameterCount) {
   EXPECT_EQ(j["parameters"], 124439808);
   EXPECT_EQ(j["n_layer"], 12);
   EXPECT_EQ(j["context_length"], 1024);
-  EXPECT_EQ(j["kv_bytes_per_token"], 36864);  // DESIGN.md's GPT-2 small fp16 figure
+  EXPECT_EQ(j["kv_bytes_per_token"], 36864);  // GPT-2 small fp16 (cache/kv_layout.h)
 }
 
 TEST_F(PrefixdModelTest, TokenizeAndDetokenize) {

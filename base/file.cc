@@ -1,4 +1,4 @@
-#include "engine/read_file.h"
+#include "base/file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -95,6 +95,60 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   }
   ::close(*fd);
   return out;
+}
+
+int ReadFileInto(const std::string& path, std::string* out) {
+  // O_NOFOLLOW | O_NONBLOCK: a symbolic link (ELOOP) or a FIFO put where a file of ours
+  // should be is neither followed nor waited on.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return errno;
+  struct stat st;
+  const int stat_err = ::fstat(fd, &st) != 0 ? errno : (S_ISREG(st.st_mode) ? 0 : EINVAL);
+  if (stat_err != 0) {
+    ::close(fd);
+    return stat_err;
+  }
+  out->resize(static_cast<size_t>(st.st_size));
+  size_t done = 0;
+  while (done < out->size()) {
+    const ssize_t n = ::pread(fd, out->data() + done, out->size() - done, static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : EIO;
+      ::close(fd);
+      return err;
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  return 0;
+}
+
+int WriteFileAtomically(const std::string& tmp, const std::string& path, std::string_view bytes,
+                        mode_t mode) {
+  // O_EXCL | O_NOFOLLOW: the temporary is always a new file of ours, never a file or a
+  // link planted at its name. One left by a write that died is removed (unlink removes a
+  // link itself, not what it points to) and the create tried once more.
+  constexpr int kFlags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+  int fd = ::open(tmp.c_str(), kFlags, mode);
+  if (fd < 0 && errno == EEXIST && ::unlink(tmp.c_str()) == 0)
+    fd = ::open(tmp.c_str(), kFlags, mode);
+  if (fd < 0) return errno;
+  size_t done = 0;
+  int err = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      err = n < 0 ? errno : EIO;
+      break;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
+  if (err != 0) ::unlink(tmp.c_str());
+  return err;
 }
 
 }  // namespace prefixd

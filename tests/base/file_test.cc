@@ -1,6 +1,7 @@
 // OpenRegularFile / ReadWholeFile: each thing that can sit where a file should is reported
-// as what it is, and nothing blocks.
-#include "engine/read_file.h"
+// as what it is, and nothing blocks. ReadFileInto / WriteFileAtomically: whole files of
+// prefixd's own, never written through a symbolic link.
+#include "base/file.h"
 
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -8,6 +9,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -106,6 +108,62 @@ TEST_F(ReadFileTest, PathBytesAreEscapedInMessages) {
   const std::string name = Path("bad\xff\x1b[2J");
   absl::Status s = CheckRegularFile(name);
   EXPECT_EQ(s.message(), Path("bad\\xff\\x1b[2J") + ": missing");
+}
+
+std::string Contents(const std::string& path) {
+  std::string out;
+  EXPECT_EQ(ReadFileInto(path, &out), 0) << path;
+  return out;
+}
+
+TEST_F(ReadFileTest, AtomicWriteReplacesTheFileWithTheGivenMode) {
+  ASSERT_EQ(WriteFileAtomically(Path("f.tmp"), Path("f"), "first", 0600), 0);
+  ASSERT_EQ(WriteFileAtomically(Path("f.tmp"), Path("f"), std::string(100000, 'x'), 0600), 0);
+  EXPECT_EQ(Contents(Path("f")), std::string(100000, 'x'));
+  EXPECT_FALSE(fs::exists(Path("f.tmp")));
+  struct stat st;
+  ASSERT_EQ(::stat(Path("f").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  std::string out;
+  EXPECT_EQ(ReadFileInto(Path("absent"), &out), ENOENT);
+}
+
+TEST_F(ReadFileTest, AtomicWriteNeverFollowsASymlinkAtEitherName) {
+  std::ofstream(Path("outside")) << "keep";
+  // A link planted at the temporary name: removed, not written through.
+  fs::create_symlink(Path("outside"), Path("f.tmp"));
+  ASSERT_EQ(WriteFileAtomically(Path("f.tmp"), Path("f"), "new", 0644), 0);
+  EXPECT_EQ(Contents(Path("outside")), "keep");
+  EXPECT_EQ(Contents(Path("f")), "new");
+  // A link at the file's own name: the rename replaces the link, the target is untouched.
+  fs::create_symlink(Path("outside"), Path("g"));
+  ASSERT_EQ(WriteFileAtomically(Path("g.tmp"), Path("g"), "other", 0644), 0);
+  EXPECT_EQ(Contents(Path("outside")), "keep");
+  EXPECT_FALSE(fs::is_symlink(Path("g")));
+  EXPECT_EQ(Contents(Path("g")), "other");
+}
+
+TEST_F(ReadFileTest, OwnFilesAreReadOnlyWhenRegularAndNotThroughALink) {
+  std::ofstream(Path("f")) << "bytes";
+  fs::create_symlink(Path("f"), Path("link"));
+  ASSERT_EQ(::mkfifo(Path("fifo").c_str(), 0600), 0);
+  std::string out;
+  EXPECT_EQ(ReadFileInto(Path("link"), &out), ELOOP);
+  EXPECT_EQ(ReadFileInto(Path("fifo"), &out), EINVAL);  // not waited on
+  EXPECT_EQ(ReadFileInto(dir_.string(), &out), EINVAL);
+  EXPECT_EQ(Contents(Path("f")), "bytes");
+}
+
+TEST_F(ReadFileTest, AFailedAtomicWriteLeavesTheOldFileAndNoTemporary) {
+  ASSERT_EQ(WriteFileAtomically(Path("f.tmp"), Path("f"), "old", 0644), 0);
+  // Renaming over a directory fails: the old bytes stay, the temporary goes.
+  fs::create_directory(Path("d"));
+  std::ofstream(Path("d/x")) << "x";
+  EXPECT_NE(WriteFileAtomically(Path("d.tmp"), Path("d"), "new", 0644), 0);
+  EXPECT_FALSE(fs::exists(Path("d.tmp")));
+  EXPECT_TRUE(fs::is_directory(Path("d")));
+  EXPECT_EQ(WriteFileAtomically(Path("missing/f.tmp"), Path("missing/f"), "x", 0644), ENOENT);
+  EXPECT_EQ(Contents(Path("f")), "old");
 }
 
 }  // namespace

@@ -1,0 +1,143 @@
+#include "server/http_completion.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace prefixd {
+
+HttpReply ErrorReply(const absl::Status& status) {
+  return HttpReply{HttpStatusFor(status.code()), ErrorJson(status)};
+}
+
+HttpCompletion::HttpCompletion(RequestPath& path, CompletionRequest request)
+    : path_(path), request_(std::move(request)) {}
+
+HttpCompletion::~HttpCompletion() { Abandon(); }
+
+absl::StatusOr<std::unique_ptr<HttpCompletion>> HttpCompletion::Start(
+    RequestPath& path, CompletionRequest request, const std::optional<std::string>& authorization) {
+  std::unique_ptr<HttpCompletion> c(new HttpCompletion(path, std::move(request)));
+  c->header_.created = absl::ToUnixSeconds(absl::Now());
+  c->header_.model = path.model().name;
+  for (GenerateCall& call : c->request_.prompts) {
+    call.authorization = authorization;
+    absl::StatusOr<StartedGenerate> started = path.StartGenerate(call);
+    if (!started.ok()) {
+      // The prompts already queued go back (Abandon, in the destructor), so that the call
+      // is all or nothing.
+      return ToHttpFieldNames(started.status());
+    }
+    Generation& g = c->gens_.emplace_back();
+    g.output.emplace(path.tokenizer(), started->num_samples, started->stop);
+    c->samples_ = started->num_samples;
+    g.started = *std::move(started);
+  }
+  c->header_.id = absl::StrCat("cmpl-", c->gens_.front().started.request_id);
+  c->choices_.resize(c->gens_.size() * c->samples_);
+  for (size_t i = 0; i < c->choices_.size(); ++i) {
+    c->choices_[i].index = static_cast<uint32_t>(i);
+    if (c->request_.logprobs.has_value()) c->choices_[i].logprobs.emplace();
+  }
+  return c;
+}
+
+void HttpCompletion::SetNotify(const std::function<void()>& notify) {
+  for (Generation& g : gens_) g.started.stream->SetNotify(notify);
+}
+
+void HttpCompletion::Poll() {
+  if (finished_) return;
+  for (Generation& g : gens_) {
+    if (g.output->done()) continue;
+    std::vector<RequestEvent> events;
+    if (g.started.stream->Poll(&events)) g.output->Add(std::move(events));
+    for (uint32_t sample : g.output->StoppedSamples()) g.started.stream->StopSample(sample);
+  }
+}
+
+bool HttpCompletion::CountFinished(std::string* error_events) {
+  bool all = true;
+  for (Generation& g : gens_) {
+    if (!g.output->done()) {
+      all = false;
+      continue;
+    }
+    if (g.counted) continue;
+    g.counted = true;
+    path_.FinishGenerate(Api::kHttp, g.output->status().code());
+    if (!g.output->status().ok()) {
+      if (first_error_.ok()) first_error_ = g.output->status();
+      if (error_events != nullptr) {
+        absl::StrAppend(error_events, "data: ", ErrorJson(g.output->status()), "\n\n");
+      }
+    }
+  }
+  return all;
+}
+
+Usage HttpCompletion::TotalUsage() const {
+  Usage total;
+  for (const Generation& g : gens_) {
+    const Usage u = g.output->usage();
+    total.prompt_tokens += u.prompt_tokens;
+    total.cached_prompt_tokens += u.cached_prompt_tokens;
+    total.completion_tokens += u.completion_tokens;
+  }
+  return total;
+}
+
+std::optional<HttpReply> HttpCompletion::TakeWhole() {
+  if (finished_) return std::nullopt;
+  for (size_t gi = 0; gi < gens_.size(); ++gi) {
+    SampleOutput out;
+    while (gens_[gi].output->Next(&out)) {
+      AppendToChoice(path_.tokenizer(), out, &choices_[gi * samples_ + out.sample_index]);
+    }
+  }
+  if (!CountFinished(nullptr)) return std::nullopt;
+  finished_ = true;
+  if (!first_error_.ok()) return ErrorReply(first_error_);
+  return HttpReply{200, CompletionJson(header_, choices_, TotalUsage())};
+}
+
+std::string HttpCompletion::TakeStreamBytes(bool* last) {
+  *last = false;
+  std::string data;
+  if (finished_) return data;
+  for (size_t gi = 0; gi < gens_.size(); ++gi) {
+    SampleOutput out;
+    while (gens_[gi].output->Next(&out)) {
+      Choice& sent = choices_[gi * samples_ + out.sample_index];
+      Choice delta;
+      delta.index = sent.index;
+      if (request_.logprobs.has_value()) delta.logprobs.emplace();
+      AppendToChoice(path_.tokenizer(), out, &delta);
+      if (delta.logprobs.has_value()) {
+        for (uint32_t& offset : delta.logprobs->text_offset) offset += sent.text.size();
+      }
+      sent.text += delta.text;
+      data.append(CompletionChunk(header_, delta));
+    }
+  }
+  if (CountFinished(&data)) {
+    if (request_.include_usage) data.append(UsageChunk(header_, TotalUsage()));
+    data.append(kDoneEvent);
+    finished_ = true;
+    *last = true;
+  }
+  return data;
+}
+
+void HttpCompletion::Abandon() {
+  for (Generation& g : gens_) {
+    if (g.counted) continue;
+    g.counted = true;
+    g.started.stream->Cancel();
+    path_.FinishGenerate(Api::kHttp, absl::StatusCode::kCancelled);
+  }
+  finished_ = true;
+}
+
+}  // namespace prefixd

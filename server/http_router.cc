@@ -1,0 +1,108 @@
+#include "server/http_router.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/request_validation.h"
+#include "nlohmann/json.hpp"
+#include "server/openai_api.h"
+
+namespace prefixd {
+namespace {
+
+HttpReply MethodNotAllowed(const char* allowed) {
+  return HttpReply{405,
+                   ErrorJson(absl::InvalidArgumentError(absl::StrCat("use ", allowed, " here")))};
+}
+
+}  // namespace
+
+HttpRouted HttpRouter::Route(const HttpRequestView& request) {
+  const std::string_view path = request.target.substr(0, request.target.find('?'));
+  if (path == "/health") {
+    if (request.method != "GET" && request.method != "HEAD") return MethodNotAllowed("GET");
+    if (path_.draining()) return ErrorReply(absl::UnavailableError("prefixd is shutting down"));
+    return HttpReply{200, "{\"status\":\"ok\"}"};
+  }
+  if (absl::StatusOr<std::string> tenant = path_.Authorize(request.authorization); !tenant.ok()) {
+    if (path == "/v1/completions") path_.CountRefused(Api::kHttp, tenant.status().code());
+    return ErrorReply(tenant.status());
+  }
+  if (path == "/v1/models") {
+    if (request.method != "GET") return MethodNotAllowed("GET");
+    return Models(request);
+  }
+  if (path == "/v1/completions") {
+    if (request.method != "POST") return MethodNotAllowed("POST");
+    return Completions(request);
+  }
+  if (path == "/v1/chat/completions") {
+    if (request.method != "POST") return MethodNotAllowed("POST");
+    absl::Status s = absl::InvalidArgumentError(
+        "model has no chat template: GPT-2 is a base model; use POST /v1/completions");
+    s.SetPayload(kInvalidFieldPayload, absl::Cord("model"));
+    return ErrorReply(s);
+  }
+  if (path == "/tokenize") {
+    if (request.method != "POST") return MethodNotAllowed("POST");
+    return Tokenize(request);
+  }
+  if (path == "/detokenize") {
+    if (request.method != "POST") return MethodNotAllowed("POST");
+    return Detokenize(request);
+  }
+  return ErrorReply(absl::NotFoundError(absl::StrCat(
+      "no such endpoint: ", absl::string_view(path.data(), path.size()),
+      " (prefixd serves POST /v1/completions, GET /v1/models, GET /health, POST /tokenize, "
+      "POST /detokenize)")));
+}
+
+HttpRouted HttpRouter::Completions(const HttpRequestView& request) {
+  absl::StatusOr<CompletionRequest> parsed =
+      ParseCompletionRequest(*request.body, path_.model().name);
+  if (!parsed.ok()) {
+    path_.CountRefused(Api::kHttp, parsed.status().code());
+    return ErrorReply(parsed.status());
+  }
+  absl::StatusOr<std::unique_ptr<HttpCompletion>> started =
+      HttpCompletion::Start(path_, *std::move(parsed), request.authorization);
+  if (!started.ok()) return ErrorReply(started.status());
+  return *std::move(started);
+}
+
+HttpReply HttpRouter::Models(const HttpRequestView& request) {
+  absl::StatusOr<ServedModel> model = path_.ModelInfo(request.authorization);
+  if (!model.ok()) return ErrorReply(model.status());
+  nlohmann::json body{{"object", "list"},
+                      {"data",
+                       {{{"id", model->name},
+                         {"object", "model"},
+                         {"created", created_},
+                         {"owned_by", "prefixd"},
+                         {"max_model_len", model->config.n_positions}}}}};
+  return HttpReply{200, body.dump()};
+}
+
+HttpReply HttpRouter::Tokenize(const HttpRequestView& request) {
+  absl::StatusOr<std::string> text = ParseTokenizeRequest(*request.body, path_.model().name);
+  if (!text.ok()) return ErrorReply(text.status());
+  absl::StatusOr<std::vector<uint32_t>> ids = path_.Tokenize(request.authorization, *text);
+  if (!ids.ok()) return ErrorReply(ids.status());
+  nlohmann::json body{{"tokens", *ids},
+                      {"count", ids->size()},
+                      {"max_model_len", path_.model().config.n_positions}};
+  return HttpReply{200, body.dump()};
+}
+
+HttpReply HttpRouter::Detokenize(const HttpRequestView& request) {
+  absl::StatusOr<std::vector<uint32_t>> ids =
+      ParseDetokenizeRequest(*request.body, path_.model().name);
+  if (!ids.ok()) return ErrorReply(ids.status());
+  absl::StatusOr<std::string> text = path_.Detokenize(request.authorization, *ids);
+  if (!text.ok()) return ErrorReply(text.status());
+  nlohmann::json body{{"prompt", *text}};
+  return HttpReply{200, body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)};
+}
+
+}  // namespace prefixd

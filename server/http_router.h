@@ -1,0 +1,55 @@
+// Which endpoint an HTTP request is for, and what it gets, without any networking:
+//
+//   POST /v1/completions       a started HttpCompletion (server/http_completion.h)
+//   GET  /v1/models            the served model
+//   GET  /health               200 while serving, 503 while draining (needs no token)
+//   POST /tokenize, /detokenize
+//   POST /v1/chat/completions  400: GPT-2 is a base model without a chat template
+//
+// Every endpoint but /health authorizes the caller before its body is parsed, so a caller
+// without a token learns nothing from how the body is read. Everything goes through the
+// request path (server/request_path.h), like a gRPC call.
+#ifndef PREFIXD_SERVER_HTTP_ROUTER_H_
+#define PREFIXD_SERVER_HTTP_ROUTER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+
+#include "server/http_completion.h"
+#include "server/request_path.h"
+
+namespace prefixd {
+
+struct HttpRequestView {
+  std::string_view method;  // "GET", "POST", ...
+  std::string_view target;  // path and query
+  std::optional<std::string> authorization;
+  const std::string* body = nullptr;  // never null
+};
+
+using HttpRouted = std::variant<HttpReply, std::unique_ptr<HttpCompletion>>;
+
+class HttpRouter {
+ public:
+  // `path` is not owned and outlives the router; `created` is the time /v1/models reports.
+  HttpRouter(RequestPath* path, int64_t created) : path_(*path), created_(created) {}
+
+  HttpRouted Route(const HttpRequestView& request);
+
+ private:
+  HttpRouted Completions(const HttpRequestView& request);
+  HttpReply Models(const HttpRequestView& request);
+  HttpReply Tokenize(const HttpRequestView& request);
+  HttpReply Detokenize(const HttpRequestView& request);
+
+  RequestPath& path_;
+  const int64_t created_;
+};
+
+}  // namespace prefixd
+
+#endif  // PREFIXD_SERVER_HTTP_ROUTER_H_

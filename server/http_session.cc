@@ -1,0 +1,331 @@
+#include "server/http_session.h"
+
+#include <sys/socket.h>
+
+#include <array>
+#include <cerrno>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "boost/asio.hpp"
+#include "boost/beast/core.hpp"
+#include "boost/beast/http.hpp"
+#include "server/openai_api.h"
+
+namespace prefixd {
+
+void HttpLiveCounts::Add(int64_t* counter, int64_t delta) {
+  absl::MutexLock lock(&mu_);
+  *counter += delta;
+}
+
+int64_t HttpLiveCounts::open_connections() const {
+  absl::MutexLock lock(&mu_);
+  return open_connections_;
+}
+
+int64_t HttpLiveCounts::live_completions() const {
+  absl::MutexLock lock(&mu_);
+  return live_completions_;
+}
+
+bool HttpLiveCounts::WaitForNoCompletions(absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return live_completions_ == 0; };
+  return mu_.AwaitWithTimeout(absl::Condition(&idle), timeout);
+}
+
+namespace {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket&& socket, const HttpSessionContext* context)
+      : stream_(std::move(socket)), context_(*context) {
+    context_.counts->ConnectionOpened();
+  }
+
+  ~Session() {
+    EndCompletion();
+    context_.counts->ConnectionClosed();
+  }
+
+  void Run() {
+    net::dispatch(stream_.get_executor(),
+                  beast::bind_front_handler(&Session::ReadHeader, shared_from_this()));
+  }
+
+ private:
+  void ReadHeader() {
+    parser_.emplace();
+    parser_->header_limit(64 * 1024);
+    parser_->body_limit(context_.max_body_bytes);
+    stream_.expires_after(
+        std::chrono::milliseconds(absl::ToInt64Milliseconds(context_.idle_timeout)));
+    http::async_read_header(stream_, buffer_, *parser_,
+                            beast::bind_front_handler(&Session::OnHeader, shared_from_this()));
+  }
+
+  void OnHeader(beast::error_code ec, size_t) {
+    // A Content-Length past the limit is refused while the header is parsed.
+    if (ec == http::error::body_limit) return SendTooLarge();
+    if (ec) return Close();  // end of stream, idle timeout, a malformed header
+    const auto& req = parser_->get();
+    version_ = req.version();
+    keep_alive_ = req.keep_alive();
+    if (parser_->content_length().has_value() &&
+        *parser_->content_length() > context_.max_body_bytes) {
+      return SendTooLarge();
+    }
+    // A generous time for the body; a client that stalls mid-body is cut off.
+    stream_.expires_after(std::chrono::seconds(60));
+    if (beast::iequals(req[http::field::expect], "100-continue")) {
+      auto cont =
+          std::make_shared<http::response<http::empty_body>>(http::status::continue_, version_);
+      http::async_write(stream_, *cont,
+                        [self = shared_from_this(), cont](beast::error_code ec, size_t) {
+                          if (ec) return self->Close();
+                          self->ReadBody();
+                        });
+      return;
+    }
+    ReadBody();
+  }
+
+  void ReadBody() {
+    http::async_read(stream_, buffer_, *parser_,
+                     beast::bind_front_handler(&Session::OnBody, shared_from_this()));
+  }
+
+  void OnBody(beast::error_code ec, size_t) {
+    if (ec == http::error::body_limit) return SendTooLarge();
+    if (ec) return Close();
+    stream_.expires_never();
+    // Last resort: nothing a client sends may raise through an I/O thread. A handler that
+    // throws all the same answers 500 and closes this connection; every other goes on.
+    try {
+      Handle(parser_->release());
+    } catch (const std::exception& e) {
+      InternalError(e.what());
+    } catch (...) {
+      InternalError("unknown exception");
+    }
+  }
+
+  void InternalError(absl::string_view what) {
+    if (context_.log) {
+      context_.log(absl::StrCat("http: internal error handling a request: ", what));
+    }
+    EndCompletion();
+    keep_alive_ = false;
+    Reply(ErrorReply(absl::InternalError("internal error handling this request (logged)")));
+  }
+
+  // The body is not read. Closing at once with unread bytes makes the kernel send a reset,
+  // which can destroy the response before the client reads it; so after the response, stop
+  // sending and discard what the client still sends, for a few seconds at most.
+  void SendTooLarge() {
+    keep_alive_ = false;
+    auto res = MakeResponse(413, ErrorJson(absl::InvalidArgumentError(absl::StrCat(
+                                     "the request body is larger than ", context_.max_body_bytes,
+                                     " bytes: send a smaller one"))));
+    http::async_write(stream_, *res,
+                      [self = shared_from_this(), res](beast::error_code ec, size_t) {
+                        if (ec) return self->Close();
+                        beast::error_code ignored;
+                        self->stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+                        self->stream_.expires_after(std::chrono::seconds(3));
+                        self->Discard();
+                      });
+  }
+
+  void Discard() {
+    auto sink = std::make_shared<std::array<char, 65536>>();
+    stream_.async_read_some(net::buffer(*sink),
+                            [self = shared_from_this(), sink](beast::error_code ec, size_t) {
+                              if (ec) return self->Close();
+                              self->Discard();
+                            });
+  }
+
+  void Handle(http::request<http::string_body> req) {
+    HttpRequestView view;
+    const std::string method(req.method_string());
+    const std::string target(req.target());
+    view.method = method;
+    head_ = req.method() == http::verb::head;
+    view.target = target;
+    if (auto it = req.find(http::field::authorization); it != req.end()) {
+      view.authorization = std::string(it->value());
+    }
+    view.body = &req.body();
+    HttpRouted routed = context_.router->Route(view);
+    if (HttpReply* reply = std::get_if<HttpReply>(&routed)) return Reply(std::move(*reply));
+    StartCompletion(std::get<std::unique_ptr<HttpCompletion>>(std::move(routed)));
+  }
+
+  std::shared_ptr<http::response<http::string_body>> MakeResponse(int status, std::string body) {
+    auto res = std::make_shared<http::response<http::string_body>>(
+        static_cast<http::status>(status), version_);
+    res->set(http::field::server, "prefixd");
+    res->set(http::field::content_type, "application/json");
+    res->keep_alive(keep_alive_);
+    res->body() = std::move(body);
+    res->prepare_payload();
+    // A response to HEAD has the GET response's headers and no body: a client reads the
+    // next response right after the headers (RFC 9110 9.3.2).
+    if (head_) res->body().clear();
+    return res;
+  }
+
+  void Reply(HttpReply reply) {
+    auto res = MakeResponse(reply.status, std::move(reply.body));
+    http::async_write(stream_, *res,
+                      [self = shared_from_this(), res](beast::error_code ec, size_t) {
+                        if (ec || res->need_eof()) return self->Close();
+                        self->ReadHeader();
+                      });
+  }
+
+  // ---- completions ----
+
+  void StartCompletion(std::unique_ptr<HttpCompletion> completion) {
+    completion_ = std::move(completion);
+    context_.counts->CompletionStarted();
+    // Engine events arrive on the engine thread: hand them to this connection's strand.
+    std::weak_ptr<Session> weak = weak_from_this();
+    auto executor = stream_.get_executor();
+    completion_->SetNotify([weak, executor] {
+      net::post(executor, [weak] {
+        if (std::shared_ptr<Session> self = weak.lock()) self->OnEngineEvents();
+      });
+    });
+    WatchDisconnect();
+    if (completion_->streamed()) SendStreamHeader();
+  }
+
+  void OnEngineEvents() {
+    if (completion_ == nullptr) return;
+    completion_->Poll();
+    if (completion_->streamed()) return PumpStream();
+    if (std::optional<HttpReply> reply = completion_->TakeWhole()) {
+      EndCompletion();
+      Reply(*std::move(reply));
+    }
+  }
+
+  void SendStreamHeader() {
+    auto res = std::make_shared<http::response<http::empty_body>>(http::status::ok, version_);
+    res->set(http::field::server, "prefixd");
+    res->set(http::field::content_type, "text/event-stream");
+    res->set(http::field::cache_control, "no-cache");
+    res->keep_alive(keep_alive_);
+    res->chunked(true);
+    auto sr = std::make_shared<http::response_serializer<http::empty_body>>(*res);
+    write_in_flight_ = true;
+    http::async_write_header(stream_, *sr,
+                             [self = shared_from_this(), res, sr](beast::error_code ec, size_t) {
+                               if (ec) return self->ClientGone();
+                               if (self->completion_ == nullptr) return;
+                               self->headers_sent_ = true;
+                               self->write_in_flight_ = false;
+                               self->PumpStream();
+                             });
+  }
+
+  void PumpStream() {
+    if (completion_ == nullptr || !headers_sent_ || write_in_flight_) return;
+    bool last = false;
+    auto data = std::make_shared<std::string>(completion_->TakeStreamBytes(&last));
+    if (data->empty()) return;
+    write_in_flight_ = true;
+    net::async_write(stream_, http::make_chunk(net::buffer(*data)),
+                     [self = shared_from_this(), data, last](beast::error_code ec, size_t) {
+                       if (ec) return self->ClientGone();
+                       if (last) return self->EndStream();
+                       if (self->completion_ == nullptr) return;
+                       self->write_in_flight_ = false;
+                       self->PumpStream();
+                     });
+  }
+
+  void EndStream() {
+    EndCompletion();
+    net::async_write(stream_, http::make_chunk_last(),
+                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                       if (ec || !self->keep_alive_) return self->Close();
+                       self->ReadHeader();
+                     });
+  }
+
+  // While a completion runs nothing is read from the client, so a closed connection would go
+  // unnoticed until a write fails; waiting for readability sees the FIN or RST at once.
+  void WatchDisconnect() {
+    stream_.socket().async_wait(
+        tcp::socket::wait_read,
+        net::bind_executor(
+            stream_.get_executor(),
+            [self = shared_from_this()](beast::error_code ec) { self->OnReadable(ec); }));
+  }
+
+  void OnReadable(beast::error_code ec) {
+    if (completion_ == nullptr) return;
+    if (ec) return ClientGone();
+    char byte;
+    const ssize_t n = ::recv(stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+      return ClientGone();
+    }
+    // n > 0: the client sent more (a pipelined request); it stays buffered for the next read.
+    if (n < 0) WatchDisconnect();
+  }
+
+  // The client went away: cancel what still runs (the engine frees its blocks at its next
+  // step) and count it now; events that still arrive are ignored.
+  void ClientGone() {
+    EndCompletion();
+    Close();
+  }
+
+  // The completion is over (sent, or abandoned: what still runs is cancelled and counted).
+  void EndCompletion() {
+    if (completion_ == nullptr) return;
+    completion_->Abandon();
+    completion_.reset();
+    headers_sent_ = false;
+    write_in_flight_ = false;
+    context_.counts->CompletionEnded();
+  }
+
+  void Close() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.close();
+  }
+
+  beast::tcp_stream stream_;
+  const HttpSessionContext& context_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  unsigned version_ = 11;
+  bool keep_alive_ = true;
+  bool head_ = false;  // the request being answered is HEAD
+  std::unique_ptr<HttpCompletion> completion_;
+  bool headers_sent_ = false;
+  bool write_in_flight_ = false;
+};
+
+}  // namespace
+
+void StartHttpSession(boost::asio::ip::tcp::socket socket, const HttpSessionContext* context) {
+  std::make_shared<Session>(std::move(socket), context)->Run();
+}
+
+}  // namespace prefixd

@@ -1,0 +1,60 @@
+// One HTTP/1.1 connection on Boost.Beast: reads requests one after another (keep-alive,
+// pipelined requests wait in the buffer), hands each to the router (server/http_router.h)
+// and writes what it returns; a completion is pumped on the connection's strand, engine
+// events posted onto it.
+//
+// Backpressure: at most one write is in flight; tokens that arrive meanwhile are coalesced
+// (server/generate_output.h) into the next write.
+// Disconnects: while a completion runs, the connection is watched for readability, so a
+// client that goes away is noticed (and its requests cancelled, their blocks released) even
+// while no token is being written to it.
+// Faults: a handler that throws answers 500, logs a line and closes the connection; nothing
+// a client sends raises through an I/O thread.
+#ifndef PREFIXD_SERVER_HTTP_SESSION_H_
+#define PREFIXD_SERVER_HTTP_SESSION_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string_view>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "boost/asio/ip/tcp.hpp"
+#include "server/http_router.h"
+
+namespace prefixd {
+
+// What a front end's connections are doing, for its accept loop and its shutdown.
+class HttpLiveCounts {
+ public:
+  void ConnectionOpened() { Add(&open_connections_, 1); }
+  void ConnectionClosed() { Add(&open_connections_, -1); }
+  void CompletionStarted() { Add(&live_completions_, 1); }
+  void CompletionEnded() { Add(&live_completions_, -1); }
+  int64_t open_connections() const;
+  int64_t live_completions() const;
+  bool WaitForNoCompletions(absl::Duration timeout) const;
+
+ private:
+  void Add(int64_t* counter, int64_t delta);
+  mutable absl::Mutex mu_;
+  int64_t open_connections_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t live_completions_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Shared by every session of a front end, and outlives them.
+struct HttpSessionContext {
+  HttpRouter* router = nullptr;
+  HttpLiveCounts* counts = nullptr;
+  size_t max_body_bytes = 0;    // a larger body is refused with 413 before it is read
+  absl::Duration idle_timeout;  // between requests
+  std::function<void(std::string_view)> log;
+};
+
+// Serves `socket` until the client closes it, an error, or the io_context stops.
+void StartHttpSession(boost::asio::ip::tcp::socket socket, const HttpSessionContext* context);
+
+}  // namespace prefixd
+
+#endif  // PREFIXD_SERVER_HTTP_SESSION_H_
