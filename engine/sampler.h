@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
-#include "engine/engine.h"
+#include "engine/request.h"
 
 namespace prefixd {
 

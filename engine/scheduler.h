@@ -35,7 +35,7 @@
 #include "cache/disk/disk_tier.h"
 #include "cache/kv_cache.h"
 #include "engine/backend.h"
-#include "engine/engine.h"
+#include "engine/engine_stats.h"
 #include "engine/model_config.h"
 #include "engine/sequence.h"
 
@@ -87,18 +87,18 @@ class Scheduler {
     bool decode;
   };
 
-  // Blocks an admission found in the disk tier: keys of blocks first_block, first_block + 1,
-  // ... of seq's tokens, to be read into its (fresh) blocks before the step's Forward.
+  // Blocks an admission found in the disk tier: blocks first_block .. first_block + count - 1
+  // of seq's chain, to be read into its (fresh) blocks before the step's Forward.
   struct DiskLoad {
     Sequence* seq;
     int32_t first_block;
-    std::vector<Digest> keys;
+    int32_t count;
     bool first_admission;
   };
 
   void Admit(std::vector<Scheduled>* batch, int32_t* budget);
-  // The disk blocks that continue `seq`'s match after the pool's first `pool_blocks` blocks.
-  std::vector<Digest> DiskMatch(Sequence* seq, int32_t pool_blocks);
+  // How many disk blocks continue `seq`'s match after the pool's first `pool_blocks` blocks.
+  int32_t DiskMatch(const Sequence* seq, int32_t pool_blocks) const;
   // Reads the blocks of pending_loads_ into the pool, marks them computed and moves each
   // batch entry's start past what was loaded. Non-OK only for a backend failure.
   absl::Status RunDiskLoads(absl::Span<Scheduled> batch);

@@ -5,8 +5,9 @@
 //   sequence (`pre_fork`) then forks into n (sample indices 0..n-1), never before.
 // - A sequence is in exactly one place: waiting (cache_seq == -1, in the waiting queue),
 //   running (cache_seq is a live KvCache sequence) or finished (released, in neither).
-// - tokens = prompt + emitted tokens of this sample; the cache has computed K/V for all of
-//   them but the last one (the next input) while decoding.
+// - chain holds prompt + emitted tokens of this sample and their block keys (one list, which
+//   the KvCache grows while the sequence runs: cache/kv_cache.h invariant 6); the cache has
+//   computed K/V for all of them but the last one (the next input) while decoding.
 #ifndef PREFIXD_ENGINE_SEQUENCE_H_
 #define PREFIXD_ENGINE_SEQUENCE_H_
 
@@ -18,7 +19,8 @@
 #include "absl/time/time.h"
 #include "cache/kv_cache.h"
 #include "cache/sha256.h"
-#include "engine/engine.h"
+#include "cache/token_chain.h"
+#include "engine/request.h"
 #include "engine/request_stream.h"
 
 namespace prefixd {
@@ -32,8 +34,8 @@ struct Sequence {
   uint32_t sample_index = 0;
   bool pre_fork = false;  // stands for all num_samples samples until its prompt is computed
   State state = State::kWaiting;
-  std::vector<uint32_t> tokens;  // prompt + emitted tokens of this sample
-  uint32_t generated = 0;        // emitted tokens
+  std::shared_ptr<TokenChain> chain;  // prompt + emitted tokens of this sample, and keys
+  uint32_t generated = 0;             // emitted tokens
   SequenceId cache_seq = -1;
   // Order of the latest admission; the largest is preempted first. Forks share their
   // parent's and are ordered among themselves by sample index.
@@ -50,7 +52,7 @@ struct RequestState {
   // request.stop_token_ids as a set (filled by Scheduler::Enqueue): checked once per
   // sampled token.
   absl::flat_hash_set<uint32_t> stop_ids;
-  std::shared_ptr<RequestStreamImpl> stream;
+  std::shared_ptr<RequestStream> stream;
   Digest root;  // CacheRootKey(manifest, namespace)
   absl::Time submit_time;
   bool admitted_once = false;

@@ -244,19 +244,11 @@ void DiskTier::MakeRoomLocked(int64_t incoming) {
   }
 }
 
-std::vector<Digest> DiskTier::MatchFrom(const Digest& parent,
-                                        absl::Span<const uint32_t> tokens) const {
-  std::vector<Digest> keys;
-  const size_t bs = layout_.block_size;
-  Digest prev = parent;
+size_t DiskTier::MatchFrom(absl::Span<const Digest> keys) const {
   absl::MutexLock lock(&mu_);
-  for (size_t i = 0; (i + 1) * bs <= tokens.size(); ++i) {
-    const Digest key = ChainKey(prev, tokens.subspan(i * bs, bs));
-    if (!index_.Contains(key)) break;
-    keys.push_back(key);
-    prev = key;
-  }
-  return keys;
+  size_t n = 0;
+  while (n < keys.size() && index_.Contains(keys[n])) ++n;
+  return n;
 }
 
 bool DiskTier::Contains(const Digest& key) const {

@@ -23,6 +23,7 @@
 #include "base/file.h"
 #include "cache/block_key.h"
 #include "cache/kv_cache.h"
+#include "cache/token_chain.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/cache/disk/disk_test_util.h"
@@ -104,15 +105,15 @@ TEST_F(DiskTierTest, MatchFromStopsAtTheFirstMissingBlock) {
   SpillAll(*tier, {chain[0], chain[1], chain[3]});  // block 2 missing
   std::vector<uint32_t> tokens;
   for (const BlockRecord& r : chain) tokens.insert(tokens.end(), r.tokens.begin(), r.tokens.end());
-  tokens.push_back(7);  // a partial block is never matched
-  EXPECT_THAT(tier->MatchFrom(testing::TestRoot(), tokens),
-              ::testing::ElementsAre(chain[0].key, chain[1].key));
-  // From block 3's parent on, block 3 is there.
-  EXPECT_THAT(tier->MatchFrom(chain[2].key, absl::MakeConstSpan(tokens).subspan(12)),
-              ::testing::ElementsAre(chain[3].key));
+  tokens.push_back(7);  // a partial block has no key
+  const TokenChain request(testing::TestRoot(), 4, tokens);
+  ASSERT_EQ(request.keys().size(), 4u);
+  EXPECT_EQ(tier->MatchFrom(request.keys()), 2u);  // blocks 0 and 1
+  // From block 3 on, block 3 is there.
+  EXPECT_EQ(tier->MatchFrom(request.keys().subspan(3)), 1u);
   // Another tenant's chain shares no key.
-  const Digest other = CacheRootKey("manifest-1", CacheNamespace("other", ""));
-  EXPECT_TRUE(tier->MatchFrom(other, tokens).empty());
+  const TokenChain other(CacheRootKey("manifest-1", CacheNamespace("other", "")), 4, tokens);
+  EXPECT_EQ(tier->MatchFrom(other.keys()), 0u);
 }
 
 // The pool's longest-prefix match ends where its blocks were evicted; the tier holds them
@@ -140,8 +141,8 @@ TEST_F(DiskTierTest, PoolMatchContinuesIntoTheTier) {
   auto cache = *KvCache::Create(o);
   const Digest root = testing::TestRoot();
   auto prefill = [&](const std::vector<uint32_t>& prompt) {
-    AdmissionRequest r{
-        .root = root, .prompt = prompt, .reserve_tokens = static_cast<int32_t>(prompt.size())};
+    AdmissionRequest r{.chain = std::make_shared<TokenChain>(root, 4, prompt),
+                       .reserve_tokens = static_cast<int32_t>(prompt.size())};
     auto a = cache->Admit(r);
     ASSERT_TRUE(a.ok()) << a.status();
     cache->MarkComputed(a->seq, static_cast<int32_t>(prompt.size()));
@@ -158,14 +159,14 @@ TEST_F(DiskTierTest, PoolMatchContinuesIntoTheTier) {
 
   std::vector<uint32_t> prompt = a;
   prompt.push_back(99);
-  AdmissionRequest r{
-      .root = root, .prompt = prompt, .reserve_tokens = static_cast<int32_t>(prompt.size())};
+  auto chain = std::make_shared<TokenChain>(root, 4, prompt);
+  AdmissionRequest r{.chain = chain, .reserve_tokens = static_cast<int32_t>(prompt.size())};
   auto plan = cache->PlanAdmission(r);
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->matched_tokens, 4);  // a0 only in the pool
-  const Digest a0 = ChainKey(root, absl::MakeConstSpan(a).subspan(0, 4));
-  const std::vector<Digest> more = tier->MatchFrom(a0, absl::MakeConstSpan(prompt).subspan(4, 8));
-  ASSERT_EQ(more.size(), 2u);  // a1 and a2 from disk
+  const absl::Span<const Digest> after_pool = chain->keys().subspan(1);
+  ASSERT_EQ(tier->MatchFrom(after_pool), 2u);  // a1 and a2 from disk
+  const std::vector<Digest> more(after_pool.begin(), after_pool.end());
   EXPECT_EQ(more[0], evicted[1]);
   EXPECT_EQ(more[1], evicted[0]);
   std::vector<uint8_t> data(static_cast<size_t>(layout.data_bytes()));
