@@ -101,7 +101,7 @@ Harness& TheHarness() {
                           .kv_bytes_per_token = 8};
     h->path = std::make_unique<RequestPath>(std::move(p));
     HttpFrontEndOptions o;
-    o.listen = "127.0.0.1:0";
+    o.listen.host = "127.0.0.1";  // port 0: a free one
     o.path = h->path.get();
     o.threads = 2;
     o.max_body_bytes = kMaxBodyBytes;
