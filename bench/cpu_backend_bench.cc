@@ -1,11 +1,12 @@
 // CPU backend throughput on full-size GPT-2 (124M): prefill, decode at several context
 // lengths, batched decode, and a cached decode step against recomputing the prefix.
 //
-//   cpu_backend_bench [--model DIR] [--threads 2] [--reps 5] [--isa auto|avx2|avx512]
-//                     [--dtype f32|f16|bf16] [--quick 0-5]
+//   cpu_backend_bench [--model DIR] [--threads 2] [--reps 5] [--isa auto|avx2|avxvnni|avx512]
+//                     [--dtype f32|f16|bf16|int8] [--quick 0-5]
 //
 // --isa picks the matrix-product register blocks (all give identical bits); --dtype the
-// weights' storage (the checkpoint is rounded to it at load; arithmetic stays fp32); --quick 1 runs
+// weights' storage (the checkpoint is rounded to it at load; arithmetic stays fp32, except
+// int8's integer products, kernels/cpu/matmul.h); --quick 1 runs
 // only prefill 512, decode batch 1 at context 256 and decode batch 8 (for before/after checks);
 // 2, 3 and 4 run just one of those three; 5 runs what scripts/bench-peer compares with llama.cpp
 // (prefill 17 and 512 tokens, decode batch 1 at context 16 and 256, decode batch 8).
@@ -137,7 +138,7 @@ int Main(int argc, char** argv) {
   DType dtype = DType::kF32;
   constexpr const char* kUsage =
       "usage: cpu_backend_bench [--model DIR] [--threads N] [--reps N] "
-      "[--isa auto|avx2|avx512] [--dtype f32|f16|bf16] [--quick 0-5]\n";
+      "[--isa auto|avx2|avxvnni|avx512] [--dtype f32|f16|bf16|int8] [--quick 0-5]\n";
   static constexpr FlagSpec kFlags[] = {
       {"model"}, {"threads"}, {"reps"}, {"quick"}, {"isa"}, {"dtype"}, {"help", FlagKind::kSwitch}};
   absl::StatusOr<ParsedCommandLine> args =
@@ -174,22 +175,24 @@ int Main(int argc, char** argv) {
       isa = MatMulIsa::kAvx2;
     } else if (*v == "avx512") {
       isa = MatMulIsa::kAvx512;
+    } else if (*v == "avxvnni") {
+      isa = MatMulIsa::kAvxVnni;
     } else {
-      std::fprintf(stderr, "cpu_backend_bench: --isa takes auto, avx2 or avx512, got %s\n",
+      std::fprintf(stderr, "cpu_backend_bench: --isa takes auto, avx2, avxvnni or avx512, got %s\n",
                    v->c_str());
       return 2;
     }
   }
   if (const std::optional<std::string> v = args->Flag("dtype"); v.has_value()) {
     if (!ParseDType(*v)) {
-      std::fprintf(stderr, "cpu_backend_bench: --dtype takes f32, f16 or bf16, got %s\n",
+      std::fprintf(stderr, "cpu_backend_bench: --dtype takes f32, f16, bf16 or int8, got %s\n",
                    v->c_str());
       return 2;
     }
     dtype = *ParseDType(*v);
   }
   if (!MatMulIsaSupported(isa)) {
-    std::fprintf(stderr, "cpu_backend_bench: this CPU lacks AVX-512\n");
+    std::fprintf(stderr, "cpu_backend_bench: this CPU lacks that instruction set\n");
     return 2;
   }
   SetMatMulIsa(isa);

@@ -1,13 +1,17 @@
-// How far the CPU backend's half-precision weights move GPT-2's outputs from f32: the same
-// tokens through an f32, an f16 and a bf16 backend, compared position by position.
+// How far the CPU backend's half-precision and int8 weights move GPT-2's outputs from f32: the
+// same tokens through an f32, an f16, a bf16 and an int8 backend, compared position by position.
 //
-//   dtype_accuracy --model DIR [--positions 300] [--generate 64] [--threads 2]
+//   dtype_accuracy --model DIR [--positions 300] [--generate 64] [--threads 2] [--ids 1,2,...]
 //
 // Teacher-forced: a fixed pseudo-random token sequence is fed one token per step, and at
-// every position the log-softmax of each half backend is compared with f32's: the largest
-// |Δ logprob| on the token f32 ranks first, over f32's top 5, and over the whole vocabulary,
-// and how often the argmax agrees. Free-running: each backend greedily continues a prompt on
-// its own, and the report gives how many leading tokens agree with f32's continuation.
+// every position the log-softmax of each other backend is compared with f32's: the largest
+// and the mean |Δ logprob| on the token f32 ranks first, the largest over f32's top 5 and over
+// the whole vocabulary, and how often the argmax agrees. Free-running: each backend greedily
+// continues a prompt on its own, and the report gives how many leading tokens agree with f32's
+// continuation. --ids feeds the given tokens instead of the pseudo-random ones (and sets
+// --positions to their count): e.g. a prompt and f32's greedy continuation of it, the sequence
+// scripts/bench-peer's cross-check feeds llama.cpp, so that its figures and these compare position
+// for position.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -76,6 +80,7 @@ class Runner {
 int Main(int argc, char** argv) {
   std::string model_dir;
   int positions = 300, generate = 64, threads = 2;
+  std::vector<uint32_t> ids;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--model") {
@@ -86,15 +91,24 @@ int Main(int argc, char** argv) {
       generate = std::atoi(argv[i + 1]);
     } else if (flag == "--threads") {
       threads = std::atoi(argv[i + 1]);
+    } else if (flag == "--ids") {
+      ids.clear();
+      for (const char* p = argv[i + 1]; *p != '\0';) {
+        char* end = nullptr;
+        ids.push_back(static_cast<uint32_t>(std::strtoul(p, &end, 10)));
+        if (end == p) break;
+        p = *end == ',' ? end + 1 : end;
+      }
+      positions = static_cast<int>(ids.size());
     } else {
       model_dir.clear();
       break;
     }
   }
-  if (model_dir.empty() || positions < 2 || generate < 1 || threads < 1) {
+  if (model_dir.empty() || positions < 16 || generate < 1 || threads < 1) {
     std::fprintf(stderr,
-                 "usage: dtype_accuracy --model DIR [--positions N>=2] [--generate N>=1] "
-                 "[--threads N]\n");
+                 "usage: dtype_accuracy --model DIR [--positions N>=16] [--generate N>=1] "
+                 "[--threads N] [--ids 1,2,...]\n");
     return 2;
   }
   auto model = Model::Load(model_dir);
@@ -120,9 +134,17 @@ int Main(int argc, char** argv) {
   std::printf("model %s, %d teacher-forced positions, %d greedy tokens\n\n",
               (*model)->name().c_str(), positions, generate);
   std::printf(
-      "| dtype | max \\|Δ logprob\\| of f32's top token | over f32's top 5 | over the vocabulary "
-      "| argmax agrees | greedy tokens agreeing with f32 |\n|---|---|---|---|---|---|\n");
-  const std::vector<uint32_t> tokens = Tokens(positions, static_cast<uint32_t>(v));
+      "| dtype | max \\|Δ logprob\\| of f32's top token | mean | max over f32's top 5 | max over "
+      "the vocabulary | argmax agrees | greedy tokens agreeing with f32 |\n"
+      "|---|---|---|---|---|---|---|\n");
+  for (uint32_t id : ids) {
+    if (id >= static_cast<uint32_t>(v)) {
+      std::fprintf(stderr, "dtype_accuracy: --ids holds %u, past the vocabulary\n", id);
+      return 2;
+    }
+  }
+  const std::vector<uint32_t> tokens =
+      ids.empty() ? Tokens(positions, static_cast<uint32_t>(v)) : ids;
   Runner f32 = make(DType::kF32);
   std::vector<std::vector<double>> reference(positions);
   for (int32_t p = 0; p < positions; ++p) {
@@ -144,9 +166,9 @@ int Main(int argc, char** argv) {
   };
   Runner f32_greedy = make(DType::kF32);
   const std::vector<uint32_t> want = greedy(f32_greedy);
-  for (DType dtype : {DType::kF16, DType::kBF16}) {
+  for (DType dtype : {DType::kF16, DType::kBF16, DType::kI8}) {
     Runner half = make(dtype);
-    double top = 0, top5 = 0, all = 0;
+    double top = 0, top_sum = 0, top5 = 0, all = 0;
     int agree = 0;
     for (int32_t p = 0; p < positions; ++p) {
       const std::vector<float> l = half.Step(tokens[p], p);
@@ -157,6 +179,7 @@ int Main(int argc, char** argv) {
       std::partial_sort(order.begin(), order.begin() + 5, order.end(),
                         [&](int64_t a, int64_t b) { return ref[a] > ref[b]; });
       top = std::max(top, std::abs(got[order[0]] - ref[order[0]]));
+      top_sum += std::abs(got[order[0]] - ref[order[0]]);
       for (int i = 0; i < 5; ++i) top5 = std::max(top5, std::abs(got[order[i]] - ref[order[i]]));
       for (int64_t i = 0; i < v; ++i) all = std::max(all, std::abs(got[i] - ref[i]));
       agree += (std::max_element(got.begin(), got.end()) - got.begin()) == order[0];
@@ -165,9 +188,9 @@ int Main(int argc, char** argv) {
     const std::vector<uint32_t> got = greedy(half_greedy);
     int same = 0;
     while (same < generate && got[same] == want[same]) ++same;
-    std::printf("| %s | %.2e | %.2e | %.2e | %d of %d | %d of %d |\n",
-                std::string(DTypeName(dtype)).c_str(), top, top5, all, agree, positions, same,
-                generate);
+    std::printf("| %s | %.2e | %.2e | %.2e | %.2e | %d of %d | %d of %d |\n",
+                std::string(DTypeName(dtype)).c_str(), top, top_sum / positions, top5, all, agree,
+                positions, same, generate);
   }
   return 0;
 }

@@ -3,8 +3,8 @@
 // dtype. Separates the products' cost from attention and the rest of the forward pass, and
 // shows where a batch stops riding on the weight stream.
 //
-//   matmul_bench [--threads 2] [--reps 7] [--rows 1,4,8,16] [--isa auto|avx2|avx512|both]
-//                [--dtype f32|f16|bf16|all] [--weights stream|resident]
+//   matmul_bench [--threads 2] [--reps 7] [--rows 1,4,8,16] [--isa auto|avx2|avxvnni|avx512|both]
+//                [--dtype f32|f16|bf16|int8|all] [--weights stream|resident]
 //
 // Each figure is the best of --reps steps (wall and CPU time of all threads, each its own
 // minimum); the weights (≈500 MB in f32) are far larger than the caches, so every step
@@ -54,13 +54,14 @@ int Main(int argc, char** argv) {
       rows.clear();
       std::stringstream ss(value);
       for (std::string item; std::getline(ss, item, ',');) rows.push_back(std::atoll(item.c_str()));
-    } else if (flag == "--isa" &&
-               (value == "auto" || value == "avx2" || value == "avx512" || value == "both")) {
+    } else if (flag == "--isa" && (value == "auto" || value == "avx2" || value == "avxvnni" ||
+                                   value == "avx512" || value == "both")) {
       if (value == "auto") isas = {MatMulIsa::kAuto};
+      if (value == "avxvnni") isas.push_back(MatMulIsa::kAvxVnni);
       if (value == "avx2" || value == "both") isas.push_back(MatMulIsa::kAvx2);
       if (value == "avx512" || value == "both") isas.push_back(MatMulIsa::kAvx512);
     } else if (flag == "--dtype" && value == "all") {
-      dtypes = {DType::kF32, DType::kF16, DType::kBF16};
+      dtypes = {DType::kF32, DType::kF16, DType::kBF16, DType::kI8};
     } else if (flag == "--dtype" && ParseDType(value)) {
       dtypes = {*ParseDType(value)};
     } else if (flag == "--weights" && (value == "stream" || value == "resident")) {
@@ -68,7 +69,7 @@ int Main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: matmul_bench [--threads N] [--reps N] [--rows 1,8,...] "
-                   "[--isa auto|avx2|avx512|both] [--dtype f32|f16|bf16|all] "
+                   "[--isa auto|avx2|avxvnni|avx512|both] [--dtype f32|f16|bf16|int8|all] "
                    "[--weights stream|resident]\n");
       return 2;
     }
@@ -76,7 +77,7 @@ int Main(int argc, char** argv) {
   if (isas.empty()) isas = {MatMulIsa::kAuto};
   for (MatMulIsa isa : isas) {
     if (!MatMulIsaSupported(isa)) {
-      std::fprintf(stderr, "matmul_bench: this CPU lacks AVX-512\n");
+      std::fprintf(stderr, "matmul_bench: this CPU lacks that instruction set\n");
       return 2;
     }
   }
@@ -111,7 +112,7 @@ int Main(int argc, char** argv) {
     std::normal_distribution<float> dist(0.0f, 0.02f);
     std::vector<PackedMatrix> mats;
     double bytes = 0, flops_per_row = 0;  // read and computed per step
-    double weight_bytes = 0;               // held
+    double weight_bytes = 0;              // held
     for (const Shape& s : shapes) {
       std::vector<float> w(s.k * s.n);
       for (float& x : w) x = dist(rng);
@@ -125,9 +126,10 @@ int Main(int argc, char** argv) {
     for (float& x : a) x = dist(rng);
     for (MatMulIsa isa : isas) {
       SetMatMulIsa(isa);
-      const char* isa_name = isa == MatMulIsa::kAvx2     ? "avx2"
-                             : isa == MatMulIsa::kAvx512 ? "avx512"
-                                                         : "auto";
+      const char* isa_name = isa == MatMulIsa::kAvx2      ? "avx2"
+                             : isa == MatMulIsa::kAvx512  ? "avx512"
+                             : isa == MatMulIsa::kAvxVnni ? "avxvnni"
+                                                          : "auto";
       for (int64_t m : rows) {
         double best_wall = 1e30, best_cpu = 1e30;
         for (int r = 0; r < reps; ++r) {

@@ -1,4 +1,6 @@
-// Element types of weights and KV storage.
+// Element types of weights and KV storage. kI8 is a storage of the CPU backend's weight matrices
+// only (8-bit integers with an fp32 scale per block of K, kernels/cpu/matmul.h): never a
+// checkpoint tensor's type, a KV element or a CUDA dtype.
 #ifndef PREFIXD_ENGINE_DTYPE_H_
 #define PREFIXD_ENGINE_DTYPE_H_
 
@@ -9,17 +11,20 @@
 
 namespace prefixd {
 
-enum class DType { kF32, kF16, kBF16 };
+// The values are stable: the disk tier stores them in its block files' layout.
+enum class DType { kF32 = 0, kF16 = 1, kBF16 = 2, kI8 = 3 };
 
-constexpr int64_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
-// "f32" | "f16" | "bf16": the names the API, flags and tools use.
+// Bytes of one element (for kI8 without its share of the block scales).
+constexpr int64_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : t == DType::kI8 ? 1 : 2; }
+// "f32" | "f16" | "bf16" | "int8": the names the API, flags and tools use.
 constexpr std::string_view DTypeName(DType t) {
-  return t == DType::kF32 ? "f32" : t == DType::kF16 ? "f16" : "bf16";
+  return t == DType::kF32 ? "f32" : t == DType::kF16 ? "f16" : t == DType::kI8 ? "int8" : "bf16";
 }
 inline std::optional<DType> ParseDType(std::string_view s) {
   if (s == "f32") return DType::kF32;
   if (s == "f16") return DType::kF16;
   if (s == "bf16") return DType::kBF16;
+  if (s == "int8") return DType::kI8;
   return std::nullopt;
 }
 

@@ -129,6 +129,8 @@ std::string_view SafetensorsDTypeName(DType dtype) {
       return "F16";
     case DType::kBF16:
       return "BF16";
+    case DType::kI8:  // not a checkpoint type (engine/dtype.h)
+      return "I8";
   }
   return "F32";
 }

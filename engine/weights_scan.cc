@@ -41,6 +41,8 @@ int64_t FirstNonFinite(DType dtype, absl::Span<const std::byte> bytes) {
       return FirstNonFiniteBits<uint16_t, 0x7c00u>(bytes.data(), n);
     case DType::kBF16:
       return FirstNonFiniteBits<uint16_t, 0x7f80u>(bytes.data(), n);
+    case DType::kI8:  // integers are finite
+      return -1;
   }
   return -1;
 }

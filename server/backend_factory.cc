@@ -43,7 +43,16 @@ absl::StatusOr<DevicePlan> PlanDevice(std::string_view device, std::string_view 
     plan.dtype = *d;
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("--dtype=", std::string(dtype), " is not one of auto, f32, f16, bf16"));
+        absl::StrCat("--dtype=", std::string(dtype), " is not one of auto, f32, f16, bf16, int8"));
+  }
+  if (plan.dtype == DType::kI8 && plan.use_cuda) {
+    if (device == "cuda") {
+      return absl::InvalidArgumentError(
+          "--dtype=int8 is CPU only: the CUDA backend has f32, f16 and bf16 weights (use "
+          "--device=cpu with int8, or another dtype on CUDA)");
+    }
+    plan.use_cuda = false;  // --device=auto: int8 runs where it exists
+    plan.note = "--device=auto with --dtype=int8: running on the CPU (int8 is CPU only)";
   }
   return plan;
 }

@@ -44,10 +44,11 @@ struct DevicePlan {
   std::string note;  // a log line to print (e.g. why auto fell back to the CPU), or empty
 };
 
-// --device auto|cpu|cuda, --dtype auto|f32|f16|bf16. `cuda_usable` is CudaDeviceAvailable()'s
+// --device auto|cpu|cuda, --dtype auto|f32|f16|bf16|int8. `cuda_usable` is CudaDeviceAvailable()'s
 // answer (UNAVAILABLE in a build without CUDA). auto: CUDA when usable, else CPU; dtype auto:
 // f32 on CPU, bf16 on CUDA. On the CPU, f16 and bf16 are the weights' storage (rounded at
-// load; arithmetic and KV stay fp32).
+// load; arithmetic and KV stay fp32); int8 is CPU only (--device=cuda with it is
+// INVALID_ARGUMENT, auto picks the CPU).
 absl::StatusOr<DevicePlan> PlanDevice(std::string_view device, std::string_view dtype,
                                       const absl::Status& cuda_usable);
 

@@ -32,7 +32,8 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
 ABSL_FLAG(std::string, http_listen, "127.0.0.1:8000",
           "OpenAI-compatible HTTP API address; port 0 picks a free port; off disables it");
 ABSL_FLAG(std::string, device, "auto", "auto | cpu | cuda (auto: CUDA when usable)");
-ABSL_FLAG(std::string, dtype, "auto", "auto | f32 | f16 | bf16 (auto: f32 on CPU, bf16 on CUDA)");
+ABSL_FLAG(std::string, dtype, "auto",
+          "auto | f32 | f16 | bf16 | int8 (auto: f32 on CPU, bf16 on CUDA; int8: CPU only)");
 ABSL_FLAG(int64_t, kv_cache_bytes, 0,
           "KV pool budget in bytes; 0 = on the CPU 16 sequences at full context (at most 1/4 "
           "of memory), on CUDA 80% of free memory");
@@ -258,7 +259,7 @@ int main(int argc, char** argv) {
   absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
       "prefixd --model DIR [--listen 127.0.0.1:50051] [--metrics-listen 127.0.0.1:9464] "
-      "[--device auto|cpu|cuda] [--dtype auto|f32|f16|bf16] ... (see docs/SERVER.md)");
+      "[--device auto|cpu|cuda] [--dtype auto|f32|f16|bf16|int8] ... (see docs/SERVER.md)");
   std::vector<std::string> args = prefixd::NormalizeFlagNames({argv, argv + argc});
   std::vector<char*> cargs;
   for (std::string& a : args) cargs.push_back(a.data());

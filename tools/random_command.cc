@@ -58,7 +58,7 @@ int RunRandomCommand(absl::Span<char* const> args) {
   }
   const std::string dtype_name = parsed->Flag("dtype").value_or("f32");
   std::optional<DType> dtype = ParseDType(dtype_name);
-  if (!dtype) {
+  if (!dtype || *dtype == DType::kI8) {
     return ReportError(absl::InvalidArgumentError(absl::StrCat("unknown --dtype \"", dtype_name,
                                                                "\" (expected f32, f16 or bf16)")),
                        kExitUsage);

@@ -193,6 +193,10 @@ std::string DefaultTokenizerDir() {
 
 absl::Status WriteRandomModel(const RandomModelOptions& options) {
   if (options.out_dir.empty()) return absl::InvalidArgumentError("no output directory given");
+  if (options.dtype == DType::kI8) {
+    return absl::InvalidArgumentError(
+        "a checkpoint is f32, f16 or bf16 (int8 is a CPU backend's storage, made at load)");
+  }
   if (absl::Status s = ValidateModelConfig(options.config); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("invalid model shape: ", s.message()));
   }

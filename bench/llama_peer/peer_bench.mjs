@@ -211,13 +211,14 @@ async function check(seq, ours) {
     const items = forced.map((t, i) => i < prompt.length - 1 ? t
         : [t, {generateNext: {token: true, logits: true, options: {temperature: 0}}}]);
     const out = await seq.controlledEvaluate(items);
-    let maxDiff = 0, maxChosenDiff = 0, argmaxAgree = 0, maxAbsLogprob = 0;
+    let maxDiff = 0, maxChosenDiff = 0, sumChosenDiff = 0, argmaxAgree = 0, maxAbsLogprob = 0;
     const steps = [];
     for (let i = 0; i < want.length; i++) {
         const next = out[prompt.length - 1 + i].next;
         const lp = logSoftmax(next.logits);
         const chosen = Math.abs(lp(want[i]) - ours.logprobs[i]);
         maxChosenDiff = Math.max(maxChosenDiff, chosen);
+        sumChosenDiff += chosen;
         const top = ours.top_logprobs?.[i];
         if (top) top.token_ids.forEach((t, k) => {
             maxDiff = Math.max(maxDiff, Math.abs(lp(t) - top.logprobs[k]));
@@ -230,6 +231,7 @@ async function check(seq, ours) {
     }
     return {prompt_len: prompt.length, ours: want, llama: got, agreeing_prefix: agree,
         teacher_forced_argmax_agree: argmaxAgree, max_abs_dlogprob_chosen: maxChosenDiff,
+        mean_abs_dlogprob_chosen: sumChosenDiff / Math.max(1, want.length),
         max_abs_dlogprob_topk: maxDiff, topk: ours.top_logprobs?.[0]?.token_ids.length ?? 0,
         max_abs_logprob_topk: maxAbsLogprob, steps};
 }

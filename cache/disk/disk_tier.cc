@@ -53,20 +53,6 @@ std::optional<Digest> ParseHexDigest(std::string_view hex) {
   return d;
 }
 
-// Opens `path` for writing, creating it, never through a symlink (ELOOP) and never into a
-// file that is also linked from elsewhere (a hard link planted at a name this tier uses):
-// -EEXIST for anything but a regular file with one link; -errno on other failures.
-int OpenOwnFileForWrite(const std::string& path, int flags) {
-  const int fd = ::open(path.c_str(), flags | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) return -errno;
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
-    ::close(fd);
-    return -EEXIST;
-  }
-  return fd;
-}
-
 // As ssh refuses a loose ~/.ssh: a directory another user may write to, or owns, lets that
 // user plant, replace or delete block files (a block is checked against its key, but a
 // planted link or a swapped file is still a way in). Owned by this user or root, and
@@ -93,6 +79,20 @@ absl::Status CheckDirectoryOwnership(const std::string& dir) {
   return absl::OkStatus();
 }
 
+// DIR/LOCK, opened for the flock and the pid it holds: never through a symbolic link, and
+// only a regular file with no other name (a hard link planted there would have the pid
+// written into a file elsewhere). A descriptor, or -errno (-EEXIST for a link).
+int OpenLockFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) return errno == ELOOP ? -EEXIST : -errno;
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
+    ::close(fd);
+    return -EEXIST;
+  }
+  return fd;
+}
+
 int64_t MtimeNanos(const struct stat& st) {
   return int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
 }
@@ -115,13 +115,12 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
   }
   if (absl::Status s = CheckDirectoryOwnership(options.dir); !s.ok()) return s;
   const std::string lock_path = options.dir + "/" + kLockName;
-  const int fd = OpenOwnFileForWrite(lock_path, O_RDWR);
+  const int fd = OpenLockFile(lock_path);
   if (fd < 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "cache dir %s is not writable (%s: %s); fix its permissions or choose another",
         options.dir, lock_path,
-        fd == -EEXIST || fd == -ELOOP ? "not a regular file of its own (a link?)"
-                                      : ErrnoText(-fd)));
+        fd == -EEXIST ? "not a regular file of its own (a link?)" : ErrnoText(-fd)));
   }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
@@ -259,7 +258,7 @@ bool DiskTier::Contains(const Digest& key) const {
 
 void DiskTier::Prefetch(absl::Span<const Digest> keys) const {
   for (const Digest& key : keys) {
-    const int fd = ::open(PathOf(key).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    const int fd = ::open(PathOf(key).c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) continue;
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
     ::close(fd);
@@ -291,7 +290,7 @@ absl::Status DiskTier::Load(const BlockExpectation& expect, absl::Span<uint8_t> 
   }
   std::memcpy(out.data(), data->data(), out.size());
   index_.Touch(expect.key, Now());
-  // The LRU order survives a restart (a symlink swapped in meanwhile: its own times).
+  // The LRU order survives a restart (a link swapped in meanwhile: its own times).
   ::utimensat(AT_FDCWD, path.c_str(), nullptr, AT_SYMLINK_NOFOLLOW);
   ++stats_.loads;
   return absl::OkStatus();

@@ -22,11 +22,12 @@
 // Files of another layout (model manifest, dtype, block size or geometry) are never loaded;
 // they count against the cap and are the first to be deleted. Files other than *.kvb (and the
 // tier's own *.tmp leftovers, deleted at start) are left alone.
-//  4. Nothing outside the directory is touched through it: a symlink is never followed (only
-//     regular files are indexed, read or written; deleting a link removes the link), and a
-//     name that is hard-linked from elsewhere is never written. The directory must belong to
-//     this user (or root) and be writable by no one else, or Open refuses it, as ssh refuses
-//     a loose ~/.ssh.
+//  4. Nothing outside the directory is written or deleted through it: only regular files are
+//     indexed; block files are created anew (base/file.h: O_EXCL|O_NOFOLLOW, then renamed
+//     over a link, never through it); deleting a link removes the link; DIR/LOCK is opened
+//     O_NOFOLLOW and written only as a regular file with no other name. The directory must
+//     belong to this user (or root) and be writable by no one else, or Open refuses it, as
+//     ssh refuses a loose ~/.ssh.
 #ifndef PREFIXD_CACHE_DISK_DISK_TIER_H_
 #define PREFIXD_CACHE_DISK_DISK_TIER_H_
 

@@ -7,7 +7,11 @@
 // f16 / bf16, where every weight (matrices, embeddings, biases, layer norms) is rounded to
 // nearest even at load and the matrices stream at half the bytes; activations, accumulation
 // and the KV cache stay fp32 either way. A half-precision backend is therefore exactly the
-// f32 backend run on the rounded checkpoint, with the same invariance. KV storage for
+// f32 backend run on the rounded checkpoint, with the same invariance. int8 rounds the
+// matrices (and the tied embeddings, which are the LM head) to 8-bit integers with an fp32
+// scale per 32 K rows, and the products round their input rows the same way and multiply
+// bytes (matmul.h); vectors (biases, layer norms, positions) stay fp32. It keeps the same
+// invariance with its own arithmetic. KV storage for
 // KvBlocksForBudget(kv_cache_bytes, block_size, KvBytesPerToken(L, H, hd, 4)) blocks is
 // allocated once and never grown.
 #ifndef PREFIXD_KERNELS_CPU_CPU_BACKEND_H_

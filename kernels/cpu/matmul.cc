@@ -1,5 +1,6 @@
 #include "kernels/cpu/matmul.h"
 
+#include <immintrin.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <functional>
 #include <string_view>
+#include <vector>
 
 #include "base/check.h"
 #include "kernels/cpu/matmul_kernels.h"
@@ -24,35 +26,42 @@ constexpr int64_t kRowsPerTask = 96;
 
 std::atomic<MatMulIsa> g_isa{MatMulIsa::kAuto};
 
-// kAuto's answer: AVX-512 where the CPU has it, unless PREFIXD_CPU_ISA=avx2 asks for the
-// baseline.
-bool AutoPicksAvx512() {
-  static const bool avx512 = [] {
+// The best of the register-block sets this CPU has: AVX-512, else AVX2 with AVX-VNNI, else
+// AVX2.
+MatMulIsa BestIsa() {
+  if (internal::CpuHasAvx512()) return MatMulIsa::kAvx512;
+  if (internal::CpuHasAvxVnni()) return MatMulIsa::kAvxVnni;
+  return MatMulIsa::kAvx2;
+}
+
+// kAuto's answer: BestIsa(), unless PREFIXD_CPU_ISA asks for a lesser one.
+MatMulIsa AutoIsa() {
+  static const MatMulIsa isa = [] {
     const char* env = std::getenv("PREFIXD_CPU_ISA");
     const std::string_view want = env == nullptr ? "" : env;
-    if (want == "avx2") return false;
+    if (want == "avx2") return MatMulIsa::kAvx2;
+    if (want == "avxvnni") {
+      if (internal::CpuHasAvxVnni()) return MatMulIsa::kAvxVnni;
+      std::fprintf(stderr, "prefixd: PREFIXD_CPU_ISA=avxvnni but this CPU lacks it; using AVX2\n");
+      return MatMulIsa::kAvx2;
+    }
     if (!want.empty() && want != "auto" && want != "avx512") {
-      std::fprintf(stderr, "prefixd: ignoring PREFIXD_CPU_ISA=%s (not auto, avx2 or avx512)\n",
+      std::fprintf(stderr,
+                   "prefixd: ignoring PREFIXD_CPU_ISA=%s (not auto, avx2, avxvnni or avx512)\n",
                    env);
     }
     if (want == "avx512" && !internal::CpuHasAvx512()) {
-      std::fprintf(stderr, "prefixd: PREFIXD_CPU_ISA=avx512 but this CPU lacks it; using AVX2\n");
+      std::fprintf(stderr, "prefixd: PREFIXD_CPU_ISA=avx512 but this CPU lacks it; using %s\n",
+                   internal::CpuHasAvxVnni() ? "AVX2 with AVX-VNNI" : "AVX2");
     }
-    return internal::CpuHasAvx512();
+    return BestIsa();
   }();
-  return avx512;
+  return isa;
 }
 
-bool UseAvx512() {
-  switch (g_isa.load(std::memory_order_relaxed)) {
-    case MatMulIsa::kAuto:
-      return AutoPicksAvx512();
-    case MatMulIsa::kAvx512:
-      return internal::CpuHasAvx512();
-    case MatMulIsa::kAvx2:
-      return false;
-  }
-  return false;
+MatMulIsa Isa() {
+  const MatMulIsa isa = g_isa.load(std::memory_order_relaxed);
+  return isa == MatMulIsa::kAuto ? AutoIsa() : isa;
 }
 
 void* AllocateAligned(size_t bytes_wanted) {
@@ -73,7 +82,16 @@ void* AllocateAligned(size_t bytes_wanted) {
 }  // namespace
 
 bool MatMulIsaSupported(MatMulIsa isa) {
-  return isa != MatMulIsa::kAvx512 || internal::CpuHasAvx512();
+  switch (isa) {
+    case MatMulIsa::kAvx512:
+      return internal::CpuHasAvx512();
+    case MatMulIsa::kAvxVnni:
+      return internal::CpuHasAvxVnni();
+    case MatMulIsa::kAuto:
+    case MatMulIsa::kAvx2:
+      return true;
+  }
+  return false;
 }
 
 void SetMatMulIsa(MatMulIsa isa) {
@@ -94,6 +112,7 @@ AlignedBytes AllocateBytes(size_t n) {
 float RoundToDType(float x, DType dtype) {
   switch (dtype) {
     case DType::kF32:
+    case DType::kI8:
       return x;
     case DType::kF16:
       return HalfToFloat(FloatToHalf(x));
@@ -103,14 +122,82 @@ float RoundToDType(float x, DType dtype) {
   return x;
 }
 
+float QuantizeInt8Block(const float* x, int64_t n, int8_t* q) {
+  float m = 0.0f;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::fabs(x[i]));
+  const float inv = m > 0.0f ? 127.0f / m : 0.0f;
+  for (int64_t i = 0; i < n; ++i) q[i] = static_cast<int8_t>(std::nearbyint(x[i] * inv));
+  return m / 127.0f;
+}
+
+int64_t PackedMatrix::panel_bytes() const {
+  if (dtype_ == DType::kI8) {
+    return (k_ + kInt8BlockK - 1) / kInt8BlockK * internal::kInt8BlockBytes;
+  }
+  return k_ * kPanelWidth * DTypeSize(dtype_);
+}
+
+namespace {
+
+// Byte offset of W[kk, c] in an int8 panel (c < kPanelWidth): block, quad row, column, lane.
+int64_t Int8Offset(int64_t kk, int64_t c) {
+  const int64_t in_block = kk % kInt8BlockK;
+  return kk / kInt8BlockK * internal::kInt8BlockBytes + in_block / 4 * internal::kInt8QuadRowBytes +
+         c * 4 + in_block % 4;
+}
+
+float Int8Scale(const std::byte* panel, int64_t kk, int64_t c) {
+  float s;
+  std::memcpy(&s,
+              panel + kk / kInt8BlockK * internal::kInt8BlockBytes +
+                  internal::kInt8BlockWeightBytes + c * 4,
+              4);
+  return s;
+}
+
+// Stored bytes are qw + 128 (what vpdpbusd's unsigned operand takes; matmul_int8.h).
+float Int8At(const std::byte* panel, int64_t kk, int64_t c) {
+  const int q = static_cast<int>(static_cast<uint8_t>(panel[Int8Offset(kk, c)])) - 128;
+  return static_cast<float>(q) * Int8Scale(panel, kk, c);
+}
+
+void PackInt8(const float* w, int64_t k, int64_t n, bool transposed, std::byte* data,
+              int64_t panel_bytes) {
+  std::fill(data, data + panel_bytes * ((n + kPanelWidth - 1) / kPanelWidth), std::byte{128});
+  float block[kInt8BlockK];
+  int8_t q[kInt8BlockK];
+  for (int64_t nn = 0; nn < n; ++nn) {
+    std::byte* panel = data + nn / kPanelWidth * panel_bytes;
+    const int64_t c = nn % kPanelWidth;
+    for (int64_t k0 = 0; k0 < k; k0 += kInt8BlockK) {
+      const int64_t len = std::min(kInt8BlockK, k - k0);
+      for (int64_t i = 0; i < len; ++i) {
+        block[i] = transposed ? w[nn * k + k0 + i] : w[(k0 + i) * n + nn];
+      }
+      const float scale = QuantizeInt8Block(block, len, q);
+      for (int64_t i = 0; i < len; ++i) {
+        panel[Int8Offset(k0 + i, c)] = static_cast<std::byte>(static_cast<uint8_t>(q[i] + 128));
+      }
+      std::memcpy(panel + k0 / kInt8BlockK * internal::kInt8BlockBytes +
+                      internal::kInt8BlockWeightBytes + c * 4,
+                  &scale, 4);
+    }
+  }
+}
+
+}  // namespace
+
 PackedMatrix PackedMatrix::Pack(const float* w, int64_t k, int64_t n, bool transposed,
                                 DType dtype) {
   PackedMatrix m;
   m.k_ = k;
   m.n_ = n;
   m.dtype_ = dtype;
-  const int64_t elems = m.num_panels() * k * kPanelWidth;
-  m.data_ = AllocateBytes(static_cast<size_t>(elems * DTypeSize(dtype)));
+  m.data_ = AllocateBytes(m.size_bytes());
+  if (dtype == DType::kI8) {
+    PackInt8(w, k, n, transposed, m.data_.get(), m.panel_bytes());
+    return m;
+  }
   float* f32 = reinterpret_cast<float*>(m.data_.get());
   uint16_t* half = reinterpret_cast<uint16_t*>(m.data_.get());
   for (int64_t j = 0; j < m.num_panels(); ++j) {
@@ -131,6 +218,8 @@ PackedMatrix PackedMatrix::Pack(const float* w, int64_t k, int64_t n, bool trans
           case DType::kBF16:
             half[at] = FloatToBF16(x);
             break;
+          case DType::kI8:  // packed above
+            break;
         }
       }
     }
@@ -139,6 +228,9 @@ PackedMatrix PackedMatrix::Pack(const float* w, int64_t k, int64_t n, bool trans
 }
 
 float PackedMatrix::at(int64_t kk, int64_t nn) const {
+  if (dtype_ == DType::kI8) {
+    return Int8At(data_.get() + nn / kPanelWidth * panel_bytes(), kk, nn % kPanelWidth);
+  }
   const int64_t i = (nn / kPanelWidth) * k_ * kPanelWidth + kk * kPanelWidth + nn % kPanelWidth;
   switch (dtype_) {
     case DType::kF32:
@@ -147,6 +239,8 @@ float PackedMatrix::at(int64_t kk, int64_t nn) const {
       return HalfToFloat(reinterpret_cast<const uint16_t*>(data_.get())[i]);
     case DType::kBF16:
       return BF16ToFloat(reinterpret_cast<const uint16_t*>(data_.get())[i]);
+    case DType::kI8:
+      break;
   }
   return 0;
 }
@@ -168,6 +262,11 @@ void PackedMatrix::CopyColumn(int64_t nn, float* out) const {
     case DType::kBF16: {
       const uint16_t* p = reinterpret_cast<const uint16_t*>(data_.get()) + first;
       for (int64_t kk = 0; kk < k_; ++kk) out[kk] = BF16ToFloat(p[kk * kPanelWidth]);
+      return;
+    }
+    case DType::kI8: {
+      const std::byte* panel = data_.get() + nn / kPanelWidth * panel_bytes();
+      for (int64_t kk = 0; kk < k_; ++kk) out[kk] = Int8At(panel, kk, nn % kPanelWidth);
       return;
     }
   }
@@ -205,6 +304,133 @@ void StoreRows(const float* out, int64_t row_begin, int64_t row_end, int64_t col
   }
 }
 
+// QuantizeInt8Block over one row's blocks, in AVX2 (one instruction sequence for every block,
+// a short last one through a zero-padded copy): the same bits as the scalar function, since
+// max is exact in any order, 127 / m and x * inv are single IEEE operations, and vcvtps2dq
+// rounds to nearest even as nearbyint does. q gets whole blocks (zeros past k).
+void QuantizeRowInt8(const float* x, int64_t k, int8_t* q, float* scale, int32_t* sum) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t k0 = 0, b = 0; k0 < k; k0 += kInt8BlockK, ++b) {
+    alignas(32) float padded[kInt8BlockK];
+    const float* p = x + k0;
+    if (k - k0 < kInt8BlockK) {
+      std::fill(padded, padded + kInt8BlockK, 0.0f);
+      std::memcpy(padded, p, (k - k0) * sizeof(float));
+      p = padded;
+    }
+    __m256 v[4];
+    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(p + 8 * i);
+    __m256 mx =
+        _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
+                      _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, mx);
+    float m = 0.0f;
+    for (float l : lanes) m = std::max(m, l);
+    const float inv = m > 0.0f ? 127.0f / m : 0.0f;
+    scale[b] = m / 127.0f;
+    __m256i qi[4];
+    for (int i = 0; i < 4; ++i)
+      qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)));
+    const __m256i s =
+        _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
+    alignas(32) int32_t s_lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s_lanes), s);
+    int32_t total = 0;
+    for (int32_t l : s_lanes) total += l;
+    sum[b] = total;
+    // packs interleave 128-bit lanes; the permutation restores element order.
+    const __m256i bytes =
+        _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + k0),
+                        _mm256_permutevar8x32_epi32(bytes, order));
+  }
+}
+
+// Quantized activations of an int8 MatMul, one set per calling thread, reused across calls.
+struct Int8Scratch {
+  std::vector<int8_t> q;
+  std::vector<float> scale;
+  std::vector<int32_t> sum;
+};
+
+// The int8 blocks for an instruction-set choice: AVX-512's need VNNI too (else AVX-VNNI's or
+// AVX2's serve); all give the same bits.
+enum class Int8Kernel { kAvx2, kAvxVnni, kAvx512Vnni };
+Int8Kernel Int8KernelFor(MatMulIsa isa) {
+  if (isa == MatMulIsa::kAvx512 && internal::CpuHasAvx512Vnni()) return Int8Kernel::kAvx512Vnni;
+  if (isa != MatMulIsa::kAvx2 && internal::CpuHasAvxVnni()) return Int8Kernel::kAvxVnni;
+  return Int8Kernel::kAvx2;
+}
+
+// Rows quantized by one task when MatMul spreads the quantization over the pool.
+constexpr int64_t kQuantizeRowsPerTask = 32;
+
+void MatMulInt8(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const float* bias,
+                float* c, int64_t ldc, MatMulOutput output, Int8Kernel kernel,
+                const std::function<void(int64_t, const std::function<void(int64_t)>&)>& run) {
+  const int64_t k = w.k(), n = w.n(), panels = w.num_panels();
+  const int64_t blocks = (k + kInt8BlockK - 1) / kInt8BlockK;
+  // The calling thread's buffers, by reference: inside the tasks below the name of a
+  // thread_local would mean the worker's own.
+  thread_local Int8Scratch thread_scratch;
+  Int8Scratch& scratch = thread_scratch;
+  scratch.q.resize(static_cast<size_t>(m * blocks * kInt8BlockK));
+  scratch.scale.resize(static_cast<size_t>(m * blocks));
+  scratch.sum.resize(static_cast<size_t>(m * blocks));
+  const internal::Int8Rows rows{scratch.q.data(), scratch.scale.data(), scratch.sum.data(),
+                                blocks * kInt8BlockK, blocks};
+  auto quantize = [&](int64_t t) {
+    for (int64_t r = t * kQuantizeRowsPerTask; r < std::min(m, (t + 1) * kQuantizeRowsPerTask);
+         ++r) {
+      QuantizeRowInt8(a + r * lda, k, scratch.q.data() + r * rows.q_stride,
+                      scratch.scale.data() + r * blocks, scratch.sum.data() + r * blocks);
+    }
+  };
+  const int64_t quantize_tasks = (m + kQuantizeRowsPerTask - 1) / kQuantizeRowsPerTask;
+  if (quantize_tasks > 1) {
+    run(quantize_tasks, quantize);
+  } else {
+    quantize(0);
+  }
+  auto product = [&](int64_t j, int64_t row_begin, int64_t row_end, float* out) {
+    const internal::PanelRef panel{w.panel(j), w.dtype(), k};
+    switch (kernel) {
+      case Int8Kernel::kAvx512Vnni:
+        internal::PanelInt8Avx512(rows, row_begin, row_end - row_begin, panel, out);
+        break;
+      case Int8Kernel::kAvxVnni:
+        internal::PanelInt8AvxVnni(rows, row_begin, row_end - row_begin, panel, out);
+        break;
+      case Int8Kernel::kAvx2:
+        internal::PanelInt8Avx2(rows, row_begin, row_end - row_begin, panel, out);
+        break;
+    }
+    const int64_t col0 = j * kPanelWidth;
+    StoreRows(out, row_begin, row_end, col0, std::min(kPanelWidth, n - col0), bias, c, ldc, output);
+  };
+  if (m <= internal::kMaxBatchRows) {
+    // Decode, batched or not: one task per panel, all rows.
+    return run(panels, [&](int64_t j) {
+      alignas(64) float out[internal::kMaxBatchRows * kPanelWidth];
+      for (int64_t r0 = 0; r0 < m; r0 += internal::kMaxBatchRows) {
+        product(j, r0, std::min(m, r0 + internal::kMaxBatchRows), out);
+      }
+    });
+  }
+  const int64_t row_tasks = (m + kRowsPerTask - 1) / kRowsPerTask;
+  run(panels * row_tasks, [&](int64_t t) {
+    alignas(64) float out[kRowsPerTask * kPanelWidth];
+    const int64_t row_begin = (t / panels) * kRowsPerTask;
+    for (int64_t r0 = row_begin; r0 < std::min(m, row_begin + kRowsPerTask);
+         r0 += internal::kMaxBatchRows) {
+      const int64_t r1 = std::min({m, row_begin + kRowsPerTask, r0 + internal::kMaxBatchRows});
+      product(t % panels, r0, r1, out + (r0 - row_begin) * kPanelWidth);
+    }
+  });
+}
+
 }  // namespace
 
 void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const float* bias,
@@ -212,7 +438,8 @@ void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const
   if (m <= 0) return;
   const int64_t panels = w.num_panels();
   const int64_t n = w.n();
-  const bool avx512 = UseAvx512();
+  const MatMulIsa isa = Isa();
+  const bool avx512 = isa == MatMulIsa::kAvx512;
   auto panel = [&w](int64_t j) { return internal::PanelRef{w.panel(j), w.dtype(), w.k()}; };
   auto run = [pool](int64_t tasks, const std::function<void(int64_t)>& fn) {
     if (pool != nullptr) {
@@ -221,6 +448,9 @@ void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const
       for (int64_t t = 0; t < tasks; ++t) fn(t);
     }
   };
+  if (w.dtype() == DType::kI8) {
+    return MatMulInt8(a, m, lda, w, bias, c, ldc, output, Int8KernelFor(isa), run);
+  }
   if (m <= internal::kMaxFewRowsAvx512 && avx512) {
     // Decode: a few rows stream the weights; a task takes two neighbouring panels.
     return run((panels + 1) / 2, [&](int64_t t) {
@@ -284,6 +514,30 @@ void MatMulReference(const float* a, int64_t m, int64_t lda, const float* w, int
     for (int64_t j = 0; j < n; ++j) {
       float acc = 0.0f;
       for (int64_t kk = 0; kk < k; ++kk) acc = std::fma(a[r * lda + kk], w[kk * n + j], acc);
+      c[r * ldc + j] = bias != nullptr ? acc + bias[j] : acc;
+    }
+  }
+}
+
+void MatMulReferenceInt8(const float* a, int64_t m, int64_t lda, const int8_t* wq, const float* ws,
+                         int64_t k, int64_t n, const float* bias, float* c, int64_t ldc) {
+  const int64_t blocks = (k + kInt8BlockK - 1) / kInt8BlockK;
+  std::vector<int8_t> qa(static_cast<size_t>(k));
+  std::vector<float> sa(static_cast<size_t>(blocks));
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t k0 = b * kInt8BlockK;
+      sa[b] = QuantizeInt8Block(a + r * lda + k0, std::min(kInt8BlockK, k - k0), qa.data() + k0);
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < blocks; ++b) {
+        int32_t sum = 0;
+        for (int64_t kk = b * kInt8BlockK; kk < std::min(k, (b + 1) * kInt8BlockK); ++kk) {
+          sum += int32_t{qa[kk]} * int32_t{wq[kk * n + j]};
+        }
+        acc = std::fma(static_cast<float>(sum), sa[b] * ws[b * n + j], acc);
+      }
       c[r * ldc + j] = bias != nullptr ? acc + bias[j] : acc;
     }
   }

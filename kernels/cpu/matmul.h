@@ -14,6 +14,23 @@
 // The panels hold f32, or f16 / bf16 (half the bytes to stream per decode step): a half weight
 // is widened to fp32 in a register, exactly, so W above is then the half-rounded matrix and
 // A, the accumulation and C stay fp32.
+//
+// int8 panels (DType::kI8) are the exception to the fp32 chain above; they keep their own
+// invariant, which is just as independent of the path. Each column's weights are rounded in
+// blocks of kInt8BlockK consecutive k to qw in [-127, 127] with one fp32 scale sw per block
+// (QuantizeInt8Block: scale = max|w| / 127). MatMul rounds each row of A the same way
+// (qa, sa per row and block), and every output element is
+//   acc = 0; for each K block b in order:
+//     acc = fma(float(sum over the block of qa[m, k] * qw[k, n]), sa[m, b] * sw[b, n], acc)
+//   C[m, n] = acc + bias[n]
+// The block sums are integers, exact on every instruction set (integer dot products of bytes:
+// vpdpbusd with AVX-512 VNNI, vpmaddubsw with AVX2), and the fp32 steps are the same ones in
+// the same order everywhere: MatMulReferenceInt8 is the scalar twin. Why blocks of 32:
+// llama.cpp's Q8_0 block, so the accuracy compares directly with it; one K block of a
+// 64-column panel is 2 KiB of bytes and 256 B of scales (1.125 bytes a weight, 0.56 of f16's
+// stream); longer blocks would save scale bytes but let one outlier coarsen the step of more
+// weights, shorter ones cost scale bytes and an fp32 step per output more often. (|sum| <=
+// 32 x 127 x 127 < 2^24, so float(sum) is exact.)
 #ifndef PREFIXD_KERNELS_CPU_MATMUL_H_
 #define PREFIXD_KERNELS_CPU_MATMUL_H_
 
@@ -43,7 +60,8 @@ class PackedMatrix {
   PackedMatrix() = default;
   // `w` is row-major [k, n] (HF Conv1D layout). `transposed` = true packs w^T instead, for a
   // row-major [n, k] source (the tied LM head reads wte [V, E] as [E, V]). `dtype`: the
-  // element type of the panels; f16 and bf16 round each weight to nearest even.
+  // element type of the panels; f16 and bf16 round each weight to nearest even, int8 rounds
+  // each column's blocks of kInt8BlockK (QuantizeInt8Block).
   static PackedMatrix Pack(const float* w, int64_t k, int64_t n, bool transposed,
                            DType dtype = DType::kF32);
 
@@ -52,17 +70,16 @@ class PackedMatrix {
   DType dtype() const { return dtype_; }
   int64_t num_panels() const { return (n_ + kPanelWidth - 1) / kPanelWidth; }
   // Panel j's first element (of dtype()).
-  const void* panel(int64_t j) const {
-    return data_.get() + j * k_ * kPanelWidth * DTypeSize(dtype_);
-  }
-  // Element W[kk, nn] as fp32 (what the products multiply by).
+  const void* panel(int64_t j) const { return data_.get() + j * panel_bytes(); }
+  // Element W[kk, nn] as fp32 (what the products multiply by; for int8, qw * sw).
   float at(int64_t kk, int64_t nn) const;
   // out[kk] = at(kk, nn) for kk in [0, k): column nn, e.g. a row of the source of a
   // transposed pack (an embedding of the tied wte).
   void CopyColumn(int64_t nn, float* out) const;
-  size_t size_bytes() const {
-    return static_cast<size_t>(num_panels() * k_ * kPanelWidth * DTypeSize(dtype_));
-  }
+  size_t size_bytes() const { return static_cast<size_t>(num_panels() * panel_bytes()); }
+  // Bytes of one panel: K x 64 elements, or for int8 ceil(K / kInt8BlockK) blocks of
+  // kInt8BlockK x 64 bytes and 64 fp32 scales.
+  int64_t panel_bytes() const;
 
  private:
   int64_t k_ = 0;
@@ -72,8 +89,18 @@ class PackedMatrix {
 };
 
 // `x` rounded to `dtype` and widened back to fp32 (identity for f32): the value a weight
-// packed at that dtype multiplies by.
+// packed at that dtype multiplies by. int8 rounds blocks, not elements (QuantizeInt8Block):
+// here it is the identity, which is what the CPU backend keeps its vectors (biases, layer
+// norms, positions) in at int8.
 float RoundToDType(float x, DType dtype);
+
+// K rows per scale of an int8 panel (see the top of this file).
+inline constexpr int64_t kInt8BlockK = 32;
+
+// q[i] = round-to-nearest-even(x[i] * (127 / m)) for i in [0, n), m = max |x[i]|, and returns
+// the scale m / 127 (all 0 when m is 0): the rounding of a block of weights at pack time and of
+// a row's block of activations in MatMul. 1 <= n <= kInt8BlockK.
+float QuantizeInt8Block(const float* x, int64_t n, int8_t* q);
 
 // What MatMul does with each output element y = A[m, :] · W + bias (rounded to fp32 first,
 // so that a fused form gives the bits of the product followed by a separate pass): store it,
@@ -88,12 +115,16 @@ void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const
             float* c, int64_t ldc, ThreadPool* pool, MatMulOutput output = MatMulOutput::kStore);
 
 // Which register blocks MatMul uses: kAuto takes AVX-512 where the CPU has it (avx512f and
-// avx512vl), else AVX2 (+ FMA + F16C, the baseline this library is built for). Every choice
+// avx512vl), else AVX2 with AVX-VNNI where it has that, else AVX2 (+ FMA + F16C, the baseline
+// this library is built for). kAvxVnni differs from kAvx2 for int8 panels only (vpdpbusd on
+// 256 bits instead of vpmaddubsw); int8 panels take AVX-512's blocks only where the CPU also
+// has avx512bw and avx512_vnni, else AVX-VNNI's or AVX2's. Every choice
 // gives identical bits (the invariant above); the setting exists so that tests can run each
 // path on one machine and benchmarks can compare them. The environment variable
-// PREFIXD_CPU_ISA=avx2 makes kAuto pick AVX2, for running a whole program (a server, a test
-// suite) as it would run on a CPU without AVX-512.
-enum class MatMulIsa { kAuto, kAvx2, kAvx512 };
+// PREFIXD_CPU_ISA=avx2 (or avxvnni) makes kAuto pick AVX2 (or AVX2 with AVX-VNNI), for running
+// a whole program (a server, a test suite) as it would run on a CPU without AVX-512 (and
+// without AVX-VNNI: an AMD Zen 2 or 3).
+enum class MatMulIsa { kAuto, kAvx2, kAvx512, kAvxVnni };
 bool MatMulIsaSupported(MatMulIsa isa);
 // Process-wide. PREFIXD_CHECKs that `isa` is supported. Not to be called while a MatMul runs.
 void SetMatMulIsa(MatMulIsa isa);
@@ -102,6 +133,12 @@ void SetMatMulIsa(MatMulIsa isa);
 // matrix (for a half-precision PackedMatrix, pass w with each element RoundToDType'd).
 void MatMulReference(const float* a, int64_t m, int64_t lda, const float* w, int64_t k, int64_t n,
                      const float* bias, float* c, int64_t ldc);
+
+// The int8 twin, in scalar code: rows of `a` rounded by QuantizeInt8Block, `wq` the rounded
+// weights [k, n] and `ws` their scales [ceil(k / kInt8BlockK), n], the integer block sums and
+// the fp32 steps of the int8 invariant above.
+void MatMulReferenceInt8(const float* a, int64_t m, int64_t lda, const int8_t* wq, const float* ws,
+                         int64_t k, int64_t n, const float* bias, float* c, int64_t ldc);
 
 }  // namespace prefixd
 

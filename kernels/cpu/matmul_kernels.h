@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "engine/dtype.h"
+#include "kernels/cpu/matmul.h"
 
 namespace prefixd::internal {
 
@@ -75,6 +76,39 @@ inline constexpr int64_t kMaxBatchRows = 64;
 // every row block, so the arithmetic of all rows overlaps the stream instead of following it.
 void PanelBatchAvx2(const float* a, int64_t rows, int64_t lda, PanelRef panel, float* out);
 void PanelBatchAvx512(const float* a, int64_t rows, int64_t lda, PanelRef panel, float* out);
+
+// ---- int8 panels, every instruction set ----
+
+// One panel's K block: kInt8QuadRows rows of [kPanelWidth columns][4 k] bytes qw + 128 (so
+// that one 32-bit lane holds a column's 4 consecutive k, what the dot products multiply; the
+// offset makes them the unsigned operand vpdpbusd takes), then the block's kPanelWidth fp32
+// scales. A panel is ceil(K / kInt8BlockK) such blocks; K past the end holds qw = 0.
+inline constexpr int64_t kInt8QuadRows = kInt8BlockK / 4;
+inline constexpr int64_t kInt8QuadRowBytes = kPanelWidth * 4;
+inline constexpr int64_t kInt8BlockWeightBytes = kInt8QuadRows * kInt8QuadRowBytes;
+inline constexpr int64_t kInt8BlockBytes = kInt8BlockWeightBytes + kPanelWidth * 4;
+
+// Activation rows quantized by QuantizeRowInt8 (matmul.cc): row r's block b is
+// q[r * q_stride + b * kInt8BlockK ..] (zero past K), scale[r * blocks + b], sum[r * blocks + b].
+struct Int8Rows {
+  const int8_t* q = nullptr;
+  const float* scale = nullptr;
+  const int32_t* sum = nullptr;
+  int64_t q_stride = 0;
+  int64_t blocks = 0;
+};
+
+// out[r, 0..64) = the int8 product of rows [row0, row0 + rows) of `a` with one int8 panel
+// (panel.dtype == kI8), 1 <= rows <= kMaxBatchRows; `out` is [rows, 64], 64-byte aligned. The
+// AVX-512 one needs CpuHasAvx512Vnni() (integer dot products of 4 bytes, vpdpbusd); the AVX2
+// one multiplies bytes with vpmaddubsw. Both give MatMulReferenceInt8's bits.
+void PanelInt8Avx2(const Int8Rows& a, int64_t row0, int64_t rows, PanelRef panel, float* out);
+void PanelInt8Avx512(const Int8Rows& a, int64_t row0, int64_t rows, PanelRef panel, float* out);
+bool CpuHasAvx512Vnni();
+// As PanelInt8Avx512 with 256-bit vpdpbusd (AVX-VNNI: Intel since Alder Lake, AMD Zen 5).
+// Only call when CpuHasAvxVnni().
+void PanelInt8AvxVnni(const Int8Rows& a, int64_t row0, int64_t rows, PanelRef panel, float* out);
+bool CpuHasAvxVnni();
 
 // Spreads the prefetches of the next K chunk (`near`, into L1) and of the chunk after it
 // (`far`, into L2 only) evenly over `steps` k steps (every pass of every row block over this

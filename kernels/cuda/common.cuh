@@ -77,6 +77,8 @@ __device__ __forceinline__ float BlockSum(float v, float* scratch) {
         __VA_ARGS__;                       \
         break;                             \
       }                                    \
+      case ::prefixd::DType::kI8:          \
+        break; /* CPU only: refused */     \
     }                                      \
   } while (0)
 

@@ -71,6 +71,8 @@ cudaDataType CudaType(DType t) {
       return CUDA_R_16F;
     case DType::kBF16:
       return CUDA_R_16BF;
+    case DType::kI8:  // refused by CreateCudaBackend
+      break;
   }
   return CUDA_R_32F;
 }
@@ -827,6 +829,10 @@ absl::Status CudaBackend::WriteKvBlock(int32_t block, absl::Span<const uint8_t> 
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOptions& options) {
   if (options.model == nullptr) return absl::InvalidArgumentError("no model");
+  if (options.dtype == DType::kI8) {
+    return absl::InvalidArgumentError(
+        "the CUDA backend has no int8 weights (--dtype int8 is CPU only; use f32, f16 or bf16)");
+  }
   const ModelConfig& c = options.model->config();
   if (options.block_size < 1) return absl::InvalidArgumentError("block_size must be >= 1");
   if (options.max_step_tokens < 1 || options.max_logit_rows < 1) {

@@ -245,11 +245,11 @@ TEST(EngineDiskTierTest, ASecondEngineOnTheSameDirectoryIsRefusedClearly) {
   EXPECT_EQ(Engine::Create(e).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-// Half-precision weights keep fp32 K/V on the CPU: the files hold 4-byte elements and come
-// back bit for bit (this aborted on the first eviction when the layout took its element size
-// from the weights' dtype).
+// Half-precision and int8 weights keep fp32 K/V on the CPU: the files hold 4-byte elements and
+// come back bit for bit (this aborted on the first eviction when the layout took its element
+// size from the weights' dtype).
 TEST(EngineDiskTierTest, HalfPrecisionWeightsSpillAndReloadTheirFp32Blocks) {
-  for (DType dtype : {DType::kF16, DType::kBF16}) {
+  for (DType dtype : {DType::kF16, DType::kBF16, DType::kI8}) {
     SCOPED_TRACE(DTypeName(dtype));
     testing::ScratchDir dir("engine_half");
     const EngineRequest a = Request(11);
@@ -294,6 +294,12 @@ TEST(EngineDiskTierTest, FilesOfAnotherWeightsDTypeAreNeverRead) {
     EXPECT_EQ(half.engine->Stats().disk.loads, 0u);
     EXPECT_EQ(out.samples[0], Cold(a, DType::kF16).samples[0]);
   }
+  {
+    CpuEngine int8(WithTier(dir.path(), 16, DType::kI8));
+    EXPECT_EQ(int8.engine->Stats().disk.blocks, 0u);
+    EXPECT_EQ(RunOne(*int8.engine, a).usage.cached_prompt_tokens, 0u);
+    EXPECT_EQ(int8.engine->Stats().disk.loads, 0u);
+  }
   CpuEngine full(WithTier(dir.path()));
   EXPECT_EQ(full.engine->Stats().disk.blocks, 7u);  // its own files are all still there
   EXPECT_EQ(RunOne(*full.engine, a).usage.cached_prompt_tokens, 96u);
@@ -304,6 +310,7 @@ TEST(EngineDiskTierTest, FilesOfAnotherWeightsDTypeAreNeverRead) {
 TEST(EngineDiskTierTest, TheLayoutNamesTheBackendsNumericsAndKvElementSize) {
   CpuEngine f32({});
   CpuEngine f16({.dtype = DType::kF16});
+  CpuEngine int8({.dtype = DType::kI8});
   EngineOptions e;
   e.model_config = TinyModel::Get().config();
   e.manifest_sha256 = TinyModel::Get().manifest_sha256();
@@ -318,6 +325,14 @@ TEST(EngineDiskTierTest, TheLayoutNamesTheBackendsNumericsAndKvElementSize) {
   EXPECT_EQ(b->element_bytes, 4u);
   EXPECT_EQ(b->dtype, static_cast<uint32_t>(DType::kF16));
   EXPECT_NE(a->Id(), b->Id());
+  // int8 weights: fp32 K/V of the same size and numerics name, another layout.
+  e.backend = int8.backend.get();
+  const absl::StatusOr<DiskLayout> c = EngineDiskLayout(e);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->element_bytes, 4u);
+  EXPECT_EQ(c->dtype, static_cast<uint32_t>(DType::kI8));
+  EXPECT_NE(c->Id(), a->Id());
+  EXPECT_NE(c->Id(), b->Id());
   DiskLayout other_arithmetic = *a;
   other_arithmetic.numerics_key = Sha256Of("cuda r1 sm_90 cublas 130000");
   EXPECT_NE(other_arithmetic.Id(), a->Id());

@@ -41,11 +41,11 @@ class CpuBackendTest : public ::testing::Test {
   static inline Model* odd_ = nullptr;
 };
 
-// The invariance tests, once per weight dtype: a half-precision backend keeps every one.
+// The invariance tests, once per weight dtype: half-precision and int8 backends keep every one.
 class CpuBackendDTypeTest : public CpuBackendTest, public ::testing::WithParamInterface<DType> {};
 
 INSTANTIATE_TEST_SUITE_P(AllDTypes, CpuBackendDTypeTest,
-                         ::testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                         ::testing::Values(DType::kF32, DType::kF16, DType::kBF16, DType::kI8),
                          [](const ::testing::TestParamInfo<DType>& info) {
                            return std::string(DTypeName(info.param));
                          });
@@ -162,6 +162,8 @@ TEST_F(CpuBackendTest, KvBitsAreTheOnesItsNumericsNameRecords) {
       {tiny_, DType::kF16, "8e5420eb7c028f82cc165a43916acb309440239bed33798711748198a4a6899b"},
       {tiny_, DType::kBF16, "5b3e4f9fc931e89cb207ca3e1a256f8558047f866ff02ff14214c903667ae49b"},
       {odd_, DType::kF32, "d470f3a09d8c7c9d01344dfe27ce9dfa687136790704178fe71e6504c064b39a"},
+      {tiny_, DType::kI8, "3416cce44e9eab34f0b295dafe02872cc6fd24473e8030ac932d50043f057578"},
+      {odd_, DType::kI8, "0d92c83eda9e79826deab5383041dd99cefe72a815b6e4e581e76c095e17c5a0"},
   };
   for (const Pinned& p : pinned) {
     SCOPED_TRACE(
@@ -243,19 +245,33 @@ TEST_P(CpuBackendDTypeTest, InstructionSetDoesNotChangeLogits) {
     EXPECT_EQ(got, want);
     EXPECT_EQ(got_chunked, want_chunked);
     EXPECT_EQ(got_chunked, want);
+    if (MatMulIsaSupported(MatMulIsa::kAvxVnni)) {  // int8's third set of blocks
+      SetMatMulIsa(MatMulIsa::kAvxVnni);
+      const std::vector<float> vnni = Prefill(*backend, tokens, Blocks(12, 3), 0);
+      const std::vector<float> vnni_chunked = Prefill(*backend, tokens, Blocks(15, 3), 5);
+      SetMatMulIsa(MatMulIsa::kAuto);
+      EXPECT_EQ(vnni, want);
+      EXPECT_EQ(vnni_chunked, want);
+    }
   }
 }
 
 TEST_P(CpuBackendDTypeTest, HoldsEachWeightOnce) {
   // The tied embeddings are held once, as the packed LM head (each weight at the dtype's size,
-  // vectors in fp32, panels padded to 64 columns): a second copy of wte for the embedding
-  // lookup would add V x E x 4 bytes.
+  // int8 with an fp32 scale per 32 K rows and K padded to whole blocks, vectors in fp32,
+  // panels padded to 64 columns): a second copy of wte for the embedding lookup would add
+  // V x E x 4 bytes.
   const DType dtype = GetParam();
   for (const Model* model : Models()) {
     const ModelConfig& c = model->config();
     const int64_t e = c.n_embd;
     auto panels_bytes = [&](int64_t k, int64_t n) {
-      return (n + kPanelWidth - 1) / kPanelWidth * kPanelWidth * k * DTypeSize(dtype);
+      const int64_t columns = (n + kPanelWidth - 1) / kPanelWidth * kPanelWidth;
+      if (dtype == DType::kI8) {
+        const int64_t blocks = (k + kInt8BlockK - 1) / kInt8BlockK;
+        return columns * blocks * (kInt8BlockK * 1 + 4);
+      }
+      return columns * k * DTypeSize(dtype);
     };
     const int64_t matrices = c.n_layer * (panels_bytes(e, 3 * e) + panels_bytes(e, e) +
                                           panels_bytes(e, 4 * e) + panels_bytes(4 * e, e)) +
@@ -294,6 +310,29 @@ TEST_F(CpuBackendTest, HalfPrecisionIsTheF32BackendOnTheRoundedCheckpoint) {
       max_abs = std::max(max_abs, std::abs(f32_logits[i]));
     }
     EXPECT_LT(max_diff, 0.05f * max_abs) << DTypeName(dtype);
+  }
+}
+
+TEST_F(CpuBackendTest, Int8WeightsStayCloseToF32InAboutAQuarterOfTheBytes) {
+  // --dtype int8 rounds the matrices (and the tied embeddings) to 8 bits per 32 K rows and
+  // the products' rows likewise: the logits move, a little; vectors stay fp32.
+  for (const Model* model : Models()) {
+    const std::vector<uint32_t> tokens = RandomTokens(26, 22);
+    auto f32 = MakeBackend(*model, 2);
+    auto int8 = MakeBackend(*model, 2, 64, 16, DType::kI8);
+    EXPECT_EQ(int8->dtype(), DType::kI8);
+    if (model->config().n_embd % kInt8BlockK == 0) {  // the odd model pads K to whole blocks
+      EXPECT_LT(int8->memory_usage().weights_bytes, f32->memory_usage().weights_bytes * 4 / 10);
+    }
+    const std::vector<float> want = Prefill(*f32, tokens, Blocks(0, 2), 0);
+    const std::vector<float> got = Prefill(*int8, tokens, Blocks(0, 2), 0);
+    EXPECT_NE(got, want);
+    float max_diff = 0, max_abs = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      max_diff = std::max(max_diff, std::abs(got[i] - want[i]));
+      max_abs = std::max(max_abs, std::abs(want[i]));
+    }
+    EXPECT_LT(max_diff, 0.05f * max_abs) << model->name();
   }
 }
 

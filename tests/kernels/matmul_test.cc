@@ -4,7 +4,10 @@
 // that the backend's bit-exactness rests on.
 #include "kernels/cpu/matmul.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <vector>
@@ -27,6 +30,7 @@ std::vector<float> RandomVector(size_t n, uint32_t seed) {
 // Every register-block path this CPU can run (all must give the same bits).
 std::vector<MatMulIsa> Isas() {
   std::vector<MatMulIsa> isas = {MatMulIsa::kAvx2};
+  if (MatMulIsaSupported(MatMulIsa::kAvxVnni)) isas.push_back(MatMulIsa::kAvxVnni);
   if (MatMulIsaSupported(MatMulIsa::kAvx512)) isas.push_back(MatMulIsa::kAvx512);
   return isas;
 }
@@ -42,6 +46,29 @@ struct Shape {
 };
 
 constexpr DType kDTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
+constexpr DType kAllDTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kI8};
+
+// What an int8 pack of w [k, n] holds, from QuantizeInt8Block on each column's blocks: the
+// rounded weights [k, n] and their scales [ceil(k / kInt8BlockK), n].
+struct Int8Weights {
+  std::vector<int8_t> q;
+  std::vector<float> scale;
+};
+Int8Weights QuantizeColumns(const std::vector<float>& w, int64_t k, int64_t n) {
+  const int64_t blocks = (k + kInt8BlockK - 1) / kInt8BlockK;
+  Int8Weights out{std::vector<int8_t>(k * n), std::vector<float>(blocks * n)};
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t k0 = b * kInt8BlockK, len = std::min(kInt8BlockK, k - k0);
+      std::vector<float> column(len);
+      std::vector<int8_t> q(len);
+      for (int64_t i = 0; i < len; ++i) column[i] = w[(k0 + i) * n + j];
+      out.scale[b * n + j] = QuantizeInt8Block(column.data(), len, q.data());
+      for (int64_t i = 0; i < len; ++i) out.q[(k0 + i) * n + j] = q[i];
+    }
+  }
+  return out;
+}
 
 // w with every element rounded to `dtype` (what a matrix packed at that dtype multiplies by).
 std::vector<float> Rounded(std::vector<float> w, DType dtype) {
@@ -88,6 +115,83 @@ TEST_F(MatMulTest, EqualsScalarFmaChainForEveryRowCountThreadCountAndDType) {
   }
 }
 
+TEST_F(MatMulTest, Int8EqualsItsScalarTwinForEveryRowCountThreadCountAndIsa) {
+  // k = 36 and 1000 end in a partial K block; 300 and 1000 cross the 4-block K chunks; the
+  // row counts cover the AVX2 tiles (1, 2), the AVX-512 ones (1-3 whole panel, 4-6 in
+  // halves), their near-equal splits up to 64 rows and the prefill tasks past 64 and 96.
+  const Shape shapes[] = {{1, 1}, {7, 5}, {36, 64}, {64, 130}, {96, 200}, {300, 70}, {1000, 129}};
+  std::vector<int64_t> row_counts = {65, 66, 97, 104, 200};
+  for (int64_t m = 1; m <= 64; ++m) row_counts.push_back(m);
+  ThreadPool pool2(2);
+  ThreadPool pool3(3);
+  for (const Shape& s : shapes) {
+    const std::vector<float> w = RandomVector(s.k * s.n, 1);
+    const Int8Weights q = QuantizeColumns(w, s.k, s.n);
+    const std::vector<float> bias = RandomVector(s.n, 2);
+    const PackedMatrix packed = PackedMatrix::Pack(w.data(), s.k, s.n, false, DType::kI8);
+    ASSERT_EQ(packed.dtype(), DType::kI8);
+    for (int64_t m : row_counts) {
+      if (s.k >= 300 && m > 16 && m % 8 != 1 && m < 65) continue;  // keep the test quick
+      std::vector<float> a = RandomVector(m * s.k, 3 + m);
+      if (s.k >= 8) {
+        // Row 0 rounds ties (x / scale = 2.5, 3.5, -2.5, 0.5: to even) and holds zeros and
+        // the block's extreme.
+        const float ties[] = {127.0f, 2.5f, 3.5f, -2.5f, 0.5f, 0.0f, -127.0f, 1.0f};
+        std::copy(std::begin(ties), std::end(ties), a.begin());
+      }
+      std::vector<float> want(m * s.n);
+      MatMulReferenceInt8(a.data(), m, s.k, q.q.data(), q.scale.data(), s.k, s.n, bias.data(),
+                          want.data(), s.n);
+      for (MatMulIsa isa : Isas()) {
+        SetMatMulIsa(isa);
+        for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2, &pool3}) {
+          std::vector<float> got(m * s.n, -1.0f);
+          MatMul(a.data(), m, s.k, packed, bias.data(), got.data(), s.n, pool);
+          ASSERT_EQ(got, want) << "k=" << s.k << " n=" << s.n << " m=" << m
+                               << " isa=" << static_cast<int>(isa);
+        }
+      }
+    }
+  }
+}
+
+TEST_F(MatMulTest, Int8BlocksRoundToTheBlockMaximumOver127) {
+  // The scale is max |x| / 127, the extreme maps to +-127, ties go to even, a zero block is
+  // all zeros with scale 0, and a short block (n < 32) is rounded on its own.
+  const float x[] = {2.54f, -1.27f, 0.01f, 0.03f, 0.05f, 0.0f};
+  int8_t q[6];
+  const float scale = QuantizeInt8Block(x, 6, q);
+  EXPECT_EQ(scale, 2.54f / 127.0f);
+  EXPECT_EQ(q[0], 127);
+  EXPECT_EQ(q[1], static_cast<int8_t>(std::nearbyint(-1.27f * (127.0f / 2.54f))));
+  EXPECT_EQ(q[1], -64);  // -63.5 rounds to even
+  EXPECT_EQ(q[5], 0);
+  const float zeros[3] = {0.0f, -0.0f, 0.0f};
+  int8_t qz[3] = {1, 1, 1};
+  EXPECT_EQ(QuantizeInt8Block(zeros, 3, qz), 0.0f);
+  EXPECT_EQ(qz[0], 0);
+  EXPECT_EQ(qz[1], 0);
+  EXPECT_EQ(qz[2], 0);
+  // A packed matrix holds exactly those numbers: at() is q * scale of the column's block.
+  const int64_t k = 45, n = 70;  // a partial last block, a partial last panel
+  const std::vector<float> w = RandomVector(k * n, 4);
+  const Int8Weights want = QuantizeColumns(w, k, n);
+  const PackedMatrix packed = PackedMatrix::Pack(w.data(), k, n, false, DType::kI8);
+  // Two panels of 2 blocks: 2 KiB of bytes and 256 B of scales each.
+  EXPECT_EQ(packed.size_bytes(), 2u * 2 * (32 * 64 + 64 * 4));
+  int64_t nonzero = 0;
+  for (int64_t kk = 0; kk < k; ++kk) {
+    for (int64_t nn = 0; nn < n; ++nn) {
+      ASSERT_EQ(packed.at(kk, nn),
+                static_cast<float>(want.q[kk * n + nn]) * want.scale[kk / kInt8BlockK * n + nn])
+          << kk << " " << nn;
+      nonzero += packed.at(kk, nn) != 0.0f;
+    }
+  }
+  // Normal weights round to 0 only within half a step (1/254 of the block's maximum) of it.
+  EXPECT_GT(nonzero, k * n * 95 / 100);
+}
+
 TEST_F(MatMulTest, HalfPrecisionPanelsHoldTheRoundedWeights) {
   // Rounding is to nearest even, and widening back is exact: at() returns the rounded value.
   const int64_t k = 5, n = 70;
@@ -119,7 +223,7 @@ TEST_F(MatMulTest, RowResultDoesNotDependOnItsNeighbours) {
   const int64_t k = 40, n = 70;
   const std::vector<float> w = RandomVector(k * n, 5);
   const std::vector<float> row = RandomVector(k, 6);
-  for (DType dtype : kDTypes) {
+  for (DType dtype : kAllDTypes) {
     const PackedMatrix packed = PackedMatrix::Pack(w.data(), k, n, false, dtype);
     std::vector<float> alone(n);
     SetMatMulIsa(MatMulIsa::kAvx2);
@@ -161,13 +265,22 @@ TEST_F(MatMulTest, CopyColumnReturnsARowOfATransposedPackAtItsDType) {
   // The CPU backend reads token embeddings this way from the packed (tied) LM head.
   const int64_t k = 9, n = 70;
   const std::vector<float> wt = RandomVector(n * k, 11);  // [n, k]
-  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+  for (DType dtype : kAllDTypes) {
     const PackedMatrix packed = PackedMatrix::Pack(wt.data(), k, n, /*transposed=*/true, dtype);
     std::vector<float> column(k);
     for (int64_t i : {int64_t{0}, int64_t{1}, int64_t{63}, int64_t{64}, n - 1}) {
       packed.CopyColumn(i, column.data());
+      std::vector<float> want(k);
+      if (dtype == DType::kI8) {  // the row's one block of 9, rounded on its own
+        std::vector<int8_t> q(k);
+        const float scale = QuantizeInt8Block(wt.data() + i * k, k, q.data());
+        for (int64_t j = 0; j < k; ++j) want[j] = static_cast<float>(q[j]) * scale;
+      } else {
+        for (int64_t j = 0; j < k; ++j) want[j] = RoundToDType(wt[i * k + j], dtype);
+      }
       for (int64_t j = 0; j < k; ++j) {
-        ASSERT_EQ(column[j], RoundToDType(wt[i * k + j], dtype)) << DTypeName(dtype) << " " << i;
+        ASSERT_EQ(column[j], want[j]) << DTypeName(dtype) << " " << i;
+        ASSERT_EQ(column[j], packed.at(j, i));
       }
     }
   }

@@ -92,6 +92,24 @@ TEST(PlanDeviceTest, CpuTakesHalfPrecisionWeights) {
   EXPECT_EQ(PlanDevice("cpu", "auto", absl::OkStatus())->dtype, DType::kF32);
 }
 
+// int8 weights exist on the CPU only: asked for on CUDA, a clear error; with auto on a machine
+// whose CUDA is usable, the CPU and a note saying why.
+TEST(PlanDeviceTest, Int8IsCpuOnly) {
+  absl::StatusOr<DevicePlan> cpu = PlanDevice("cpu", "int8", absl::OkStatus());
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_FALSE(cpu->use_cuda);
+  EXPECT_EQ(cpu->dtype, DType::kI8);
+  absl::StatusOr<DevicePlan> cuda = PlanDevice("cuda", "int8", absl::OkStatus());
+  EXPECT_EQ(cuda.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(cuda.status().message()), HasSubstr("--dtype=int8 is CPU only"));
+  absl::StatusOr<DevicePlan> automatic = PlanDevice("auto", "int8", absl::OkStatus());
+  ASSERT_TRUE(automatic.ok()) << automatic.status();
+  EXPECT_FALSE(automatic->use_cuda);
+  EXPECT_EQ(automatic->dtype, DType::kI8);
+  EXPECT_THAT(automatic->note, HasSubstr("int8 is CPU only"));
+  EXPECT_EQ(PlanDevice("auto", "int8", kNoCuda)->use_cuda, false);
+}
+
 TEST(DefaultCpuKvBudgetTest, SixteenFullContextSequencesUnderAQuarterOfMemory) {
   ModelConfig gpt2;  // GPT-2 small's shape
   gpt2.n_layer = 12;

@@ -22,12 +22,16 @@
 #include "server/server.h"
 #include "tests/engine/fake_backend.h"
 #include "tests/server/grpc_helpers.h"
-#include "tests/server/http_client.h"
+#include "bench/http_client.h"
 #include "tests/server/in_process_server.h"
 #include "tests/server/process.h"
 #include "tests/server/server_test_peer.h"
 
 namespace prefixd::testing {
+
+using bench::HttpEventStream;
+using bench::HttpFetch;
+using bench::HttpResponse;
 namespace {
 
 using nlohmann::json;
@@ -439,8 +443,10 @@ TEST_F(HttpFlowTest, AClientThatDisconnectsIsNoticedWhileNoTokenIsWritten) {
   for (bool stream : {true, false}) {
     SCOPED_TRACE(stream ? "streamed" : "not streamed");
     // A non-streamed response has no head until it is complete: do not wait for it.
-    absl::StatusOr<std::unique_ptr<HttpEventStream>> s = HttpEventStream::Open(
-        server_->http_port(), "/v1/completions", LongBody(stream), {}, /*read_head=*/stream);
+    absl::StatusOr<std::unique_ptr<HttpEventStream>> s =
+        stream ? HttpEventStream::Open(server_->http_port(), "/v1/completions", LongBody(stream))
+               : HttpEventStream::SendOnly(server_->http_port(), "/v1/completions",
+                                           LongBody(stream));
     ASSERT_TRUE(s.ok()) << s.status();
     if (stream) {
       ASSERT_TRUE(backend_->entered().WaitForNotificationWithTimeout(absl::Seconds(30)));

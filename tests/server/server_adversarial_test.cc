@@ -22,10 +22,14 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/server/grpc_helpers.h"
-#include "tests/server/http_client.h"
+#include "bench/http_client.h"
 #include "tests/server/process.h"
 
 namespace prefixd::testing {
+
+using bench::HttpEventStream;
+using bench::HttpFetch;
+using bench::HttpResponse;
 namespace {
 
 using ::testing::HasSubstr;

@@ -388,10 +388,10 @@ TEST_F(DiskTierTest, SymlinksAndHardLinksInTheDirectoryAreNeverWrittenThroughOrF
   EXPECT_FALSE(tier->Contains(chain[1].key)) << "a link is never indexed";
 
   // Planted while running, at the temporary names of the next writes: a symlink and a hard
-  // link (same filesystem) to files outside. Each is removed (the name, never its target)
-  // and the block goes to a new file of the tier's own (base/file.h WriteFileAtomically).
+  // link (same filesystem) to files outside.
   Precious symlink_victim(outside.path() + "/symlinked");
   Precious hardlink_victim(outside.path() + "/hardlinked");
+  // The write removes the planted name and creates its own file: the blocks are written.
   std::filesystem::create_symlink(symlink_victim.path(), tier->PathOf(chain[0].key) + ".tmp");
   std::filesystem::create_hard_link(hardlink_victim.path(), tier->PathOf(chain[2].key) + ".tmp");
   SpillAll(*tier, {chain[0], chain[2]});
@@ -400,30 +400,35 @@ TEST_F(DiskTierTest, SymlinksAndHardLinksInTheDirectoryAreNeverWrittenThroughOrF
   DiskTierStats s = tier->Stats();
   EXPECT_EQ(s.write_errors, 0u);
   EXPECT_EQ(s.spills, 2u);
-  ASSERT_TRUE(tier->Contains(chain[0].key));
-  EXPECT_FALSE(IsSymlink(tier->PathOf(chain[0].key)));
-  std::vector<uint8_t> loaded;
-  ASSERT_TRUE(LoadInto(*tier, chain[0], &loaded).ok());
-  EXPECT_EQ(loaded, chain[0].data);
-  EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(
-      tier->PathOf(chain[0].key) + ".tmp")));
+  for (const BlockRecord* r : {&chain[0], &chain[2]}) {
+    EXPECT_FALSE(IsSymlink(tier->PathOf(r->key)));
+    std::vector<uint8_t> data;
+    ASSERT_TRUE(LoadInto(*tier, *r, &data).ok());
+    EXPECT_EQ(data, r->data);
+  }
+  // A link planted at a block's own name is replaced by the rename, its target untouched.
+  Precious renamed_over(outside.path() + "/renamed-over");
+  std::filesystem::create_symlink(renamed_over.path(), tier->PathOf(chain[3].key));
 
-  // Blocks written, then more than the cap holds: eviction deletes indexed files only.
+  // More than the cap holds (2 files): eviction deletes indexed files only.
   SpillAll(*tier, {chain[3], chain[4]});
-  ASSERT_TRUE(tier->Contains(chain[3].key));
+  EXPECT_TRUE(renamed_over.Intact());
+  EXPECT_TRUE(tier->Contains(chain[4].key));
+  EXPECT_FALSE(tier->Contains(chain[0].key)) << "evicted";
+  EXPECT_GE(tier->Stats().evicted_files, 2u);
   EXPECT_TRUE(IsSymlink(path1)) << "not the tier's file: never deleted";
   EXPECT_EQ(testing::ReadFile(block_copy), EncodeBlockFile(SmallLayout(), chain[1]));
 
-  // A written file swapped for a link to a valid copy of itself is not read through.
-  const std::string path3 = tier->PathOf(chain[3].key);
-  const std::string copy3 = outside.path() + "/copy3.kvb";
-  std::filesystem::copy_file(path3, copy3);
-  std::filesystem::remove(path3);
-  std::filesystem::create_symlink(copy3, path3);
+  // A block file swapped for a link to a file outside fails verification; deleting it
+  // removes the link, never its target.
+  const std::string path4 = tier->PathOf(chain[4].key);
+  Precious swapped_in(outside.path() + "/swapped-in");
+  std::filesystem::remove(path4);
+  std::filesystem::create_symlink(swapped_in.path(), path4);
   std::vector<uint8_t> data;
-  EXPECT_EQ(LoadInto(*tier, chain[3], &data).code(), absl::StatusCode::kDataLoss);
-  EXPECT_FALSE(IsSymlink(path3)) << "the link is removed";
-  EXPECT_EQ(testing::ReadFile(copy3), EncodeBlockFile(SmallLayout(), chain[3]));
+  EXPECT_EQ(LoadInto(*tier, chain[4], &data).code(), absl::StatusCode::kDataLoss);
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(path4)));
+  EXPECT_TRUE(swapped_in.Intact());
   EXPECT_EQ(tier->Stats().corrupt_blocks, 1u);
 }
 
