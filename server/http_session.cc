@@ -162,7 +162,6 @@ class Session : public std::enable_shared_from_this<Session> {
     view.method = method;
     head_ = req.method() == http::verb::head;
     view.target = target;
-    head_ = req.method() == http::verb::head;
     if (auto it = req.find(http::field::authorization); it != req.end()) {
       view.authorization = std::string(it->value());
     }
@@ -188,9 +187,6 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void Reply(HttpReply reply) {
     auto res = MakeResponse(reply.status, std::move(reply.body));
-    // A response to HEAD has the GET response's headers and no body: a client reads the
-    // next response right after the headers (RFC 9110 9.3.2).
-    if (head_) res->body().clear();
     http::async_write(stream_, *res,
                       [self = shared_from_this(), res](beast::error_code ec, size_t) {
                         if (ec || res->need_eof()) return self->Close();
@@ -323,7 +319,6 @@ class Session : public std::enable_shared_from_this<Session> {
   bool head_ = false;  // the request being answered is HEAD
   std::unique_ptr<HttpCompletion> completion_;
   bool headers_sent_ = false;
-  bool head_ = false;  // the request being answered is HEAD
   bool write_in_flight_ = false;
 };
 
