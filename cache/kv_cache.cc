@@ -14,6 +14,18 @@ namespace {
 
 int32_t CeilDiv(int64_t a, int32_t b) { return static_cast<int32_t>((a + b - 1) / b); }
 
+// Whether two chains hold the same tokens, in O(block size): the last chain key stands for
+// every full block before it (a chain key is collision-resistant over its whole prefix), so
+// only the root, the length, that key and the partial block's tokens are compared.
+bool SameChain(const TokenChain& a, const TokenChain& b) {
+  if (a.size() != b.size() || a.block_size() != b.block_size() || a.root() != b.root()) {
+    return false;
+  }
+  if (!a.keys().empty() && a.keys().back() != b.keys().back()) return false;
+  const size_t tail = a.keys().size() * a.block_size();
+  return std::ranges::equal(a.tokens().subspan(tail), b.tokens().subspan(tail));
+}
+
 }  // namespace
 
 struct AdmissionPlan::Internal {
@@ -437,9 +449,7 @@ std::vector<SequenceId> KvCache::Fork(SequenceId id,
     Sequence child;
     {
       const Sequence& p = Seq(id);
-      PREFIXD_CHECK_MSG(chain != nullptr && chain != p.chain && chain->root() == p.chain->root() &&
-                            chain->block_size() == bs_ &&
-                            std::ranges::equal(chain->tokens(), p.chain->tokens()),
+      PREFIXD_CHECK_MSG(chain != nullptr && chain != p.chain && SameChain(*chain, *p.chain),
                         "a fork's chain must be a copy of its parent's");
       PREFIXD_CHECK_MSG(live_chains_.insert(chain.get()).second,
                         "the chain already backs a live sequence");
