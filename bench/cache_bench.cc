@@ -160,6 +160,41 @@ void BM_ColdPrefill1024(benchmark::State& state) {
 }
 BENCHMARK(BM_ColdPrefill1024);
 
+// One scheduler step's admission pass over 1,000 waiting requests that all wait for the
+// same prefix: a running sequence is computing its 960 tokens (60 blocks, registered as
+// pending), and each waiting 1,024-token prompt is that prefix plus 64 tokens of its own, so
+// every plan reports pending_match_tokens > 0 and the request is skipped. The scheduler plans
+// each of them again on every step until the prefix is indexed.
+void BM_Plan1000Waiting(benchmark::State& state) {
+  constexpr int kWaiting = 1000;
+  constexpr int32_t kShared = 960;
+  auto cache = MakeCache();
+  const std::vector<uint32_t> prefix = Tokens(kShared, 0);
+  AdmissionRequest running;
+  running.root = Root();
+  running.prompt = prefix;
+  running.reserve_tokens = kShared;
+  PREFIXD_CHECK(cache->Admit(running).ok());  // reserved, not computed: pending
+  std::vector<std::vector<uint32_t>> prompts(kWaiting);
+  for (int i = 0; i < kWaiting; ++i) {
+    prompts[i] = prefix;
+    for (uint32_t t : Tokens(kPrompt - kShared, 100000 + 64 * i)) prompts[i].push_back(t);
+  }
+  for (auto _ : state) {
+    for (const std::vector<uint32_t>& prompt : prompts) {
+      AdmissionRequest r;
+      r.root = Root();
+      r.prompt = prompt;
+      r.reserve_tokens = kPrompt;
+      auto plan = cache->PlanAdmission(r);
+      PREFIXD_CHECK(plan.ok() && plan->pending_match_tokens == kShared);
+      benchmark::DoNotOptimize(plan);
+    }
+  }
+  state.SetItemsProcessed(state.iterations() * kWaiting);
+}
+BENCHMARK(BM_Plan1000Waiting)->Unit(benchmark::kMillisecond);
+
 // The chain-key hash: one SHA-256 over 32 + 64 bytes per block of 16 tokens.
 void BM_ChainKeyPerToken(benchmark::State& state) {
   Digest key = Root();

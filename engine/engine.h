@@ -76,7 +76,10 @@ class RequestStream {
   virtual bool Poll(std::vector<RequestEvent>* out) = 0;
   // Blocks until an event is available (true) or `deadline` passes (false).
   virtual bool Wait(RequestEvent* out, absl::Time deadline = absl::InfiniteFuture()) = 0;
-  // Called from the engine thread whenever events become available; must not block.
+  // Called from the engine thread whenever events become available. It may only schedule
+  // work (post to an executor or strand, raise a flag, signal a waiter): it runs inside the
+  // engine's step loop, so anything slower, or any lock another thread may hold, delays the
+  // next step of every request. Poll and the text work belong on the thread it schedules.
   // Set it before the first event can matter (right after Submit); it may fire at once.
   virtual void SetNotify(std::function<void()> notify) = 0;
   // Idempotent. The sequence's blocks are released before the engine's next step and the

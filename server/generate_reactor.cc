@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "base/check.h"
+#include "server/executor.h"
 #include "server/grpc_status.h"
 #include "server/inference_service.h"
 
@@ -65,13 +66,21 @@ void GenerateReactor::Begin(grpc::CallbackServerContext* context) {
   }
   stream_ = std::move(started->stream);
   std::weak_ptr<Link> weak = link_;
-  stream_->SetNotify([weak] {
+  Executor* pumps = service_->pumps();
+  // Runs on the engine thread, which may only schedule work (engine/request_stream.h). A pump
+  // clears pump_queued before it polls, so events pushed after that post a new one.
+  // SetNotify fires at once when events are already waiting, so no pump is needed here.
+  stream_->SetNotify([weak, pumps] {
     std::shared_ptr<Link> link = weak.lock();
-    if (!link) return;
-    absl::MutexLock l(&link->mu);
-    if (link->reactor != nullptr) link->reactor->Pump();
+    if (!link || link->pump_queued.exchange(true)) return;
+    pumps->Post([weak] {
+      std::shared_ptr<Link> link = weak.lock();
+      if (!link) return;
+      link->pump_queued.store(false);
+      absl::MutexLock l(&link->mu);
+      if (link->reactor != nullptr) link->reactor->Pump();
+    });
   });
-  Pump();
 }
 
 void GenerateReactor::SetUsageLocked() {

@@ -5,16 +5,22 @@
 // finish_reason when the sample ended; text and stop strings by server/generate_output.h). A slow client therefore gets fewer, larger messages
 // instead of an unbounded send buffer.
 //
-// Lifetime: the engine's notify callback is the only caller from outside gRPC. It reaches the
-// reactor through a small shared Link whose pointer OnDone clears under the Link's mutex, so
-// a notify that races with the end of the call never touches a deleted reactor. gRPC runs
-// OnDone only after Finish and after any OnCancel / OnWriteDone reaction has returned.
+// Threads: the engine thread's notify only posts a pump to the front end's executor
+// (server/executor.h), at most one queued per call; the pump (polling the engine stream,
+// text and stop strings, building the message, StartWrite) runs there or in gRPC's own
+// reactions, never on the engine thread, so a slow or blocked call cannot delay a step.
+//
+// Lifetime: a posted pump reaches the reactor through a small shared Link whose pointer OnDone
+// clears under the Link's mutex, so a pump that races with the end of the call never touches
+// a deleted reactor. gRPC runs OnDone only after Finish and after any OnCancel / OnWriteDone
+// reaction has returned.
 //
 // Cancellation: OnCancel (client cancel, disconnect, deadline) and a failed write cancel the
 // engine stream at once, so the sequence's blocks are released before the engine's next step.
 #ifndef PREFIXD_SERVER_GENERATE_REACTOR_H_
 #define PREFIXD_SERVER_GENERATE_REACTOR_H_
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -45,6 +51,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   struct Link {
     absl::Mutex mu;
     GenerateReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
+    // A pump is posted and has not started: further notifies need not post another.
+    std::atomic<bool> pump_queued{false};
   };
 
   GenerateReactor(InferenceService* service, const v1::GenerateRequest* request);

@@ -17,9 +17,13 @@
 
 namespace prefixd {
 
+class Executor;
+
 class InferenceService final : public v1::Inference::CallbackService {
  public:
-  explicit InferenceService(RequestPath* path) : path_(path) {}
+  // `pumps` runs the Generate reactors' pumps (server/generate_reactor.h); both outlive every
+  // call.
+  InferenceService(RequestPath* path, Executor* pumps) : path_(path), pumps_(pumps) {}
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
@@ -41,9 +45,11 @@ class InferenceService final : public v1::Inference::CallbackService {
   bool WaitForNoGenerates(absl::Duration timeout);
 
   RequestPath& path() { return *path_; }
+  Executor* pumps() { return pumps_; }
 
  private:
   RequestPath* const path_;  // not owned
+  Executor* const pumps_;    // not owned
   mutable absl::Mutex calls_mu_;
   int64_t live_generates_ ABSL_GUARDED_BY(calls_mu_) = 0;
 };

@@ -30,6 +30,7 @@
 #include "server/auth.h"
 #include "server/backend_factory.h"
 #include "server/connection_acceptor.h"
+#include "server/executor.h"
 #include "server/http_front_end.h"
 #include "server/inference_service.h"
 #include "server/listen_address.h"
@@ -101,6 +102,10 @@ int LogCivetMessage(const mg_connection*, const char* message) {
   LogToStderr(absl::StrCat("metrics http: ", message));
   return 1;
 }
+
+// A pump is short (poll, decode a few tokens, build one message, StartWrite); a few threads
+// keep one call that is slow to lock its reactor from holding up the others.
+constexpr int kGrpcPumpThreads = 4;
 
 // More CPU backend threads than any machine has cores would only cost memory (each has a
 // stack) and start-up time; far more fail to start at all.
@@ -222,6 +227,9 @@ struct Server::Parts {
   std::shared_ptr<const Authenticator> auth =
       std::make_shared<Authenticator>(Authenticator::AllowAll());
   std::unique_ptr<TlsIdentity> tls_identity;  // with --tls-cert
+  // Pumps of the gRPC Generate reactors. Built before the engine, whose notifies post here,
+  // so it is destroyed after the engine has stopped.
+  std::unique_ptr<Executor> grpc_pumps = std::make_unique<Executor>(kGrpcPumpThreads);
   std::unique_ptr<Engine> engine;
   std::shared_ptr<ServerMetrics> metrics;
   std::unique_ptr<RequestPath> path;
@@ -421,7 +429,7 @@ absl::Status Server::Parts::Build() {
                            .kv_pool_blocks = backend->num_blocks(),
                            .kv_bytes_per_token = backend->kv_bytes_per_token()};
   path = std::make_unique<RequestPath>(std::move(popt));
-  service = std::make_unique<InferenceService>(path.get());
+  service = std::make_unique<InferenceService>(path.get(), grpc_pumps.get());
   if (absl::Status s = StartGrpc(creds); !s.ok()) return s;
   return StartHttp();
 }
@@ -632,7 +640,8 @@ int Server::http_port() const { return parts_->http_port; }
 bool Server::tls() const { return parts_->tls; }
 const Model& Server::model() const { return *parts_->model; }
 Engine& Server::engine() { return *parts_->engine; }
-int64_t Server::live_generate_calls() const { return parts_->service->live_generates(); }
-uint64_t Server::accepted_generates() const { return parts_->path->accepted_generates(); }
+InferenceService& Server::grpc_service() { return *parts_->service; }
+RequestPath& Server::request_path() { return *parts_->path; }
+Executor& Server::grpc_pumps() { return *parts_->grpc_pumps; }
 
 }  // namespace prefixd

@@ -27,6 +27,10 @@
 
 namespace prefixd {
 
+class Executor;
+class InferenceService;
+class RequestPath;
+
 // Where the backend comes from when no factory is given (the --device ... flags).
 struct DeviceOptions {
   std::string device = "auto";  // auto | cpu | cuda
@@ -106,14 +110,16 @@ class Server {
 
   const Model& model() const;
   Engine& engine();
-  // Generate calls whose gRPC reactor still exists, and those queued in the engine since
-  // start-up (for tests that hold calls in flight).
-  int64_t live_generate_calls() const;
-  uint64_t accepted_generates() const;
 
  private:
+  friend class ServerTestPeer;  // tests/server/server_test_peer.h
   struct Parts;
   explicit Server(std::unique_ptr<Parts> parts);
+
+  // The parts a test peer observes.
+  InferenceService& grpc_service();
+  RequestPath& request_path();
+  Executor& grpc_pumps();
 
   std::unique_ptr<Parts> parts_;
 };

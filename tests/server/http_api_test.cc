@@ -25,6 +25,7 @@
 #include "tests/server/http_client.h"
 #include "tests/server/in_process_server.h"
 #include "tests/server/process.h"
+#include "tests/server/server_test_peer.h"
 
 namespace prefixd::testing {
 namespace {
@@ -444,7 +445,8 @@ TEST_F(HttpFlowTest, AClientThatDisconnectsIsNoticedWhileNoTokenIsWritten) {
     if (stream) {
       ASSERT_TRUE(backend_->entered().WaitForNotificationWithTimeout(absl::Seconds(30)));
     } else {
-      ASSERT_TRUE(PollUntil([&] { return server_->accepted_generates() == 2; }, absl::Seconds(10)));
+      ASSERT_TRUE(PollUntil([&] { return ServerTestPeer::accepted_generates(*server_) == 2; },
+                            absl::Seconds(10)));
     }
     (*s)->Abort();
     // The engine is stuck in its step (the gate): nothing is written, yet the request is
@@ -467,7 +469,7 @@ TEST_F(HttpFlowTest, FullQueueIs429AndDrainingIs503) {
   absl::StatusOr<std::unique_ptr<HttpEventStream>> b =
       HttpEventStream::Open(server_->http_port(), "/v1/completions", LongBody(true));
   ASSERT_TRUE(b.ok());
-  ASSERT_TRUE(PollUntil([&] { return server_->accepted_generates() == 2; }, absl::Seconds(10)));
+  ASSERT_TRUE(PollUntil([&] { return ServerTestPeer::accepted_generates(*server_) == 2; }, absl::Seconds(10)));
   absl::StatusOr<HttpResponse> c =
       HttpFetch(server_->http_port(), "POST", "/v1/completions", LongBody(false));
   ASSERT_TRUE(c.ok());

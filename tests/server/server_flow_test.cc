@@ -4,8 +4,10 @@
 // is certainly running, however fast or slow the machine.
 #include <signal.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -17,6 +19,7 @@
 #include "tests/server/grpc_helpers.h"
 #include "tests/server/in_process_server.h"
 #include "tests/server/process.h"
+#include "tests/server/server_test_peer.h"
 
 namespace prefixd::testing {
 namespace {
@@ -148,7 +151,7 @@ TEST_F(ServerFlowTest, AClientThatDisconnectsIsCancelled) {
   WaitUntilRunning();
   (*client)->Signal(SIGKILL);
   (*client)->Wait(absl::Seconds(10));
-  EXPECT_TRUE(PollUntil([&] { return server_->live_generate_calls() == 0; }, absl::Seconds(10)));
+  EXPECT_TRUE(PollUntil([&] { return ServerTestPeer::live_generate_calls(*server_) == 0; }, absl::Seconds(10)));
   OpenGate();
   EXPECT_TRUE(PollUntil([&] { return BlocksReleased(); }, absl::Seconds(10)));
   EXPECT_TRUE(PollUntil([&] { return Metric("prefixd_requests_total{api=\"grpc\",code=\"CANCELLED\"}") == 1; },
@@ -163,7 +166,7 @@ TEST_F(ServerFlowTest, AFullQueueRefusesWithResourceExhausted) {
   grpc::ClientContext bctx;
   auto b = stub_->Generate(&bctx, IdsRequest(RandomIds(4, 8), 20));
   // B waits behind A (the one queue slot) once the server has accepted it.
-  ASSERT_TRUE(PollUntil([&] { return server_->accepted_generates() == 2; }, absl::Seconds(10)));
+  ASSERT_TRUE(PollUntil([&] { return ServerTestPeer::accepted_generates(*server_) == 2; }, absl::Seconds(10)));
   GenerateResult c = Generate(*stub_, IdsRequest(RandomIds(5, 8), 20));
   EXPECT_EQ(c.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(c.status.error_message(), HasSubstr("request queue is full (1 requests waiting)"));
@@ -247,6 +250,62 @@ TEST_F(ServerFlowTest, AFatalBackendErrorDrainsTheServerAndWaitReportsIt) {
   EXPECT_THAT(std::string(ended.message()), HasSubstr("injected failure"));
   EXPECT_TRUE(server_->draining());
   EXPECT_THAT(log_.Text(), HasSubstr("fatal backend error, shutting down"));
+}
+
+
+// The engine thread only schedules a Generate call's pump (server/generate_reactor.h): with
+// every pump thread stuck, the engine still runs every decode step of a call that cannot
+// deliver and of a request beside it, and the call's tokens all arrive once its pump runs.
+TEST_F(ServerFlowTest, AStuckGrpcPumpDoesNotStallTheEngine) {
+  StartServer();
+  constexpr uint32_t kTokens = 8;
+  v1::GenerateRequest a_req = IdsRequest(RandomIds(11, 8), kTokens);
+  a_req.set_ignore_eos(true);
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, a_req);
+  WaitUntilRunning();  // A is admitted; the engine is inside its first step
+  ServerTestPeer::PumpBlocker blocker(*server_);
+  std::atomic<int> a_messages{0};
+  uint32_t a_tokens = 0;
+  std::thread a_client([&] {
+    v1::GenerateResponse msg;
+    while (reader->Read(&msg)) {
+      a_messages.fetch_add(1);
+      a_tokens += static_cast<uint32_t>(msg.token_ids_size());
+    }
+  });
+
+  EngineRequest b;
+  b.request_id = "beside";
+  b.prompt = RandomIds(12, 8);
+  b.max_new_tokens = kTokens;
+  b.ignore_eos = true;
+  absl::StatusOr<std::shared_ptr<RequestStream>> b_stream = server_->engine().Submit(b);
+  ASSERT_TRUE(b_stream.ok()) << b_stream.status();
+  OpenGate();
+  uint32_t b_tokens = 0;
+  RequestEvent e;
+  do {
+    ASSERT_TRUE((*b_stream)->Wait(&e, absl::Now() + absl::Seconds(60)));
+    if (e.kind == RequestEvent::Kind::kToken) ++b_tokens;
+  } while (e.kind != RequestEvent::Kind::kDone);
+  EXPECT_TRUE(e.status.ok()) << e.status;
+  EXPECT_EQ(b_tokens, kTokens);
+  // A ran to its end in the engine too: every token of both was generated.
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        const EngineStats s = server_->engine().Stats();
+        return s.scheduler.running_requests == 0 && s.scheduler.waiting_requests == 0;
+      },
+      absl::Seconds(60)));
+  EXPECT_EQ(server_->engine().Stats().scheduler.generated_tokens, 2 * kTokens);
+  // ... while A's pump could not run: nothing of it reached its client.
+  EXPECT_EQ(a_messages.load(), 0);
+
+  blocker.Release();
+  a_client.join();
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(a_tokens, kTokens);
 }
 
 }  // namespace
