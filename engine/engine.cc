@@ -24,6 +24,7 @@
 #include "engine/request_stream.h"
 #include "engine/request_validation.h"
 #include "engine/scheduler.h"
+#include "engine/score_store.h"
 
 namespace prefixd {
 namespace {
@@ -75,10 +76,12 @@ class DiskSpiller {
 class EngineImpl final : public Engine {
  public:
   EngineImpl(const EngineOptions& options, std::unique_ptr<DiskTier> tier,
-             std::unique_ptr<DiskSpiller> spiller, std::unique_ptr<KvCache> cache)
+             std::unique_ptr<DiskSpiller> spiller, std::unique_ptr<ScoreStore> scores,
+             std::unique_ptr<KvCache> cache)
       : options_(options),
         tier_(std::move(tier)),
         spiller_(std::move(spiller)),
+        scores_(std::move(scores)),
         cache_(std::move(cache)),
         shared_(std::make_shared<Shared>()),
         scheduler_(SchedulerOptions{.backend = options.backend,
@@ -86,11 +89,15 @@ class EngineImpl final : public Engine {
                                     .model_config = options.model_config,
                                     .max_batch_tokens = options.max_batch_tokens,
                                     .clock = options_.clock,
-                                    .disk_tier = tier_.get()}) {
+                                    .disk_tier = tier_.get(),
+                                    // Records live only while their blocks are indexed.
+                                    .scores = options.enable_prefix_cache ? scores_.get()
+                                                                          : nullptr}) {
     limits_.model_config = options.model_config;
     limits_.max_samples = options.max_samples;
     limits_.pool_blocks = cache_->num_blocks();
     limits_.block_size = cache_->block_size();
+    limits_.computes_all_logits = options.backend->computes_all_logits();
     PublishStats();
     thread_ = std::thread([this] { Loop(); });
   }
@@ -275,6 +282,7 @@ class EngineImpl final : public Engine {
   // The tier and the spill hook outlive the cache that calls it.
   std::unique_ptr<DiskTier> tier_;
   std::unique_ptr<DiskSpiller> spiller_;
+  std::unique_ptr<ScoreStore> scores_;
   std::unique_ptr<KvCache> cache_;
   std::shared_ptr<Shared> shared_;
   Scheduler scheduler_;         // engine thread only
@@ -345,14 +353,20 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     if (!opened.ok()) return opened.status();
     tier = *std::move(opened);
     spiller = std::make_unique<DiskSpiller>(options.backend, tier.get());
-    cache_options.on_evict = [s = spiller.get()](const EvictedBlock& e) { s->Spill(e); };
   }
+  // A block's score record leaves with the block (engine/score_store.h).
+  auto scores = std::make_unique<ScoreStore>();
+  cache_options.on_evict = [s = spiller.get(), store = scores.get()](const EvictedBlock& e) {
+    store->Forget(*e.key);
+    if (s != nullptr) s->Spill(e);
+  };
   absl::StatusOr<std::unique_ptr<KvCache>> cache = KvCache::Create(cache_options);
   if (!cache.ok()) return cache.status();
   EngineOptions resolved = options;
   if (!resolved.clock) resolved.clock = [] { return absl::Now(); };
   return std::unique_ptr<Engine>(
-      new EngineImpl(resolved, std::move(tier), std::move(spiller), *std::move(cache)));
+      new EngineImpl(resolved, std::move(tier), std::move(spiller), std::move(scores),
+                     *std::move(cache)));
 }
 
 void RunWithKvCacheForTest(Engine& engine, std::function<void(const KvCache&)> fn) {
