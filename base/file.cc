@@ -98,13 +98,15 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
 }
 
 int ReadFileInto(const std::string& path, std::string* out) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NOFOLLOW | O_NONBLOCK: a symbolic link (ELOOP) or a FIFO put where a file of ours
+  // should be is neither followed nor waited on.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return errno;
   struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
+  const int stat_err = ::fstat(fd, &st) != 0 ? errno : (S_ISREG(st.st_mode) ? 0 : EINVAL);
+  if (stat_err != 0) {
     ::close(fd);
-    return err;
+    return stat_err;
   }
   out->resize(static_cast<size_t>(st.st_size));
   size_t done = 0;

@@ -35,9 +35,10 @@ absl::Status CheckRegularFile(const std::string& path);
 // The file's bytes. Errors as OpenRegularFile's; DATA_LOSS on a read error.
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
 
-// The same for files prefixd itself keeps (no messages built on a hot path): 0, or the
-// errno of the first call that failed (ENOENT when absent, EIO for a file that shrank while
-// it was read).
+// The same for files prefixd itself keeps (no messages built on a hot path), which are
+// read only when they are regular files reached without a symbolic link: 0, or the errno of
+// the first call that failed (ENOENT when absent, ELOOP for a link, EINVAL for a FIFO,
+// directory or device, EIO for a file that shrank while it was read).
 int ReadFileInto(const std::string& path, std::string* out);
 
 // Writes `bytes` to `tmp` (created with `mode`), then renames it to `path`. 0, or the errno

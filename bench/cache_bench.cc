@@ -10,6 +10,7 @@
 #include "cache/block_key.h"
 #include "base/check.h"
 #include "cache/kv_cache.h"
+#include "cache/token_chain.h"
 #include "cache/kv_layout.h"
 
 namespace prefixd {
@@ -32,6 +33,13 @@ const Digest& Root() {
   return root;
 }
 
+// Copies of seq's chain for Fork, as the engine makes them (not timed apart: part of a fork).
+std::vector<std::shared_ptr<TokenChain>> ChainCopies(const KvCache& cache, SequenceId seq, int n) {
+  std::vector<std::shared_ptr<TokenChain>> chains;
+  for (int i = 0; i < n; ++i) chains.push_back(std::make_shared<TokenChain>(cache.Chain(seq)));
+  return chains;
+}
+
 std::vector<uint32_t> Tokens(int32_t n, uint32_t start) {
   std::vector<uint32_t> t(n);
   std::iota(t.begin(), t.end(), start);
@@ -40,8 +48,7 @@ std::vector<uint32_t> Tokens(int32_t n, uint32_t start) {
 
 SequenceId AdmitComputed(KvCache& cache, const std::vector<uint32_t>& prompt) {
   AdmissionRequest r;
-  r.root = Root();
-  r.prompt = prompt;
+  r.chain = std::make_shared<TokenChain>(Root(), kBlockSize, prompt);
   r.reserve_tokens = static_cast<int32_t>(prompt.size());
   auto a = cache.Admit(r);
   PREFIXD_CHECK(a.ok());
@@ -58,8 +65,7 @@ void BM_Admit1024Cached90(benchmark::State& state) {
   std::vector<uint32_t> prompt = cached;
   for (uint32_t t : Tokens(kPrompt - kCachedPrefix, 100000)) prompt.push_back(t);
   AdmissionRequest r;
-  r.root = Root();
-  r.prompt = prompt;
+  r.chain = std::make_shared<TokenChain>(Root(), kBlockSize, prompt);
   r.reserve_tokens = kPrompt;
   for (auto _ : state) {
     auto a = cache->Admit(r);
@@ -79,8 +85,7 @@ void BM_Release1024(benchmark::State& state) {
   std::vector<uint32_t> prompt = Tokens(kPrompt, 0);
   cache->Release(AdmitComputed(*cache, prompt));
   AdmissionRequest r;
-  r.root = Root();
-  r.prompt = prompt;
+  r.chain = std::make_shared<TokenChain>(Root(), kBlockSize, prompt);
   r.reserve_tokens = kPrompt;
   for (auto _ : state) {
     state.PauseTiming();
@@ -122,7 +127,7 @@ void BM_Fork8AndRelease(benchmark::State& state) {
   auto cache = MakeCache();
   SequenceId seq = AdmitComputed(*cache, Tokens(kPrompt - 3, 0));
   for (auto _ : state) {
-    std::vector<SequenceId> kids = cache->Fork(seq, 8);
+    std::vector<SequenceId> kids = cache->Fork(seq, ChainCopies(*cache, seq, 8));
     for (SequenceId k : kids) cache->Release(k);
   }
 }
@@ -133,7 +138,7 @@ void BM_Fork8FirstWrite(benchmark::State& state) {
   auto cache = MakeCache();
   SequenceId seq = AdmitComputed(*cache, Tokens(kPrompt - 3, 0));
   for (auto _ : state) {
-    std::vector<SequenceId> kids = cache->Fork(seq, 8);
+    std::vector<SequenceId> kids = cache->Fork(seq, ChainCopies(*cache, seq, 8));
     for (SequenceId k : kids) {
       const uint32_t t = static_cast<uint32_t>(k);
       cache->AppendTokens(k, {&t, 1});
@@ -164,27 +169,28 @@ BENCHMARK(BM_ColdPrefill1024);
 // same prefix: a running sequence is computing its 960 tokens (60 blocks, registered as
 // pending), and each waiting 1,024-token prompt is that prefix plus 64 tokens of its own, so
 // every plan reports pending_match_tokens > 0 and the request is skipped. The scheduler plans
-// each of them again on every step until the prefix is indexed.
+// each of them again on every step until the prefix is indexed; what a plan reads of a
+// prompt is its chain, hashed once when the request was queued.
 void BM_Plan1000Waiting(benchmark::State& state) {
   constexpr int kWaiting = 1000;
   constexpr int32_t kShared = 960;
   auto cache = MakeCache();
   const std::vector<uint32_t> prefix = Tokens(kShared, 0);
   AdmissionRequest running;
-  running.root = Root();
-  running.prompt = prefix;
+  running.chain = std::make_shared<TokenChain>(Root(), kBlockSize, prefix);
   running.reserve_tokens = kShared;
   PREFIXD_CHECK(cache->Admit(running).ok());  // reserved, not computed: pending
-  std::vector<std::vector<uint32_t>> prompts(kWaiting);
+  // Each waiting request keeps its chain (hashed once, when it was queued).
+  std::vector<std::shared_ptr<TokenChain>> waiting;
   for (int i = 0; i < kWaiting; ++i) {
-    prompts[i] = prefix;
-    for (uint32_t t : Tokens(kPrompt - kShared, 100000 + 64 * i)) prompts[i].push_back(t);
+    std::vector<uint32_t> prompt = prefix;
+    for (uint32_t t : Tokens(kPrompt - kShared, 100000 + 64 * i)) prompt.push_back(t);
+    waiting.push_back(std::make_shared<TokenChain>(Root(), kBlockSize, prompt));
   }
   for (auto _ : state) {
-    for (const std::vector<uint32_t>& prompt : prompts) {
+    for (const std::shared_ptr<TokenChain>& chain : waiting) {
       AdmissionRequest r;
-      r.root = Root();
-      r.prompt = prompt;
+      r.chain = chain;
       r.reserve_tokens = kPrompt;
       auto plan = cache->PlanAdmission(r);
       PREFIXD_CHECK(plan.ok() && plan->pending_match_tokens == kShared);

@@ -1,12 +1,12 @@
 #include "cache/kv_cache.h"
 
 #include <algorithm>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_format.h"
 #include "cache/block_key.h"
 #include "base/check.h"
-#include "cache/internal/kv_cache_impl.h"
 
 namespace prefixd {
 
@@ -16,7 +16,19 @@ int32_t CeilDiv(int64_t a, int32_t b) { return static_cast<int32_t>((a + b - 1) 
 
 }  // namespace
 
-KvCache::Impl::Impl(const KvCacheOptions& options)
+struct AdmissionPlan::Internal {
+  uint64_t generation = 0;
+  std::shared_ptr<TokenChain> chain;  // the prompt
+  std::vector<int32_t> shared;        // indexed blocks shared by reference
+  int32_t partial_src = -1;           // block whose first partial_rows rows are copied
+  int32_t partial_rows = 0;
+  int32_t capacity_blocks = 0;
+  int32_t allocate = 0;
+  int32_t evict = 0;
+  bool readmission = false;
+};
+
+KvCache::KvCache(const KvCacheOptions& options)
     : options_(options),
       bs_(options.block_size),
       num_blocks_(options.num_blocks),
@@ -31,7 +43,7 @@ KvCache::Impl::Impl(const KvCacheOptions& options)
 
 // ---- Block primitives ---------------------------------------------------------------------
 
-int32_t KvCache::Impl::PopFree() {
+int32_t KvCache::PopFree() {
   PREFIXD_CHECK(free_count_ > 0);
   int32_t b = free_ring_[free_head_];
   free_head_ = (free_head_ + 1) % num_blocks_;
@@ -43,13 +55,13 @@ int32_t KvCache::Impl::PopFree() {
   return b;
 }
 
-void KvCache::Impl::PushFree(int32_t b) {
+void KvCache::PushFree(int32_t b) {
   PREFIXD_CHECK(free_count_ < num_blocks_);
   free_ring_[(free_head_ + free_count_) % num_blocks_] = b;
   ++free_count_;
 }
 
-void KvCache::Impl::Acquire(int32_t b) {
+void KvCache::Acquire(int32_t b) {
   Block& blk = blocks_[b];
   if (blk.ref == 0) {
     PREFIXD_CHECK(blk.indexed);  // a free block is handed out only by PopFree
@@ -62,7 +74,7 @@ void KvCache::Impl::Acquire(int32_t b) {
   ++blk.ref;
 }
 
-void KvCache::Impl::Unref(int32_t b) {
+void KvCache::Unref(int32_t b) {
   Block& blk = blocks_[b];
   PREFIXD_CHECK(blk.ref > 0);
   if (--blk.ref > 0) return;
@@ -77,7 +89,7 @@ void KvCache::Impl::Unref(int32_t b) {
   if (blk.num_children == 0) lru_.insert(LruKey{blk.stamp_time, blk.stamp_seq, b});
 }
 
-void KvCache::Impl::EvictOne() {
+void KvCache::EvictOne() {
   PREFIXD_CHECK(!lru_.empty());
   const int32_t b = std::get<2>(*lru_.begin());
   lru_.erase(lru_.begin());
@@ -115,17 +127,11 @@ void KvCache::Impl::EvictOne() {
 
 // ---- Sequences' keys and pending blocks -----------------------------------------------------
 
-void KvCache::Impl::ExtendKeys(Sequence& s) {
-  if (!options_.enable_prefix_cache) return;
-  const size_t full = s.tokens.size() / bs_;
-  while (s.keys.size() < full) {
-    const size_t i = s.keys.size();
-    const Digest& parent = i == 0 ? s.root : s.keys[i - 1];
-    s.keys.push_back(ChainKey(parent, absl::MakeConstSpan(&s.tokens[i * bs_], bs_)));
-  }
+int32_t KvCache::KnownKeys(const TokenChain& chain) const {
+  return options_.enable_prefix_cache ? static_cast<int32_t>(chain.keys().size()) : 0;
 }
 
-void KvCache::Impl::UpdatePending(const Sequence& s, int32_t old_lo, int32_t old_hi, int32_t new_lo,
+void KvCache::UpdatePending(const Sequence& s, int32_t old_lo, int32_t old_hi, int32_t new_lo,
                                   int32_t new_hi) {
   if (!options_.enable_prefix_cache) return;
   const int32_t lo = std::min(old_lo, new_lo);
@@ -134,10 +140,11 @@ void KvCache::Impl::UpdatePending(const Sequence& s, int32_t old_lo, int32_t old
     const bool was = i >= old_lo && i < old_hi;
     const bool now = i >= new_lo && i < new_hi;
     if (was == now) continue;
+    const Digest& key = s.chain->keys()[i];
     if (now) {
-      ++pending_[s.keys[i]];
+      ++pending_[key];
     } else {
-      auto it = pending_.find(s.keys[i]);
+      auto it = pending_.find(key);
       PREFIXD_CHECK(it != pending_.end() && it->second > 0);
       if (--it->second == 0) pending_.erase(it);
     }
@@ -146,18 +153,24 @@ void KvCache::Impl::UpdatePending(const Sequence& s, int32_t old_lo, int32_t old
 
 // ---- Admission ------------------------------------------------------------------------------
 
-absl::StatusOr<AdmissionPlan> KvCache::Impl::PlanAdmission(const AdmissionRequest& request) const {
-  const int64_t prompt_len = static_cast<int64_t>(request.prompt.size());
+absl::StatusOr<AdmissionPlan> KvCache::PlanAdmission(const AdmissionRequest& request) const {
+  if (request.chain == nullptr) return absl::InvalidArgumentError("no prompt chain");
+  const TokenChain& chain_in = *request.chain;
+  if (chain_in.block_size() != bs_) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "prompt chain of block size %d for a pool of %d", chain_in.block_size(), bs_));
+  }
+  const int64_t prompt_len = static_cast<int64_t>(chain_in.size());
   if (prompt_len == 0) return absl::InvalidArgumentError("empty prompt");
   if (request.reserve_tokens < 0 || request.reserve_uncached_tokens < 0) {
     return absl::InvalidArgumentError("negative reservation");
   }
   auto in = std::make_shared<AdmissionPlan::Internal>();
   in->generation = generation_;
-  in->root = request.root;
-  in->prompt.assign(request.prompt.begin(), request.prompt.end());
+  in->chain = request.chain;
   in->readmission = request.readmission;
-  const uint32_t* prompt = in->prompt.data();
+  const uint32_t* prompt = chain_in.tokens().data();
+  const absl::Span<const Digest> keys = chain_in.keys();
 
   // Whole blocks first: walk the chain while each key is indexed with the same tokens.
   int32_t matched_blocks = 0;
@@ -166,16 +179,15 @@ absl::StatusOr<AdmissionPlan> KvCache::Impl::PlanAdmission(const AdmissionReques
   std::vector<int32_t> chain;
   const int32_t full_blocks = static_cast<int32_t>(prompt_len / bs_);
   if (options_.enable_prefix_cache) {
-    Digest parent = request.root;
+    const Digest* parent = &chain_in.root();
     while (matched_blocks < full_blocks) {
       const uint32_t* toks = prompt + int64_t{matched_blocks} * bs_;
-      Digest key = ChainKey(parent, absl::MakeConstSpan(toks, bs_));
-      in->keys.push_back(key);
+      const Digest& key = keys[matched_blocks];
       auto it = index_.find(key);
       if (it == index_.end()) break;
       if (!std::equal(toks, toks + bs_, StoredTokens(it->second))) break;  // collision
       chain.push_back(it->second);
-      parent = key;
+      parent = &key;
       ++matched_blocks;
     }
     // Then token granularity: the child of the last matched key sharing the most leading
@@ -183,7 +195,7 @@ absl::StatusOr<AdmissionPlan> KvCache::Impl::PlanAdmission(const AdmissionReques
     const int64_t start = int64_t{matched_blocks} * bs_;
     const int64_t rest = std::min<int64_t>(bs_, prompt_len - start);
     if (rest > 0 && !request.whole_blocks_only) {
-      auto it = children_.find(parent);
+      auto it = children_.find(*parent);
       if (it != children_.end()) {
         for (int32_t child : it->second) {
           const uint32_t* stored = StoredTokens(child);
@@ -216,11 +228,7 @@ absl::StatusOr<AdmissionPlan> KvCache::Impl::PlanAdmission(const AdmissionReques
   if (options_.enable_prefix_cache && !pending_.empty() && matched_blocks < full_blocks) {
     int32_t p = 0;
     for (int32_t i = matched_blocks; i < full_blocks; ++i) {
-      if (i >= static_cast<int32_t>(in->keys.size())) {
-        const Digest& parent = i == 0 ? request.root : in->keys[i - 1];
-        in->keys.push_back(ChainKey(parent, absl::MakeConstSpan(prompt + int64_t{i} * bs_, bs_)));
-      }
-      if (!pending_.contains(in->keys[i])) break;
+      if (!pending_.contains(keys[i])) break;
       ++p;
     }
     if (p > 0) pending_upto = std::min<int64_t>(int64_t{matched_blocks + p} * bs_, prompt_len - 1);
@@ -271,7 +279,7 @@ absl::StatusOr<AdmissionPlan> KvCache::Impl::PlanAdmission(const AdmissionReques
   return plan;
 }
 
-Admission KvCache::Impl::Commit(const AdmissionPlan& plan) {
+Admission KvCache::Commit(const AdmissionPlan& plan) {
   PREFIXD_CHECK(plan.internal != nullptr);
   const AdmissionPlan::Internal& in = *plan.internal;
   PREFIXD_CHECK_MSG(in.generation == generation_, "plan is stale: the cache changed since");
@@ -279,9 +287,11 @@ Admission KvCache::Impl::Commit(const AdmissionPlan& plan) {
   Admission out;
   out.seq = next_seq_++;
   out.num_cached = plan.num_cached;
+  PREFIXD_CHECK_MSG(live_chains_.insert(in.chain.get()).second,
+                    "the chain already backs a live sequence");
   Sequence& s = seqs_[out.seq];
-  s.root = in.root;
-  s.tokens = in.prompt;
+  s.chain = in.chain;
+  s.num_tokens = s.chain->size();
   s.num_computed = plan.num_cached;
   s.table.reserve(in.capacity_blocks);
   for (int32_t b : in.shared) {
@@ -298,15 +308,10 @@ Admission KvCache::Impl::Commit(const AdmissionPlan& plan) {
     stats_.cow_rows += in.partial_rows;
     Unref(in.partial_src);
   }
-  if (options_.enable_prefix_cache) {
-    const size_t full = s.tokens.size() / bs_;
-    s.keys.assign(in.keys.begin(), in.keys.begin() + std::min(full, in.keys.size()));
-    ExtendKeys(s);
-    const int32_t lo = s.num_computed / bs_;
-    UpdatePending(s, lo, lo, lo, static_cast<int32_t>(s.keys.size()));
-  }
+  const int32_t lo = s.num_computed / bs_;
+  UpdatePending(s, lo, lo, lo, KnownKeys(*s.chain));
   if (!in.readmission) {
-    stats_.queried_tokens += s.tokens.size();
+    stats_.queried_tokens += s.num_tokens;
     stats_.hit_tokens += plan.num_cached;
   }
   return out;
@@ -314,17 +319,17 @@ Admission KvCache::Impl::Commit(const AdmissionPlan& plan) {
 
 // ---- Running sequences ----------------------------------------------------------------------
 
-void KvCache::Impl::AppendTokens(SequenceId id, absl::Span<const uint32_t> tokens) {
+void KvCache::AppendTokens(SequenceId id, absl::Span<const uint32_t> tokens) {
   Sequence& s = Seq(id);
   ++generation_;
-  const int32_t old_hi = static_cast<int32_t>(s.keys.size());
-  s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
-  ExtendKeys(s);
+  const int32_t old_hi = KnownKeys(*s.chain);
+  s.chain->Append(tokens);
+  s.num_tokens = s.chain->size();
   const int32_t lo = s.num_computed / bs_;
-  UpdatePending(s, lo, old_hi, lo, static_cast<int32_t>(s.keys.size()));
+  UpdatePending(s, lo, old_hi, lo, KnownKeys(*s.chain));
 }
 
-absl::StatusOr<std::vector<BlockCopy>> KvCache::Impl::Reserve(SequenceId id, int32_t total_tokens) {
+absl::StatusOr<std::vector<BlockCopy>> KvCache::Reserve(SequenceId id, int32_t total_tokens) {
   Sequence& s = Seq(id);
   PREFIXD_CHECK(total_tokens >= 0);
   const int32_t old_blocks = static_cast<int32_t>(s.table.size());
@@ -342,9 +347,9 @@ absl::StatusOr<std::vector<BlockCopy>> KvCache::Impl::Reserve(SequenceId id, int
     }
   }
   const int64_t need = int64_t{want_blocks - old_blocks} + static_cast<int64_t>(cow.size());
-  if (need > NumAvailable()) {
+  if (need > NumAvailableBlocks()) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "KV pool full: sequence needs %d more blocks, %d can be freed", need, NumAvailable()));
+        "KV pool full: sequence needs %d more blocks, %d can be freed", need, NumAvailableBlocks()));
   }
   std::vector<BlockCopy> copies;
   if (need == 0) return copies;
@@ -371,9 +376,10 @@ absl::StatusOr<std::vector<BlockCopy>> KvCache::Impl::Reserve(SequenceId id, int
   return copies;
 }
 
-void KvCache::Impl::IndexOrDedup(Sequence& s, int32_t i) {
-  const Digest& key = s.keys[i];
-  const uint32_t* toks = &s.tokens[int64_t{i} * bs_];
+void KvCache::IndexOrDedup(Sequence& s, int32_t i) {
+  const absl::Span<const Digest> keys = s.chain->keys();
+  const Digest& key = keys[i];
+  const uint32_t* toks = s.chain->block(i).data();
   const int32_t b = s.table[i];
   auto it = index_.find(key);
   if (it != index_.end()) {
@@ -392,23 +398,23 @@ void KvCache::Impl::IndexOrDedup(Sequence& s, int32_t i) {
   PREFIXD_CHECK(Private(b));
   const int32_t parent = i == 0 ? -1 : s.table[i - 1];
   if (parent >= 0) {
-    PREFIXD_CHECK(blocks_[parent].indexed && blocks_[parent].key == s.keys[i - 1]);
+    PREFIXD_CHECK(blocks_[parent].indexed && blocks_[parent].key == keys[i - 1]);
     ++blocks_[parent].num_children;
   }
   blk.indexed = true;
   blk.key = key;
-  blk.root = s.root;
+  blk.root = s.chain->root();
   blk.parent = parent;
   blk.num_children = 0;
   std::copy(toks, toks + bs_, &block_tokens_[int64_t{b} * bs_]);
   index_.emplace(key, b);
-  children_[i == 0 ? s.root : s.keys[i - 1]].push_back(b);
+  children_[i == 0 ? s.chain->root() : keys[i - 1]].push_back(b);
 }
 
-void KvCache::Impl::MarkComputed(SequenceId id, int32_t num_computed) {
+void KvCache::MarkComputed(SequenceId id, int32_t num_computed) {
   Sequence& s = Seq(id);
   PREFIXD_CHECK(num_computed >= s.num_computed);
-  PREFIXD_CHECK(num_computed <= static_cast<int32_t>(s.tokens.size()));
+  PREFIXD_CHECK(num_computed <= static_cast<int32_t>(s.num_tokens));
   PREFIXD_CHECK(num_computed <= static_cast<int32_t>(s.table.size()) * bs_);
   if (num_computed == s.num_computed) return;
   ++generation_;
@@ -419,50 +425,55 @@ void KvCache::Impl::MarkComputed(SequenceId id, int32_t num_computed) {
   const int32_t new_full = num_computed / bs_;
   s.num_computed = num_computed;
   if (!options_.enable_prefix_cache) return;
-  const int32_t hi = static_cast<int32_t>(s.keys.size());
+  const int32_t hi = KnownKeys(*s.chain);
   UpdatePending(s, old_full, hi, new_full, hi);
   for (int32_t i = old_full; i < new_full; ++i) IndexOrDedup(s, i);
 }
 
-std::vector<SequenceId> KvCache::Impl::Fork(SequenceId id, int32_t n) {
-  PREFIXD_CHECK(n >= 0);
+std::vector<SequenceId> KvCache::Fork(SequenceId id,
+                                      absl::Span<const std::shared_ptr<TokenChain>> children) {
   Seq(id);  // CHECKs that it exists before the map may rehash
   ++generation_;
   std::vector<SequenceId> out;
-  for (int32_t c = 0; c < n; ++c) {
+  for (const std::shared_ptr<TokenChain>& chain : children) {
     const SequenceId child_id = next_seq_++;
     Sequence child;
     {
       const Sequence& p = Seq(id);
-      child.root = p.root;
-      child.tokens = p.tokens;
+      PREFIXD_CHECK_MSG(chain != nullptr && chain != p.chain && chain->root() == p.chain->root() &&
+                            chain->block_size() == bs_ &&
+                            std::ranges::equal(chain->tokens(), p.chain->tokens()),
+                        "a fork's chain must be a copy of its parent's");
+      PREFIXD_CHECK_MSG(live_chains_.insert(chain.get()).second,
+                        "the chain already backs a live sequence");
+      child.chain = chain;
+      child.num_tokens = p.num_tokens;
       child.num_computed = p.num_computed;
-      child.keys = p.keys;
       const size_t shared =
-          std::min(p.table.size(), static_cast<size_t>(CeilDiv(p.tokens.size(), bs_)));
+          std::min(p.table.size(), static_cast<size_t>(CeilDiv(p.num_tokens, bs_)));
       child.table.assign(p.table.begin(), p.table.begin() + shared);
     }
     for (int32_t b : child.table) Acquire(b);
     const int32_t lo = child.num_computed / bs_;
-    UpdatePending(child, lo, lo, lo, static_cast<int32_t>(child.keys.size()));
+    UpdatePending(child, lo, lo, lo, KnownKeys(*child.chain));
     seqs_.emplace(child_id, std::move(child));
     out.push_back(child_id);
   }
   return out;
 }
 
-void KvCache::Impl::Truncate(SequenceId id, int32_t num_tokens) {
+void KvCache::Truncate(SequenceId id, int32_t num_tokens) {
   Sequence& s = Seq(id);
-  PREFIXD_CHECK(num_tokens >= 0 && num_tokens <= static_cast<int32_t>(s.tokens.size()));
+  PREFIXD_CHECK(num_tokens >= 0 && num_tokens <= static_cast<int32_t>(s.num_tokens));
   ++generation_;
   const int32_t old_lo = s.num_computed / bs_;
-  const int32_t old_hi = static_cast<int32_t>(s.keys.size());
+  const int32_t old_hi = KnownKeys(*s.chain);
   s.num_computed = std::min(s.num_computed, num_tokens);
   const int32_t new_lo = s.num_computed / bs_;
   const int32_t new_hi = options_.enable_prefix_cache ? num_tokens / bs_ : 0;
   UpdatePending(s, old_lo, old_hi, new_lo, new_hi);
-  s.tokens.resize(num_tokens);
-  if (options_.enable_prefix_cache) s.keys.resize(new_hi);
+  s.chain->Truncate(static_cast<size_t>(num_tokens));
+  s.num_tokens = s.chain->size();
   const size_t keep = static_cast<size_t>(CeilDiv(num_tokens, bs_));
   while (s.table.size() > keep) {
     Unref(s.table.back());
@@ -470,20 +481,22 @@ void KvCache::Impl::Truncate(SequenceId id, int32_t num_tokens) {
   }
 }
 
-void KvCache::Impl::Release(SequenceId id) {
+void KvCache::Release(SequenceId id) {
   auto it = seqs_.find(id);
   PREFIXD_CHECK_MSG(it != seqs_.end(), "unknown sequence");
   ++generation_;
   Sequence& s = it->second;
+  PREFIXD_CHECK_MSG(s.chain->size() == s.num_tokens, "sequence chain changed outside the cache");
   const int32_t lo = s.num_computed / bs_;
-  const int32_t hi = static_cast<int32_t>(s.keys.size());
+  const int32_t hi = KnownKeys(*s.chain);
   UpdatePending(s, lo, hi, lo, lo);
   // Deepest first, so that among blocks released together the leaves are the older ones.
   for (auto b = s.table.rbegin(); b != s.table.rend(); ++b) Unref(*b);
+  live_chains_.erase(s.chain.get());
   seqs_.erase(it);
 }
 
-int32_t KvCache::Impl::Evict(int32_t max_blocks) {
+int32_t KvCache::Evict(int32_t max_blocks) {
   int32_t n = 0;
   if (max_blocks > 0 && !lru_.empty()) ++generation_;
   while (n < max_blocks && !lru_.empty()) {
@@ -495,19 +508,19 @@ int32_t KvCache::Impl::Evict(int32_t max_blocks) {
 
 // ---- Queries --------------------------------------------------------------------------------
 
-const KvCache::Impl::Sequence& KvCache::Impl::Seq(SequenceId id) const {
+const KvCache::Sequence& KvCache::Seq(SequenceId id) const {
   auto it = seqs_.find(id);
   PREFIXD_CHECK_MSG(it != seqs_.end(), "unknown sequence");
+  PREFIXD_CHECK_MSG(it->second.chain->size() == it->second.num_tokens,
+                    "sequence chain changed outside the cache");
   return it->second;
 }
 
-KvCache::Impl::Sequence& KvCache::Impl::Seq(SequenceId id) {
-  auto it = seqs_.find(id);
-  PREFIXD_CHECK_MSG(it != seqs_.end(), "unknown sequence");
-  return it->second;
+KvCache::Sequence& KvCache::Seq(SequenceId id) {
+  return const_cast<Sequence&>(std::as_const(*this).Seq(id));
 }
 
-KvCacheStats KvCache::Impl::Stats() const {
+KvCacheStats KvCache::Stats() const {
   KvCacheStats s = stats_;
   s.blocks_total = num_blocks_;
   s.blocks_free = free_count_;
@@ -518,13 +531,13 @@ KvCacheStats KvCache::Impl::Stats() const {
   return s;
 }
 
-BlockState KvCache::Impl::StateOf(int32_t b) const {
+BlockState KvCache::StateOf(int32_t b) const {
   PREFIXD_CHECK(b >= 0 && b < num_blocks_);
   if (blocks_[b].ref > 0) return BlockState::kOwned;
   return blocks_[b].indexed ? BlockState::kCached : BlockState::kFree;
 }
 
-std::vector<int32_t> KvCache::Impl::FreeList() const {
+std::vector<int32_t> KvCache::FreeList() const {
   std::vector<int32_t> out;
   for (int64_t i = 0; i < free_count_; ++i) {
     out.push_back(free_ring_[(free_head_ + i) % num_blocks_]);
@@ -541,64 +554,40 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
         absl::StrFormat("block_size must be a power of two, got %d", options.block_size));
   }
   if (options.bytes_per_token < 0) return absl::InvalidArgumentError("bytes_per_token < 0");
-  return std::unique_ptr<KvCache>(new KvCache(std::make_unique<Impl>(options)));
+  return std::unique_ptr<KvCache>(new KvCache(options));
 }
 
-KvCache::KvCache(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 KvCache::~KvCache() = default;
 
-absl::StatusOr<AdmissionPlan> KvCache::PlanAdmission(const AdmissionRequest& request) const {
-  return impl_->PlanAdmission(request);
-}
-Admission KvCache::Commit(const AdmissionPlan& plan) { return impl_->Commit(plan); }
 absl::StatusOr<Admission> KvCache::Admit(const AdmissionRequest& request) {
-  absl::StatusOr<AdmissionPlan> plan = impl_->PlanAdmission(request);
+  absl::StatusOr<AdmissionPlan> plan = PlanAdmission(request);
   if (!plan.ok()) return plan.status();
-  return impl_->Commit(*plan);
+  return Commit(*plan);
 }
-void KvCache::AppendTokens(SequenceId seq, absl::Span<const uint32_t> tokens) {
-  impl_->AppendTokens(seq, tokens);
-}
-absl::StatusOr<std::vector<BlockCopy>> KvCache::Reserve(SequenceId seq, int32_t total_tokens) {
-  return impl_->Reserve(seq, total_tokens);
-}
-void KvCache::MarkComputed(SequenceId seq, int32_t num_computed) {
-  impl_->MarkComputed(seq, num_computed);
-}
-std::vector<SequenceId> KvCache::Fork(SequenceId seq, int32_t n) { return impl_->Fork(seq, n); }
-void KvCache::Truncate(SequenceId seq, int32_t num_tokens) { impl_->Truncate(seq, num_tokens); }
-void KvCache::Release(SequenceId seq) { impl_->Release(seq); }
-int32_t KvCache::Evict(int32_t max_blocks) { return impl_->Evict(max_blocks); }
 
-bool KvCache::HasSequence(SequenceId seq) const { return impl_->seqs_.contains(seq); }
-absl::Span<const int32_t> KvCache::BlockTable(SequenceId seq) const {
-  return impl_->Seq(seq).table;
+bool KvCache::HasSequence(SequenceId seq) const { return seqs_.contains(seq); }
+absl::Span<const int32_t> KvCache::BlockTable(SequenceId seq) const { return Seq(seq).table; }
+absl::Span<const uint32_t> KvCache::Tokens(SequenceId seq) const {
+  return Seq(seq).chain->tokens();
 }
-absl::Span<const uint32_t> KvCache::Tokens(SequenceId seq) const { return impl_->Seq(seq).tokens; }
+const TokenChain& KvCache::Chain(SequenceId seq) const { return *Seq(seq).chain; }
 int32_t KvCache::NumTokens(SequenceId seq) const {
-  return static_cast<int32_t>(impl_->Seq(seq).tokens.size());
+  return static_cast<int32_t>(Seq(seq).num_tokens);
 }
-int32_t KvCache::NumComputed(SequenceId seq) const { return impl_->Seq(seq).num_computed; }
+int32_t KvCache::NumComputed(SequenceId seq) const { return Seq(seq).num_computed; }
 int32_t KvCache::Capacity(SequenceId seq) const {
-  return static_cast<int32_t>(impl_->Seq(seq).table.size()) * impl_->bs_;
+  return static_cast<int32_t>(Seq(seq).table.size()) * bs_;
 }
-int64_t KvCache::NumAvailableBlocks() const { return impl_->NumAvailable(); }
-int32_t KvCache::block_size() const { return impl_->bs_; }
-int32_t KvCache::num_blocks() const { return impl_->num_blocks_; }
-KvCacheStats KvCache::Stats() const { return impl_->Stats(); }
-void KvCache::CheckInvariants() const { impl_->CheckInvariants(); }
-BlockState KvCache::StateOf(int32_t block) const { return impl_->StateOf(block); }
+int64_t KvCache::NumAvailableBlocks() const { return free_count_ + num_cached_; }
+int32_t KvCache::block_size() const { return bs_; }
+int32_t KvCache::num_blocks() const { return num_blocks_; }
 int32_t KvCache::RefCount(int32_t block) const {
-  PREFIXD_CHECK(block >= 0 && block < impl_->num_blocks_);
-  return impl_->blocks_[block].ref;
+  PREFIXD_CHECK(block >= 0 && block < num_blocks_);
+  return blocks_[block].ref;
 }
 bool KvCache::IsIndexed(int32_t block) const {
-  PREFIXD_CHECK(block >= 0 && block < impl_->num_blocks_);
-  return impl_->blocks_[block].indexed;
+  PREFIXD_CHECK(block >= 0 && block < num_blocks_);
+  return blocks_[block].indexed;
 }
-std::vector<IndexedBlockInfo> KvCache::IndexedBlocks() const { return impl_->IndexedBlocks(); }
-std::vector<int32_t> KvCache::FreeList() const { return impl_->FreeList(); }
-std::vector<int32_t> KvCache::EvictionOrder() const { return impl_->EvictionOrder(); }
-std::string KvCache::DebugState() const { return impl_->DebugState(); }
 
 }  // namespace prefixd

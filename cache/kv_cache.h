@@ -17,6 +17,10 @@
 //     (prefix-cache mode). Rows at or above num_computed are never read by anyone else.
 //  5. A block is written in place only while it is private: ref 1 and not indexed. Every
 //     other write first moves the sequence to a fresh block (copy-on-write, a BlockCopy).
+//  6. A sequence's tokens and chain keys are its TokenChain (cache/token_chain.h), shared with
+//     the caller and backing no other live sequence: while the sequence lives the chain
+//     changes only through this cache (each call that takes the sequence CHECKs that), so its
+//     keys are hashed once, where the chain grows.
 //
 // Protocol for the engine, per scheduler step:
 //   PlanAdmission / Commit (or Admit)  -> execute the returned copies
@@ -33,14 +37,21 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "cache/block_copy.h"
+#include "cache/digest_hash.h"
+#include "cache/kv_cache_stats.h"
 #include "cache/sha256.h"
+#include "cache/token_chain.h"
 
 namespace prefixd {
 
@@ -74,29 +85,11 @@ struct KvCacheOptions {
   std::function<void(const EvictedBlock&)> on_evict;
 };
 
-// Counted in tokens and blocks. queried_tokens and hit_tokens count first admissions only
-// (AdmissionRequest::readmission = false): a request re-admitted after preemption is not a
-// new query, even though it usually hits its own cached prefix.
-struct KvCacheStats {
-  uint64_t queried_tokens = 0;  // sum of prompt lengths of first admissions
-  uint64_t hit_tokens = 0;      // sum of their num_cached
-  int64_t blocks_total = 0;     // = free + active + cached
-  int64_t blocks_free = 0;
-  int64_t blocks_active = 0;  // owned by at least one sequence
-  int64_t blocks_cached = 0;  // indexed, unowned, evictable
-  uint64_t evictions = 0;     // cached blocks un-indexed to make room (or by Evict())
-  uint64_t cow_copies = 0;    // BlockCopy operations handed out
-  uint64_t cow_rows = 0;      // rows those copies move
-  int64_t block_size = 0;
-  int64_t bytes_per_token = 0;
-  int64_t pool_bytes = 0;  // blocks_total x block_size x bytes_per_token
-  int64_t num_sequences = 0;
-};
-
 struct AdmissionRequest {
-  Digest root;  // CacheRootKey(manifest, namespace)
-  // The prompt, at least one token. PlanAdmission copies it into the plan.
-  absl::Span<const uint32_t> prompt;
+  // The prompt (at least one token) under its root key, with its chain keys; block size the
+  // cache's. The plan and then the sequence share it: from Commit until Release it changes
+  // only through this cache (AppendTokens, Truncate), and the caller reads it.
+  std::shared_ptr<TokenChain> chain;
   // Capacity (in tokens) the new sequence's block table must cover:
   //   max(reserve_tokens, num_cached + reserve_uncached_tokens, num_cached + 1).
   // reserve_tokens = prompt.size() reserves the whole prompt; reserve_uncached_tokens = C
@@ -129,7 +122,7 @@ struct AdmissionPlan {
   int32_t blocks_to_allocate = 0;  // fresh blocks (including the partial-copy destination)
   int32_t blocks_to_evict = 0;     // cached blocks evicted to find them
 
-  // Internal to KvCache.
+  // Internal to KvCache (kv_cache.cc).
   struct Internal;
   std::shared_ptr<const Internal> internal;
 };
@@ -171,7 +164,8 @@ class KvCache {
   absl::StatusOr<Admission> Admit(const AdmissionRequest& request);
 
   // ---- Running sequences ------------------------------------------------------------------
-  // Appends known token ids (e.g. the sampled one) without computing or reserving anything.
+  // Appends known token ids (e.g. the sampled one) to the sequence's chain, without
+  // computing or reserving anything.
   void AppendTokens(SequenceId seq, absl::Span<const uint32_t> tokens);
   // Makes the block table cover `total_tokens` (at least the current capacity is kept) and
   // makes every block that holds rows in [num_computed, total_tokens) private, copying its
@@ -184,11 +178,14 @@ class KvCache {
   // when an identical block is indexed already, replaced by it. CHECKs that rows written
   // since the last call lay in private blocks, i.e. that Reserve was called.
   void MarkComputed(SequenceId seq, int32_t num_computed);
-  // n children that share every block of `seq` that holds its tokens (the partly filled last
-  // one too), with the same tokens and computed count; blocks reserved past the tokens stay
-  // the parent's. Allocates nothing; the first write into a shared block copies it (Reserve).
-  // Fork after MarkComputed of the rows just written, never between Reserve and it.
-  std::vector<SequenceId> Fork(SequenceId seq, int32_t n);
+  // One child per chain in `children` (each a copy of seq's chain, which the child then
+  // shares as in AdmissionRequest), sharing every block of `seq` that holds its tokens (the
+  // partly filled last one too), with the same computed count; blocks reserved past the
+  // tokens stay the parent's. Allocates nothing; the first write into a shared block copies
+  // it (Reserve). Fork after MarkComputed of the rows just written, never between Reserve
+  // and it.
+  std::vector<SequenceId> Fork(SequenceId seq,
+                               absl::Span<const std::shared_ptr<TokenChain>> children);
   // Rolls the sequence back to its first `num_tokens` tokens (<= NumTokens): later blocks
   // are released; num_computed is clamped. Safe with shared and indexed blocks: a later
   // write into them copies first.
@@ -203,6 +200,8 @@ class KvCache {
   bool HasSequence(SequenceId seq) const;
   absl::Span<const int32_t> BlockTable(SequenceId seq) const;  // valid until the next change
   absl::Span<const uint32_t> Tokens(SequenceId seq) const;
+  // The sequence's tokens and keys (what Fork's chains copy).
+  const TokenChain& Chain(SequenceId seq) const;
   int32_t NumTokens(SequenceId seq) const;
   int32_t NumComputed(SequenceId seq) const;
   int32_t Capacity(SequenceId seq) const;  // BlockTable size x block size
@@ -230,9 +229,77 @@ class KvCache {
   std::string DebugState() const;
 
  private:
-  class Impl;
-  explicit KvCache(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  // Data structures (invariants above):
+  //  - blocks_[b]: reference count, index membership, chain key, parent block, LRU stamp.
+  //  - block_tokens_[b * block_size ...]: the token ids stored with an indexed block, compared
+  //    on every hit so that a key collision can never serve another prefix.
+  //  - free_ring_: the free block ids (FIFO: freed blocks are reused last, which keeps tests'
+  //    block ids predictable).
+  //  - index_: chain key -> indexed block; children_: parent key (root or block key) -> the
+  //    indexed blocks one level below it, for token-granular partial matches.
+  //  - lru_: the evictable leaves (cached and without indexed children), oldest first.
+  //  - pending_: chain key -> number of running sequences whose block of that key has all its
+  //    tokens but is not computed yet (admissions may wait for them).
+  struct Block {
+    int32_t ref = 0;
+    bool indexed = false;
+    int32_t parent = -1;       // indexed: parent block, -1 when the parent is the root
+    int32_t num_children = 0;  // indexed blocks whose parent this is
+    Digest key{};              // indexed: chain key
+    Digest root{};             // indexed: root key of the chain
+    int64_t stamp_time = 0;    // cached: LRU time of the last release
+    uint64_t stamp_seq = 0;    // cached: tie-break (increases on every release)
+  };
+  struct Sequence {
+    std::shared_ptr<TokenChain> chain;  // tokens and (prefix-cache mode) keys
+    size_t num_tokens = 0;  // chain->size() as this cache left it (a check on outside changes)
+    int32_t num_computed = 0;
+    std::vector<int32_t> table;
+  };
+  using LruKey = std::tuple<int64_t, uint64_t, int32_t>;  // (time, seq, block)
+
+  explicit KvCache(const KvCacheOptions& options);
+
+  const Sequence& Seq(SequenceId id) const;
+  Sequence& Seq(SequenceId id);
+  int32_t PopFree();
+  void PushFree(int32_t b);
+  void Acquire(int32_t b);
+  void Unref(int32_t b);
+  void EvictOne();
+  bool Private(int32_t b) const { return blocks_[b].ref == 1 && !blocks_[b].indexed; }
+  const uint32_t* StoredTokens(int32_t b) const { return &block_tokens_[int64_t{b} * bs_]; }
+  void IndexOrDedup(Sequence& s, int32_t i);
+  // Moves the pending registration of `s` from block range [old_lo, old_hi) to
+  // [new_lo, new_hi); the chain's keys must cover both.
+  void UpdatePending(const Sequence& s, int32_t old_lo, int32_t old_hi, int32_t new_lo,
+                     int32_t new_hi);
+  // The number of the chain's keys this cache uses: all of them in prefix-cache mode, else 0.
+  int32_t KnownKeys(const TokenChain& chain) const;
+
+  const KvCacheOptions options_;
+  const int32_t bs_;
+  const int32_t num_blocks_;
+  std::vector<Block> blocks_;
+  std::vector<uint32_t> block_tokens_;
+
+  std::vector<int32_t> free_ring_;
+  int64_t free_head_ = 0;
+  int64_t free_count_ = 0;
+
+  absl::flat_hash_map<Digest, int32_t, DigestHash> index_;
+  absl::flat_hash_map<Digest, std::vector<int32_t>, DigestHash> children_;
+  std::set<LruKey> lru_;
+  absl::flat_hash_map<Digest, int32_t, DigestHash> pending_;
+  absl::flat_hash_map<SequenceId, Sequence> seqs_;
+  absl::flat_hash_set<const TokenChain*> live_chains_;  // one per sequence (invariant 6)
+
+  int64_t num_cached_ = 0;  // ref 0 and indexed
+  int64_t num_active_ = 0;  // ref >= 1
+  SequenceId next_seq_ = 0;
+  uint64_t generation_ = 0;
+  uint64_t stamp_counter_ = 0;
+  KvCacheStats stats_;  // the counters; block counts are filled in by Stats()
 };
 
 }  // namespace prefixd

@@ -8,50 +8,47 @@
 #include "absl/strings/str_join.h"
 #include "cache/block_key.h"
 #include "base/check.h"
-#include "cache/internal/kv_cache_impl.h"
+#include "cache/kv_cache.h"
 
 namespace prefixd {
 
-void KvCache::Impl::CheckInvariants() const {
+void KvCache::CheckInvariants() const {
   const bool cache_mode = options_.enable_prefix_cache;
   // 1. Reference counts equal the block-table slots of all sequences.
   std::vector<int32_t> owners(num_blocks_, 0);
   absl::flat_hash_map<Digest, int32_t, DigestHash> pending;
   for (const auto& [id, s] : seqs_) {
+    // 6. The chain is as this cache left it, and its keys recompute from its tokens.
+    PREFIXD_CHECK(s.chain != nullptr && s.chain->size() == s.num_tokens);
+    PREFIXD_CHECK(live_chains_.contains(s.chain.get()));
+    s.chain->CheckInvariants();
+    const absl::Span<const uint32_t> tokens = s.chain->tokens();
+    const absl::Span<const Digest> keys = s.chain->keys();
     PREFIXD_CHECK(s.num_computed >= 0);
-    PREFIXD_CHECK(s.num_computed <= static_cast<int32_t>(s.tokens.size()));
+    PREFIXD_CHECK(s.num_computed <= static_cast<int32_t>(tokens.size()));
     PREFIXD_CHECK(s.num_computed <= static_cast<int32_t>(s.table.size()) * bs_);
     for (int32_t b : s.table) {
       PREFIXD_CHECK(b >= 0 && b < num_blocks_);
       ++owners[b];
     }
-    if (!cache_mode) {
-      PREFIXD_CHECK(s.keys.empty());
-      continue;
-    }
-    // Keys recompute from the sequence's own tokens.
-    PREFIXD_CHECK(s.keys.size() == s.tokens.size() / bs_);
-    for (size_t i = 0; i < s.keys.size(); ++i) {
-      const Digest& parent = i == 0 ? s.root : s.keys[i - 1];
-      PREFIXD_CHECK(s.keys[i] == ChainKey(parent, absl::MakeConstSpan(&s.tokens[i * bs_], bs_)));
-    }
+    if (!cache_mode) continue;
     // 4. Computed full blocks are the indexed blocks of the sequence's own keys (or, after a
     // key collision, a private block the index could not take).
     const int32_t full = s.num_computed / bs_;
     for (int32_t i = 0; i < full; ++i) {
       const int32_t b = s.table[i];
-      auto it = index_.find(s.keys[i]);
+      auto it = index_.find(keys[i]);
       PREFIXD_CHECK(it != index_.end());
       if (it->second != b) {
         PREFIXD_CHECK(!blocks_[b].indexed);
-        PREFIXD_CHECK(!std::equal(s.tokens.begin() + int64_t{i} * bs_,
-                                  s.tokens.begin() + int64_t{i + 1} * bs_,
-                                  StoredTokens(it->second)));
+        PREFIXD_CHECK(!std::ranges::equal(s.chain->block(i),
+                                          absl::MakeConstSpan(StoredTokens(it->second), bs_)));
       }
     }
-    for (size_t i = full; i < s.keys.size(); ++i) ++pending[s.keys[i]];
+    for (size_t i = full; i < keys.size(); ++i) ++pending[keys[i]];
   }
   PREFIXD_CHECK(pending == pending_);
+  PREFIXD_CHECK(live_chains_.size() == seqs_.size());
 
   // 1. Each block is exactly one of free, owned, cached; the free list has no duplicates.
   std::vector<char> on_free(num_blocks_, 0);
@@ -120,7 +117,7 @@ void KvCache::Impl::CheckInvariants() const {
   PREFIXD_CHECK(n_free + n_active + n_cached == num_blocks_);
 }
 
-std::vector<IndexedBlockInfo> KvCache::Impl::IndexedBlocks() const {
+std::vector<IndexedBlockInfo> KvCache::IndexedBlocks() const {
   std::vector<IndexedBlockInfo> out;
   for (int32_t b = 0; b < num_blocks_; ++b) {
     const Block& blk = blocks_[b];
@@ -139,7 +136,7 @@ std::vector<IndexedBlockInfo> KvCache::Impl::IndexedBlocks() const {
   return out;
 }
 
-std::vector<int32_t> KvCache::Impl::EvictionOrder() const {
+std::vector<int32_t> KvCache::EvictionOrder() const {
   std::set<LruKey> lru = lru_;
   std::vector<int32_t> children(num_blocks_);
   for (int32_t b = 0; b < num_blocks_; ++b) children[b] = blocks_[b].num_children;
@@ -156,7 +153,7 @@ std::vector<int32_t> KvCache::Impl::EvictionOrder() const {
   return out;
 }
 
-std::string KvCache::Impl::DebugState() const {
+std::string KvCache::DebugState() const {
   std::string out = absl::StrFormat("generation=%d next_seq=%d stamp=%d\n", generation_, next_seq_,
                                     stamp_counter_);
   absl::StrAppend(&out, "free=[", absl::StrJoin(FreeList(), ","), "]\n");
@@ -173,9 +170,10 @@ std::string KvCache::Impl::DebugState() const {
   std::map<SequenceId, const Sequence*> seqs;
   for (const auto& [id, s] : seqs_) seqs[id] = &s;
   for (const auto& [id, s] : seqs) {
-    absl::StrAppend(&out, "seq ", id, " root=", DigestHex(s->root).substr(0, 16),
-                    " computed=", s->num_computed, " tokens=[", absl::StrJoin(s->tokens, ","),
-                    "] table=[", absl::StrJoin(s->table, ","), "] keys=", s->keys.size(), "\n");
+    absl::StrAppend(&out, "seq ", id, " root=", DigestHex(s->chain->root()).substr(0, 16),
+                    " computed=", s->num_computed, " tokens=[",
+                    absl::StrJoin(s->chain->tokens(), ","), "] table=[",
+                    absl::StrJoin(s->table, ","), "] keys=", KnownKeys(*s->chain), "\n");
   }
   std::map<std::string, int32_t> pending;
   for (const auto& [k, n] : pending_) pending[DigestHex(k)] = n;

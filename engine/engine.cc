@@ -18,20 +18,18 @@
 #include "absl/synchronization/notification.h"
 #include "base/check.h"
 #include "cache/block_key.h"
+#include "cache/disk/disk_tier.h"
 #include "cache/kv_cache.h"
 #include "engine/dtype.h"
-#include "engine/engine_testing.h"
 #include "engine/request_stream.h"
-#include "engine/request_validation.h"
 #include "engine/scheduler.h"
 #include "engine/score_store.h"
 
 namespace prefixd {
-namespace {
 
 // What caller threads and the engine thread exchange. Held by shared_ptr so a RequestStream
 // that outlives the engine can still Cancel() harmlessly.
-struct Shared {
+struct Engine::Shared {
   absl::Mutex mu;
   std::vector<std::unique_ptr<RequestState>> incoming ABSL_GUARDED_BY(mu);
   std::vector<std::function<void()>> tasks ABSL_GUARDED_BY(mu);
@@ -47,7 +45,7 @@ struct Shared {
 
 // The pool's eviction hook with a disk tier: copies an evicted block's K/V out of the backend
 // (while its rows are still intact) and queues it for the tier's writer. Engine thread only.
-class DiskSpiller {
+class Engine::DiskSpiller {
  public:
   DiskSpiller(Backend* backend, DiskTier* tier) : backend_(backend), tier_(tier) {}
 
@@ -73,228 +71,206 @@ class DiskSpiller {
   absl::Time wait_until_ = absl::InfinitePast();
 };
 
-class EngineImpl final : public Engine {
- public:
-  EngineImpl(const EngineOptions& options, std::unique_ptr<DiskTier> tier,
-             std::unique_ptr<DiskSpiller> spiller, std::unique_ptr<ScoreStore> scores,
-             std::unique_ptr<KvCache> cache)
-      : options_(options),
-        tier_(std::move(tier)),
-        spiller_(std::move(spiller)),
-        scores_(std::move(scores)),
-        cache_(std::move(cache)),
-        shared_(std::make_shared<Shared>()),
-        scheduler_(SchedulerOptions{.backend = options.backend,
-                                    .cache = cache_.get(),
-                                    .model_config = options.model_config,
-                                    .max_batch_tokens = options.max_batch_tokens,
-                                    .clock = options_.clock,
-                                    .disk_tier = tier_.get(),
-                                    // Records live only while their blocks are indexed.
-                                    .scores = options.enable_prefix_cache ? scores_.get()
-                                                                          : nullptr}) {
-    limits_.model_config = options.model_config;
-    limits_.max_samples = options.max_samples;
-    limits_.pool_blocks = cache_->num_blocks();
-    limits_.block_size = cache_->block_size();
-    limits_.computes_all_logits = options.backend->computes_all_logits();
-    PublishStats();
-    thread_ = std::thread([this] { Loop(); });
+Engine::Engine(const EngineOptions& options, std::unique_ptr<DiskTier> tier,
+               std::unique_ptr<DiskSpiller> spiller, std::unique_ptr<ScoreStore> scores,
+               std::unique_ptr<KvCache> cache)
+    : options_(options),
+      tier_(std::move(tier)),
+      spiller_(std::move(spiller)),
+      scores_(std::move(scores)),
+      cache_(std::move(cache)),
+      shared_(std::make_shared<Shared>()),
+      scheduler_(std::make_unique<Scheduler>(SchedulerOptions{.backend = options.backend,
+                                                              .cache = cache_.get(),
+                                                              .model_config = options.model_config,
+                                                              .max_batch_tokens =
+                                                                  options.max_batch_tokens,
+                                                              .clock = options_.clock,
+                                                              .disk_tier = tier_.get(),
+                                                              // Records live only while
+                                                              // their blocks are indexed.
+                                                              .scores = options.enable_prefix_cache
+                                                                            ? scores_.get()
+                                                                            : nullptr})) {
+  limits_.model_config = options.model_config;
+  limits_.max_samples = options.max_samples;
+  limits_.pool_blocks = cache_->num_blocks();
+  limits_.block_size = cache_->block_size();
+  limits_.computes_all_logits = options.backend->computes_all_logits();
+  PublishStats();
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Engine::~Engine() { Shutdown(absl::ZeroDuration()); }
+
+absl::StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest request) {
+  if (absl::Status valid = ValidateEngineRequest(request, limits_); !valid.ok()) return valid;
+  auto state = std::make_unique<RequestState>();
+  state->root = CacheRootKey(options_.manifest_sha256, request.cache_namespace);
+  state->usage.prompt_tokens = static_cast<uint32_t>(request.prompt.size());
+  state->request = std::move(request);
+  std::shared_ptr<Shared> shared = shared_;
+  auto stream = std::make_shared<RequestStream>([shared] {
+    absl::MutexLock lock(&shared->mu);
+    shared->wake = true;
+  });
+  state->stream = stream;
+  absl::MutexLock lock(&shared_->mu);
+  if (shared_->draining) {
+    return absl::UnavailableError("server is shutting down: not accepting new requests");
   }
+  if (!shared_->fatal.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "the backend failed and this server is restarting: ", shared_->fatal.message()));
+  }
+  const int64_t queued =
+      static_cast<int64_t>(shared_->incoming.size()) + shared_->scheduler_waiting.load();
+  if (queued >= options_.max_queue) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "request queue is full (%d requests waiting): retry later", options_.max_queue));
+  }
+  state->submit_time = options_.clock();
+  shared_->incoming.push_back(std::move(state));
+  return stream;
+}
 
-  ~EngineImpl() override { Shutdown(absl::ZeroDuration()); }
+void Engine::BeginShutdown(absl::Duration grace) {
+  absl::MutexLock lock(&shared_->mu);
+  const absl::Time deadline = absl::Now() + grace;
+  if (!shared_->draining || deadline < shared_->drain_deadline) {
+    shared_->drain_deadline = deadline;
+  }
+  shared_->draining = true;
+}
 
-  absl::StatusOr<std::shared_ptr<RequestStream>> Submit(EngineRequest request) override {
-    if (absl::Status valid = ValidateEngineRequest(request, limits_); !valid.ok()) return valid;
-    auto state = std::make_unique<RequestState>();
-    state->root = CacheRootKey(options_.manifest_sha256, request.cache_namespace);
-    state->usage.prompt_tokens = static_cast<uint32_t>(request.prompt.size());
-    state->request = std::move(request);
-    std::shared_ptr<Shared> shared = shared_;
-    auto stream = std::make_shared<RequestStreamImpl>([shared] {
-      absl::MutexLock lock(&shared->mu);
-      shared->wake = true;
-    });
-    state->stream = stream;
+void Engine::Shutdown(absl::Duration grace) {
+  BeginShutdown(grace);
+  absl::MutexLock lock(&join_mu_);
+  if (thread_.joinable()) thread_.join();
+}
+
+EngineStats Engine::Stats() const {
+  absl::MutexLock lock(&stats_mu_);
+  return stats_;
+}
+
+Engine::Latencies Engine::DrainLatencies() {
+  absl::MutexLock lock(&stats_mu_);
+  Latencies out = std::move(latencies_);
+  latencies_ = Latencies();
+  return out;
+}
+
+void Engine::RunBetweenSteps(std::function<void()> task) {
+  absl::Notification done;
+  bool posted = false;
+  {
     absl::MutexLock lock(&shared_->mu);
-    if (shared_->draining) {
-      return absl::UnavailableError("server is shutting down: not accepting new requests");
+    if (!shared_->stopped) {
+      // Loop() runs every task it is given, including those left when it stops.
+      shared_->tasks.push_back([&] {
+        task();
+        done.Notify();
+      });
+      posted = true;
     }
-    if (!shared_->fatal.ok()) {
-      return absl::UnavailableError(absl::StrCat(
-          "the backend failed and this server is restarting: ", shared_->fatal.message()));
-    }
-    const int64_t queued =
-        static_cast<int64_t>(shared_->incoming.size()) + shared_->scheduler_waiting.load();
-    if (queued >= options_.max_queue) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "request queue is full (%d requests waiting): retry later", options_.max_queue));
-    }
-    state->submit_time = options_.clock();
-    shared_->incoming.push_back(std::move(state));
-    return std::shared_ptr<RequestStream>(std::move(stream));
   }
-
-  void BeginShutdown(absl::Duration grace) override {
-    absl::MutexLock lock(&shared_->mu);
-    const absl::Time deadline = absl::Now() + grace;
-    if (!shared_->draining || deadline < shared_->drain_deadline) {
-      shared_->drain_deadline = deadline;
-    }
-    shared_->draining = true;
+  if (!posted) {
+    task();  // the engine thread is gone: this thread is the only user of its state
+    return;
   }
+  done.WaitForNotification();
+}
 
-  void Shutdown(absl::Duration grace) override {
-    BeginShutdown(grace);
-    absl::MutexLock lock(&join_mu_);
-    if (thread_.joinable()) thread_.join();
-  }
-
-  EngineStats Stats() const override {
-    absl::MutexLock lock(&stats_mu_);
-    return stats_;
-  }
-
-  Latencies DrainLatencies() override {
-    absl::MutexLock lock(&stats_mu_);
-    Latencies out = std::move(latencies_);
-    latencies_ = Latencies();
-    return out;
-  }
-
-  DiskTier* disk_tier() { return tier_.get(); }
-
-  void RunWithKvCache(std::function<void(const KvCache&)> fn) {
-    absl::Notification done;
-    bool posted = false;
-    {
-      absl::MutexLock lock(&shared_->mu);
-      if (!shared_->stopped) {
-        // Loop() runs every task it is given, including those left when it stops.
-        shared_->tasks.push_back([&] {
-          fn(*cache_);
-          done.Notify();
-        });
-        posted = true;
-      }
-    }
-    if (!posted) {
-      fn(*cache_);  // the engine thread is gone: this thread is the cache's only user
-      return;
-    }
-    done.WaitForNotification();
-  }
-
- private:
-  void Loop() {
-    bool stalled = false;  // the last step found nothing it could run
-    while (true) {
-      std::vector<std::unique_ptr<RequestState>> incoming;
-      std::vector<std::function<void()>> tasks;
-      bool draining;
-      absl::Time deadline;
-      {
-        absl::MutexLock lock(&shared_->mu);
-        // Only Shared's fields in the condition: absl may evaluate it on other threads.
-        Shared* s = shared_.get();
-        auto ready = [s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
-          return !s->incoming.empty() || !s->tasks.empty() || s->wake || s->draining;
-        };
-        if (scheduler_.idle()) {
-          shared_->mu.Await(absl::Condition(&ready));
-        } else if (stalled) {
-          // Requests wait but none can run: only news (a request, a cancel, shutdown) can
-          // change that, so wait for it instead of spinning. The timeout is a safety net.
-          shared_->mu.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(10));
-        }
-        incoming.swap(shared_->incoming);
-        tasks.swap(shared_->tasks);
-        shared_->wake = false;
-        draining = shared_->draining;
-        deadline = shared_->drain_deadline;
-      }
-      for (auto& r : incoming) scheduler_.Enqueue(std::move(r));
-      for (auto& t : tasks) t();
-      scheduler_.HandleCancellations();
-      if (draining && (scheduler_.idle() || absl::Now() >= deadline)) {
-        scheduler_.EndAll(absl::UnavailableError("server is shutting down"));
-        PublishStats();
-        scheduler_.FlushEvents();
-        SpillAtShutdown(deadline);
-        PublishStats();
-        break;
-      }
-      stalled = !scheduler_.Step();
-      const bool newly_fatal = !scheduler_.fatal_error().ok() && !fatal_reported_;
-      if (!scheduler_.fatal_error().ok()) {
-        // The device is unusable from now on: nothing queued or running can complete.
-        if (newly_fatal) {
-          absl::MutexLock lock(&shared_->mu);
-          shared_->fatal = scheduler_.fatal_error();
-        }
-        scheduler_.EndAll(absl::InternalError(
-            absl::StrCat("backend failure: ", scheduler_.fatal_error().message())));
-      }
-      PublishStats();
-      scheduler_.FlushEvents();
-      if (newly_fatal) {
-        fatal_reported_ = true;
-        if (options_.on_fatal_error) options_.on_fatal_error(scheduler_.fatal_error());
-      }
-    }
+void Engine::Loop() {
+  bool stalled = false;  // the last step found nothing it could run
+  while (true) {
+    std::vector<std::unique_ptr<RequestState>> incoming;
     std::vector<std::function<void()>> tasks;
+    bool draining;
+    absl::Time deadline;
     {
       absl::MutexLock lock(&shared_->mu);
-      shared_->stopped = true;
-      tasks.swap(shared_->tasks);
-    }
-    for (auto& t : tasks) t();
-  }
-
-  // Writes the blocks still cached in the pool to the disk tier, within what is left of the
-  // grace and at most kDiskTierShutdownSpill: evicting them all runs the spill hook on each
-  // (least recently used first), which now waits for room in the write queue.
-  void SpillAtShutdown(absl::Time grace_deadline) {
-    if (tier_ == nullptr) return;
-    const absl::Time end = std::min(grace_deadline, absl::Now() + kDiskTierShutdownSpill);
-    if (absl::Now() >= end) return;
-    spiller_->set_wait_until(end);
-    cache_->Evict(cache_->num_blocks());
-    tier_->Flush(end);
-  }
-
-  void PublishStats() {
-    EngineStats now{.cache = cache_->Stats(), .scheduler = scheduler_.counters()};
-    shared_->scheduler_waiting.store(static_cast<int64_t>(now.scheduler.waiting_requests));
-    absl::MutexLock lock(&stats_mu_);
-    stats_ = now;
-    if (tier_ != nullptr) stats_.disk = tier_->Stats();
-    scheduler_.DrainLatencies(&latencies_.ttft, &latencies_.tpot, &latencies_.disk_load);
-    for (std::vector<double>* v : {&latencies_.ttft, &latencies_.tpot, &latencies_.disk_load}) {
-      if (v->size() > kMaxPendingLatencies) {
-        v->erase(v->begin(), v->end() - kMaxPendingLatencies / 2);  // keep the latest half
+      // Only Shared's fields in the condition: absl may evaluate it on other threads.
+      Shared* s = shared_.get();
+      auto ready = [s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
+        return !s->incoming.empty() || !s->tasks.empty() || s->wake || s->draining;
+      };
+      if (scheduler_->idle()) {
+        shared_->mu.Await(absl::Condition(&ready));
+      } else if (stalled) {
+        // Requests wait but none can run: only news (a request, a cancel, shutdown) can
+        // change that, so wait for it instead of spinning. The timeout is a safety net.
+        shared_->mu.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(10));
       }
+      incoming.swap(shared_->incoming);
+      tasks.swap(shared_->tasks);
+      shared_->wake = false;
+      draining = shared_->draining;
+      deadline = shared_->drain_deadline;
+    }
+    for (auto& r : incoming) scheduler_->Enqueue(std::move(r));
+    for (auto& t : tasks) t();
+    scheduler_->HandleCancellations();
+    if (draining && (scheduler_->idle() || absl::Now() >= deadline)) {
+      scheduler_->EndAll(absl::UnavailableError("server is shutting down"));
+      PublishStats();
+      scheduler_->FlushEvents();
+      SpillAtShutdown(deadline);
+      PublishStats();
+      break;
+    }
+    stalled = !scheduler_->Step();
+    const bool newly_fatal = !scheduler_->fatal_error().ok() && !fatal_reported_;
+    if (!scheduler_->fatal_error().ok()) {
+      // The device is unusable from now on: nothing queued or running can complete.
+      if (newly_fatal) {
+        absl::MutexLock lock(&shared_->mu);
+        shared_->fatal = scheduler_->fatal_error();
+      }
+      scheduler_->EndAll(absl::InternalError(
+          absl::StrCat("backend failure: ", scheduler_->fatal_error().message())));
+    }
+    PublishStats();
+    scheduler_->FlushEvents();
+    if (newly_fatal) {
+      fatal_reported_ = true;
+      if (options_.on_fatal_error) options_.on_fatal_error(scheduler_->fatal_error());
     }
   }
+  std::vector<std::function<void()>> tasks;
+  {
+    absl::MutexLock lock(&shared_->mu);
+    shared_->stopped = true;
+    tasks.swap(shared_->tasks);
+  }
+  for (auto& t : tasks) t();
+}
 
-  const EngineOptions options_;
-  RequestLimits limits_;
-  // The tier and the spill hook outlive the cache that calls it.
-  std::unique_ptr<DiskTier> tier_;
-  std::unique_ptr<DiskSpiller> spiller_;
-  std::unique_ptr<ScoreStore> scores_;
-  std::unique_ptr<KvCache> cache_;
-  std::shared_ptr<Shared> shared_;
-  Scheduler scheduler_;         // engine thread only
-  bool fatal_reported_ = false;  // engine thread only
-  std::thread thread_;
-  absl::Mutex join_mu_;
-  mutable absl::Mutex stats_mu_;
-  EngineStats stats_ ABSL_GUARDED_BY(stats_mu_);
-  Latencies latencies_ ABSL_GUARDED_BY(stats_mu_);
-};
+// Evicting every cached block runs the spill hook on each (least recently used first), which
+// now waits for room in the write queue.
+void Engine::SpillAtShutdown(absl::Time grace_deadline) {
+  if (tier_ == nullptr) return;
+  const absl::Time end = std::min(grace_deadline, absl::Now() + kDiskTierShutdownSpill);
+  if (absl::Now() >= end) return;
+  spiller_->set_wait_until(end);
+  cache_->Evict(cache_->num_blocks());
+  tier_->Flush(end);
+}
 
-}  // namespace
+void Engine::PublishStats() {
+  EngineStats now{.cache = cache_->Stats(), .scheduler = scheduler_->counters()};
+  shared_->scheduler_waiting.store(static_cast<int64_t>(now.scheduler.waiting_requests));
+  absl::MutexLock lock(&stats_mu_);
+  stats_ = now;
+  if (tier_ != nullptr) stats_.disk = tier_->Stats();
+  scheduler_->DrainLatencies(&latencies_.ttft, &latencies_.tpot, &latencies_.disk_load);
+  for (std::vector<double>* v : {&latencies_.ttft, &latencies_.tpot, &latencies_.disk_load}) {
+    if (v->size() > kMaxPendingLatencies) {
+      v->erase(v->begin(), v->end() - kMaxPendingLatencies / 2);  // keep the latest half
+    }
+  }
+}
 
 absl::StatusOr<DiskLayout> EngineDiskLayout(const EngineOptions& options) {
   const ModelConfig& c = options.model_config;
@@ -365,20 +341,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   EngineOptions resolved = options;
   if (!resolved.clock) resolved.clock = [] { return absl::Now(); };
   return std::unique_ptr<Engine>(
-      new EngineImpl(resolved, std::move(tier), std::move(spiller), std::move(scores),
-                     *std::move(cache)));
-}
-
-void RunWithKvCacheForTest(Engine& engine, std::function<void(const KvCache&)> fn) {
-  auto* impl = dynamic_cast<EngineImpl*>(&engine);
-  PREFIXD_CHECK(impl != nullptr);
-  impl->RunWithKvCache(std::move(fn));
-}
-
-bool FlushDiskTierForTest(Engine& engine, absl::Time deadline) {
-  auto* impl = dynamic_cast<EngineImpl*>(&engine);
-  PREFIXD_CHECK(impl != nullptr && impl->disk_tier() != nullptr);
-  return impl->disk_tier()->Flush(deadline);
+      new Engine(resolved, std::move(tier), std::move(spiller), std::move(scores),
+                 *std::move(cache)));
 }
 
 }  // namespace prefixd

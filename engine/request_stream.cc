@@ -6,10 +6,10 @@
 
 namespace prefixd {
 
-RequestStreamImpl::RequestStreamImpl(std::function<void()> wake_engine)
+RequestStream::RequestStream(std::function<void()> wake_engine)
     : wake_engine_(std::move(wake_engine)) {}
 
-bool RequestStreamImpl::Poll(std::vector<RequestEvent>* out) {
+bool RequestStream::Poll(std::vector<RequestEvent>* out) {
   absl::MutexLock lock(&mu_);
   if (events_.empty()) return false;
   for (RequestEvent& e : events_) out->push_back(std::move(e));
@@ -17,7 +17,7 @@ bool RequestStreamImpl::Poll(std::vector<RequestEvent>* out) {
   return true;
 }
 
-bool RequestStreamImpl::Wait(RequestEvent* out, absl::Time deadline) {
+bool RequestStream::Wait(RequestEvent* out, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !events_.empty(); };
   if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) return false;
@@ -26,7 +26,7 @@ bool RequestStreamImpl::Wait(RequestEvent* out, absl::Time deadline) {
   return true;
 }
 
-void RequestStreamImpl::SetNotify(std::function<void()> notify) {
+void RequestStream::SetNotify(std::function<void()> notify) {
   bool fire;
   std::function<void()> copy;
   {
@@ -38,12 +38,12 @@ void RequestStreamImpl::SetNotify(std::function<void()> notify) {
   if (fire) copy();
 }
 
-void RequestStreamImpl::Cancel() {
+void RequestStream::Cancel() {
   if (cancelled_.exchange(true, std::memory_order_acq_rel)) return;
   if (wake_engine_) wake_engine_();
 }
 
-void RequestStreamImpl::StopSample(uint32_t sample_index) {
+void RequestStream::StopSample(uint32_t sample_index) {
   {
     absl::MutexLock lock(&mu_);
     sample_stops_.push_back(sample_index);
@@ -52,14 +52,14 @@ void RequestStreamImpl::StopSample(uint32_t sample_index) {
   if (wake_engine_) wake_engine_();
 }
 
-std::vector<uint32_t> RequestStreamImpl::TakeSampleStops() {
+std::vector<uint32_t> RequestStream::TakeSampleStops() {
   if (!has_sample_stops_.load(std::memory_order_acquire)) return {};
   absl::MutexLock lock(&mu_);
   has_sample_stops_.store(false, std::memory_order_relaxed);
   return std::exchange(sample_stops_, {});
 }
 
-void RequestStreamImpl::Push(std::vector<RequestEvent> events) {
+void RequestStream::Push(std::vector<RequestEvent> events) {
   if (events.empty()) return;
   std::function<void()> notify;
   {
@@ -74,11 +74,6 @@ void RequestStreamImpl::Push(std::vector<RequestEvent> events) {
   }
   // Outside the lock: the callback may Poll() this stream.
   if (notify) notify();
-}
-
-bool RequestStreamImpl::done() const {
-  absl::MutexLock lock(&mu_);
-  return done_;
 }
 
 }  // namespace prefixd

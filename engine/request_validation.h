@@ -12,7 +12,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
-#include "engine/engine.h"
+#include "engine/request.h"
 #include "engine/model_config.h"
 
 namespace prefixd {

@@ -23,7 +23,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/types/span.h"
-#include "engine/engine.h"
+#include "engine/request.h"
 
 namespace prefixd {
 

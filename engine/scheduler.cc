@@ -6,17 +6,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/check.h"
-#include "cache/block_key.h"
 #include "engine/sampler.h"
 #include "engine/score_store.h"
 
 namespace prefixd {
 namespace {
 
-template <typename T>
-int32_t Size(const std::vector<T>& v) {
-  return static_cast<int32_t>(v.size());
-}
+// Tokens of a sequence: prompt + emitted.
+int32_t Len(const Sequence& seq) { return static_cast<int32_t>(seq.chain->size()); }
 
 }  // namespace
 
@@ -45,7 +42,10 @@ void Scheduler::Enqueue(std::unique_ptr<RequestState> request) {
   auto seq = std::make_unique<Sequence>();
   seq->request = request.get();
   seq->pre_fork = request->request.num_samples > 1;
-  seq->tokens = request->request.prompt;
+  // Hashed once here: every admission attempt, the disk tier's match and the pool's index
+  // read these keys.
+  seq->chain = std::make_shared<TokenChain>(request->root, cache_->block_size(),
+                                            request->request.prompt);
   waiting_.push_back(seq.get());
   request->sequences.push_back(std::move(seq));
   requests_.push_back(std::move(request));
@@ -108,13 +108,13 @@ bool Scheduler::Step() {
   // 1 + 2: decodes always run; prefill chunks share what they leave of the budget.
   int32_t decodes = 0;
   for (Sequence* seq : running_) {
-    if (Size(seq->tokens) - cache_->NumComputed(seq->cache_seq) == 1) ++decodes;
+    if (Len(*seq) - cache_->NumComputed(seq->cache_seq) == 1) ++decodes;
   }
   int32_t budget = std::max(0, options_.max_batch_tokens - decodes);
   for (size_t i = 0; i < running_.size(); ++i) {
     Sequence* seq = running_[i];
     const int32_t computed = cache_->NumComputed(seq->cache_seq);
-    const int32_t uncomputed = Size(seq->tokens) - computed;
+    const int32_t uncomputed = Len(*seq) - computed;
     PREFIXD_CHECK(uncomputed >= 1);
     const int32_t count = uncomputed == 1 ? 1 : std::min(uncomputed, budget);
     if (count == 0) continue;
@@ -157,11 +157,11 @@ bool Scheduler::Step() {
   steps.reserve(batch.size());
   for (const Scheduled& s : batch) {
     SequenceStep step;
-    step.token_ids = absl::MakeConstSpan(s.seq->tokens).subspan(s.start, s.count);
+    step.token_ids = s.seq->chain->tokens().subspan(s.start, s.count);
     step.start_pos = s.start;
     step.block_table = cache_->BlockTable(s.seq->cache_seq);
     step.want_all_logits = s.all_logits;
-    step.want_logits = !s.all_logits && s.start + s.count == Size(s.seq->tokens);
+    step.want_logits = !s.all_logits && s.start + s.count == Len(*s.seq);
     steps.push_back(step);
   }
   logits_.clear();
@@ -178,7 +178,7 @@ bool Scheduler::Step() {
   for (const Scheduled& s : batch) {
     cache_->MarkComputed(s.seq->cache_seq, s.start + s.count);
     if (!s.decode) counters_.prefill_tokens += s.count;
-    const bool ends = s.start + s.count == Size(s.seq->tokens);
+    const bool ends = s.start + s.count == Len(*s.seq);
     const size_t rows = s.all_logits ? static_cast<size_t>(s.count) : ends ? 1 : 0;
     PREFIXD_CHECK((row + rows) * vocab <= logits_.size());
     if (s.all_logits) {
@@ -204,15 +204,14 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
     Sequence* seq = *it;
     RequestState* r = seq->request;
     AdmissionRequest ar;
-    ar.root = r->root;
-    ar.prompt = seq->tokens;
-    ar.reserve_tokens = Size(seq->tokens);  // the whole prompt: chunks never need blocks
+    ar.chain = seq->chain;
+    ar.reserve_tokens = Len(*seq);  // the whole prompt: chunks never need blocks
     ar.readmission = r->admitted_once;
     const bool scoring = Scoring(seq);
     if (scoring) {
       // Only blocks with score records, less the last one's last row: its logits score the
       // first position after them, so it is recomputed (into a copy of the block).
-      const int32_t scored_blocks = ScoredPrefixBlocks(r);
+      const int32_t scored_blocks = ScoredPrefixBlocks(seq);
       ar.max_cached_tokens = scored_blocks > 0 ? scored_blocks * bs - 1 : 0;
     }
     absl::StatusOr<AdmissionPlan> plan = cache_->PlanAdmission(ar);
@@ -222,14 +221,14 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
       ++it;
       continue;
     }
-    std::vector<Digest> disk_keys;
+    int32_t disk_blocks = 0;
     const int32_t pool_blocks = plan.ok() ? plan->matched_tokens / bs : 0;
     // Disk blocks carry no score records: a scoring request computes past the pool's.
     if (plan.ok() && options_.disk_tier != nullptr && !scoring) {
-      disk_keys = DiskMatch(seq, pool_blocks);
+      disk_blocks = DiskMatch(seq, pool_blocks);
       // The loads fill whole blocks after the pool's whole blocks: no partial copy into the
       // first of them.
-      if (!disk_keys.empty() && plan->matched_tokens % bs != 0) {
+      if (disk_blocks > 0 && plan->matched_tokens % bs != 0) {
         ar.whole_blocks_only = true;
         plan = cache_->PlanAdmission(ar);
       }
@@ -255,35 +254,29 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
     seq->admit_order = next_admit_order_++;
     seq->decoding = false;
     int32_t start = admission.num_cached;
-    if (!disk_keys.empty()) {
+    if (disk_blocks > 0) {
       PREFIXD_CHECK(admission.num_cached == pool_blocks * bs);
       // Assumes every load succeeds; RunDiskLoads moves the start back if one does not.
-      start = std::min((pool_blocks + Size(disk_keys)) * bs, Size(seq->tokens) - 1);
-      pending_loads_.push_back(
-          DiskLoad{seq, pool_blocks, std::move(disk_keys), !r->admitted_once});
+      start = std::min((pool_blocks + disk_blocks) * bs, Len(*seq) - 1);
+      pending_loads_.push_back(DiskLoad{seq, pool_blocks, disk_blocks, !r->admitted_once});
     }
-    if (scoring) TakeScores(r, admission.num_cached);
+    if (scoring) TakeScores(seq, admission.num_cached);
     if (!r->admitted_once) {
       r->admitted_once = true;
       r->usage.cached_prompt_tokens = static_cast<uint32_t>(admission.num_cached);
     }
     it = waiting_.erase(it);
     running_.push_back(seq);  // the newest: running_ stays sorted
-    const int32_t count = std::min(Size(seq->tokens) - start, *budget);
+    const int32_t count = std::min(Len(*seq) - start, *budget);
     *budget -= count;
     batch->push_back({seq, start, count, false});
   }
 }
 
-std::vector<Digest> Scheduler::DiskMatch(Sequence* seq, int32_t pool_blocks) {
-  const int32_t bs = cache_->block_size();
-  const int32_t full = Size(seq->tokens) / bs;
-  if (pool_blocks >= full) return {};
-  Digest parent = seq->request->root;
-  const absl::Span<const uint32_t> tokens = seq->tokens;
-  for (int32_t i = 0; i < pool_blocks; ++i) parent = ChainKey(parent, tokens.subspan(i * bs, bs));
-  return options_.disk_tier->MatchFrom(
-      parent, tokens.subspan(pool_blocks * bs, static_cast<size_t>(full - pool_blocks) * bs));
+int32_t Scheduler::DiskMatch(const Sequence* seq, int32_t pool_blocks) const {
+  const absl::Span<const Digest> keys = seq->chain->keys();
+  if (pool_blocks >= static_cast<int32_t>(keys.size())) return 0;
+  return static_cast<int32_t>(options_.disk_tier->MatchFrom(keys.subspan(pool_blocks)));
 }
 
 absl::Status Scheduler::RunDiskLoads(absl::Span<Scheduled> batch) {
@@ -291,7 +284,9 @@ absl::Status Scheduler::RunDiskLoads(absl::Span<Scheduled> batch) {
   std::vector<DiskLoad> loads;
   loads.swap(pending_loads_);
   load_buffer_.resize(static_cast<size_t>(backend_->KvBlockBytes()));
-  for (const DiskLoad& load : loads) options_.disk_tier->Prefetch(load.keys);
+  for (const DiskLoad& load : loads) {
+    options_.disk_tier->Prefetch(load.seq->chain->keys().subspan(load.first_block, load.count));
+  }
   for (DiskLoad& load : loads) {
     Sequence* seq = load.seq;
     auto entry = std::find_if(batch.begin(), batch.end(),
@@ -299,23 +294,20 @@ absl::Status Scheduler::RunDiskLoads(absl::Span<Scheduled> batch) {
     PREFIXD_CHECK(entry != batch.end());
     const absl::Span<const int32_t> table = cache_->BlockTable(seq->cache_seq);
     int32_t loaded = 0;
-    for (const Digest& key : load.keys) {
+    for (; loaded < load.count; ++loaded) {
       const int32_t b = load.first_block + loaded;
       const absl::Time t0 = absl::Now();
       const BlockExpectation expect{
-          .root = seq->request->root,
-          .key = key,
-          .tokens = absl::MakeConstSpan(seq->tokens).subspan(static_cast<size_t>(b) * bs, bs)};
+          .root = seq->chain->root(), .key = seq->chain->keys()[b], .tokens = seq->chain->block(b)};
       // Absent (deleted for the cap since the match) or corrupt: compute from here on.
       if (!options_.disk_tier->Load(expect, absl::MakeSpan(load_buffer_)).ok()) break;
       if (absl::Status w = backend_->WriteKvBlock(table[b], load_buffer_); !w.ok()) return w;
       disk_load_.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
-      ++loaded;
     }
     const int32_t pool_cached = load.first_block * bs;
     const int32_t cached =
         loaded == 0 ? pool_cached
-                    : std::min((load.first_block + loaded) * bs, Size(seq->tokens) - 1);
+                    : std::min((load.first_block + loaded) * bs, Len(*seq) - 1);
     if (cached > pool_cached) cache_->MarkComputed(seq->cache_seq, cached);
     if (load.first_admission) {
       seq->request->usage.cached_prompt_tokens += static_cast<uint32_t>(cached - pool_cached);
@@ -383,14 +375,16 @@ void Scheduler::SampleAndEmit(Sequence* seq, absl::Span<const float> logits, abs
   if (seq->pre_fork) {
     // The prompt is computed once; each sample continues from a copy-on-write fork.
     seq->pre_fork = false;
-    const std::vector<SequenceId> children =
-        cache_->Fork(seq->cache_seq, static_cast<int32_t>(req.num_samples) - 1);
+    // Each sample's chain starts as a copy of the prompt's, keys included.
+    std::vector<std::shared_ptr<TokenChain>> chains(req.num_samples - 1);
+    for (auto& c : chains) c = std::make_shared<TokenChain>(*seq->chain);
+    const std::vector<SequenceId> children = cache_->Fork(seq->cache_seq, chains);
     for (size_t i = 0; i < children.size(); ++i) {
       auto child = std::make_unique<Sequence>();
       child->request = r;
       child->sample_index = static_cast<uint32_t>(i + 1);
       child->state = Sequence::State::kRunning;
-      child->tokens = seq->tokens;
+      child->chain = chains[i];
       child->generated_counts = seq->generated_counts;
       child->cache_seq = children[i];
       child->admit_order = seq->admit_order;
@@ -402,7 +396,7 @@ void Scheduler::SampleAndEmit(Sequence* seq, absl::Span<const float> logits, abs
   for (Sequence* s : samples) {
     const SampleKey key{.seed = req.sampling.seed,
                         .sample_index = s->sample_index,
-                        .position = static_cast<uint32_t>(s->tokens.size())};
+                        .position = static_cast<uint32_t>(s->chain->size())};
     const SampleHistory history{.prompt_tokens = &r->prompt_token_set,
                                 .generated_counts = &s->generated_counts};
     SampledToken t = SampleToken(logits, req.sampling, key, req.top_logprobs, history);
@@ -435,8 +429,7 @@ void Scheduler::SampleAndEmit(Sequence* seq, absl::Span<const float> logits, abs
       FinishSequence(s, FinishReason::kLength);
       continue;
     }
-    cache_->AppendTokens(s->cache_seq, {id});
-    s->tokens.push_back(id);
+    cache_->AppendTokens(s->cache_seq, {id});  // onto s->chain: the one list of its tokens
     s->decoding = true;
   }
 }
@@ -446,31 +439,23 @@ bool Scheduler::Scoring(const Sequence* seq) const {
   return r->request.prompt_logprobs.has_value() && !r->prompt_sent;
 }
 
-int32_t Scheduler::ScoredPrefixBlocks(RequestState* r) {
-  const int32_t bs = cache_->block_size();
-  const std::vector<uint32_t>& prompt = r->request.prompt;
-  const int32_t full = Size(prompt) / bs;
-  if (static_cast<int32_t>(r->block_keys.size()) < full) {
-    r->block_keys.clear();
-    Digest parent = r->root;
-    for (int32_t b = 0; b < full; ++b) {
-      parent = ChainKey(parent, absl::MakeConstSpan(prompt).subspan(static_cast<size_t>(b) * bs, bs));
-      r->block_keys.push_back(parent);
-    }
-  }
+int32_t Scheduler::ScoredPrefixBlocks(const Sequence* seq) const {
   if (options_.scores == nullptr) return 0;
+  // While it scores, the sequence holds the prompt alone: its chain's keys are the prompt's.
+  const absl::Span<const Digest> keys = seq->chain->keys();
   int32_t m = 0;
-  while (m < full && options_.scores->Find(r->block_keys[m]) != nullptr) ++m;
+  while (m < static_cast<int32_t>(keys.size()) && options_.scores->Find(keys[m]) != nullptr) ++m;
   return m;
 }
 
-void Scheduler::TakeScores(RequestState* r, int32_t num_cached) {
+void Scheduler::TakeScores(const Sequence* seq, int32_t num_cached) {
+  RequestState* r = seq->request;
   // Entries 1..num_cached are scored by rows the request does not compute: they come from
   // the records of their blocks (each present: the admission took only scored blocks).
   const int32_t bs = cache_->block_size();
   for (int32_t p = 1; p <= num_cached; ++p) {
     if (r->scored[p]) continue;
-    const BlockScores* record = options_.scores->Find(r->block_keys[p / bs]);
+    const BlockScores* record = options_.scores->Find(seq->chain->keys()[p / bs]);
     PREFIXD_CHECK(record != nullptr);
     const PromptToken& entry = record->positions[p % bs];
     PREFIXD_CHECK(entry.token_id == r->request.prompt[p] && entry.has_logprob);
@@ -488,7 +473,7 @@ void Scheduler::ScoreRows(const Scheduled& s, absl::Span<const float> rows) {
   // Row q's logits score position q + 1.
   for (int32_t i = 0; i < s.count; ++i) {
     const int32_t p = s.start + i + 1;
-    if (p >= Size(prompt)) break;
+    if (p >= static_cast<int32_t>(prompt.size())) break;
     const SampledToken t =
         ScoreToken(rows.subspan(static_cast<size_t>(i) * vocab, vocab), prompt[p], kScoreTopK);
     r->prompt_scores[p] = {.token_id = prompt[p], .has_logprob = true,
@@ -499,15 +484,16 @@ void Scheduler::ScoreRows(const Scheduled& s, absl::Span<const float> rows) {
   // Record every block now full, indexed (MarkComputed ran) and scored at each position.
   const int32_t bs = cache_->block_size();
   const int32_t computed = s.start + s.count;
+  const absl::Span<const Digest> keys = s.seq->chain->keys();
   while ((r->recorded_blocks + 1) * bs <= computed &&
-         r->recorded_blocks < static_cast<int32_t>(r->block_keys.size())) {
+         r->recorded_blocks < static_cast<int32_t>(keys.size())) {
     const int32_t b = r->recorded_blocks;
     auto record = std::make_shared<BlockScores>();
     for (int32_t j = 0; j < bs; ++j) {
       PREFIXD_CHECK(r->scored[b * bs + j]);
       record->positions.push_back(r->prompt_scores[b * bs + j]);
     }
-    options_.scores->Insert(r->block_keys[b], std::move(record));
+    options_.scores->Insert(keys[b], std::move(record));
     ++r->recorded_blocks;
   }
 }

@@ -35,7 +35,7 @@
 #include "cache/disk/disk_tier.h"
 #include "cache/kv_cache.h"
 #include "engine/backend.h"
-#include "engine/engine.h"
+#include "engine/engine_stats.h"
 #include "engine/model_config.h"
 #include "engine/score_store.h"
 #include "engine/sequence.h"
@@ -91,18 +91,18 @@ class Scheduler {
     bool all_logits = false;  // a prompt chunk of a request with prompt_logprobs
   };
 
-  // Blocks an admission found in the disk tier: keys of blocks first_block, first_block + 1,
-  // ... of seq's tokens, to be read into its (fresh) blocks before the step's Forward.
+  // Blocks an admission found in the disk tier: blocks first_block .. first_block + count - 1
+  // of seq's chain, to be read into its (fresh) blocks before the step's Forward.
   struct DiskLoad {
     Sequence* seq;
     int32_t first_block;
-    std::vector<Digest> keys;
+    int32_t count;
     bool first_admission;
   };
 
   void Admit(std::vector<Scheduled>* batch, int32_t* budget);
-  // The disk blocks that continue `seq`'s match after the pool's first `pool_blocks` blocks.
-  std::vector<Digest> DiskMatch(Sequence* seq, int32_t pool_blocks);
+  // How many disk blocks continue `seq`'s match after the pool's first `pool_blocks` blocks.
+  int32_t DiskMatch(const Sequence* seq, int32_t pool_blocks) const;
   // Reads the blocks of pending_loads_ into the pool, marks them computed and moves each
   // batch entry's start past what was loaded. Non-OK only for a backend failure.
   absl::Status RunDiskLoads(absl::Span<Scheduled> batch);
@@ -122,8 +122,8 @@ class Scheduler {
   // scoring the rows of a computed chunk and recording the blocks it completed; the kPrompt
   // event, and for max_new_tokens = 0 the request's end.
   bool Scoring(const Sequence* seq) const;
-  int32_t ScoredPrefixBlocks(RequestState* r);
-  void TakeScores(RequestState* r, int32_t num_cached);
+  int32_t ScoredPrefixBlocks(const Sequence* seq) const;
+  void TakeScores(const Sequence* seq, int32_t num_cached);
   void ScoreRows(const Scheduled& s, absl::Span<const float> rows);
   void EmitPrompt(Sequence* seq);
   void EndRequest(RequestState* request, const absl::Status& status);

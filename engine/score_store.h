@@ -20,7 +20,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "cache/sha256.h"
-#include "engine/engine.h"
+#include "engine/request.h"
 
 namespace prefixd {
 

@@ -5,9 +5,10 @@
 //   sequence (`pre_fork`) then forks into n (sample indices 0..n-1), never before.
 // - A sequence is in exactly one place: waiting (cache_seq == -1, in the waiting queue),
 //   running (cache_seq is a live KvCache sequence) or finished (released, in neither).
-// - tokens = prompt + emitted tokens of this sample; the cache has computed K/V for all of
-//   them but the last one (the next input) while decoding. generated_counts counts the
-//   emitted ones, tokens[prompt size..], by id.
+// - chain holds prompt + emitted tokens of this sample and their block keys (one list, which
+//   the KvCache grows while the sequence runs: cache/kv_cache.h invariant 6); the cache has
+//   computed K/V for all of them but the last one (the next input) while decoding.
+//   generated_counts counts the emitted ones (chain tokens past the prompt) by id.
 #ifndef PREFIXD_ENGINE_SEQUENCE_H_
 #define PREFIXD_ENGINE_SEQUENCE_H_
 
@@ -20,7 +21,8 @@
 #include "absl/time/time.h"
 #include "cache/kv_cache.h"
 #include "cache/sha256.h"
-#include "engine/engine.h"
+#include "cache/token_chain.h"
+#include "engine/request.h"
 #include "engine/request_stream.h"
 
 namespace prefixd {
@@ -34,10 +36,10 @@ struct Sequence {
   uint32_t sample_index = 0;
   bool pre_fork = false;  // stands for all num_samples samples until its prompt is computed
   State state = State::kWaiting;
-  std::vector<uint32_t> tokens;  // prompt + emitted tokens of this sample
-  uint32_t generated = 0;        // emitted tokens
+  std::shared_ptr<TokenChain> chain;  // prompt + emitted tokens of this sample, and keys
+  uint32_t generated = 0;             // emitted tokens
   // How often this sample has emitted each id (the penalties' history, engine/sampler.h).
-  // Kept across preemption: it describes `tokens`, which a re-admission keeps.
+  // Kept across preemption: it describes the chain, which a re-admission keeps.
   absl::flat_hash_map<uint32_t, uint32_t> generated_counts;
   SequenceId cache_seq = -1;
   // Order of the latest admission; the largest is preempted first. Forks share their
@@ -58,7 +60,7 @@ struct RequestState {
   // The prompt's distinct ids, filled by Scheduler::Enqueue only when repetition_penalty
   // is on (the one penalty that reads the prompt).
   absl::flat_hash_set<uint32_t> prompt_token_set;
-  std::shared_ptr<RequestStreamImpl> stream;
+  std::shared_ptr<RequestStream> stream;
   Digest root;  // CacheRootKey(manifest, namespace)
   absl::Time submit_time;
   bool admitted_once = false;
@@ -68,11 +70,9 @@ struct RequestState {
   Usage usage;
   // Prompt logprobs: one entry per prompt position (kScoreTopK top entries until sent),
   // filled from score records and computed rows; `scored[p]` says whether entry p is.
-  // block_keys: the chain keys of the prompt's full blocks (computed once, at admission).
   // recorded_blocks: leading full blocks whose records are in the store or were taken from it.
   std::vector<PromptToken> prompt_scores;
   std::vector<bool> scored;
-  std::vector<Digest> block_keys;
   int32_t recorded_blocks = 0;
   uint32_t cached_scores = 0;  // entries taken from records
   bool prompt_sent = false;  // the kPrompt event is in the outbox

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "engine/engine.h"
+#include "engine/request.h"
 #include "engine/tokenizer.h"
 
 namespace prefixd {

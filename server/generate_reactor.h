@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "engine/engine.h"
+#include "engine/request_stream.h"
 #include "engine/tokenizer.h"
 #include "server/generate_output.h"
 #include "grpcpp/grpcpp.h"

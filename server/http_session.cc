@@ -160,6 +160,7 @@ class Session : public std::enable_shared_from_this<Session> {
     const std::string method(req.method_string());
     const std::string target(req.target());
     view.method = method;
+    head_ = req.method() == http::verb::head;
     view.target = target;
     if (auto it = req.find(http::field::authorization); it != req.end()) {
       view.authorization = std::string(it->value());
@@ -178,6 +179,9 @@ class Session : public std::enable_shared_from_this<Session> {
     res->keep_alive(keep_alive_);
     res->body() = std::move(body);
     res->prepare_payload();
+    // A response to HEAD has the GET response's headers and no body: a client reads the
+    // next response right after the headers (RFC 9110 9.3.2).
+    if (head_) res->body().clear();
     return res;
   }
 
@@ -312,6 +316,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   unsigned version_ = 11;
   bool keep_alive_ = true;
+  bool head_ = false;  // the request being answered is HEAD
   std::unique_ptr<HttpCompletion> completion_;
   bool headers_sent_ = false;
   bool write_in_flight_ = false;

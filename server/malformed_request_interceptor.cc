@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.h"
+#include "server/metrics.h"
 
 namespace prefixd {
 namespace {

@@ -9,9 +9,11 @@
 #define PREFIXD_SERVER_MALFORMED_REQUEST_INTERCEPTOR_H_
 
 #include "grpcpp/support/server_interceptor.h"
-#include "server/metrics.h"
+#include "server/api.h"
 
 namespace prefixd {
+
+class ServerMetrics;  // server/metrics.h
 
 class MalformedRequestInterceptorFactory
     : public grpc::experimental::ServerInterceptorFactoryInterface {

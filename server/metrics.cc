@@ -192,8 +192,6 @@ prometheus::Counter* ServerMetrics::AddStatsCounter(const std::string& name,
   return c;
 }
 
-const char* ApiName(Api api) { return api == Api::kGrpc ? "grpc" : "http"; }
-
 void ServerMetrics::RecordRequest(Api api, absl::StatusCode code) {
   requests_->Add({{"api", ApiName(api)}, {"code", absl::StatusCodeToString(code)}}).Increment();
 }

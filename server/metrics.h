@@ -16,6 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "engine/backend.h"
 #include "engine/engine.h"
+#include "server/api.h"
 #include "absl/status/status.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
@@ -25,10 +26,6 @@
 #include "prometheus/registry.h"
 
 namespace prefixd {
-
-// The front end a request came through: the `api` label of prefixd_requests_total.
-enum class Api { kGrpc, kHttp };
-const char* ApiName(Api api);  // "grpc" | "http"
 
 struct MetricsSources {
   std::function<EngineStats()> stats;

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "engine/request_validation.h"
 #include "server/cache_namespace.h"
+#include "server/metrics.h"
 
 namespace prefixd {
 namespace {

@@ -24,9 +24,11 @@
 #include "engine/engine.h"
 #include "engine/tokenizer.h"
 #include "server/auth.h"
-#include "server/metrics.h"
+#include "server/api.h"
 
 namespace prefixd {
+
+class ServerMetrics;  // server/metrics.h
 
 // A generate request as every front end hands it over, before any rule is applied.
 struct GenerateCall {

@@ -53,6 +53,46 @@ std::optional<Digest> ParseHexDigest(std::string_view hex) {
   return d;
 }
 
+// Opens `path` for writing, creating it, never through a symlink (ELOOP) and never into a
+// file that is also linked from elsewhere (a hard link planted at a name this tier uses):
+// -EEXIST for anything but a regular file with one link; -errno on other failures.
+int OpenOwnFileForWrite(const std::string& path, int flags) {
+  const int fd = ::open(path.c_str(), flags | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) return -errno;
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
+    ::close(fd);
+    return -EEXIST;
+  }
+  return fd;
+}
+
+// As ssh refuses a loose ~/.ssh: a directory another user may write to, or owns, lets that
+// user plant, replace or delete block files (a block is checked against its key, but a
+// planted link or a swapped file is still a way in). Owned by this user or root, and
+// writable by neither group nor others.
+absl::Status CheckDirectoryOwnership(const std::string& dir) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("cannot stat cache dir %s: %s", dir, ErrnoText(errno)));
+  }
+  const uid_t me = ::geteuid();
+  if (st.st_uid != me && st.st_uid != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cache dir %s is owned by uid %d, not by this user (uid %d) or root: another user "
+        "could replace its block files; chown it or choose another",
+        dir, st.st_uid, me));
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cache dir %s is writable by %s (mode %04o): another user could plant or replace "
+        "its block files; chmod go-w it or choose another",
+        dir, (st.st_mode & S_IWOTH) != 0 ? "everyone" : "its group", st.st_mode & 07777));
+  }
+  return absl::OkStatus();
+}
+
 int64_t MtimeNanos(const struct stat& st) {
   return int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
 }
@@ -73,13 +113,15 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
     return absl::FailedPreconditionError(absl::StrFormat(
         "cannot create cache dir %s: %s; create it or choose another", options.dir, ec.message()));
   }
+  if (absl::Status s = CheckDirectoryOwnership(options.dir); !s.ok()) return s;
   const std::string lock_path = options.dir + "/" + kLockName;
-  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  const int fd = OpenOwnFileForWrite(lock_path, O_RDWR);
   if (fd < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("cache dir %s is not writable (%s: %s); fix its permissions or choose "
-                        "another",
-                        options.dir, lock_path, ErrnoText(errno)));
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "cache dir %s is not writable (%s: %s); fix its permissions or choose another",
+        options.dir, lock_path,
+        fd == -EEXIST || fd == -ELOOP ? "not a regular file of its own (a link?)"
+                                      : ErrnoText(-fd)));
   }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
@@ -203,19 +245,11 @@ void DiskTier::MakeRoomLocked(int64_t incoming) {
   }
 }
 
-std::vector<Digest> DiskTier::MatchFrom(const Digest& parent,
-                                        absl::Span<const uint32_t> tokens) const {
-  std::vector<Digest> keys;
-  const size_t bs = layout_.block_size;
-  Digest prev = parent;
+size_t DiskTier::MatchFrom(absl::Span<const Digest> keys) const {
   absl::MutexLock lock(&mu_);
-  for (size_t i = 0; (i + 1) * bs <= tokens.size(); ++i) {
-    const Digest key = ChainKey(prev, tokens.subspan(i * bs, bs));
-    if (!index_.Contains(key)) break;
-    keys.push_back(key);
-    prev = key;
-  }
-  return keys;
+  size_t n = 0;
+  while (n < keys.size() && index_.Contains(keys[n])) ++n;
+  return n;
 }
 
 bool DiskTier::Contains(const Digest& key) const {
@@ -225,7 +259,7 @@ bool DiskTier::Contains(const Digest& key) const {
 
 void DiskTier::Prefetch(absl::Span<const Digest> keys) const {
   for (const Digest& key : keys) {
-    const int fd = ::open(PathOf(key).c_str(), O_RDONLY | O_CLOEXEC);
+    const int fd = ::open(PathOf(key).c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) continue;
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
     ::close(fd);
@@ -257,7 +291,8 @@ absl::Status DiskTier::Load(const BlockExpectation& expect, absl::Span<uint8_t> 
   }
   std::memcpy(out.data(), data->data(), out.size());
   index_.Touch(expect.key, Now());
-  ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);  // the LRU order survives a restart
+  // The LRU order survives a restart (a symlink swapped in meanwhile: its own times).
+  ::utimensat(AT_FDCWD, path.c_str(), nullptr, AT_SYMLINK_NOFOLLOW);
   ++stats_.loads;
   return absl::OkStatus();
 }

@@ -22,6 +22,11 @@
 // Files of another layout (model manifest, dtype, block size or geometry) are never loaded;
 // they count against the cap and are the first to be deleted. Files other than *.kvb (and the
 // tier's own *.tmp leftovers, deleted at start) are left alone.
+//  4. Nothing outside the directory is touched through it: a symlink is never followed (only
+//     regular files are indexed, read or written; deleting a link removes the link), and a
+//     name that is hard-linked from elsewhere is never written. The directory must belong to
+//     this user (or root) and be writable by no one else, or Open refuses it, as ssh refuses
+//     a loose ~/.ssh.
 #ifndef PREFIXD_CACHE_DISK_DISK_TIER_H_
 #define PREFIXD_CACHE_DISK_DISK_TIER_H_
 
@@ -42,49 +47,20 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "cache/disk/block_file.h"
+#include "cache/disk/disk_tier_options.h"
+#include "cache/disk/disk_tier_stats.h"
 #include "cache/disk/tier_index.h"
-#include "cache/internal/digest_hash.h"
+#include "cache/digest_hash.h"
 
 namespace prefixd {
-
-inline constexpr int64_t kDefaultDiskTierMaxBytes = int64_t{8} << 30;
-
-struct DiskTierOptions {
-  std::string dir;  // created (with its parents) when absent
-  // Cap on the bytes of block files in `dir`. 0: the smaller of 8 GiB and half the free space
-  // of dir's filesystem at Open (cap_bytes() says which).
-  int64_t max_bytes = 0;
-  // Spills waiting for the writer; more are dropped. 64 blocks of full GPT-2 fp32 is ~75 MB.
-  int32_t max_queued_blocks = 64;
-  // LRU time in nanoseconds; default the wall clock (file mtimes order blocks after a restart).
-  std::function<int64_t()> clock;
-  // How the writer thread writes a block file: base/file.h's WriteFileAtomically (0 or an
-  // errno) unless set. The one seam to the file system's write side, as leveldb's Env is, so
-  // that a slow or failing disk can be put under the tier.
-  std::function<int(const std::string& tmp, const std::string& path, std::string_view bytes)>
-      write_file;
-};
-
-struct DiskTierStats {
-  int64_t blocks = 0;         // block files of this layout in the index
-  int64_t bytes = 0;          // bytes of every indexed file, this layout's and foreign ones
-  int64_t foreign_files = 0;  // files of other layouts still on disk
-  int64_t cap_bytes = 0;
-  int64_t queued_blocks = 0;
-  uint64_t spills = 0;          // blocks written to disk
-  uint64_t spills_dropped = 0;  // offered but not written: queue full, write error, shutdown
-  uint64_t write_errors = 0;    // of those, failed writes (disk full, I/O error)
-  uint64_t loads = 0;           // blocks read, verified and handed to the pool
-  uint64_t corrupt_blocks = 0;  // files that failed verification (deleted; recomputed)
-  uint64_t evicted_files = 0;   // files deleted to stay under the cap
-};
 
 class DiskTier {
  public:
   // Creates the directory if needed, takes its lock, rebuilds the index from the *.kvb files
   // (this layout's by name; others as foreign), deletes *.tmp leftovers and enforces the cap.
   // INVALID_ARGUMENT for a bad layout or options; FAILED_PRECONDITION with what to fix when the
-  // directory cannot be created or written, or another process holds its lock.
+  // directory cannot be created or written, is writable by group or others or owned by another
+  // user (invariant 4), or another process holds its lock.
   static absl::StatusOr<std::unique_ptr<DiskTier>> Open(const DiskTierOptions& options,
                                                         const DiskLayout& layout);
   // Stops the writer: a write in progress completes, queued spills are dropped (counted).
@@ -92,10 +68,10 @@ class DiskTier {
   DiskTier(const DiskTier&) = delete;
   DiskTier& operator=(const DiskTier&) = delete;
 
-  // The chain keys of the whole blocks of `tokens` (which follow the block whose key is
-  // `parent`, or start a chain when `parent` is the root) that the tier holds, in order,
-  // stopping at the first one it does not hold.
-  std::vector<Digest> MatchFrom(const Digest& parent, absl::Span<const uint32_t> tokens) const;
+  // How many of `keys` (chain keys of consecutive blocks, as a TokenChain holds them:
+  // cache/token_chain.h) the tier holds, counted from the first to the first it does not hold.
+  // Hashes nothing: the keys are the request's own.
+  size_t MatchFrom(absl::Span<const Digest> keys) const;
   bool Contains(const Digest& key) const;
 
   // Asks the kernel to start reading the files of `keys` (posix_fadvise WILLNEED), so that

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "cache/internal/digest_hash.h"
+#include "cache/digest_hash.h"
 #include "cache/sha256.h"
 
 namespace prefixd {

@@ -682,8 +682,8 @@ absl::Status CudaBackend::CaptureGraph(const PassMeta& meta, cudaGraphExec_t* ex
     // A failed enqueue invalidates the capture: EndCapture's error is the CUDA one to judge.
     failure = ended;
     if (status.ok()) {
-      failure = options_.testing_fail_graph_instantiation ? cudaErrorNotSupported
-                                                          : cudaGraphInstantiate(exec, graph, 0);
+      const bool fault = options_.graph_instantiation_fault && options_.graph_instantiation_fault();
+      failure = fault ? cudaErrorNotSupported : cudaGraphInstantiate(exec, graph, 0);
       if (failure != cudaSuccess) {
         *exec = nullptr;
         status = cuda::CudaErrorStatus(failure, "cudaGraphInstantiate", __FILE__, __LINE__);

@@ -27,6 +27,7 @@
 #define PREFIXD_KERNELS_CUDA_CUDA_BACKEND_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -53,9 +54,10 @@ struct CudaBackendOptions {
   // Activation buffers are sized for this many tokens and logit rows per pass.
   int32_t max_step_tokens = 4096;
   int32_t max_logit_rows = 256;
-  // Tests only: every graph instantiation fails (as cudaErrorNotSupported), so that the eager
-  // fallback runs on a device where instantiation works.
-  bool testing_fail_graph_instantiation = false;
+  // Fault injection: asked before each CUDA graph instantiation; true fails that
+  // instantiation as cudaErrorNotSupported would, so that the eager fallback can be exercised
+  // on a device where instantiation works. Unset: every instantiation is real.
+  std::function<bool()> graph_instantiation_fault;
 };
 
 // OK when `device` exists, the driver is usable and a context and a small allocation can be

@@ -143,6 +143,17 @@ TEST_F(ReadFileTest, AtomicWriteNeverFollowsASymlinkAtEitherName) {
   EXPECT_EQ(Contents(Path("g")), "other");
 }
 
+TEST_F(ReadFileTest, OwnFilesAreReadOnlyWhenRegularAndNotThroughALink) {
+  std::ofstream(Path("f")) << "bytes";
+  fs::create_symlink(Path("f"), Path("link"));
+  ASSERT_EQ(::mkfifo(Path("fifo").c_str(), 0600), 0);
+  std::string out;
+  EXPECT_EQ(ReadFileInto(Path("link"), &out), ELOOP);
+  EXPECT_EQ(ReadFileInto(Path("fifo"), &out), EINVAL);  // not waited on
+  EXPECT_EQ(ReadFileInto(dir_.string(), &out), EINVAL);
+  EXPECT_EQ(Contents(Path("f")), "bytes");
+}
+
 TEST_F(ReadFileTest, AFailedAtomicWriteLeavesTheOldFileAndNoTemporary) {
   ASSERT_EQ(WriteFileAtomically(Path("f.tmp"), Path("f"), "old", 0644), 0);
   // Renaming over a directory fails: the old bytes stay, the temporary goes.

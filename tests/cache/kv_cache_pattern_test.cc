@@ -11,6 +11,8 @@
 
 #include "cache/block_key.h"
 #include "cache/kv_cache.h"
+#include "cache/token_chain.h"
+#include "tests/cache/fork_chains.h"
 #include "gtest/gtest.h"
 
 namespace prefixd {
@@ -118,8 +120,7 @@ class KvCachePatternTest : public ::testing::Test {
 
   SequenceId AdmitAndCompute(const std::vector<uint32_t>& prompt, std::vector<BlockCopy>* copies) {
     AdmissionRequest r;
-    r.root = root_;
-    r.prompt = prompt;
+    r.chain = std::make_shared<TokenChain>(root_, kBlock, prompt);
     r.reserve_tokens = static_cast<int32_t>(prompt.size());
     auto a = cache_->Admit(r);
     EXPECT_TRUE(a.ok()) << a.status();
@@ -158,9 +159,8 @@ TEST_F(KvCachePatternTest, CopyMovesOnlyTheRequestedRows) {
   std::vector<uint32_t> a_tokens = {9, 9, 9, 9, 8, 8, 8, 8};
   cache_->Release(AdmitAndCompute(a_tokens, nullptr));
   AdmissionRequest r;
-  r.root = root_;
   std::vector<uint32_t> prompt = {9, 9, 9, 9, 8, 8, 1};
-  r.prompt = prompt;
+  r.chain = std::make_shared<TokenChain>(root_, kBlock, prompt);
   r.reserve_tokens = 7;
   auto adm = cache_->Admit(r);
   ASSERT_TRUE(adm.ok());
@@ -181,7 +181,7 @@ TEST_F(KvCachePatternTest, CopyMovesOnlyTheRequestedRows) {
 
 TEST_F(KvCachePatternTest, ForkedChildrenDivergeWithoutTouchingEachOther) {
   SequenceId parent = AdmitAndCompute({1, 2, 3, 4, 5, 6}, nullptr);  // 1.5 blocks
-  std::vector<SequenceId> kids = cache_->Fork(parent, 3);
+  std::vector<SequenceId> kids = testing::ForkCopies(*cache_, parent, 3);
   for (int step = 0; step < 7; ++step) {
     for (size_t i = 0; i < kids.size(); ++i) {
       const uint32_t t = static_cast<uint32_t>(100 * (i + 1) + step);
@@ -195,7 +195,7 @@ TEST_F(KvCachePatternTest, ForkedChildrenDivergeWithoutTouchingEachOther) {
     ExpectIndexIntact();
   }
   // Two children that happen to continue identically end up sharing their blocks again.
-  SequenceId twin = cache_->Fork(kids[0], 1)[0];
+  SequenceId twin = testing::ForkCopies(*cache_, kids[0], 1)[0];
   for (SequenceId s : {kids[0], twin}) {
     cache_->AppendTokens(s, {7, 7, 7, 7});
     Compute(s);
@@ -207,7 +207,7 @@ TEST_F(KvCachePatternTest, ForkedChildrenDivergeWithoutTouchingEachOther) {
 
 TEST_F(KvCachePatternTest, TruncateThenRewriteInsideASharedBlock) {
   SequenceId parent = AdmitAndCompute({1, 2, 3, 4, 5, 6, 7, 8}, nullptr);
-  SequenceId kid = cache_->Fork(parent, 1)[0];
+  SequenceId kid = testing::ForkCopies(*cache_, parent, 1)[0];
   cache_->Truncate(kid, 5);
   cache_->AppendTokens(kid, {60, 61, 62});
   Compute(kid);

@@ -23,6 +23,8 @@
 
 #include "cache/block_key.h"
 #include "cache/kv_cache.h"
+#include "cache/token_chain.h"
+#include "tests/cache/fork_chains.h"
 #include "gtest/gtest.h"
 
 namespace prefixd {
@@ -158,11 +160,9 @@ class RandomRun {
   void OpAdmit() {
     if (seqs_.size() >= 8) return OpRelease();
     ModelSeq m;
-    m.root = rng_() % 10 == 0 ? static_cast<int>(rng_() % roots_.size()) : 0;
     // Usually extend a prefix of an earlier prompt, so that hits and partial hits happen.
     if (!history_.empty() && rng_() % 4 != 0) {
       const auto& h = history_[rng_() % history_.size()];
-      m.root = h.first;
       m.tokens.assign(h.second.begin(), h.second.begin() + rng_() % (h.second.size() + 1));
     }
     auto extra = RandomTokens(rng_() % 8 + (m.tokens.empty() ? 1 : 0));
@@ -173,8 +173,7 @@ class RandomRun {
     if (history_.size() > 32) history_.erase(history_.begin());
 
     AdmissionRequest r;
-    r.root = roots_[m.root];
-    r.prompt = m.tokens;
+    r.chain = std::make_shared<TokenChain>(roots_[m.root], cfg_.block_size, m.tokens);
     const int32_t p = static_cast<int32_t>(m.tokens.size());
     r.reserve_tokens = static_cast<int32_t>(rng_() % (p + 1));
     r.reserve_uncached_tokens = static_cast<int32_t>(rng_() % 6);
@@ -268,7 +267,7 @@ class RandomRun {
     if (seqs_.size() >= 8) return OpRelease();
     const SequenceId id = PickSeq();
     const int32_t n = 1 + static_cast<int32_t>(rng_() % 3);
-    for (SequenceId child : cache_->Fork(id, n)) seqs_[child] = seqs_.at(id);
+    for (SequenceId child : testing::ForkCopies(*cache_, id, n)) seqs_[child] = seqs_.at(id);
   }
 
   void OpTruncate() {

@@ -2,6 +2,8 @@
 // eviction order after each step. Block size 4 throughout, so block i of a prompt holds
 // tokens [4i, 4i + 4).
 #include "cache/kv_cache.h"
+#include "cache/token_chain.h"
+#include "tests/cache/fork_chains.h"
 
 #include <numeric>
 #include <vector>
@@ -47,8 +49,7 @@ class KvCacheTest : public ::testing::Test {
   // Admits `prompt` reserving all of it; CHECKs invariants.
   Admission Admit(const std::vector<uint32_t>& prompt, const Digest& root = kRoot) {
     AdmissionRequest r;
-    r.root = root;
-    r.prompt = prompt;
+    r.chain = std::make_shared<TokenChain>(root, cache_->block_size(), prompt);
     r.reserve_tokens = static_cast<int32_t>(prompt.size());
     auto a = cache_->Admit(r);
     EXPECT_TRUE(a.ok()) << a.status();
@@ -165,8 +166,7 @@ TEST_F(KvCacheTest, PartialCopyIsDroppedWhenOnlyItsSourceKeepsTheRequestOut) {
   // 0..3 shared, 4..6 would be copied from block 1; 12 tokens = the whole pool.
   const std::vector<uint32_t> prompt = {0, 1, 2, 3, 4, 5, 6, 60, 61, 62, 63, 64};
   AdmissionRequest r;
-  r.root = kRoot;
-  r.prompt = prompt;
+  r.chain = std::make_shared<TokenChain>(kRoot, cache_->block_size(), prompt);
   r.reserve_tokens = 12;
   absl::StatusOr<AdmissionPlan> plan = cache_->PlanAdmission(r);
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -234,7 +234,7 @@ TEST_F(KvCacheTest, ForkSharesEveryBlockAndCopiesOnFirstWrite) {
   Make(8);
   SequenceId p = Prefill(Iota(6));  // block 0 full + indexed, block 1 holds 2 rows
   EXPECT_THAT(Table(p), ElementsAre(0, 1));
-  std::vector<SequenceId> kids = cache_->Fork(p, 3);
+  std::vector<SequenceId> kids = testing::ForkCopies(*cache_, p, 3);
   cache_->CheckInvariants();
   ASSERT_EQ(kids.size(), 3u);
   EXPECT_EQ(cache_->RefCount(0), 4);
@@ -269,7 +269,7 @@ TEST_F(KvCacheTest, ForkSharesEveryBlockAndCopiesOnFirstWrite) {
 TEST_F(KvCacheTest, MarkComputedIntoSharedBlockWithoutReserveDies) {
   Make(8);
   SequenceId p = Prefill(Iota(6));
-  SequenceId k = cache_->Fork(p, 1)[0];
+  SequenceId k = testing::ForkCopies(*cache_, p, 1)[0];
   cache_->AppendTokens(k, {9});
   EXPECT_DEATH(cache_->MarkComputed(k, 7), "shared block");
 }
@@ -294,14 +294,13 @@ TEST_F(KvCacheTest, EvictionUnderPressureTakesLeastRecentlyUsedLeavesFirst) {
   // room for the one block it needs: the two it reuses cannot).
   cache_->Release(c.seq);
   AdmissionRequest r;
-  r.root = kRoot;
   std::vector<uint32_t> old = Concat(Iota(8), {9});
-  r.prompt = old;
+  r.chain = std::make_shared<TokenChain>(kRoot, cache_->block_size(), old);
   auto plan = cache_->PlanAdmission(r);
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->matched_tokens, 0);
   std::vector<uint32_t> kept = Concat(Iota(8, 100), {9});
-  r.prompt = kept;
+  r.chain = std::make_shared<TokenChain>(kRoot, cache_->block_size(), kept);
   plan = cache_->PlanAdmission(r);
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->matched_tokens, 8);
@@ -366,7 +365,7 @@ TEST_F(KvCacheTest, ManifestChangeInvalidates) {
 TEST_F(KvCacheTest, TruncateInsideSharedBlock) {
   Make(8);
   SequenceId p = Prefill(Iota(8));  // 0, 1 indexed
-  SequenceId k = cache_->Fork(p, 1)[0];
+  SequenceId k = testing::ForkCopies(*cache_, p, 1)[0];
   cache_->Truncate(k, 6);
   cache_->CheckInvariants();
   EXPECT_THAT(Table(k), ElementsAre(0, 1));
@@ -409,9 +408,8 @@ TEST_F(KvCacheTest, ResourceExhaustedLeavesStateIdentical) {
   const std::string before = cache_->DebugState();
 
   AdmissionRequest r;
-  r.root = kRoot;
   std::vector<uint32_t> huge = Iota(17);  // 5 blocks: can never fit
-  r.prompt = huge;
+  r.chain = std::make_shared<TokenChain>(kRoot, cache_->block_size(), huge);
   r.reserve_tokens = 17;
   auto a = cache_->Admit(r);
   EXPECT_EQ(a.status().code(), absl::StatusCode::kResourceExhausted);
@@ -421,7 +419,7 @@ TEST_F(KvCacheTest, ResourceExhaustedLeavesStateIdentical) {
   // Hits blocks 0 and 1 and needs two more; the only candidates are the cached blocks it
   // reuses, which cannot be evicted for it.
   std::vector<uint32_t> longer = Concat(Iota(8), Iota(5, 8));
-  r.prompt = longer;
+  r.chain = std::make_shared<TokenChain>(kRoot, cache_->block_size(), longer);
   r.reserve_tokens = 13;
   a = cache_->Admit(r);
   EXPECT_EQ(a.status().code(), absl::StatusCode::kResourceExhausted);
@@ -447,9 +445,8 @@ TEST_F(KvCacheTest, PlanIsPureAndStalePlansAreRejected) {
   cache_->Release(Prefill(Iota(8)));
   const std::string before = cache_->DebugState();
   AdmissionRequest r;
-  r.root = kRoot;
   std::vector<uint32_t> prompt = Concat(Iota(8), {8, 9});
-  r.prompt = prompt;
+  r.chain = std::make_shared<TokenChain>(kRoot, cache_->block_size(), prompt);
   r.reserve_uncached_tokens = 1;  // the first prefill chunk: one token past the cache
   auto plan = cache_->PlanAdmission(r);
   ASSERT_TRUE(plan.ok());
@@ -467,9 +464,8 @@ TEST_F(KvCacheTest, ReadmissionIsNotCountedAsAQuery) {
   SequenceId a = Prefill(Iota(8));
   cache_->Release(a);  // preempted
   AdmissionRequest r;
-  r.root = kRoot;
   std::vector<uint32_t> prompt = Concat(Iota(8), {8});
-  r.prompt = prompt;
+  r.chain = std::make_shared<TokenChain>(kRoot, cache_->block_size(), prompt);
   r.readmission = true;
   auto adm = cache_->Admit(r);
   ASSERT_TRUE(adm.ok());
@@ -482,9 +478,8 @@ TEST_F(KvCacheTest, BlocksAreIndexedAsSoonAsTheyAreComputed) {
   Make(16);
   // A admits a 12-token prompt with a 4-token first chunk.
   AdmissionRequest r;
-  r.root = kRoot;
   std::vector<uint32_t> prompt = Iota(12);
-  r.prompt = prompt;
+  r.chain = std::make_shared<TokenChain>(kRoot, cache_->block_size(), prompt);
   r.reserve_uncached_tokens = 4;
   auto a = cache_->Admit(r);
   ASSERT_TRUE(a.ok());
@@ -531,9 +526,35 @@ TEST_F(KvCacheTest, NoPrefixCacheModeNeverMatchesOrIndexes) {
   EXPECT_EQ(cache_->Stats().blocks_cached, 0);
   EXPECT_EQ(cache_->Stats().hit_tokens, 0u);
   // Fork and copy-on-write work the same without the index.
-  SequenceId k = cache_->Fork(b, 1)[0];
+  SequenceId k = testing::ForkCopies(*cache_, b, 1)[0];
   EXPECT_THAT(Decode(k, 5), ElementsAre(BlockCopy{4, 5, 1}));
   EXPECT_THAT(Table(k), ElementsAre(2, 3, 5));
+}
+
+
+// Invariant 6: a live sequence's chain changes only through the cache, and backs one sequence.
+TEST_F(KvCacheTest, ASequenceChainChangedOutsideTheCacheOrSharedIsCaught) {
+  Make(8);
+  auto chain = std::make_shared<TokenChain>(kRoot, cache_->block_size(), Iota(5));
+  AdmissionRequest r;
+  r.chain = chain;
+  r.reserve_tokens = 5;
+  absl::StatusOr<Admission> a = cache_->Admit(r);
+  ASSERT_TRUE(a.ok());
+  // The caller reads the one list the cache grows: the sampled token, and the key of the
+  // block it fills, are there without being appended twice.
+  cache_->AppendTokens(a->seq, {5, 6});
+  EXPECT_EQ(chain->size(), 7u);
+  cache_->AppendTokens(a->seq, {7});
+  ASSERT_EQ(chain->keys().size(), 2u);
+  EXPECT_EQ(chain->keys()[1], ChainKey(chain->keys()[0], {4, 5, 6, 7}));
+  EXPECT_EQ(&cache_->Chain(a->seq), chain.get());
+  cache_->CheckInvariants();
+  // A second live sequence on the same chain would grow it behind the first one's back.
+  EXPECT_DEATH(cache_->Admit(r).IgnoreError(), "already backs a live sequence");
+  chain->Append({8});  // outside the cache
+  EXPECT_DEATH(cache_->NumComputed(a->seq), "changed outside the cache");
+  EXPECT_DEATH(cache_->CheckInvariants(), "");
 }
 
 }  // namespace

@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/engine.h"
-#include "engine/engine_testing.h"
+#include "tests/engine/engine_test_peer.h"
 #include "gtest/gtest.h"
 #include "tests/engine/cpu_engine_fixture.h"
 #include "tests/engine/engine_test_util.h"
@@ -116,7 +116,7 @@ void ExpectConcurrencyIsInvisible(Mix mix) {
               static_cast<unsigned long long>(stats.scheduler.preemptions),
               static_cast<unsigned long long>(stats.cache.hit_tokens));
   EXPECT_GT(stats.cache.hit_tokens, 0u);
-  RunWithKvCacheForTest(*busy.engine, [](const KvCache& cache) {
+  EngineTestPeer::RunWithKvCache(*busy.engine, [](const KvCache& cache) {
     cache.CheckInvariants();
     EXPECT_EQ(cache.Stats().blocks_active, 0);
   });

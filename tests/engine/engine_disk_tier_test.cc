@@ -13,7 +13,7 @@
 #include "cache/block_key.h"
 #include "cache/disk/block_file.h"
 #include "engine/engine.h"
-#include "engine/engine_testing.h"
+#include "tests/engine/engine_test_peer.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "tests/cache/disk/disk_test_util.h"
@@ -105,7 +105,7 @@ TEST(EngineDiskTierTest, EvictedBlocksComeBackFromDiskWithTheSameTokens) {
   for (uint32_t seed : {2u, 3u}) {
     ASSERT_TRUE(RunOne(*engine.engine, Request(seed, 200)).status.ok());
   }
-  ASSERT_TRUE(FlushDiskTierForTest(*engine.engine, absl::Now() + kWait));
+  ASSERT_TRUE(EngineTestPeer::FlushDiskTier(*engine.engine, absl::Now() + kWait));
   EngineStats s = engine.engine->Stats();
   EXPECT_GE(s.disk.spills, 7u);
   EXPECT_EQ(s.disk.spills_dropped, 0u);
@@ -259,7 +259,7 @@ TEST(EngineDiskTierTest, HalfPrecisionWeightsSpillAndReloadTheirFp32Blocks) {
     for (uint32_t seed : {12u, 13u}) {
       ASSERT_TRUE(RunOne(*engine.engine, Request(seed, 200)).status.ok());
     }
-    ASSERT_TRUE(FlushDiskTierForTest(*engine.engine, absl::Now() + kWait));
+    ASSERT_TRUE(EngineTestPeer::FlushDiskTier(*engine.engine, absl::Now() + kWait));
     EXPECT_GE(engine.engine->Stats().disk.spills, 7u);
     const RequestResult again = RunOne(*engine.engine, a);
     ASSERT_TRUE(again.status.ok()) << again.status;

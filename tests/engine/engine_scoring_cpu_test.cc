@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/engine.h"
-#include "engine/engine_testing.h"
+#include "tests/engine/engine_test_peer.h"
 #include "engine/sampler.h"
 #include "gtest/gtest.h"
 #include "tests/engine/cpu_engine_fixture.h"
@@ -146,7 +146,7 @@ TEST(EngineScoringCpuTest, CachedScoresEqualColdAndNoPrefixCache) {
     cached_before = cached;
   }
   EXPECT_EQ(off.engine->Stats().scheduler.prompt_logprob_tokens_cached, 0u);
-  RunWithKvCacheForTest(*warm.engine, [](const KvCache& cache) {
+  EngineTestPeer::RunWithKvCache(*warm.engine, [](const KvCache& cache) {
     cache.CheckInvariants();
     EXPECT_EQ(cache.Stats().blocks_active, 0);
   });
@@ -203,7 +203,7 @@ TEST(EngineScoringCpuTest, ConcurrencyAndPreemptionAreInvisible) {
   const EngineStats stats = busy.engine->Stats();
   EXPECT_GT(stats.scheduler.preemptions, 0u);
   EXPECT_GT(stats.scheduler.prompt_logprob_tokens_cached, 0u);
-  RunWithKvCacheForTest(*busy.engine, [](const KvCache& cache) {
+  EngineTestPeer::RunWithKvCache(*busy.engine, [](const KvCache& cache) {
     cache.CheckInvariants();
     EXPECT_EQ(cache.Stats().blocks_active, 0);
   });

@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "engine/engine_testing.h"
+#include "tests/engine/engine_test_peer.h"
 #include "engine/sampler.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -132,7 +132,7 @@ void ExpectMatchesReference(const RequestResult& got, const EngineRequest& r) {
 }
 
 void ExpectPoolQuiet(Engine& engine) {
-  RunWithKvCacheForTest(engine, [](const KvCache& cache) {
+  EngineTestPeer::RunWithKvCache(engine, [](const KvCache& cache) {
     cache.CheckInvariants();
     const KvCacheStats s = cache.Stats();
     EXPECT_EQ(s.blocks_active, 0);

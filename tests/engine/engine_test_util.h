@@ -10,7 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/notification.h"
 #include "engine/engine.h"
-#include "engine/engine_testing.h"
+#include "tests/engine/engine_test_peer.h"
 #include "gtest/gtest.h"
 
 namespace prefixd {
@@ -120,7 +120,7 @@ inline std::vector<std::shared_ptr<RequestStream>> SubmitTogether(
     Engine& engine, const std::vector<EngineRequest>& requests) {
   absl::Notification held, release;
   std::thread holder([&] {
-    RunWithKvCacheForTest(engine, [&](const KvCache&) {
+    EngineTestPeer::RunWithKvCache(engine, [&](const KvCache&) {
       held.Notify();
       release.WaitForNotification();
     });

@@ -332,7 +332,9 @@ TEST(SamplerPenaltyTest, PenaltiesAndBiasMatchTheirDefinitions) {
       ASSERT_EQ(t.token.token_id, from_processed.token.token_id) << "trial " << trial;
       const SampledToken raw_of_chosen = SampleToken(logits, Sampled(0.0f), key, vocab);
       for (const TokenLogprob& e : raw_of_chosen.top) {
-        if (e.token_id == t.token.token_id) EXPECT_EQ(t.token.logprob, e.logprob);
+        if (e.token_id == t.token.token_id) {
+          EXPECT_EQ(t.token.logprob, e.logprob);
+        }
       }
       ASSERT_EQ(t.top.size(), raw.top.size());
       for (size_t i = 0; i < t.top.size(); ++i) {

@@ -43,18 +43,18 @@ class SchedulerTest : public ::testing::Test {
                          .clock = [this] { return absl::UnixEpoch() + absl::Seconds(++ticks_); }});
   }
 
-  std::shared_ptr<RequestStreamImpl> Add(int prompt_len, uint32_t max_new, uint32_t first = 1) {
+  std::shared_ptr<RequestStream> Add(int prompt_len, uint32_t max_new, uint32_t first = 1) {
     std::vector<uint32_t> prompt;
     for (int i = 0; i < prompt_len; ++i) prompt.push_back((first + i) % (kVocab - 1));
     return Add(std::move(prompt), max_new);
   }
-  std::shared_ptr<RequestStreamImpl> Add(std::vector<uint32_t> prompt, uint32_t max_new) {
+  std::shared_ptr<RequestStream> Add(std::vector<uint32_t> prompt, uint32_t max_new) {
     auto r = std::make_unique<RequestState>();
     r->request.prompt = std::move(prompt);
     r->request.max_new_tokens = max_new;
     r->request.ignore_eos = true;
     r->root = CacheRootKey("manifest", "ns");
-    r->stream = std::make_shared<RequestStreamImpl>(nullptr);
+    r->stream = std::make_shared<RequestStream>(nullptr);
     auto stream = r->stream;
     scheduler_->Enqueue(std::move(r));
     return stream;
@@ -74,7 +74,7 @@ class SchedulerTest : public ::testing::Test {
   int64_t ticks_ = 0;
 };
 
-RequestResult Drain(RequestStreamImpl& s) {
+RequestResult Drain(RequestStream& s) {
   RequestResult out;
   std::vector<RequestEvent> events;
   s.Poll(&events);
@@ -153,7 +153,7 @@ TEST_F(SchedulerTest, ForkComputesThePromptOnceAndCopiesTheSharedLastBlockOnWrit
   r->request.ignore_eos = true;
   r->request.sampling = {.temperature = 1.0f, .seed = 9};
   r->root = CacheRootKey("manifest", "ns");
-  r->stream = std::make_shared<RequestStreamImpl>(nullptr);
+  r->stream = std::make_shared<RequestStream>(nullptr);
   auto stream = r->stream;
   scheduler_->Enqueue(std::move(r));
   Step();

@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/engine.h"
-#include "engine/engine_testing.h"
+#include "tests/engine/engine_test_peer.h"
 #include "gtest/gtest.h"
 #include "tests/engine/engine_test_util.h"
 
@@ -120,7 +120,7 @@ inline void RunSoak(Engine& engine, const SoakOptions& o) {
   EXPECT_EQ(stats.scheduler.running_requests, 0u);
   EXPECT_GT(stats.scheduler.preemptions, 0u);
   EXPECT_GT(stats.cache.hit_tokens, 0u);
-  RunWithKvCacheForTest(engine, [](const KvCache& cache) {
+  EngineTestPeer::RunWithKvCache(engine, [](const KvCache& cache) {
     cache.CheckInvariants();
     const KvCacheStats s = cache.Stats();
     EXPECT_EQ(s.blocks_active, 0);

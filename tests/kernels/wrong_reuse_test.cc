@@ -14,6 +14,7 @@
 
 #include "cache/block_key.h"
 #include "cache/kv_cache.h"
+#include "cache/token_chain.h"
 #include "cache/kv_layout.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -85,8 +86,7 @@ class WrongReuseTest : public ::testing::Test {
   static Served Serve(KvCache& cache, Backend& backend, const Digest& root,
                       const std::vector<uint32_t>& prompt) {
     AdmissionRequest r;
-    r.root = root;
-    r.prompt = prompt;
+    r.chain = std::make_shared<TokenChain>(root, kBlockSize, prompt);
     r.reserve_tokens = static_cast<int32_t>(prompt.size());
     absl::StatusOr<Admission> a = cache.Admit(r);
     EXPECT_TRUE(a.ok()) << a.status();
@@ -238,13 +238,14 @@ TEST_F(WrongReuseTest, WeightsChangedByTwoPercentInOneLayer) {
   // Identity: another manifest is another root, so nothing matches, not even token 0; nor
   // does the same model under another tenant.
   AdmissionRequest r;
-  r.root = CacheRootKey(model_->manifest_sha256(), CacheNamespace("tenant-b", ""));
-  r.prompt = prompt_;
+  r.chain = std::make_shared<TokenChain>(
+      CacheRootKey(model_->manifest_sha256(), CacheNamespace("tenant-b", "")), kBlockSize,
+      prompt_);
   r.reserve_tokens = 40;
   absl::StatusOr<AdmissionPlan> other_tenant = cache_->PlanAdmission(r);
   ASSERT_TRUE(other_tenant.ok());
   EXPECT_EQ(other_tenant->matched_tokens, 0);
-  r.root = other_root;
+  r.chain = std::make_shared<TokenChain>(other_root, kBlockSize, prompt_);
   absl::StatusOr<AdmissionPlan> same = cache_->PlanAdmission(r);
   ASSERT_TRUE(same.ok());
   EXPECT_EQ(same->matched_tokens, 32);  // the changed model itself would be served

@@ -289,12 +289,12 @@ TEST_P(CudaBackendTest, GraphEagerAndSplitPassesAgree) {
   }
 }
 
-// Every graph instantiation fails (the testing option): each decode shape's first step runs
+// Every graph instantiation fails (the injected fault): each decode shape's first step runs
 // eagerly, and so do the ones after it; results agree with the eager backend, nothing is
 // fatal, and the fallbacks are counted. A working backend counts none.
 TEST_P(CudaBackendTest, FailedGraphInstantiationFallsBackToEager) {
   CudaBackendOptions o = Options(true);
-  o.testing_fail_graph_instantiation = true;
+  o.graph_instantiation_fault = [] { return true; };
   auto fallback = Create(o);
   auto eager = Cuda(false);
   auto graphs = Cuda(true);

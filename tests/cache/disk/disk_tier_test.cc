@@ -1,21 +1,29 @@
 // DiskTier (cache/disk/disk_tier.h) on a real directory: spill, load, restart, corruption,
 // the cap, the lock, foreign layouts, a full queue, failed writes, and the pool's match
-// continuing into the tier.
+// continuing into the tier; and a hostile or failing directory: symlinks and hard links
+// planted in it, loose permissions, a full and a read-only filesystem (small tmpfs mounts,
+// skipped where the test may not mount).
 #include "cache/disk/disk_tier.h"
 
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "base/file.h"
 #include "cache/block_key.h"
 #include "cache/kv_cache.h"
+#include "cache/token_chain.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/cache/disk/disk_test_util.h"
@@ -97,15 +105,15 @@ TEST_F(DiskTierTest, MatchFromStopsAtTheFirstMissingBlock) {
   SpillAll(*tier, {chain[0], chain[1], chain[3]});  // block 2 missing
   std::vector<uint32_t> tokens;
   for (const BlockRecord& r : chain) tokens.insert(tokens.end(), r.tokens.begin(), r.tokens.end());
-  tokens.push_back(7);  // a partial block is never matched
-  EXPECT_THAT(tier->MatchFrom(testing::TestRoot(), tokens),
-              ::testing::ElementsAre(chain[0].key, chain[1].key));
-  // From block 3's parent on, block 3 is there.
-  EXPECT_THAT(tier->MatchFrom(chain[2].key, absl::MakeConstSpan(tokens).subspan(12)),
-              ::testing::ElementsAre(chain[3].key));
+  tokens.push_back(7);  // a partial block has no key
+  const TokenChain request(testing::TestRoot(), 4, tokens);
+  ASSERT_EQ(request.keys().size(), 4u);
+  EXPECT_EQ(tier->MatchFrom(request.keys()), 2u);  // blocks 0 and 1
+  // From block 3 on, block 3 is there.
+  EXPECT_EQ(tier->MatchFrom(request.keys().subspan(3)), 1u);
   // Another tenant's chain shares no key.
-  const Digest other = CacheRootKey("manifest-1", CacheNamespace("other", ""));
-  EXPECT_TRUE(tier->MatchFrom(other, tokens).empty());
+  const TokenChain other(CacheRootKey("manifest-1", CacheNamespace("other", "")), 4, tokens);
+  EXPECT_EQ(tier->MatchFrom(other.keys()), 0u);
 }
 
 // The pool's longest-prefix match ends where its blocks were evicted; the tier holds them
@@ -133,8 +141,8 @@ TEST_F(DiskTierTest, PoolMatchContinuesIntoTheTier) {
   auto cache = *KvCache::Create(o);
   const Digest root = testing::TestRoot();
   auto prefill = [&](const std::vector<uint32_t>& prompt) {
-    AdmissionRequest r{
-        .root = root, .prompt = prompt, .reserve_tokens = static_cast<int32_t>(prompt.size())};
+    AdmissionRequest r{.chain = std::make_shared<TokenChain>(root, 4, prompt),
+                       .reserve_tokens = static_cast<int32_t>(prompt.size())};
     auto a = cache->Admit(r);
     ASSERT_TRUE(a.ok()) << a.status();
     cache->MarkComputed(a->seq, static_cast<int32_t>(prompt.size()));
@@ -151,14 +159,14 @@ TEST_F(DiskTierTest, PoolMatchContinuesIntoTheTier) {
 
   std::vector<uint32_t> prompt = a;
   prompt.push_back(99);
-  AdmissionRequest r{
-      .root = root, .prompt = prompt, .reserve_tokens = static_cast<int32_t>(prompt.size())};
+  auto chain = std::make_shared<TokenChain>(root, 4, prompt);
+  AdmissionRequest r{.chain = chain, .reserve_tokens = static_cast<int32_t>(prompt.size())};
   auto plan = cache->PlanAdmission(r);
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->matched_tokens, 4);  // a0 only in the pool
-  const Digest a0 = ChainKey(root, absl::MakeConstSpan(a).subspan(0, 4));
-  const std::vector<Digest> more = tier->MatchFrom(a0, absl::MakeConstSpan(prompt).subspan(4, 8));
-  ASSERT_EQ(more.size(), 2u);  // a1 and a2 from disk
+  const absl::Span<const Digest> after_pool = chain->keys().subspan(1);
+  ASSERT_EQ(tier->MatchFrom(after_pool), 2u);  // a1 and a2 from disk
+  const std::vector<Digest> more(after_pool.begin(), after_pool.end());
   EXPECT_EQ(more[0], evicted[1]);
   EXPECT_EQ(more[1], evicted[0]);
   std::vector<uint8_t> data(static_cast<size_t>(layout.data_bytes()));
@@ -330,6 +338,239 @@ TEST_F(DiskTierTest, ABlockLargerThanTheCapIsDropped) {
   EXPECT_EQ(tier->Stats().spills, 0u);
   EXPECT_EQ(tier->Stats().spills_dropped, 1u);
   EXPECT_EQ(tier->Stats().write_errors, 0u);
+}
+
+
+// ---- a hostile or failing directory ----
+
+// A file outside the tier's directory that nothing may change.
+class Precious {
+ public:
+  explicit Precious(const std::string& path) : path_(path) {
+    std::ofstream(path_) << kText;
+  }
+  const std::string& path() const { return path_; }
+  bool Intact() const { return testing::ReadFile(path_) == kText; }
+
+ private:
+  static constexpr char kText[] = "precious: not the disk tier's";
+  std::string path_;
+};
+
+bool IsSymlink(const std::string& path) {
+  return std::filesystem::is_symlink(std::filesystem::symlink_status(path));
+}
+
+TEST_F(DiskTierTest, SymlinksAndHardLinksInTheDirectoryAreNeverWrittenThroughOrFollowed) {
+  ScratchDir outside("outside");
+  const std::vector<BlockRecord> chain = MakeChain(SmallLayout(), 1, 5);
+  std::string path1;
+  {
+    auto probe = Open();
+    ASSERT_NE(probe, nullptr);
+    path1 = probe->PathOf(chain[1].key);
+  }
+  // Planted before start: at the write probe's name, at a leftover's name, and a link with a
+  // block's name to a valid copy of that block outside.
+  Precious probe_victim(outside.path() + "/probe");
+  Precious leftover_victim(outside.path() + "/leftover");
+  const std::string block_copy = outside.path() + "/block.kvb";
+  std::ofstream(block_copy, std::ios::binary) << EncodeBlockFile(SmallLayout(), chain[1]);
+  std::filesystem::create_symlink(probe_victim.path(), dir_.path() + "/probe.w.tmp");
+  std::filesystem::create_symlink(leftover_victim.path(), dir_.path() + "/stale.tmp");
+  std::filesystem::create_symlink(block_copy, path1);
+
+  auto tier = Open(/*max_bytes=*/2 * SmallLayout().file_bytes());
+  ASSERT_NE(tier, nullptr);
+  EXPECT_TRUE(probe_victim.Intact());
+  EXPECT_TRUE(leftover_victim.Intact());
+  EXPECT_FALSE(IsSymlink(dir_.path() + "/stale.tmp")) << "a leftover link is removed";
+  EXPECT_FALSE(tier->Contains(chain[1].key)) << "a link is never indexed";
+
+  // Planted while running, at the temporary names of the next writes: a symlink and a hard
+  // link (same filesystem) to files outside. Each is removed (the name, never its target)
+  // and the block goes to a new file of the tier's own (base/file.h WriteFileAtomically).
+  Precious symlink_victim(outside.path() + "/symlinked");
+  Precious hardlink_victim(outside.path() + "/hardlinked");
+  std::filesystem::create_symlink(symlink_victim.path(), tier->PathOf(chain[0].key) + ".tmp");
+  std::filesystem::create_hard_link(hardlink_victim.path(), tier->PathOf(chain[2].key) + ".tmp");
+  SpillAll(*tier, {chain[0], chain[2]});
+  EXPECT_TRUE(symlink_victim.Intact());
+  EXPECT_TRUE(hardlink_victim.Intact());
+  DiskTierStats s = tier->Stats();
+  EXPECT_EQ(s.write_errors, 0u);
+  EXPECT_EQ(s.spills, 2u);
+  ASSERT_TRUE(tier->Contains(chain[0].key));
+  EXPECT_FALSE(IsSymlink(tier->PathOf(chain[0].key)));
+  std::vector<uint8_t> loaded;
+  ASSERT_TRUE(LoadInto(*tier, chain[0], &loaded).ok());
+  EXPECT_EQ(loaded, chain[0].data);
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(
+      tier->PathOf(chain[0].key) + ".tmp")));
+
+  // Blocks written, then more than the cap holds: eviction deletes indexed files only.
+  SpillAll(*tier, {chain[3], chain[4]});
+  ASSERT_TRUE(tier->Contains(chain[3].key));
+  EXPECT_TRUE(IsSymlink(path1)) << "not the tier's file: never deleted";
+  EXPECT_EQ(testing::ReadFile(block_copy), EncodeBlockFile(SmallLayout(), chain[1]));
+
+  // A written file swapped for a link to a valid copy of itself is not read through.
+  const std::string path3 = tier->PathOf(chain[3].key);
+  const std::string copy3 = outside.path() + "/copy3.kvb";
+  std::filesystem::copy_file(path3, copy3);
+  std::filesystem::remove(path3);
+  std::filesystem::create_symlink(copy3, path3);
+  std::vector<uint8_t> data;
+  EXPECT_EQ(LoadInto(*tier, chain[3], &data).code(), absl::StatusCode::kDataLoss);
+  EXPECT_FALSE(IsSymlink(path3)) << "the link is removed";
+  EXPECT_EQ(testing::ReadFile(copy3), EncodeBlockFile(SmallLayout(), chain[3]));
+  EXPECT_EQ(tier->Stats().corrupt_blocks, 1u);
+}
+
+TEST_F(DiskTierTest, ALockFileThatIsALinkIsRefused) {
+  ScratchDir outside("outside");
+  Precious victim(outside.path() + "/victim");
+  std::filesystem::create_symlink(victim.path(), dir_.path() + "/LOCK");
+  DiskTierOptions o;
+  o.dir = dir_.path();
+  o.max_bytes = 1 << 20;
+  auto tier = DiskTier::Open(o, SmallLayout());
+  ASSERT_EQ(tier.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(tier.status().message()), ::testing::HasSubstr("LOCK"));
+  EXPECT_TRUE(victim.Intact());
+  std::filesystem::remove(dir_.path() + "/LOCK");
+  std::filesystem::create_hard_link(victim.path(), dir_.path() + "/LOCK");
+  tier = DiskTier::Open(o, SmallLayout());
+  ASSERT_EQ(tier.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(tier.status().message()),
+              ::testing::HasSubstr("not a regular file of its own"));
+  EXPECT_TRUE(victim.Intact()) << "the pid is never written into a linked file";
+}
+
+TEST_F(DiskTierTest, ADirectoryOthersMayWriteOrThatAnotherUserOwnsIsRefused) {
+  DiskTierOptions o;
+  o.dir = dir_.path();
+  o.max_bytes = 1 << 20;
+  const std::string lock = dir_.path() + "/LOCK";
+  for (mode_t mode : {01777, 0777, 0757, 0770, 0720}) {
+    SCOPED_TRACE(mode);
+    ASSERT_EQ(::chmod(o.dir.c_str(), mode), 0);
+    auto tier = DiskTier::Open(o, SmallLayout());
+    ASSERT_EQ(tier.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(tier.status().message()),
+                ::testing::AllOf(::testing::HasSubstr(o.dir),
+                                 ::testing::HasSubstr((mode & S_IWOTH) ? "writable by everyone"
+                                                                       : "writable by its group"),
+                                 ::testing::HasSubstr("chmod go-w")));
+    EXPECT_FALSE(std::filesystem::exists(lock)) << "refused before anything is written";
+  }
+  for (mode_t mode : {0700, 0755, 0750}) {
+    ASSERT_EQ(::chmod(o.dir.c_str(), mode), 0);
+    EXPECT_TRUE(DiskTier::Open(o, SmallLayout()).ok()) << mode;
+  }
+  std::filesystem::remove(lock);
+  if (::geteuid() != 0) {
+    GTEST_SKIP() << "the foreign-owner case needs root (to chown the directory)";
+  }
+  ASSERT_EQ(::chown(o.dir.c_str(), 4242, 4242), 0);
+  auto tier = DiskTier::Open(o, SmallLayout());
+  ASSERT_EQ(tier.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(tier.status().message()),
+              ::testing::AllOf(::testing::HasSubstr("owned by uid 4242"),
+                               ::testing::HasSubstr("chown")));
+  EXPECT_FALSE(std::filesystem::exists(lock));
+  ASSERT_EQ(::chown(o.dir.c_str(), 0, 0), 0);
+  EXPECT_TRUE(DiskTier::Open(o, SmallLayout()).ok()) << "root-owned is accepted";
+}
+
+// A tmpfs of `size` mounted on a fresh directory, unmounted by the destructor. ok() is false
+// where this process may not mount (not root, or a container without CAP_SYS_ADMIN).
+class SmallFilesystem {
+ public:
+  explicit SmallFilesystem(const char* size) : dir_("tmpfs") {
+    const std::string options = absl::StrCat("size=", size, ",mode=0700");
+    mounted_ = ::mount("tmpfs", dir_.path().c_str(), "tmpfs", 0, options.c_str()) == 0;
+    if (!mounted_) error_ = std::strerror(errno);
+  }
+  ~SmallFilesystem() {
+    if (mounted_) ::umount2(dir_.path().c_str(), MNT_DETACH);
+  }
+  bool ok() const { return mounted_; }
+  const std::string& error() const { return error_; }
+  std::string path() const { return dir_.path(); }
+  bool RemountReadOnly() {
+    return ::mount("tmpfs", dir_.path().c_str(), "tmpfs", MS_REMOUNT | MS_RDONLY, nullptr) == 0;
+  }
+
+ private:
+  ScratchDir dir_;
+  bool mounted_ = false;
+  std::string error_;
+};
+
+std::vector<std::string> TempFilesIn(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().extension() == ".tmp") out.push_back(e.path().string());
+  }
+  return out;
+}
+
+TEST_F(DiskTierTest, AFullFilesystemFailsWritesCleanlyAndKeepsWhatWasWritten) {
+  SmallFilesystem fs("64k");
+  if (!fs.ok()) GTEST_SKIP() << "cannot mount a tmpfs here: " << fs.error();
+  DiskTierOptions o;
+  o.dir = fs.path();
+  o.max_bytes = int64_t{1} << 30;  // past the filesystem: the disk fills before the cap
+  o.clock = [this] { return ++now_; };
+  auto tier = DiskTier::Open(o, SmallLayout());
+  ASSERT_TRUE(tier.ok()) << tier.status();
+  const std::vector<BlockRecord> chain = MakeChain(SmallLayout(), 3, 40);
+  SpillAll(**tier, chain);
+  const DiskTierStats s = (*tier)->Stats();
+  EXPECT_GT(s.write_errors, 0u) << "64 KiB of 4 KiB pages cannot hold 40 files";
+  EXPECT_GT(s.spills, 0u);
+  EXPECT_EQ(s.spills + s.write_errors, chain.size());
+  EXPECT_EQ(s.spills_dropped, s.write_errors);
+  EXPECT_THAT(TempFilesIn(fs.path()), ::testing::IsEmpty()) << "a failed write leaves nothing";
+  size_t held = 0;
+  for (const BlockRecord& r : chain) {
+    if (!(*tier)->Contains(r.key)) continue;
+    ++held;
+    std::vector<uint8_t> data;
+    ASSERT_TRUE(LoadInto(**tier, r, &data).ok());
+    EXPECT_EQ(data, r.data);
+  }
+  EXPECT_EQ(held, s.spills);
+  EXPECT_EQ((*tier)->Stats().corrupt_blocks, 0u);
+
+  // Full at start-up: refused with the reason, not half-opened.
+  tier->reset();
+  std::ofstream(fs.path() + "/filler") << std::string(1 << 20, 'x');
+  auto full = DiskTier::Open(o, SmallLayout());
+  ASSERT_EQ(full.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(full.status().message()),
+              ::testing::HasSubstr(std::strerror(ENOSPC)));
+}
+
+TEST_F(DiskTierTest, AReadOnlyFilesystemIsRefusedAtStartNamingIt) {
+  SmallFilesystem fs("1m");
+  if (!fs.ok()) GTEST_SKIP() << "cannot mount a tmpfs here: " << fs.error();
+  DiskTierOptions o;
+  o.dir = fs.path();
+  o.max_bytes = 1 << 20;
+  const std::vector<BlockRecord> chain = MakeChain(SmallLayout(), 4, 2);
+  {
+    auto tier = DiskTier::Open(o, SmallLayout());
+    ASSERT_TRUE(tier.ok()) << tier.status();
+    SpillAll(**tier, chain);
+  }
+  ASSERT_TRUE(fs.RemountReadOnly()) << std::strerror(errno);
+  auto tier = DiskTier::Open(o, SmallLayout());
+  ASSERT_EQ(tier.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(tier.status().message()),
+              ::testing::AllOf(::testing::HasSubstr("not writable"),
+                               ::testing::HasSubstr(std::strerror(EROFS))));
 }
 
 }  // namespace

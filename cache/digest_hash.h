@@ -1,6 +1,6 @@
-// A hash functor for Digest keys in absl containers. Internal to cache/.
-#ifndef PREFIXD_CACHE_INTERNAL_DIGEST_HASH_H_
-#define PREFIXD_CACHE_INTERNAL_DIGEST_HASH_H_
+// A hash functor for Digest keys in absl containers.
+#ifndef PREFIXD_CACHE_DIGEST_HASH_H_
+#define PREFIXD_CACHE_DIGEST_HASH_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -21,4 +21,4 @@ struct DigestHash {
 
 }  // namespace prefixd
 
-#endif  // PREFIXD_CACHE_INTERNAL_DIGEST_HASH_H_
+#endif  // PREFIXD_CACHE_DIGEST_HASH_H_

@@ -1,0 +1,33 @@
+// DiskTierOptions: how a disk tier (cache/disk/disk_tier.h) is opened. Apart from the tier so
+// that whoever only configures one (EngineOptions) compiles none of its threads and locks.
+#ifndef PREFIXD_CACHE_DISK_DISK_TIER_OPTIONS_H_
+#define PREFIXD_CACHE_DISK_DISK_TIER_OPTIONS_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+
+namespace prefixd {
+
+inline constexpr int64_t kDefaultDiskTierMaxBytes = int64_t{8} << 30;
+
+struct DiskTierOptions {
+  std::string dir;  // created (with its parents) when absent
+  // Cap on the bytes of block files in `dir`. 0: the smaller of 8 GiB and half the free space
+  // of dir's filesystem at Open (cap_bytes() says which).
+  int64_t max_bytes = 0;
+  // Spills waiting for the writer; more are dropped. 64 blocks of full GPT-2 fp32 is ~75 MB.
+  int32_t max_queued_blocks = 64;
+  // LRU time in nanoseconds; default the wall clock (file mtimes order blocks after a restart).
+  std::function<int64_t()> clock;
+  // How the writer thread writes a block file: base/file.h's WriteFileAtomically (0 or an
+  // errno) unless set. The one seam to the file system's write side, as leveldb's Env is, so
+  // that a slow or failing disk can be put under the tier.
+  std::function<int(const std::string& tmp, const std::string& path, std::string_view bytes)>
+      write_file;
+};
+
+}  // namespace prefixd
+
+#endif  // PREFIXD_CACHE_DISK_DISK_TIER_OPTIONS_H_
