@@ -224,6 +224,9 @@ absl::StatusOr<AdmissionPlan> KvCache::PlanAdmission(const AdmissionRequest& req
   AdmissionPlan plan;
   plan.matched_tokens = matched_blocks * bs_ + partial_rows;
   plan.num_cached = static_cast<int32_t>(std::min<int64_t>(plan.matched_tokens, prompt_len - 1));
+  if (request.max_cached_tokens >= 0) {
+    plan.num_cached = std::min(plan.num_cached, request.max_cached_tokens);
+  }
   const int32_t shared_blocks = plan.num_cached / bs_;
   in->partial_rows = plan.num_cached % bs_;
   if (in->partial_rows > 0) {

@@ -101,6 +101,9 @@ struct AdmissionRequest {
   // Share whole matching blocks only, no token-granular partial copy after them: the caller
   // fills the following blocks itself (from a disk tier) before marking them computed.
   bool whole_blocks_only = false;
+  // At most this many tokens are served from the cache (-1: no limit besides prompt - 1). A
+  // cap inside a matched block copies that block's first rows (as a partial match does).
+  int32_t max_cached_tokens = -1;
 };
 
 // The outcome of PlanAdmission: what Commit will do. Valid only until the next call that

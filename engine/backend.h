@@ -30,6 +30,9 @@ struct SequenceStep {
   absl::Span<const int32_t> block_table;
   // Return the logits of the last new token.
   bool want_logits = false;
+  // Return the logits of every new token instead (prompt logprobs; only for a backend whose
+  // computes_all_logits() is true). Each row is the same bits the last token's would be.
+  bool want_all_logits = false;
 };
 
 struct MemoryUsage {
@@ -75,6 +78,9 @@ class Backend {
   virtual MemoryUsage memory_usage() const = 0;
   // Safe to call from any thread, also while Forward runs. Default: nothing counted.
   virtual BackendCounters counters() const { return {}; }
+  // Whether Forward honours SequenceStep::want_all_logits (needed for prompt logprobs; the
+  // engine refuses such requests on a backend without it). Default: no.
+  virtual bool computes_all_logits() const { return false; }
 
   // Executes the copies in order; later Forward() calls see their result. A copy names two
   // different blocks of the pool and at most block_size rows; otherwise InvalidArgument and
@@ -94,7 +100,8 @@ class Backend {
 
   // Runs one step over `steps` (prefill chunks and decode tokens mixed, each sequence at most
   // once, each step with at least one token; otherwise InvalidArgument). Writes K/V of every new token into its row, and appends to `logits` one row of
-  // vocab_size floats per step with want_logits, in step order. Each logit depends only on
+  // vocab_size floats per step with want_logits (one per new token with want_all_logits), in
+  // step order. Each logit depends only on
   // the model and the sequence's tokens, never on the rest of the batch (the CPU backend is
   // bit-exact in this; CUDA within a stated tolerance).
   virtual absl::Status Forward(absl::Span<const SequenceStep> steps,

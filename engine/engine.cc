@@ -23,6 +23,7 @@
 #include "engine/dtype.h"
 #include "engine/request_stream.h"
 #include "engine/scheduler.h"
+#include "engine/score_store.h"
 
 namespace prefixd {
 
@@ -71,10 +72,12 @@ class Engine::DiskSpiller {
 };
 
 Engine::Engine(const EngineOptions& options, std::unique_ptr<DiskTier> tier,
-               std::unique_ptr<DiskSpiller> spiller, std::unique_ptr<KvCache> cache)
+               std::unique_ptr<DiskSpiller> spiller, std::unique_ptr<ScoreStore> scores,
+               std::unique_ptr<KvCache> cache)
     : options_(options),
       tier_(std::move(tier)),
       spiller_(std::move(spiller)),
+      scores_(std::move(scores)),
       cache_(std::move(cache)),
       shared_(std::make_shared<Shared>()),
       scheduler_(std::make_unique<Scheduler>(SchedulerOptions{.backend = options.backend,
@@ -83,11 +86,17 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<DiskTier> tier,
                                                               .max_batch_tokens =
                                                                   options.max_batch_tokens,
                                                               .clock = options_.clock,
-                                                              .disk_tier = tier_.get()})) {
+                                                              .disk_tier = tier_.get(),
+                                                              // Records live only while
+                                                              // their blocks are indexed.
+                                                              .scores = options.enable_prefix_cache
+                                                                            ? scores_.get()
+                                                                            : nullptr})) {
   limits_.model_config = options.model_config;
   limits_.max_samples = options.max_samples;
   limits_.pool_blocks = cache_->num_blocks();
   limits_.block_size = cache_->block_size();
+  limits_.computes_all_logits = options.backend->computes_all_logits();
   PublishStats();
   thread_ = std::thread([this] { Loop(); });
 }
@@ -320,14 +329,20 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     if (!opened.ok()) return opened.status();
     tier = *std::move(opened);
     spiller = std::make_unique<DiskSpiller>(options.backend, tier.get());
-    cache_options.on_evict = [s = spiller.get()](const EvictedBlock& e) { s->Spill(e); };
   }
+  // A block's score record leaves with the block (engine/score_store.h).
+  auto scores = std::make_unique<ScoreStore>();
+  cache_options.on_evict = [s = spiller.get(), store = scores.get()](const EvictedBlock& e) {
+    store->Forget(*e.key);
+    if (s != nullptr) s->Spill(e);
+  };
   absl::StatusOr<std::unique_ptr<KvCache>> cache = KvCache::Create(cache_options);
   if (!cache.ok()) return cache.status();
   EngineOptions resolved = options;
   if (!resolved.clock) resolved.clock = [] { return absl::Now(); };
   return std::unique_ptr<Engine>(
-      new Engine(resolved, std::move(tier), std::move(spiller), *std::move(cache)));
+      new Engine(resolved, std::move(tier), std::move(spiller), std::move(scores),
+                 *std::move(cache)));
 }
 
 }  // namespace prefixd

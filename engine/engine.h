@@ -31,6 +31,7 @@ namespace prefixd {
 class DiskTier;
 class KvCache;
 class Scheduler;
+class ScoreStore;
 
 class Engine {
  public:
@@ -76,7 +77,8 @@ class Engine {
   class DiskSpiller;   // the pool's eviction hook into the disk tier (engine.cc)
 
   Engine(const EngineOptions& options, std::unique_ptr<DiskTier> tier,
-         std::unique_ptr<DiskSpiller> spiller, std::unique_ptr<KvCache> cache);
+         std::unique_ptr<DiskSpiller> spiller, std::unique_ptr<ScoreStore> scores,
+         std::unique_ptr<KvCache> cache);
 
   // Runs `task` on the engine thread between two steps, or on the calling thread once the
   // engine thread has stopped; returns after it ran. The task may use the engine thread's
@@ -93,6 +95,9 @@ class Engine {
   // The tier and the spill hook outlive the cache that calls it.
   std::unique_ptr<DiskTier> tier_;
   std::unique_ptr<DiskSpiller> spiller_;
+  // Score records of cached blocks (engine/score_store.h); the pool's eviction hook forgets
+  // them, so it outlives the cache too.
+  std::unique_ptr<ScoreStore> scores_;
   std::unique_ptr<KvCache> cache_;
   // Held by shared_ptr so a RequestStream that outlives the engine can still Cancel().
   std::shared_ptr<Shared> shared_;

@@ -18,6 +18,10 @@ struct SchedulerCounters {
   uint64_t waiting_requests = 0;  // not running (never admitted, or all preempted)
   uint64_t running_requests = 0;  // at least one sequence running
   uint64_t disk_hit_tokens = 0;   // prompt tokens of first admissions loaded from the disk tier
+  // Prompt positions whose log-probability was returned (prompt length - 1 per request with
+  // prompt_logprobs), and of those the ones taken from score records kept with cached blocks.
+  uint64_t prompt_logprob_tokens = 0;
+  uint64_t prompt_logprob_tokens_cached = 0;
 };
 
 // One snapshot, published by the engine thread after each step. Each part is its owner's

@@ -4,6 +4,7 @@
 #define PREFIXD_ENGINE_REQUEST_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,11 +12,33 @@
 
 namespace prefixd {
 
+// A bias added to one token's logit before sampling (OpenAI's `logit_bias`).
+struct TokenBias {
+  uint32_t token_id = 0;
+  float bias = 0.0f;  // [-100, 100]
+  friend bool operator==(const TokenBias&, const TokenBias&) = default;
+};
+
+// How a token is drawn. The logit processing (engine/sampler.h) runs in vLLM's order:
+// logit_bias, then repetition_penalty, then frequency and presence penalties, then
+// temperature, min_p, top-k and top-p.
 struct SamplingParams {
   float temperature = 0.0f;  // 0 = greedy
   uint32_t top_k = 0;        // 0 = off
   float top_p = 1.0f;        // (0, 1]
   uint64_t seed = 0;         // the server picks one when the client gives none
+  // OpenAI's definitions, over the sample's generated tokens only: a token generated c
+  // times has its logit lowered by c * frequency_penalty + (c > 0) * presence_penalty.
+  float presence_penalty = 0.0f;   // [-2, 2]
+  float frequency_penalty = 0.0f;  // [-2, 2]
+  // vLLM's and Hugging Face's definition, over the prompt's and the generated tokens: a
+  // token that occurs in either has a positive logit divided by it, a negative one
+  // multiplied by it. 1 = off.
+  float repetition_penalty = 1.0f;  // > 0
+  // Tokens whose probability (at this temperature) is below min_p times the most likely
+  // one's are not drawn. 0 = off.
+  float min_p = 0.0f;  // [0, 1]
+  std::vector<TokenBias> logit_bias;  // at most 300, ids distinct and < vocab_size
 };
 
 struct EngineRequest {
@@ -30,6 +53,12 @@ struct EngineRequest {
   bool ignore_eos = false;
   uint32_t num_samples = 1;
   uint32_t top_logprobs = 0;  // 0..20
+  // The prompt comes back first, in one kPrompt event before any token: its ids, and with
+  // prompt_logprobs each position's log-probability given the positions before it and that
+  // many top entries (0..20). Only requests with prompt_logprobs compute the logits of every
+  // prompt position. With either, max_new_tokens may be 0 (the prompt alone).
+  bool echo_prompt = false;
+  std::optional<uint32_t> prompt_logprobs;
 };
 
 enum class FinishReason { kNone, kLength, kStop };
@@ -37,6 +66,17 @@ enum class FinishReason { kNone, kLength, kStop };
 struct TokenLogprob {
   uint32_t token_id = 0;
   float logprob = 0.0f;
+  friend bool operator==(const TokenLogprob&, const TokenLogprob&) = default;
+};
+
+// One prompt position of a kPrompt event. Position 0 has no log-probability (nothing comes
+// before it); neither has any position without prompt_logprobs.
+struct PromptToken {
+  uint32_t token_id = 0;
+  bool has_logprob = false;
+  float logprob = 0.0f;
+  std::vector<TokenLogprob> top;  // prompt_logprobs entries, descending, ties by lower id
+  friend bool operator==(const PromptToken&, const PromptToken&) = default;
 };
 
 struct Usage {
@@ -45,11 +85,12 @@ struct Usage {
   uint32_t completion_tokens = 0;     // all samples; stop/EOS tokens not counted
 };
 
-// What a request's stream yields, in order: kToken events (any interleaving of samples),
-// one kSampleFinished per sample, then exactly one kDone (status OK, or the error that ended
-// the request: CANCELLED, UNAVAILABLE while shutting down, INTERNAL on a backend failure).
+// What a request's stream yields, in order: with echo_prompt or prompt_logprobs one kPrompt
+// first, then kToken events (any interleaving of samples), one kSampleFinished per sample,
+// then exactly one kDone (status OK, or the error that ended the request: CANCELLED,
+// UNAVAILABLE while shutting down, INTERNAL on a backend failure).
 struct RequestEvent {
-  enum class Kind { kToken, kSampleFinished, kDone };
+  enum class Kind { kToken, kSampleFinished, kDone, kPrompt };
   Kind kind = Kind::kToken;
   uint32_t sample_index = 0;
   TokenLogprob token;               // kToken: the token and its log-probability
@@ -57,6 +98,7 @@ struct RequestEvent {
   FinishReason finish_reason = FinishReason::kNone;  // kSampleFinished
   Usage usage;                      // kDone
   absl::Status status;              // kDone
+  std::vector<PromptToken> prompt;  // kPrompt: one entry per prompt position
 };
 
 }  // namespace prefixd

@@ -4,7 +4,9 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "engine/sampler.h"
 
@@ -51,8 +53,24 @@ absl::Status ValidateEngineRequest(const EngineRequest& r, const RequestLimits& 
                     r.prompt[i], i, vocab));
     }
   }
-  if (r.max_new_tokens == 0) {
-    return FieldError("max_new_tokens", "max_new_tokens is 0: ask for at least 1 token");
+  const bool echo = r.echo_prompt || r.prompt_logprobs.has_value();
+  if (r.max_new_tokens == 0 && !echo) {
+    return FieldError("max_new_tokens",
+                      "max_new_tokens is 0: ask for at least 1 token (0 is allowed only with "
+                      "prompt_logprobs or echo)");
+  }
+  if (r.prompt_logprobs.has_value()) {
+    if (*r.prompt_logprobs > kMaxTopLogprobs) {
+      return FieldError("prompt_logprobs", StrFormat("prompt_logprobs %d is too large: use 0..%d",
+                                                     *r.prompt_logprobs, kMaxTopLogprobs));
+    }
+    if (!limits.computes_all_logits) {
+      absl::Status s = absl::UnimplementedError(
+          "prompt_logprobs: this server's backend does not compute the logits of every prompt "
+          "position (the CPU backend does); leave prompt_logprobs unset");
+      s.SetPayload(kInvalidFieldPayload, absl::Cord("prompt_logprobs"));
+      return s;
+    }
   }
   const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens;
   if (total > config.n_positions) {
@@ -78,6 +96,45 @@ absl::Status ValidateEngineRequest(const EngineRequest& r, const RequestLimits& 
   if (!std::isfinite(s.top_p) || !(s.top_p > 0.0f && s.top_p <= 1.0f)) {
     return FieldError("top_p", StrFormat(
         "top_p %.9g is invalid: use a value in (0, 1], or leave it unset", s.top_p));
+  }
+  const std::pair<const char*, float> penalties[] = {{"presence_penalty", s.presence_penalty},
+                                                      {"frequency_penalty", s.frequency_penalty}};
+  for (const auto& [name, v] : penalties) {
+    if (!std::isfinite(v) || !(v >= -kMaxAbsPenalty && v <= kMaxAbsPenalty)) {
+      return FieldError(name, StrFormat("%s %.9g is invalid: use a value in [-2, 2] (0 = off)",
+                                        name, v));
+    }
+  }
+  if (!std::isfinite(s.repetition_penalty) || !(s.repetition_penalty > 0.0f)) {
+    return FieldError("repetition_penalty", StrFormat(
+        "repetition_penalty %.9g is invalid: use a finite value > 0 (1 = off; above 1 "
+        "discourages repeats)", s.repetition_penalty));
+  }
+  if (!std::isfinite(s.min_p) || !(s.min_p >= 0.0f && s.min_p <= 1.0f)) {
+    return FieldError("min_p", StrFormat(
+        "min_p %.9g is invalid: use a value in [0, 1] (0 = off)", s.min_p));
+  }
+  if (s.logit_bias.size() > kMaxLogitBias) {
+    return FieldError("logit_bias", StrFormat(
+        "logit_bias has %d entries: give at most %d", s.logit_bias.size(), kMaxLogitBias));
+  }
+  {
+    absl::flat_hash_set<uint32_t> seen;
+    for (const TokenBias& b : s.logit_bias) {
+      if (b.token_id >= vocab) {
+        return FieldError("logit_bias", StrFormat(
+            "logit_bias token id %d is out of range: ids must be < vocab_size %d", b.token_id,
+            vocab));
+      }
+      if (!std::isfinite(b.bias) || !(b.bias >= -kMaxAbsLogitBias && b.bias <= kMaxAbsLogitBias)) {
+        return FieldError("logit_bias", StrFormat(
+            "logit_bias for token %d is %.9g: use a value in [-100, 100]", b.token_id, b.bias));
+      }
+      if (!seen.insert(b.token_id).second) {
+        return FieldError("logit_bias", StrFormat(
+            "logit_bias gives token %d twice: give each token at most once", b.token_id));
+      }
+    }
   }
   if (r.top_logprobs > kMaxTopLogprobs) {
     return FieldError("top_logprobs", StrFormat("top_logprobs %d is too large: use 0..%d",

@@ -27,6 +27,7 @@ struct RequestLimits {
   int32_t max_samples = 16;
   int64_t pool_blocks = 0;
   int32_t block_size = 16;
+  bool computes_all_logits = true;  // Backend::computes_all_logits(): prompt_logprobs allowed
 };
 
 // Blocks one sequence of `tokens` tokens occupies.

@@ -192,31 +192,51 @@ std::vector<uint32_t> Nucleus(absl::Span<const float> logits, const std::vector<
   return ids;
 }
 
-// Candidates after top-k and top-p. Empty means "no mask": every token, in id order. Top-k
-// alone gives the k most likely first; with top-p see Nucleus() for the order. `w` holds the
-// weights at this temperature.
+// Keeps the smallest prefix of `ids` (most likely first) whose mass reaches top_p of
+// theirs (at least one token).
+void TruncateToMass(const std::vector<float>& w, float top_p, std::vector<uint32_t>* ids) {
+  double total = 0.0;
+  for (uint32_t id : *ids) total += static_cast<double>(w[id]);
+  const double target = static_cast<double>(top_p) * total;
+  double cumulative = 0.0;
+  for (size_t i = 0; i < ids->size(); ++i) {
+    cumulative += static_cast<double>(w[(*ids)[i]]);
+    if (cumulative >= target) {
+      ids->resize(i + 1);
+      break;
+    }
+  }
+}
+
+// Candidates after min_p, top-k and top-p, in vLLM's order (min_p first, then top-k and
+// top-p over its survivors). Empty means "no mask": every token, in id order. Top-k alone
+// gives the k most likely first; top-p alone see Nucleus() for the order. `w` holds the
+// weights at this temperature, w = exp((l - max) / t), so the most likely token's is 1.
 std::vector<uint32_t> MaskedCandidates(absl::Span<const float> logits,
                                        const SamplingParams& params, const std::vector<float>& w) {
   const uint32_t vocab = static_cast<uint32_t>(logits.size());
   const bool use_k = params.top_k > 0 && params.top_k < vocab;
   const bool use_p = params.top_p < 1.0f;
+  if (params.min_p > 0.0f) {
+    // p_i < min_p * p_max  <=>  w_i < min_p, since p_i = w_i / Σw and w_max = 1. The
+    // survivors are a most-likely prefix (w grows with the logit), so top-k of them is the
+    // first k.
+    std::vector<uint32_t> ids;
+    for (uint32_t i = 0; i < vocab; ++i) {
+      if (w[i] >= params.min_p) ids.push_back(i);
+    }
+    if (ids.empty()) ids.push_back(Argmax(logits));  // NaN weights
+    std::sort(ids.begin(), ids.end(), ByLogitDesc{logits});
+    if (use_k && ids.size() > params.top_k) ids.resize(params.top_k);
+    if (use_p) TruncateToMass(w, params.top_p, &ids);
+    return ids;
+  }
   if (!use_k && !use_p) return {};
   if (!use_p) return SortedPrefix(logits, params.top_k);
   if (!use_k) return Nucleus(logits, w, static_cast<double>(params.top_p) * SumWeights(w));
-  // top-p over the top-k survivors: the smallest most-likely prefix of them whose mass
-  // reaches top_p of theirs (at least one token).
+  // top-p over the top-k survivors.
   std::vector<uint32_t> ids = SortedPrefix(logits, params.top_k);
-  double total = 0.0;
-  for (uint32_t id : ids) total += static_cast<double>(w[id]);
-  const double target = static_cast<double>(params.top_p) * total;
-  double cumulative = 0.0;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    cumulative += static_cast<double>(w[ids[i]]);
-    if (cumulative >= target) {
-      ids.resize(i + 1);
-      break;
-    }
-  }
+  TruncateToMass(w, params.top_p, &ids);
   return ids;
 }
 
@@ -232,6 +252,65 @@ double CounterUniform(const SampleKey& key) {
   return static_cast<double>(CounterRandomBits(key) >> 11) * 0x1.0p-53;
 }
 
+SampledToken ScoreToken(absl::Span<const float> logits, uint32_t token, uint32_t top_n) {
+  PREFIXD_CHECK(!logits.empty() && token < logits.size());
+  thread_local std::vector<float> weights;
+  const float max = MaxLogit(logits);
+  Weights(logits, max, 1.0f, &weights);
+  const double log_z = static_cast<double>(max) + std::log(SumWeights(weights));
+  auto logprob = [&](uint32_t id) {
+    return static_cast<float>(static_cast<double>(logits[id]) - log_z);
+  };
+  SampledToken out;
+  out.token = {token, logprob(token)};
+  for (uint32_t id : SortedPrefix(logits, top_n)) out.top.push_back({id, logprob(id)});
+  return out;
+}
+
+bool ProcessesLogits(const SamplingParams& params) {
+  return !params.logit_bias.empty() || params.repetition_penalty != 1.0f ||
+         params.frequency_penalty != 0.0f || params.presence_penalty != 0.0f;
+}
+
+void ProcessLogits(absl::Span<const float> logits, const SamplingParams& params,
+                   const SampleHistory& history, std::vector<float>* out) {
+  out->assign(logits.begin(), logits.end());
+  float* l = out->data();
+  const uint32_t vocab = static_cast<uint32_t>(logits.size());
+  for (const TokenBias& b : params.logit_bias) {
+    PREFIXD_CHECK(b.token_id < vocab);
+    l[b.token_id] += b.bias;
+  }
+  const float rep = params.repetition_penalty;
+  auto repeat = [&](uint32_t id) {
+    PREFIXD_CHECK(id < vocab);
+    l[id] = l[id] > 0.0f ? l[id] / rep : l[id] * rep;
+  };
+  const absl::flat_hash_map<uint32_t, uint32_t>* counts = history.generated_counts;
+  if (rep != 1.0f) {
+    // Once per distinct id of prompt ∪ generated.
+    if (history.prompt_tokens != nullptr) {
+      for (uint32_t id : *history.prompt_tokens) repeat(id);
+    }
+    if (counts != nullptr) {
+      for (const auto& [id, count] : *counts) {
+        if (count > 0 && (history.prompt_tokens == nullptr || !history.prompt_tokens->contains(id))) {
+          repeat(id);
+        }
+      }
+    }
+  }
+  if (counts != nullptr &&
+      (params.frequency_penalty != 0.0f || params.presence_penalty != 0.0f)) {
+    for (const auto& [id, count] : *counts) {
+      if (count == 0) continue;
+      PREFIXD_CHECK(id < vocab);
+      l[id] -= static_cast<float>(count) * params.frequency_penalty;
+      l[id] -= params.presence_penalty;
+    }
+  }
+}
+
 std::vector<uint32_t> EligibleTokens(absl::Span<const float> logits, const SamplingParams& params) {
   PREFIXD_CHECK(!logits.empty());
   if (params.temperature == 0.0f) return {Argmax(logits)};
@@ -243,20 +322,27 @@ std::vector<uint32_t> EligibleTokens(absl::Span<const float> logits, const Sampl
   return ids;
 }
 
-SampledToken SampleToken(absl::Span<const float> logits, const SamplingParams& params,
-                         const SampleKey& key, uint32_t top_logprobs) {
-  PREFIXD_CHECK(!logits.empty());
+SampledToken SampleToken(absl::Span<const float> raw_logits, const SamplingParams& params,
+                         const SampleKey& key, uint32_t top_logprobs,
+                         const SampleHistory& history) {
+  PREFIXD_CHECK(!raw_logits.empty());
   // Per-thread buffers: a row's weights are 200 KB, and allocating them per token would
   // map and fault fresh pages every time.
   thread_local std::vector<float> raw_weights;
   thread_local std::vector<float> tempered_weights;
+  thread_local std::vector<float> processed;
+  const bool processes = ProcessesLogits(params);
+  if (processes) ProcessLogits(raw_logits, params, history, &processed);
+  // The draw reads `logits`; the log-probabilities read `raw_logits`.
+  const absl::Span<const float> logits =
+      processes ? absl::Span<const float>(processed) : raw_logits;
 
   // log-softmax of the raw logits: l - max - log(sum exp(l - max)).
-  const float max = MaxLogit(logits);
-  Weights(logits, max, 1.0f, &raw_weights);
-  const double log_z = static_cast<double>(max) + std::log(SumWeights(raw_weights));
+  const float raw_max = MaxLogit(raw_logits);
+  Weights(raw_logits, raw_max, 1.0f, &raw_weights);
+  const double log_z = static_cast<double>(raw_max) + std::log(SumWeights(raw_weights));
   auto logprob = [&](uint32_t id) {
-    return static_cast<float>(static_cast<double>(logits[id]) - log_z);
+    return static_cast<float>(static_cast<double>(raw_logits[id]) - log_z);
   };
 
   uint32_t chosen;
@@ -264,10 +350,11 @@ SampledToken SampleToken(absl::Span<const float> logits, const SamplingParams& p
   if (t == 0.0f) {
     chosen = Argmax(logits);
   } else {
-    // The weights at this temperature (the raw ones at 1).
+    // The weights of the processed logits at this temperature (the raw ones when nothing
+    // is processed and t = 1).
     const std::vector<float>* w = &raw_weights;
-    if (t != 1.0f) {
-      Weights(logits, max, t, &tempered_weights);
+    if (t != 1.0f || processes) {
+      Weights(logits, processes ? MaxLogit(logits) : raw_max, t, &tempered_weights);
       w = &tempered_weights;
     }
     const std::vector<uint32_t> masked = MaskedCandidates(logits, params, *w);
@@ -302,7 +389,9 @@ SampledToken SampleToken(absl::Span<const float> logits, const SamplingParams& p
 
   SampledToken out;
   out.token = {chosen, logprob(chosen)};
-  for (uint32_t id : SortedPrefix(logits, top_logprobs)) out.top.push_back({id, logprob(id)});
+  for (uint32_t id : SortedPrefix(raw_logits, top_logprobs)) {
+    out.top.push_back({id, logprob(id)});
+  }
   return out;
 }
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "base/check.h"
 #include "engine/sampler.h"
+#include "engine/score_store.h"
 
 namespace prefixd {
 namespace {
@@ -27,6 +28,17 @@ Scheduler::~Scheduler() = default;
 void Scheduler::Enqueue(std::unique_ptr<RequestState> request) {
   const std::vector<uint32_t>& stops = request->request.stop_token_ids;
   request->stop_ids.insert(stops.begin(), stops.end());
+  if (request->request.sampling.repetition_penalty != 1.0f) {
+    const std::vector<uint32_t>& prompt = request->request.prompt;
+    request->prompt_token_set.insert(prompt.begin(), prompt.end());
+  }
+  if (request->request.prompt_logprobs.has_value()) {
+    const std::vector<uint32_t>& prompt = request->request.prompt;
+    request->prompt_scores.resize(prompt.size());
+    for (size_t p = 0; p < prompt.size(); ++p) request->prompt_scores[p].token_id = prompt[p];
+    request->scored.assign(prompt.size(), false);
+    request->scored[0] = true;  // nothing comes before position 0
+  }
   auto seq = std::make_unique<Sequence>();
   seq->request = request.get();
   seq->pre_fork = request->request.num_samples > 1;
@@ -118,6 +130,7 @@ bool Scheduler::Step() {
     Prune();
     return false;
   }
+  for (Scheduled& s : batch) s.all_logits = !s.decode && Scoring(s.seq);
 
   if (!pending_copies_.empty()) {
     const absl::Status copied = backend_->CopyBlocks(pending_copies_);
@@ -147,7 +160,8 @@ bool Scheduler::Step() {
     step.token_ids = s.seq->chain->tokens().subspan(s.start, s.count);
     step.start_pos = s.start;
     step.block_table = cache_->BlockTable(s.seq->cache_seq);
-    step.want_logits = s.start + s.count == Len(*s.seq);
+    step.want_all_logits = s.all_logits;
+    step.want_logits = !s.all_logits && s.start + s.count == Len(*s.seq);
     steps.push_back(step);
   }
   logits_.clear();
@@ -164,11 +178,21 @@ bool Scheduler::Step() {
   for (const Scheduled& s : batch) {
     cache_->MarkComputed(s.seq->cache_seq, s.start + s.count);
     if (!s.decode) counters_.prefill_tokens += s.count;
-    if (s.start + s.count == Len(*s.seq)) {
-      PREFIXD_CHECK((row + 1) * vocab <= logits_.size());
-      SampleAndEmit(s.seq, absl::MakeConstSpan(logits_).subspan(row * vocab, vocab), now);
-      ++row;
+    const bool ends = s.start + s.count == Len(*s.seq);
+    const size_t rows = s.all_logits ? static_cast<size_t>(s.count) : ends ? 1 : 0;
+    PREFIXD_CHECK((row + rows) * vocab <= logits_.size());
+    if (s.all_logits) {
+      ScoreRows(s, absl::MakeConstSpan(logits_).subspan(row * vocab, rows * vocab));
     }
+    row += rows;
+    if (!ends) continue;
+    RequestState* r = s.seq->request;
+    const bool echo = r->request.echo_prompt || r->request.prompt_logprobs.has_value();
+    if (echo && !r->prompt_sent) {
+      EmitPrompt(s.seq);
+      if (r->request.max_new_tokens == 0) continue;  // EmitPrompt ended the request
+    }
+    SampleAndEmit(s.seq, absl::MakeConstSpan(logits_).subspan((row - 1) * vocab, vocab), now);
   }
   Prune();
   return true;
@@ -183,6 +207,13 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
     ar.chain = seq->chain;
     ar.reserve_tokens = Len(*seq);  // the whole prompt: chunks never need blocks
     ar.readmission = r->admitted_once;
+    const bool scoring = Scoring(seq);
+    if (scoring) {
+      // Only blocks with score records, less the last one's last row: its logits score the
+      // first position after them, so it is recomputed (into a copy of the block).
+      const int32_t scored_blocks = ScoredPrefixBlocks(seq);
+      ar.max_cached_tokens = scored_blocks > 0 ? scored_blocks * bs - 1 : 0;
+    }
     absl::StatusOr<AdmissionPlan> plan = cache_->PlanAdmission(ar);
     // Another running sequence is computing blocks of this prefix: wait for them to be
     // indexed instead of computing them twice.
@@ -192,7 +223,8 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
     }
     int32_t disk_blocks = 0;
     const int32_t pool_blocks = plan.ok() ? plan->matched_tokens / bs : 0;
-    if (plan.ok() && options_.disk_tier != nullptr) {
+    // Disk blocks carry no score records: a scoring request computes past the pool's.
+    if (plan.ok() && options_.disk_tier != nullptr && !scoring) {
       disk_blocks = DiskMatch(seq, pool_blocks);
       // The loads fill whole blocks after the pool's whole blocks: no partial copy into the
       // first of them.
@@ -228,6 +260,7 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
       start = std::min((pool_blocks + disk_blocks) * bs, Len(*seq) - 1);
       pending_loads_.push_back(DiskLoad{seq, pool_blocks, disk_blocks, !r->admitted_once});
     }
+    if (scoring) TakeScores(seq, admission.num_cached);
     if (!r->admitted_once) {
       r->admitted_once = true;
       r->usage.cached_prompt_tokens = static_cast<uint32_t>(admission.num_cached);
@@ -352,6 +385,7 @@ void Scheduler::SampleAndEmit(Sequence* seq, absl::Span<const float> logits, abs
       child->sample_index = static_cast<uint32_t>(i + 1);
       child->state = Sequence::State::kRunning;
       child->chain = chains[i];
+      child->generated_counts = seq->generated_counts;
       child->cache_seq = children[i];
       child->admit_order = seq->admit_order;
       running_.push_back(child.get());
@@ -363,7 +397,9 @@ void Scheduler::SampleAndEmit(Sequence* seq, absl::Span<const float> logits, abs
     const SampleKey key{.seed = req.sampling.seed,
                         .sample_index = s->sample_index,
                         .position = static_cast<uint32_t>(s->chain->size())};
-    SampledToken t = SampleToken(logits, req.sampling, key, req.top_logprobs);
+    const SampleHistory history{.prompt_tokens = &r->prompt_token_set,
+                                .generated_counts = &s->generated_counts};
+    SampledToken t = SampleToken(logits, req.sampling, key, req.top_logprobs, history);
     const uint32_t id = t.token.token_id;
     const bool is_stop = (!req.ignore_eos && id == options_.model_config.eos_token_id) ||
                          r->stop_ids.contains(id);
@@ -378,6 +414,7 @@ void Scheduler::SampleAndEmit(Sequence* seq, absl::Span<const float> logits, abs
     event.top = std::move(t.top);
     r->outbox.push_back(std::move(event));
     ++s->generated;
+    ++s->generated_counts[id];
     ++r->usage.completion_tokens;
     ++counters_.generated_tokens;
     if (!r->has_first_token) {
@@ -395,6 +432,112 @@ void Scheduler::SampleAndEmit(Sequence* seq, absl::Span<const float> logits, abs
     cache_->AppendTokens(s->cache_seq, {id});  // onto s->chain: the one list of its tokens
     s->decoding = true;
   }
+}
+
+bool Scheduler::Scoring(const Sequence* seq) const {
+  const RequestState* r = seq->request;
+  return r->request.prompt_logprobs.has_value() && !r->prompt_sent;
+}
+
+int32_t Scheduler::ScoredPrefixBlocks(const Sequence* seq) const {
+  if (options_.scores == nullptr) return 0;
+  // While it scores, the sequence holds the prompt alone: its chain's keys are the prompt's.
+  const absl::Span<const Digest> keys = seq->chain->keys();
+  int32_t m = 0;
+  while (m < static_cast<int32_t>(keys.size()) && options_.scores->Find(keys[m]) != nullptr) ++m;
+  return m;
+}
+
+void Scheduler::TakeScores(const Sequence* seq, int32_t num_cached) {
+  RequestState* r = seq->request;
+  // Entries 1..num_cached are scored by rows the request does not compute: they come from
+  // the records of their blocks (each present: the admission took only scored blocks).
+  const int32_t bs = cache_->block_size();
+  for (int32_t p = 1; p <= num_cached; ++p) {
+    if (r->scored[p]) continue;
+    const BlockScores* record = options_.scores->Find(seq->chain->keys()[p / bs]);
+    PREFIXD_CHECK(record != nullptr);
+    const PromptToken& entry = record->positions[p % bs];
+    PREFIXD_CHECK(entry.token_id == r->request.prompt[p] && entry.has_logprob);
+    r->prompt_scores[p] = entry;
+    r->scored[p] = true;
+    ++r->cached_scores;
+  }
+  r->recorded_blocks = std::max(r->recorded_blocks, (num_cached + 1) / bs);
+}
+
+void Scheduler::ScoreRows(const Scheduled& s, absl::Span<const float> rows) {
+  RequestState* r = s.seq->request;
+  const std::vector<uint32_t>& prompt = r->request.prompt;
+  const size_t vocab = static_cast<size_t>(options_.model_config.vocab_size);
+  // Row q's logits score position q + 1.
+  for (int32_t i = 0; i < s.count; ++i) {
+    const int32_t p = s.start + i + 1;
+    if (p >= static_cast<int32_t>(prompt.size())) break;
+    const SampledToken t =
+        ScoreToken(rows.subspan(static_cast<size_t>(i) * vocab, vocab), prompt[p], kScoreTopK);
+    r->prompt_scores[p] = {.token_id = prompt[p], .has_logprob = true,
+                           .logprob = t.token.logprob, .top = t.top};
+    r->scored[p] = true;
+  }
+  if (options_.scores == nullptr) return;
+  // Record every block now full, indexed (MarkComputed ran) and scored at each position.
+  const int32_t bs = cache_->block_size();
+  const int32_t computed = s.start + s.count;
+  const absl::Span<const Digest> keys = s.seq->chain->keys();
+  while ((r->recorded_blocks + 1) * bs <= computed &&
+         r->recorded_blocks < static_cast<int32_t>(keys.size())) {
+    const int32_t b = r->recorded_blocks;
+    auto record = std::make_shared<BlockScores>();
+    for (int32_t j = 0; j < bs; ++j) {
+      PREFIXD_CHECK(r->scored[b * bs + j]);
+      record->positions.push_back(r->prompt_scores[b * bs + j]);
+    }
+    options_.scores->Insert(keys[b], std::move(record));
+    ++r->recorded_blocks;
+  }
+}
+
+void Scheduler::EmitPrompt(Sequence* seq) {
+  RequestState* r = seq->request;
+  const EngineRequest& req = r->request;
+  RequestEvent event;
+  event.kind = RequestEvent::Kind::kPrompt;
+  if (req.prompt_logprobs.has_value()) {
+    event.prompt = std::move(r->prompt_scores);
+    for (size_t p = 0; p < event.prompt.size(); ++p) {
+      PREFIXD_CHECK(r->scored[p]);
+      if (event.prompt[p].top.size() > *req.prompt_logprobs) {
+        event.prompt[p].top.resize(*req.prompt_logprobs);
+      }
+    }
+    counters_.prompt_logprob_tokens += req.prompt.size() - 1;
+    counters_.prompt_logprob_tokens_cached += r->cached_scores;
+    r->prompt_scores = {};
+    r->scored = {};
+  } else {
+    event.prompt.resize(req.prompt.size());
+    for (size_t p = 0; p < req.prompt.size(); ++p) event.prompt[p].token_id = req.prompt[p];
+  }
+  r->outbox.push_back(std::move(event));
+  r->prompt_sent = true;
+  if (req.max_new_tokens > 0) return;
+  // The prompt alone: every sample ends here, with nothing generated.
+  PREFIXD_CHECK(seq->sample_index == 0);
+  seq->pre_fork = false;
+  for (uint32_t i = 1; i < req.num_samples; ++i) {
+    RequestEvent finished;
+    finished.kind = RequestEvent::Kind::kSampleFinished;
+    finished.sample_index = i;
+    finished.finish_reason = FinishReason::kLength;
+    r->outbox.push_back(std::move(finished));
+    ++r->samples_finished;
+  }
+  if (!r->has_first_token) {
+    r->has_first_token = true;
+    ttft_.push_back(absl::ToDoubleSeconds(options_.clock() - r->submit_time));
+  }
+  FinishSequence(seq, FinishReason::kLength);
 }
 
 void Scheduler::FinishSequence(Sequence* seq, FinishReason reason) {

@@ -37,6 +37,7 @@
 #include "engine/backend.h"
 #include "engine/engine_stats.h"
 #include "engine/model_config.h"
+#include "engine/score_store.h"
 #include "engine/sequence.h"
 
 namespace prefixd {
@@ -48,6 +49,8 @@ struct SchedulerOptions {
   int32_t max_batch_tokens = 512;
   std::function<absl::Time()> clock;  // required
   DiskTier* disk_tier = nullptr;      // not owned; null: no disk tier
+  // Not owned; null: no score records are kept (prompt logprobs are then always computed).
+  ScoreStore* scores = nullptr;
 };
 
 class Scheduler {
@@ -85,6 +88,7 @@ class Scheduler {
     int32_t start;  // num_computed before the step
     int32_t count;  // tokens forwarded
     bool decode;
+    bool all_logits = false;  // a prompt chunk of a request with prompt_logprobs
   };
 
   // Blocks an admission found in the disk tier: blocks first_block .. first_block + count - 1
@@ -112,6 +116,16 @@ class Scheduler {
   // sequence on a stop condition.
   void SampleAndEmit(Sequence* seq, absl::Span<const float> logits, absl::Time now);
   void FinishSequence(Sequence* seq, FinishReason reason);
+  // Prompt logprobs (engine/score_store.h): whether `seq` still scores its prompt; the
+  // tokens an admission may take from the pool (only blocks that carry score records, and
+  // the last row of the last one recomputed, since its logits score the next position);
+  // scoring the rows of a computed chunk and recording the blocks it completed; the kPrompt
+  // event, and for max_new_tokens = 0 the request's end.
+  bool Scoring(const Sequence* seq) const;
+  int32_t ScoredPrefixBlocks(const Sequence* seq) const;
+  void TakeScores(const Sequence* seq, int32_t num_cached);
+  void ScoreRows(const Scheduled& s, absl::Span<const float> rows);
+  void EmitPrompt(Sequence* seq);
   void EndRequest(RequestState* request, const absl::Status& status);
   void ReleaseSequence(Sequence* seq);
   void Prune();  // drops finished sequences from the queues

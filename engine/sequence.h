@@ -8,6 +8,7 @@
 // - chain holds prompt + emitted tokens of this sample and their block keys (one list, which
 //   the KvCache grows while the sequence runs: cache/kv_cache.h invariant 6); the cache has
 //   computed K/V for all of them but the last one (the next input) while decoding.
+//   generated_counts counts the emitted ones (chain tokens past the prompt) by id.
 #ifndef PREFIXD_ENGINE_SEQUENCE_H_
 #define PREFIXD_ENGINE_SEQUENCE_H_
 
@@ -15,6 +16,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/time/time.h"
 #include "cache/kv_cache.h"
@@ -36,6 +38,9 @@ struct Sequence {
   State state = State::kWaiting;
   std::shared_ptr<TokenChain> chain;  // prompt + emitted tokens of this sample, and keys
   uint32_t generated = 0;             // emitted tokens
+  // How often this sample has emitted each id (the penalties' history, engine/sampler.h).
+  // Kept across preemption: it describes the chain, which a re-admission keeps.
+  absl::flat_hash_map<uint32_t, uint32_t> generated_counts;
   SequenceId cache_seq = -1;
   // Order of the latest admission; the largest is preempted first. Forks share their
   // parent's and are ordered among themselves by sample index.
@@ -52,6 +57,9 @@ struct RequestState {
   // request.stop_token_ids as a set (filled by Scheduler::Enqueue): checked once per
   // sampled token.
   absl::flat_hash_set<uint32_t> stop_ids;
+  // The prompt's distinct ids, filled by Scheduler::Enqueue only when repetition_penalty
+  // is on (the one penalty that reads the prompt).
+  absl::flat_hash_set<uint32_t> prompt_token_set;
   std::shared_ptr<RequestStream> stream;
   Digest root;  // CacheRootKey(manifest, namespace)
   absl::Time submit_time;
@@ -60,6 +68,14 @@ struct RequestState {
   bool ended = false;  // kDone queued
   uint32_t samples_finished = 0;
   Usage usage;
+  // Prompt logprobs: one entry per prompt position (kScoreTopK top entries until sent),
+  // filled from score records and computed rows; `scored[p]` says whether entry p is.
+  // recorded_blocks: leading full blocks whose records are in the store or were taken from it.
+  std::vector<PromptToken> prompt_scores;
+  std::vector<bool> scored;
+  int32_t recorded_blocks = 0;
+  uint32_t cached_scores = 0;  // entries taken from records
+  bool prompt_sent = false;  // the kPrompt event is in the outbox
   std::vector<std::unique_ptr<Sequence>> sequences;
   std::vector<RequestEvent> outbox;  // flushed to the stream at the end of each step
 };

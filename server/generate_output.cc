@@ -24,6 +24,10 @@ void GenerateOutput::Add(std::vector<RequestEvent> events) {
         PREFIXD_CHECK(e.sample_index < samples_.size());
         EndSample(samples_[e.sample_index], e.sample_index, e.finish_reason);
         break;
+      case RequestEvent::Kind::kPrompt:
+        has_prompt_ = true;
+        prompt_ = std::move(e.prompt);
+        break;
       case RequestEvent::Kind::kDone:
         done_event_ = true;
         status_ = e.status;
@@ -31,6 +35,14 @@ void GenerateOutput::Add(std::vector<RequestEvent> events) {
         break;
     }
   }
+}
+
+bool GenerateOutput::TakePrompt(std::vector<PromptToken>* out) {
+  if (!has_prompt_) return false;
+  has_prompt_ = false;
+  *out = std::move(prompt_);
+  prompt_.clear();
+  return true;
 }
 
 void GenerateOutput::AddToken(Sample& s, const RequestEvent& e) {

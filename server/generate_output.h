@@ -57,6 +57,11 @@ class GenerateOutput {
   // returns false when nothing is ready. A sample's finish comes with its last tokens.
   bool Next(SampleOutput* out);
 
+  // The prompt's entries (echo_prompt / prompt_logprobs), once the kPrompt event has come:
+  // true once, with *out filled; they come before any sample's output. Stop strings apply to
+  // generated text only.
+  bool TakePrompt(std::vector<PromptToken>* out);
+
   // Samples ended by a stop string since the last call: tell the engine (StopSample).
   std::vector<uint32_t> StoppedSamples();
 
@@ -99,6 +104,8 @@ class GenerateOutput {
   std::vector<uint32_t> stopped_;
   uint64_t ready_counter_ = 0;
   bool done_event_ = false;
+  bool has_prompt_ = false;
+  std::vector<PromptToken> prompt_;
   absl::Status status_;
   Usage usage_;
 };

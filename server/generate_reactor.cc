@@ -95,6 +95,21 @@ void GenerateReactor::SetUsageLocked() {
 bool GenerateReactor::BuildMessageLocked() {
   msg_.Clear();
   msg_.set_request_id(request_id_);
+  std::vector<PromptToken> prompt;
+  if (output_->TakePrompt(&prompt)) {
+    msg_.set_sample_index(0);
+    for (const PromptToken& p : prompt) {
+      msg_.add_prompt_token_ids(p.token_id);
+      if (!p.has_logprob) continue;
+      msg_.add_prompt_logprobs(p.logprob);
+      v1::TopLogprobs* top = msg_.add_prompt_top_logprobs();
+      for (const TokenLogprob& e : p.top) {
+        top->add_token_ids(e.token_id);
+        top->add_logprobs(e.logprob);
+      }
+    }
+    return true;
+  }
   SampleOutput out;
   if (output_->Next(&out)) {
     // Everything ready for one sample, up to and including its end.

@@ -91,6 +91,12 @@ Usage HttpCompletion::TotalUsage() const {
 std::optional<HttpReply> HttpCompletion::TakeWhole() {
   if (finished_) return std::nullopt;
   for (size_t gi = 0; gi < gens_.size(); ++gi) {
+    std::vector<PromptToken> prompt;
+    if (gens_[gi].output->TakePrompt(&prompt)) {
+      for (uint32_t s = 0; s < samples_; ++s) {
+        AppendPromptToChoice(path_.tokenizer(), prompt, &choices_[gi * samples_ + s]);
+      }
+    }
     SampleOutput out;
     while (gens_[gi].output->Next(&out)) {
       AppendToChoice(path_.tokenizer(), out, &choices_[gi * samples_ + out.sample_index]);
@@ -107,6 +113,19 @@ std::string HttpCompletion::TakeStreamBytes(bool* last) {
   std::string data;
   if (finished_) return data;
   for (size_t gi = 0; gi < gens_.size(); ++gi) {
+    std::vector<PromptToken> prompt;
+    if (gens_[gi].output->TakePrompt(&prompt)) {
+      // The prompt opens each choice's stream, in one chunk per choice.
+      for (uint32_t s = 0; s < samples_; ++s) {
+        Choice& sent = choices_[gi * samples_ + s];
+        Choice delta;
+        delta.index = sent.index;
+        if (request_.logprobs.has_value()) delta.logprobs.emplace();
+        AppendPromptToChoice(path_.tokenizer(), prompt, &delta);
+        sent.text += delta.text;
+        data.append(CompletionChunk(header_, delta));
+      }
+    }
     SampleOutput out;
     while (gens_[gi].output->Next(&out)) {
       Choice& sent = choices_[gi * samples_ + out.sample_index];

@@ -1,5 +1,7 @@
 #include "server/inference_service.h"
 
+#include <algorithm>
+
 #include <utility>
 
 #include "server/generate_reactor.h"
@@ -41,6 +43,15 @@ GenerateCall ToGenerateCall(const v1::GenerateRequest& request) {
   call.ignore_eos = request.ignore_eos();
   call.top_logprobs = request.top_logprobs();
   call.stop.assign(request.stop().begin(), request.stop().end());
+  call.presence_penalty = request.presence_penalty();
+  call.frequency_penalty = request.frequency_penalty();
+  if (request.has_repetition_penalty()) call.repetition_penalty = request.repetition_penalty();
+  call.min_p = request.min_p();
+  if (request.has_prompt_logprobs()) call.prompt_logprobs = request.prompt_logprobs();
+  // A proto map has no order: sorted by id, so a request means one thing.
+  for (const auto& [id, bias] : request.logit_bias()) call.logit_bias.push_back({id, bias});
+  std::sort(call.logit_bias.begin(), call.logit_bias.end(),
+            [](const TokenBias& a, const TokenBias& b) { return a.token_id < b.token_id; });
   return call;
 }
 

@@ -116,6 +116,15 @@ ServerMetrics::ServerMetrics(MetricsSources sources)
   AddStatsCounter("prefixd_generated_tokens_total",
                   "Tokens generated (completion tokens of all samples)",
                   [](const EngineStats& s) { return s.scheduler.generated_tokens; });
+  // = sum over requests with prompt logprobs of (prompt length - 1): positions scored.
+  AddStatsCounter("prefixd_prompt_logprob_tokens_total",
+                  "Prompt positions whose log-probability was returned (prompt logprobs, echo)",
+                  [](const EngineStats& s) { return s.scheduler.prompt_logprob_tokens; });
+  // = of those, the positions taken from score records kept with cached blocks (not
+  //   recomputed).
+  AddStatsCounter("prefixd_prompt_logprob_tokens_cached_total",
+                  "Prompt logprob positions served from the prefix cache's score records",
+                  [](const EngineStats& s) { return s.scheduler.prompt_logprob_tokens_cached; });
   // = number of times a running sequence was preempted by recompute for lack of blocks.
   AddStatsCounter("prefixd_preemptions_total",
                   "Sequences preempted (blocks released, recomputed later)",

@@ -1,13 +1,16 @@
 #include "server/openai_api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <utility>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "engine/request_validation.h"
+#include "engine/sampler.h"
 
 namespace prefixd {
 namespace {
@@ -176,29 +179,56 @@ absl::StatusOr<std::vector<GenerateCall>> ParsePrompts(const json& j) {
   return calls;
 }
 
+// OpenAI's `logit_bias`: an object from token ids (decimal strings, as JSON keys are) to
+// numbers. Ranges, the entry limit and the ids' vocabulary are the request path's rules.
+absl::StatusOr<std::vector<TokenBias>> ParseLogitBias(const json& j) {
+  std::vector<TokenBias> out;
+  auto it = j.find("logit_bias");
+  if (it == j.end() || it->is_null()) return out;
+  if (!it->is_object()) {
+    return Invalid("logit_bias",
+                   "`logit_bias` must be an object from token ids to biases, e.g. "
+                   "{\"50256\": -100}");
+  }
+  if (it->size() > kMaxLogitBias) {
+    return Invalid("logit_bias", absl::StrCat("`logit_bias` has ", it->size(),
+                                              " entries: give at most ", kMaxLogitBias));
+  }
+  for (const auto& [key, value] : it->items()) {
+    uint32_t id = 0;
+    const bool digits = !key.empty() && key.size() <= 10 &&
+                        key.find_first_not_of("0123456789") == std::string::npos;
+    if (!digits || !absl::SimpleAtoi(key, &id)) {
+      return Invalid("logit_bias",
+                     absl::StrCat("`logit_bias` key `", absl::CHexEscape(key.substr(0, 64)),
+                                  "` is not a token id: keys are token ids in decimal"));
+    }
+    if (!value.is_number()) {
+      return Invalid("logit_bias", absl::StrCat("`logit_bias` value for token ", id,
+                                                " must be a number from -100 to 100"));
+    }
+    const double v = value.get<double>();
+    if (!(std::fabs(v) <= std::numeric_limits<float>::max())) {
+      return Invalid("logit_bias", absl::StrCat("`logit_bias` value for token ", id,
+                                                " is out of range: use -100 to 100"));
+    }
+    out.push_back({id, static_cast<float>(v)});
+  }
+  // JSON objects have no order that means anything: sorted by id.
+  std::sort(out.begin(), out.end(),
+            [](const TokenBias& a, const TokenBias& b) { return a.token_id < b.token_id; });
+  return out;
+}
+
 // Parameters OpenAI has and prefixd does not implement: accepted only at their neutral value.
 absl::Status CheckUnsupported(const json& j) {
   if (auto it = j.find("best_of");
       it != j.end() && !it->is_null() && !(it->is_number_integer() && it->get<int64_t>() == 1)) {
     return Invalid("best_of", "`best_of` other than 1 is not supported: use `n`");
   }
-  for (const char* f : {"presence_penalty", "frequency_penalty"}) {
-    if (auto it = j.find(f);
-        it != j.end() && !it->is_null() && !(it->is_number() && it->get<double>() == 0.0)) {
-      return Invalid(f, absl::StrCat("`", f, "` is not supported: leave it out or 0"));
-    }
-  }
-  if (auto it = j.find("logit_bias");
-      it != j.end() && !it->is_null() && !(it->is_object() && it->empty())) {
-    return Invalid("logit_bias", "`logit_bias` is not supported: leave it out");
-  }
   if (auto it = j.find("suffix");
       it != j.end() && !it->is_null() && !(it->is_string() && it->get<std::string>().empty())) {
     return Invalid("suffix", "`suffix` is not supported: leave it out");
-  }
-  if (auto it = j.find("echo"); it != j.end() && !it->is_null()) {
-    if (!it->is_boolean()) return Invalid("echo", "`echo` must be true or false");
-    if (it->get<bool>()) return Invalid("echo", "`echo` is not supported: leave it out or false");
   }
   return absl::OkStatus();
 }
@@ -222,6 +252,8 @@ constexpr const char* kKnownFields[] = {"model",
                                         "logit_bias",
                                         "suffix",
                                         "top_k",
+                                        "min_p",
+                                        "repetition_penalty",
                                         "ignore_eos",
                                         "cache_salt",
                                         "stop_token_ids"};
@@ -270,6 +302,19 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(const std::string& body
   if (!top_k.ok()) return top_k.status();
   // vLLM's convention: -1 (or 0) turns top-k off.
   base.top_k = top_k->has_value() && **top_k > 0 ? static_cast<uint32_t>(**top_k) : 0;
+  for (auto [field, target] : {std::pair{"presence_penalty", &base.presence_penalty},
+                                std::pair{"frequency_penalty", &base.frequency_penalty},
+                                std::pair{"min_p", &base.min_p}}) {
+    absl::StatusOr<std::optional<double>> v = GetNumber(j, field);
+    if (!v.ok()) return v.status();
+    if (v->has_value()) *target = static_cast<float>(**v);
+  }
+  absl::StatusOr<std::optional<double>> repetition = GetNumber(j, "repetition_penalty");
+  if (!repetition.ok()) return repetition.status();
+  if (repetition->has_value()) base.repetition_penalty = static_cast<float>(**repetition);
+  absl::StatusOr<std::vector<TokenBias>> bias = ParseLogitBias(j);
+  if (!bias.ok()) return bias.status();
+  base.logit_bias = *std::move(bias);
   absl::StatusOr<std::optional<bool>> ignore_eos = GetBool(j, "ignore_eos");
   if (!ignore_eos.ok()) return ignore_eos.status();
   base.ignore_eos = ignore_eos->value_or(false);
@@ -305,6 +350,15 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(const std::string& body
   if (logprobs->has_value()) {
     req.logprobs = static_cast<uint32_t>(**logprobs);
     base.top_logprobs = *req.logprobs;
+  }
+  absl::StatusOr<std::optional<bool>> echo = GetBool(j, "echo");
+  if (!echo.ok()) return echo.status();
+  req.echo = echo->value_or(false);
+  if (req.echo) {
+    // The prompt first in every choice; its logprobs only when asked for (only then are the
+    // logits of every prompt position computed).
+    base.echo_prompt = true;
+    if (req.logprobs.has_value()) base.prompt_logprobs = req.logprobs;
   }
   absl::StatusOr<std::optional<bool>> stream = GetBool(j, "stream");
   if (!stream.ok()) return stream.status();
@@ -365,6 +419,25 @@ void AppendToChoice(const Tokenizer& tokenizer, const SampleOutput& out, Choice*
   if (out.finish_reason != FinishReason::kNone) choice->finish_reason = out.finish_reason;
 }
 
+void AppendPromptToChoice(const Tokenizer& tokenizer, const std::vector<PromptToken>& prompt,
+                          Choice* choice) {
+  Utf8StreamDecoder decoder;
+  for (const PromptToken& t : prompt) {
+    if (choice->logprobs.has_value()) {
+      ChoiceLogprobs& lp = *choice->logprobs;
+      lp.tokens.push_back(TokenName(tokenizer, t.token_id));
+      lp.token_logprobs.push_back(t.has_logprob ? t.logprob
+                                                : std::numeric_limits<float>::quiet_NaN());
+      std::vector<std::pair<std::string, float>> top;
+      for (const TokenLogprob& e : t.top) top.emplace_back(TokenName(tokenizer, e.token_id), e.logprob);
+      lp.top_logprobs.push_back(std::move(top));
+      lp.text_offset.push_back(static_cast<uint32_t>(choice->text.size()));
+    }
+    choice->text += decoder.Push(tokenizer.TokenBytes(t.token_id));
+  }
+  choice->text += decoder.Flush();
+}
+
 ojson UsageJson(const Usage& u) {
   return ojson{{"prompt_tokens", u.prompt_tokens},
                {"completion_tokens", u.completion_tokens},
@@ -376,7 +449,20 @@ ojson ChoiceJson(const Choice& c) {
   ojson choice{{"index", c.index}, {"text", c.text}, {"logprobs", nullptr}};
   if (c.logprobs.has_value()) {
     ojson top = ojson::array();
-    for (const auto& entries : c.logprobs->top_logprobs) {
+    ojson token_logprobs = ojson::array();
+    for (float lp : c.logprobs->token_logprobs) {
+      if (std::isnan(lp)) {
+        token_logprobs.push_back(nullptr);
+      } else {
+        token_logprobs.push_back(lp);
+      }
+    }
+    for (size_t i = 0; i < c.logprobs->top_logprobs.size(); ++i) {
+      const auto& entries = c.logprobs->top_logprobs[i];
+      if (i < c.logprobs->token_logprobs.size() && std::isnan(c.logprobs->token_logprobs[i])) {
+        top.push_back(nullptr);  // the echoed prompt's first token
+        continue;
+      }
       // Most probable first, as OpenAI sends them (an ordered object). Two ids with the same
       // text keep the first, the more probable.
       nlohmann::ordered_json o = nlohmann::ordered_json::object();
@@ -386,7 +472,7 @@ ojson ChoiceJson(const Choice& c) {
       top.push_back(std::move(o));
     }
     choice["logprobs"] = ojson{{"tokens", c.logprobs->tokens},
-                               {"token_logprobs", c.logprobs->token_logprobs},
+                               {"token_logprobs", std::move(token_logprobs)},
                                {"top_logprobs", std::move(top)},
                                {"text_offset", c.logprobs->text_offset}};
   }

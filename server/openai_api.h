@@ -2,10 +2,12 @@
 // request-path terms (server/request_path.h) out, and response, stream-chunk and error
 // bodies back. The HTTP front end (server/http_front_end.h) only moves bytes.
 //
-// Fields follow OpenAI's completions API as its SDKs send it, plus prefixd's own `top_k`,
-// `ignore_eos`, `cache_salt` and `stop_token_ids`. What OpenAI has and prefixd does not
-// (`best_of` > 1, non-zero penalties, `logit_bias`, `suffix`, `echo`) and unknown fields are
-// refused naming the field. Errors carry the one status vocabulary: the HTTP status is
+// Fields follow OpenAI's completions API as its SDKs send it (penalties and `logit_bias`
+// included), plus vLLM's `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
+// `stop_token_ids` and prefixd's `cache_salt`. What OpenAI has and prefixd does not
+// (`best_of` > 1, `suffix`) and unknown fields are refused naming the field. `echo` puts the
+// prompt first in each choice, with its logprobs when `logprobs` is given (the first token's
+// entries are null, as OpenAI's). Errors carry the one status vocabulary: the HTTP status is
 // derived from the status code (HttpStatusFor).
 #ifndef PREFIXD_SERVER_OPENAI_API_H_
 #define PREFIXD_SERVER_OPENAI_API_H_
@@ -34,6 +36,7 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;        // stream_options.include_usage
   std::optional<uint32_t> logprobs;  // unset: no logprobs object in the choices
+  bool echo = false;                 // each choice starts with the prompt (and its logprobs)
 };
 
 // POST /v1/completions. `served_model` is the only model name accepted (NOT_FOUND for
@@ -44,7 +47,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(const std::string& body
 // The pieces of a completion response, as they accumulate.
 struct ChoiceLogprobs {
   std::vector<std::string> tokens;
-  std::vector<float> token_logprobs;
+  std::vector<float> token_logprobs;  // NaN: none (the echoed prompt's first token): null
   std::vector<std::vector<std::pair<std::string, float>>> top_logprobs;
   std::vector<uint32_t> text_offset;
 };
@@ -61,6 +64,10 @@ std::string TokenName(const Tokenizer& tokenizer, uint32_t token_id);
 
 // Appends one SampleOutput to a choice: its text, and its logprobs when asked for.
 void AppendToChoice(const Tokenizer& tokenizer, const SampleOutput& out, Choice* choice);
+// Appends the echoed prompt to a choice: its text (decoded as UTF-8; an incomplete character
+// at its end becomes U+FFFD), and its logprobs when asked for, the first token's null.
+void AppendPromptToChoice(const Tokenizer& tokenizer, const std::vector<PromptToken>& prompt,
+                          Choice* choice);
 
 struct ResponseHeader {
   std::string id;  // "cmpl-<request id>"

@@ -105,6 +105,13 @@ absl::StatusOr<EngineRequest> RequestPath::BuildEngineRequest(const GenerateCall
   req.sampling.top_k = call.top_k;
   req.sampling.top_p = call.top_p.value_or(1.0f);
   req.sampling.seed = call.seed.has_value() ? *call.seed : RandomSeed();
+  req.sampling.presence_penalty = call.presence_penalty;
+  req.sampling.frequency_penalty = call.frequency_penalty;
+  req.sampling.repetition_penalty = call.repetition_penalty.value_or(1.0f);
+  req.sampling.min_p = call.min_p;
+  req.sampling.logit_bias = call.logit_bias;
+  req.echo_prompt = call.echo_prompt;
+  req.prompt_logprobs = call.prompt_logprobs;
   req.stop_token_ids = call.stop_token_ids;
   req.ignore_eos = call.ignore_eos;
   req.num_samples = call.num_samples == 0 ? 1 : call.num_samples;

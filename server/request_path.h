@@ -51,6 +51,13 @@ struct GenerateCall {
   bool ignore_eos = false;
   uint32_t top_logprobs = 0;
   std::vector<std::string> stop;  // stop strings
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  std::optional<float> repetition_penalty;  // unset = 1 (off)
+  float min_p = 0.0f;
+  std::vector<TokenBias> logit_bias;  // in the order given
+  bool echo_prompt = false;                // the prompt's ids come back first
+  std::optional<uint32_t> prompt_logprobs;  // ... with their logprobs and top entries
 };
 
 // Stop strings: at most this many, each 1 to kMaxStopStringBytes bytes.

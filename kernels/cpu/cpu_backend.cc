@@ -62,6 +62,7 @@ class CpuBackend final : public Backend {
   // name covers every CPU. kCpuKvNumerics changes with any kernel change that moves a K/V bit
   // (tests/kernels/cpu_backend_test.cc pins the bits it names).
   std::string kv_numerics() const override { return std::string(kCpuKvNumerics); }
+  bool computes_all_logits() const override { return true; }
   int64_t num_blocks() const override { return num_blocks_; }
   int32_t block_size() const override { return geometry_.block_size; }
   int64_t kv_bytes_per_token() const override {
@@ -353,7 +354,13 @@ absl::Status CpuBackend::Forward(absl::Span<const SequenceStep> steps, std::vect
       const float* pe = wpe_.data() + int64_t{pos} * e;
       for (int64_t j = 0; j < e; ++j) row[j] += pe[j];
     }
-    if (step.want_logits) logit_rows.push_back(r - 1);
+    if (step.want_all_logits) {
+      // Every row's logits: the final layer norm and the LM head are per row, so each is the
+      // same bits as when that row is a step's last.
+      for (int64_t i = r - count; i < r; ++i) logit_rows.push_back(i);
+    } else if (step.want_logits) {
+      logit_rows.push_back(r - 1);
+    }
   }
   for (int32_t l = 0; l < config_.n_layer; ++l) RunLayer(l, rows);
   if (logit_rows.empty()) return absl::OkStatus();

@@ -1,5 +1,6 @@
 // The engine on the real CPU backend and a tiny random GPT-2: concurrency, preemption and
 // the prefix cache are invisible in the output, compared with == against cold runs alone.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -22,7 +23,41 @@ std::vector<uint32_t> RandomTokens(std::mt19937* rng, int n) {
   return out;
 }
 
-enum class Mix { kGreedy, kSeeded, kForks };
+enum class Mix { kGreedy, kSeeded, kForks, kPenalties };
+
+// The sampling controls, varied by request: each on its own, and all together.
+void AddPenalties(int i, std::mt19937* rng, SamplingParams* s) {
+  if (i % 5 == 0) s->temperature = 0.0f;  // greedy with penalties
+  switch (i % 4) {
+    case 0:
+      s->frequency_penalty = 1.5f;
+      break;
+    case 1:
+      s->presence_penalty = -0.8f;
+      s->min_p = 0.05f;
+      break;
+    case 2:
+      s->repetition_penalty = 1.3f;
+      break;
+    default:
+      s->frequency_penalty = 0.7f;
+      s->presence_penalty = 0.6f;
+      s->repetition_penalty = 0.9f;
+      s->min_p = 0.02f;
+      break;
+  }
+  for (int b = 0; b < i % 7; ++b) {
+    s->logit_bias.push_back({static_cast<uint32_t>((*rng)() % 50257),
+                             static_cast<float>(static_cast<int>((*rng)() % 201) - 100)});
+  }
+  std::sort(s->logit_bias.begin(), s->logit_bias.end(),
+            [](const TokenBias& a, const TokenBias& b) { return a.token_id < b.token_id; });
+  s->logit_bias.erase(std::unique(s->logit_bias.begin(), s->logit_bias.end(),
+                                  [](const TokenBias& a, const TokenBias& b) {
+                                    return a.token_id == b.token_id;
+                                  }),
+                      s->logit_bias.end());
+}
 
 std::vector<EngineRequest> MixedRequests(Mix mix, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -43,7 +78,8 @@ std::vector<EngineRequest> MixedRequests(Mix mix, uint32_t seed) {
                     .top_p = i % 3 == 0 ? 0.9f : 1.0f,
                     .seed = 1000u + i};
     }
-    if (mix == Mix::kForks) r.num_samples = 1 + i % 4;
+    if (mix == Mix::kForks || mix == Mix::kPenalties) r.num_samples = 1 + i % 4;
+    if (mix == Mix::kPenalties) AddPenalties(i, &rng, &r.sampling);
     out.push_back(r);
   }
   return out;
@@ -89,6 +125,48 @@ void ExpectConcurrencyIsInvisible(Mix mix) {
 TEST(EngineCpuTest, ConcurrencyIsInvisibleGreedy) { ExpectConcurrencyIsInvisible(Mix::kGreedy); }
 TEST(EngineCpuTest, ConcurrencyIsInvisibleSeeded) { ExpectConcurrencyIsInvisible(Mix::kSeeded); }
 TEST(EngineCpuTest, ConcurrencyIsInvisibleForks) { ExpectConcurrencyIsInvisible(Mix::kForks); }
+TEST(EngineCpuTest, ConcurrencyIsInvisibleWithPenaltiesBiasAndMinP) {
+  ExpectConcurrencyIsInvisible(Mix::kPenalties);
+}
+
+// A request with every sampling control, cached and cold: the same tokens, and the
+// penalties visibly act (the output differs from the same request without them).
+TEST(EngineCpuTest, PenaltiesGiveTheSameTokensCachedAndCold) {
+  std::mt19937 rng(5);
+  EngineRequest base;
+  base.prompt = RandomTokens(&rng, 100);
+  base.max_new_tokens = 40;
+  base.ignore_eos = true;
+  base.num_samples = 3;
+  base.top_logprobs = 2;
+  base.sampling = {.temperature = 0.8f, .top_k = 50, .seed = 77};
+  EngineRequest penalised = base;
+  AddPenalties(3, &rng, &penalised.sampling);
+  EngineRequest greedy = base;
+  greedy.sampling = {.temperature = 0.0f, .frequency_penalty = 1.0f, .repetition_penalty = 1.5f};
+  greedy.num_samples = 1;
+
+  CpuEngine warm({.pool_blocks = 64, .block_size = 16});
+  CpuEngine cold({.pool_blocks = 64, .block_size = 16, .prefix_cache = false});
+  for (const EngineRequest* r : {&penalised, &greedy}) {
+    EngineRequest plain = *r;
+    plain.sampling.presence_penalty = plain.sampling.frequency_penalty = 0.0f;
+    plain.sampling.repetition_penalty = 1.0f;
+    plain.sampling.min_p = 0.0f;
+    plain.sampling.logit_bias.clear();
+    const RequestResult filler = RunOne(*warm.engine, plain);  // leaves the prompt cached
+    const RequestResult hit = RunOne(*warm.engine, *r);
+    const RequestResult miss = RunOne(*cold.engine, *r);
+    ASSERT_TRUE(hit.status.ok() && miss.status.ok() && filler.status.ok());
+    EXPECT_EQ(hit.usage.cached_prompt_tokens, 99u);
+    EXPECT_EQ(miss.usage.cached_prompt_tokens, 0u);
+    ASSERT_EQ(hit.samples.size(), r->num_samples);
+    for (size_t s = 0; s < hit.samples.size(); ++s) {
+      EXPECT_EQ(hit.samples[s], miss.samples[s]) << "sample " << s;
+      EXPECT_NE(hit.samples[s].ids, filler.samples[s].ids) << "sample " << s;
+    }
+  }
+}
 
 TEST(EngineCpuTest, PrefixCacheServesPartialBlocksAndStaysInItsNamespace) {
   std::mt19937 rng(42);

@@ -49,6 +49,8 @@ inline std::ostream& operator<<(std::ostream& os, const SampleResult& r) {
 
 struct RequestResult {
   std::vector<SampleResult> samples;
+  std::vector<PromptToken> prompt;  // the kPrompt event's entries
+  int prompt_events = 0;
   Usage usage;
   absl::Status status = absl::UnknownError("no kDone");
   int done_events = 0;
@@ -56,6 +58,13 @@ struct RequestResult {
 
 // Applies one event; false after kDone.
 inline bool ApplyEvent(const RequestEvent& e, RequestResult* out) {
+  if (e.kind == RequestEvent::Kind::kPrompt) {
+    EXPECT_EQ(out->prompt_events, 0) << "a second kPrompt";
+    EXPECT_TRUE(out->samples.empty()) << "kPrompt after a sample's event";
+    out->prompt = e.prompt;
+    ++out->prompt_events;
+    return true;
+  }
   if (e.kind != RequestEvent::Kind::kDone && e.sample_index >= out->samples.size()) {
     out->samples.resize(e.sample_index + 1);
   }
@@ -71,6 +80,8 @@ inline bool ApplyEvent(const RequestEvent& e, RequestResult* out) {
     case RequestEvent::Kind::kSampleFinished:
       out->samples[e.sample_index].finish = e.finish_reason;
       ++out->samples[e.sample_index].finished_events;
+      return true;
+    case RequestEvent::Kind::kPrompt:
       return true;
     case RequestEvent::Kind::kDone:
       out->usage = e.usage;

@@ -125,6 +125,102 @@ TEST(RequestValidationTest, TopP) {
   EXPECT_TRUE(Check(r).ok());
 }
 
+TEST(RequestValidationTest, PresenceAndFrequencyPenaltiesWithinPlusMinusTwo) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float SamplingParams::*field :
+       {&SamplingParams::presence_penalty, &SamplingParams::frequency_penalty}) {
+    const std::string name =
+        field == &SamplingParams::presence_penalty ? "presence_penalty" : "frequency_penalty";
+    EngineRequest r = Valid();
+    for (float v : {-2.0f, -0.5f, 0.0f, 1.25f, 2.0f}) {
+      r.sampling.*field = v;
+      EXPECT_TRUE(Check(r).ok()) << name << " " << v;
+    }
+    for (float v : {-2.0001f, 2.5f, inf, -inf, std::nanf("")}) {
+      r.sampling.*field = v;
+      const absl::Status s = Check(r);
+      ExpectInvalid(s, name + " ");
+      ExpectInvalid(s, "use a value in [-2, 2]");
+      EXPECT_EQ(InvalidField(s), name);
+    }
+  }
+}
+
+TEST(RequestValidationTest, RepetitionPenaltyPositive) {
+  EngineRequest r = Valid();
+  for (float v : {0.01f, 1.0f, 1.3f, 10.0f}) {
+    r.sampling.repetition_penalty = v;
+    EXPECT_TRUE(Check(r).ok()) << v;
+  }
+  for (float v : {0.0f, -1.0f, std::numeric_limits<float>::infinity(), std::nanf("")}) {
+    r.sampling.repetition_penalty = v;
+    const absl::Status s = Check(r);
+    ExpectInvalid(s, "use a finite value > 0 (1 = off");
+    EXPECT_EQ(InvalidField(s), "repetition_penalty");
+  }
+}
+
+TEST(RequestValidationTest, MinPInTheUnitInterval) {
+  EngineRequest r = Valid();
+  for (float v : {0.0f, 0.05f, 1.0f}) {
+    r.sampling.min_p = v;
+    EXPECT_TRUE(Check(r).ok()) << v;
+  }
+  for (float v : {-0.01f, 1.01f, std::nanf("")}) {
+    r.sampling.min_p = v;
+    const absl::Status s = Check(r);
+    ExpectInvalid(s, "use a value in [0, 1] (0 = off)");
+    EXPECT_EQ(InvalidField(s), "min_p");
+  }
+}
+
+TEST(RequestValidationTest, LogitBiasIdsRangesAndCount) {
+  EngineRequest r = Valid();
+  r.sampling.logit_bias = {{0, -100.0f}, {99, 100.0f}, {5, 0.5f}};
+  EXPECT_TRUE(Check(r).ok());
+  r.sampling.logit_bias = {{100, 1.0f}};
+  ExpectInvalid(Check(r), "logit_bias token id 100 is out of range: ids must be < vocab_size 100");
+  r.sampling.logit_bias = {{3, 100.5f}};
+  ExpectInvalid(Check(r), "logit_bias for token 3 is 100.5: use a value in [-100, 100]");
+  r.sampling.logit_bias = {{3, -std::numeric_limits<float>::infinity()}};
+  ExpectInvalid(Check(r), "use a value in [-100, 100]");
+  r.sampling.logit_bias = {{3, std::nanf("")}};
+  ExpectInvalid(Check(r), "use a value in [-100, 100]");
+  r.sampling.logit_bias = {{3, 1.0f}, {4, 1.0f}, {3, 2.0f}};
+  ExpectInvalid(Check(r), "logit_bias gives token 3 twice");
+  EXPECT_EQ(InvalidField(Check(r)), "logit_bias");
+  RequestLimits big = Limits();
+  big.model_config.vocab_size = 1000;
+  r.sampling.logit_bias.clear();
+  for (uint32_t i = 0; i < 300; ++i) r.sampling.logit_bias.push_back({i, 1.0f});
+  EXPECT_TRUE(ValidateEngineRequest(r, big).ok());
+  r.sampling.logit_bias.push_back({300, 1.0f});
+  ExpectInvalid(ValidateEngineRequest(r, big), "logit_bias has 301 entries: give at most 300");
+}
+
+TEST(RequestValidationTest, PromptLogprobsAndEcho) {
+  EngineRequest r = Valid();
+  r.max_new_tokens = 0;
+  ExpectInvalid(Check(r), "0 is allowed only with prompt_logprobs or echo");
+  r.echo_prompt = true;
+  EXPECT_TRUE(Check(r).ok());
+  r.echo_prompt = false;
+  r.prompt_logprobs = 20;
+  EXPECT_TRUE(Check(r).ok());
+  r.prompt_logprobs = 21;
+  ExpectInvalid(Check(r), "prompt_logprobs 21 is too large: use 0..20");
+  EXPECT_EQ(InvalidField(Check(r)), "prompt_logprobs");
+  r.prompt_logprobs = 0;
+  RequestLimits no_all_logits = Limits();
+  no_all_logits.computes_all_logits = false;
+  const absl::Status s = ValidateEngineRequest(r, no_all_logits);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("leave prompt_logprobs unset"));
+  r.prompt_logprobs.reset();
+  r.echo_prompt = true;  // echo alone needs no all-position logits
+  EXPECT_TRUE(ValidateEngineRequest(r, no_all_logits).ok());
+}
+
 TEST(RequestValidationTest, TopLogprobs) {
   EngineRequest r = Valid();
   r.top_logprobs = 21;

@@ -287,6 +287,224 @@ TEST_F(HttpApiTest, StopStringsCutTheTextInBothFrontEnds) {
   EXPECT_THAT(bad["error"]["message"].get<std::string>(), HasSubstr("at most 4"));
 }
 
+// The sampling controls through both front ends: the same tokens for the same ids, seed and
+// parameters, and out-of-range values refused naming the field and its range.
+TEST_F(HttpApiTest, SamplingControlsEqualGrpcsAndAreRangeChecked) {
+  const std::vector<uint32_t> ids = RandomIds(33, 20);
+  v1::GenerateRequest g = IdsRequest(ids, 24);
+  g.set_num_samples(2);
+  g.set_temperature(0.9f);
+  g.set_seed(11);
+  g.set_ignore_eos(true);
+  g.set_presence_penalty(0.5f);
+  g.set_frequency_penalty(1.0f);
+  g.set_repetition_penalty(1.2f);
+  g.set_min_p(0.02f);
+  (*g.mutable_logit_bias())[ids[0]] = 5.0f;
+  (*g.mutable_logit_bias())[7] = -100.0f;
+  GenerateResult grpc = Generate(*stub_, g);
+  ASSERT_TRUE(grpc.status.ok()) << grpc.status.error_message();
+  v1::GenerateRequest plain = g;
+  plain.clear_presence_penalty();
+  plain.clear_frequency_penalty();
+  plain.clear_repetition_penalty();
+  plain.clear_min_p();
+  plain.clear_logit_bias();
+  GenerateResult unpenalised = Generate(*stub_, plain);
+  ASSERT_TRUE(unpenalised.status.ok());
+
+  const json r = Post("/v1/completions",
+                      {{"prompt", ids},
+                       {"max_tokens", 24},
+                       {"n", 2},
+                       {"temperature", 0.9},
+                       {"seed", 11},
+                       {"ignore_eos", true},
+                       {"presence_penalty", 0.5},
+                       {"frequency_penalty", 1.0},
+                       {"repetition_penalty", 1.2},
+                       {"min_p", 0.02},
+                       {"logit_bias", {{std::to_string(ids[0]), 5}, {"7", -100}}}});
+  ASSERT_EQ(r["choices"].size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(r["choices"][i]["text"], grpc.samples[i].text) << i;
+    EXPECT_NE(grpc.samples[i].token_ids, unpenalised.samples[i].token_ids) << i;
+    for (uint32_t id : grpc.samples[i].token_ids) EXPECT_NE(id, 7u) << "banned by logit_bias";
+  }
+
+  struct Bad {
+    json fields;
+    std::string param;
+    std::string fix;  // what the message tells the client to do
+  };
+  const Bad bad[] = {
+      {{{"presence_penalty", 2.5}}, "presence_penalty", "use a value in [-2, 2]"},
+      {{{"frequency_penalty", -3}}, "frequency_penalty", "use a value in [-2, 2]"},
+      {{{"repetition_penalty", 0}}, "repetition_penalty", "use a finite value > 0"},
+      {{{"min_p", 1.5}}, "min_p", "use a value in [0, 1]"},
+      {{{"logit_bias", {{"50257", 1}}}}, "logit_bias", "ids must be < vocab_size 50257"},
+      {{{"logit_bias", {{"5", 101}}}}, "logit_bias", "use a value in [-100, 100]"},
+  };
+  for (const auto& [fields, param, fix] : bad) {
+    json body = {{"prompt", "x"}};
+    body.update(fields);
+    const json e = Post("/v1/completions", body, 400);
+    EXPECT_EQ(e["error"]["param"], param) << body.dump();
+    const std::string message = e["error"]["message"].get<std::string>();
+    EXPECT_THAT(message, HasSubstr(param)) << body.dump();
+    EXPECT_THAT(message, HasSubstr(fix)) << body.dump();
+  }
+}
+
+// lm-evaluation-harness's `local-completions` loglikelihood requests, in their exact shape:
+// a batch of token-id prompts (context + continuation), temperature 0, max_tokens 1,
+// logprobs 1, seed 1234, echo. The harness reads token_logprobs[ctxlen:-1] (summed) and
+// top_logprobs[ctxlen:-1] (is the continuation greedy?). A multiple-choice set: 3 questions
+// x 4 choices behind one shared preamble. Cold (a fresh cache_salt) and cached answers are
+// the same JSON, equal gRPC's prompt_logprobs, and the cached ones come from score records.
+TEST_F(HttpApiTest, LmEvalLoglikelihoodRequestsScoreFromTheCache) {
+  const std::vector<uint32_t> preamble = RandomIds(71, 40);
+  std::vector<std::vector<uint32_t>> prompts;
+  std::vector<size_t> ctxlen;
+  for (uint32_t q = 0; q < 3; ++q) {
+    std::vector<uint32_t> context = preamble;
+    for (uint32_t id : RandomIds(100 + q, 9)) context.push_back(id);
+    for (uint32_t c = 0; c < 4; ++c) {
+      std::vector<uint32_t> prompt = context;
+      for (uint32_t id : RandomIds(200 + q * 4 + c, 2 + c)) prompt.push_back(id);
+      prompts.push_back(prompt);
+      ctxlen.push_back(context.size());
+    }
+  }
+  auto batch = [&](const std::string& salt) {
+    json body = {{"model", "tiny-model"}, {"prompt", prompts}, {"temperature", 0},
+                 {"max_tokens", 1}, {"logprobs", 1}, {"seed", 1234}, {"echo", true}};
+    if (!salt.empty()) body["cache_salt"] = salt;
+    return Post("/v1/completions", body);
+  };
+  const double cached_before = Metric("prefixd_prompt_logprob_tokens_cached_total");
+  const double scored_before = Metric("prefixd_prompt_logprob_tokens_total");
+  const json cold = batch("lm-eval-cold");
+  const json warm = batch("lm-eval-cold");  // the same namespace again: everything cached
+  ASSERT_EQ(cold["choices"].size(), prompts.size());
+  size_t prompt_tokens = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SCOPED_TRACE(absl::StrCat("prompt ", i));
+    prompt_tokens += prompts[i].size();
+    const json& lp = cold["choices"][i]["logprobs"];
+    ASSERT_EQ(lp["tokens"].size(), prompts[i].size() + 1) << "the prompt, then the new token";
+    ASSERT_EQ(lp["token_logprobs"].size(), prompts[i].size() + 1);
+    EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+    EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+    EXPECT_EQ(lp["text_offset"][0], 0);
+    EXPECT_EQ(cold["choices"][i]["finish_reason"], "length");
+    EXPECT_EQ(warm["choices"][i]["logprobs"], lp) << "cached == cold";
+    EXPECT_EQ(warm["choices"][i]["text"], cold["choices"][i]["text"]);
+
+    // What the harness computes: the continuation's loglikelihood and greediness.
+    double loglikelihood = 0.0;
+    bool greedy = true;
+    for (size_t t = ctxlen[i]; t + 1 < lp["token_logprobs"].size(); ++t) {
+      loglikelihood += lp["token_logprobs"][t].get<double>();
+      const json& top = lp["top_logprobs"][t];
+      ASSERT_EQ(top.size(), 1u);
+      greedy = greedy && top.begin().key() == lp["tokens"][t].get<std::string>();
+    }
+    EXPECT_LT(loglikelihood, 0.0);
+
+    // gRPC's prompt_logprobs for the same ids: the same numbers.
+    v1::GenerateRequest g = IdsRequest(prompts[i], 1);
+    g.set_prompt_logprobs(1);
+    g.set_seed(1234);
+    g.set_cache_salt("lm-eval-grpc");
+    const GenerateResult r = Generate(*stub_, g);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    ASSERT_FALSE(r.messages.empty());
+    const v1::GenerateResponse& first = r.messages[0];
+    ASSERT_EQ(first.prompt_token_ids_size(), static_cast<int>(prompts[i].size()));
+    ASSERT_EQ(first.prompt_logprobs_size(), static_cast<int>(prompts[i].size()) - 1);
+    ASSERT_EQ(first.token_ids_size(), 0) << "the prompt comes before any generated token";
+    double grpc_loglikelihood = 0.0;
+    bool grpc_greedy = true;
+    for (size_t t = ctxlen[i]; t < prompts[i].size(); ++t) {
+      EXPECT_EQ(first.prompt_logprobs(static_cast<int>(t) - 1),
+                lp["token_logprobs"][t].get<float>());
+      grpc_loglikelihood += first.prompt_logprobs(static_cast<int>(t) - 1);
+      const v1::TopLogprobs& top = first.prompt_top_logprobs(static_cast<int>(t) - 1);
+      ASSERT_EQ(top.token_ids_size(), 1);
+      grpc_greedy = grpc_greedy && top.token_ids(0) == prompts[i][t];
+    }
+    EXPECT_DOUBLE_EQ(grpc_loglikelihood, loglikelihood);
+    EXPECT_EQ(grpc_greedy, greedy);
+    EXPECT_EQ(r.samples.at(0).token_ids.size(), 1u);
+  }
+  // 24 prompts (12 HTTP, 12 gRPC), each scored at prompt length - 1 positions; the warm batch
+  // took its scores from records (all but the recomputed last row's position and its tail).
+  const double scored = Metric("prefixd_prompt_logprob_tokens_total") - scored_before;
+  EXPECT_EQ(scored, 3.0 * (prompt_tokens - prompts.size()));
+  EXPECT_GT(Metric("prefixd_prompt_logprob_tokens_cached_total") - cached_before,
+            0.5 * (prompt_tokens - prompts.size()));
+}
+
+TEST_F(HttpApiTest, EchoStreamsThePromptFirstAndMaxTokensZeroScoresOnly) {
+  const std::vector<uint32_t> ids = RandomIds(81, 20);
+  const json body = {{"prompt", ids}, {"max_tokens", 5}, {"logprobs", 2}, {"echo", true},
+                     {"n", 2}, {"temperature", 0.7}, {"seed", 3}, {"ignore_eos", true}};
+  const json whole = Post("/v1/completions", body);
+  json streamed_body = body;
+  streamed_body["stream"] = true;
+  bool done = false;
+  const std::vector<json> chunks = Stream(streamed_body, &done);
+  EXPECT_TRUE(done);
+  std::vector<std::string> text(2);
+  std::vector<json> token_logprobs(2, json::array()), offsets(2, json::array());
+  for (const json& c : chunks) {
+    ASSERT_EQ(c["choices"].size(), 1u);
+    const json& choice = c["choices"][0];
+    const int i = choice["index"];
+    if (text[i].empty()) {
+      // The first chunk of a choice is the whole prompt, with its logprobs.
+      ASSERT_EQ(choice["logprobs"]["tokens"].size(), ids.size());
+    }
+    text[i] += choice["text"].get<std::string>();
+    for (const json& v : choice["logprobs"]["token_logprobs"]) token_logprobs[i].push_back(v);
+    for (const json& v : choice["logprobs"]["text_offset"]) offsets[i].push_back(v);
+  }
+  ASSERT_EQ(whole["choices"].size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    const json& choice = whole["choices"][i];
+    EXPECT_EQ(text[i], choice["text"]) << i;
+    EXPECT_EQ(token_logprobs[i], choice["logprobs"]["token_logprobs"]) << i;
+    EXPECT_EQ(offsets[i], choice["logprobs"]["text_offset"]) << i;
+    EXPECT_EQ(choice["logprobs"]["tokens"].size(), ids.size() + 5);
+    // n > 1 repeats the prompt part in each choice.
+    for (size_t t = 0; t < ids.size(); ++t) {
+      EXPECT_EQ(choice["logprobs"]["token_logprobs"][t],
+                whole["choices"][0]["logprobs"]["token_logprobs"][t]);
+    }
+  }
+  EXPECT_NE(whole["choices"][0]["text"], whole["choices"][1]["text"]);
+
+  // max_tokens 0 with echo: the prompt alone; echo without logprobs: text only.
+  json prompt_only = {{"prompt", ids}, {"max_tokens", 0}, {"logprobs", 0}, {"echo", true}};
+  const json scored = Post("/v1/completions", prompt_only);
+  ASSERT_EQ(scored["choices"].size(), 1u);
+  EXPECT_EQ(scored["choices"][0]["logprobs"]["tokens"].size(), ids.size());
+  EXPECT_EQ(scored["usage"]["completion_tokens"], 0);
+  EXPECT_EQ(scored["choices"][0]["finish_reason"], "length");
+  const std::string prompt_text = scored["choices"][0]["text"];
+  EXPECT_EQ(whole["choices"][0]["text"].get<std::string>().substr(0, prompt_text.size()),
+            prompt_text);
+  prompt_only.erase("logprobs");
+  const json echoed = Post("/v1/completions", prompt_only);
+  EXPECT_EQ(echoed["choices"][0]["text"], prompt_text);
+  EXPECT_TRUE(echoed["choices"][0]["logprobs"].is_null());
+  // Without echo, max_tokens 0 is still refused, naming the field.
+  const json e = Post("/v1/completions", {{"prompt", ids}, {"max_tokens", 0}}, 400);
+  EXPECT_EQ(e["error"]["param"], "max_tokens");
+  EXPECT_THAT(e["error"]["message"].get<std::string>(), HasSubstr("allowed only with"));
+}
+
 TEST_F(HttpApiTest, ErrorsSayWhatToFix) {
   json e = Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 300}}, 400);
   EXPECT_EQ(e["error"]["type"], "invalid_request_error");

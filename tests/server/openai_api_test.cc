@@ -64,9 +64,11 @@ TEST(OpenAiApiTest, EveryFieldIsCarried) {
              {"user", "u-1"},
              {"echo", false},
              {"best_of", 1},
-             {"presence_penalty", 0},
-             {"frequency_penalty", 0.0},
-             {"logit_bias", json::object()},
+             {"presence_penalty", 0.5},
+             {"frequency_penalty", -1.25},
+             {"repetition_penalty", 1.1},
+             {"min_p", 0.05},
+             {"logit_bias", {{"50256", -100}, {"13", 2.5}, {"7", 0}}},
              {"suffix", nullptr},
              {"top_k", 40},
              {"ignore_eos", true},
@@ -90,6 +92,25 @@ TEST(OpenAiApiTest, EveryFieldIsCarried) {
   EXPECT_TRUE(c.ignore_eos);
   EXPECT_EQ(c.cache_salt, "s");
   EXPECT_THAT(c.stop_token_ids, ElementsAre(50256u));
+  EXPECT_EQ(c.presence_penalty, 0.5f);
+  EXPECT_EQ(c.frequency_penalty, -1.25f);
+  EXPECT_EQ(c.repetition_penalty, 1.1f);
+  EXPECT_EQ(c.min_p, 0.05f);
+  // Sorted by id: an object's order means nothing.
+  EXPECT_THAT(c.logit_bias, ElementsAre(TokenBias{7, 0.0f}, TokenBias{13, 2.5f},
+                                        TokenBias{50256, -100.0f}));
+}
+
+TEST(OpenAiApiTest, SamplingControlsDefaultToOff) {
+  absl::StatusOr<CompletionRequest> r =
+      Parse({{"prompt", "x"}, {"presence_penalty", nullptr}, {"logit_bias", nullptr}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  const GenerateCall& c = r->prompts[0];
+  EXPECT_EQ(c.presence_penalty, 0.0f);
+  EXPECT_EQ(c.frequency_penalty, 0.0f);
+  EXPECT_FALSE(c.repetition_penalty.has_value());
+  EXPECT_EQ(c.min_p, 0.0f);
+  EXPECT_TRUE(c.logit_bias.empty());
 }
 
 TEST(OpenAiApiTest, PromptForms) {
@@ -138,16 +159,36 @@ TEST(OpenAiApiTest, RefusalsNameTheField) {
                 C::kInvalidArgument, "stream_options", "unknown field `stream_options.x`");
   ExpectRefused({{"prompt", "x"}, {"best_of", 2}}, C::kInvalidArgument, "best_of",
                 "not supported");
-  ExpectRefused({{"prompt", "x"}, {"presence_penalty", 0.5}}, C::kInvalidArgument,
-                "presence_penalty", "not supported");
-  ExpectRefused({{"prompt", "x"}, {"frequency_penalty", -1}}, C::kInvalidArgument,
-                "frequency_penalty", "not supported");
-  ExpectRefused({{"prompt", "x"}, {"logit_bias", {{"50256", -100}}}}, C::kInvalidArgument,
-                "logit_bias", "not supported");
+  // The penalties' ranges are the request path's (tests/server/http_api_test.cc); the
+  // wire format refuses only what is not even a number, or not a token id.
+  ExpectRefused({{"prompt", "x"}, {"presence_penalty", "high"}}, C::kInvalidArgument,
+                "presence_penalty", "must be a number");
+  ExpectRefused({{"prompt", "x"}, {"frequency_penalty", true}}, C::kInvalidArgument,
+                "frequency_penalty", "must be a number");
+  ExpectRefused({{"prompt", "x"}, {"repetition_penalty", json::array()}}, C::kInvalidArgument,
+                "repetition_penalty", "must be a number");
+  ExpectRefused({{"prompt", "x"}, {"min_p", "0.1"}}, C::kInvalidArgument, "min_p",
+                "must be a number");
+  ExpectRefused({{"prompt", "x"}, {"logit_bias", json::array({1})}}, C::kInvalidArgument,
+                "logit_bias", "must be an object from token ids to biases");
+  ExpectRefused({{"prompt", "x"}, {"logit_bias", {{"hello", 1}}}}, C::kInvalidArgument,
+                "logit_bias", "key `hello` is not a token id");
+  ExpectRefused({{"prompt", "x"}, {"logit_bias", {{"-5", 1}}}}, C::kInvalidArgument,
+                "logit_bias", "key `-5` is not a token id");
+  ExpectRefused({{"prompt", "x"}, {"logit_bias", {{"99999999999", 1}}}}, C::kInvalidArgument,
+                "logit_bias", "is not a token id");
+  ExpectRefused({{"prompt", "x"}, {"logit_bias", {{"5", "up"}}}}, C::kInvalidArgument,
+                "logit_bias", "value for token 5 must be a number from -100 to 100");
+  {
+    json many = json::object();
+    for (int i = 0; i < 301; ++i) many[std::to_string(i)] = 1;
+    ExpectRefused({{"prompt", "x"}, {"logit_bias", many}}, C::kInvalidArgument, "logit_bias",
+                  "has 301 entries: give at most 300");
+  }
   ExpectRefused({{"prompt", "x"}, {"suffix", "y"}}, C::kInvalidArgument, "suffix",
                 "not supported");
-  ExpectRefused({{"prompt", "x"}, {"echo", true}}, C::kInvalidArgument, "echo",
-                "not supported");
+  ExpectRefused({{"prompt", "x"}, {"echo", 1}}, C::kInvalidArgument, "echo",
+                "must be true or false");
   ExpectRefused({{"prompt", "x"}, {"mystery", 1}}, C::kInvalidArgument, "mystery",
                 "unknown field `mystery`");
   ExpectRefused({{"prompt", "x"}, {"stop_token_ids", json::array({"a"})}}, C::kInvalidArgument,

@@ -346,7 +346,7 @@ describe('openai SDK against prefixd', () => {
       [{ max_tokens: -1 }, 'max_tokens'],
       [{ logprobs: 6 }, 'logprobs'],
       [{ best_of: 2 }, 'best_of'],
-      [{ echo: true }, 'echo'],
+      [{ suffix: 'x' }, 'suffix'],
       [{ not_a_field: 1 }, 'not_a_field'],
       [{ n: 1000 }, 'n'],
     ];
