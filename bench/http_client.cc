@@ -295,10 +295,8 @@ absl::StatusOr<std::unique_ptr<HttpEventStream>> HttpEventStream::SendOnly(
   std::unique_ptr<HttpEventStream> s(new HttpEventStream(port));
   HttpConnection& c = s->connection_;
   if (absl::Status st = c.Connect(); !st.ok()) return st;
-  const std::string request =
-      absl::StrCat("POST ", path, " HTTP/1.1\r\nHost: ", c.address_,
-                   "\r\nConnection: close\r\nContent-Type: application/json\r\n");
-  std::string all = request;
+  std::string all = absl::StrCat("POST ", path, " HTTP/1.1\r\nHost: ", c.address_,
+                                 "\r\nConnection: close\r\nContent-Type: application/json\r\n");
   for (const auto& [name, value] : headers) absl::StrAppend(&all, name, ": ", value, "\r\n");
   absl::StrAppend(&all, "Content-Length: ", body.size(), "\r\n\r\n", body);
   for (size_t off = 0; off < all.size();) {
