@@ -44,13 +44,16 @@ struct Engine::Shared {
 };
 
 // The pool's eviction hook with a disk tier: copies an evicted block's K/V out of the backend
-// (while its rows are still intact) and queues it for the tier's writer. Engine thread only.
+// (while its rows are still intact) and queues it for the tier's writer, with the block's
+// score record when it has one. Engine thread only.
 class Engine::DiskSpiller {
  public:
   DiskSpiller(Backend* backend, DiskTier* tier) : backend_(backend), tier_(tier) {}
 
-  void Spill(const EvictedBlock& e) {
-    if (!tier_->WantsSpill(*e.key, wait_until_)) return;
+  void Spill(const EvictedBlock& e, const BlockScores* scores) {
+    if (!tier_->WantsSpill(*e.key, {.scored = scores != nullptr, .deadline = wait_until_})) {
+      return;
+    }
     BlockRecord r;
     r.root = *e.root;
     r.parent_key = *e.parent_key;
@@ -60,6 +63,7 @@ class Engine::DiskSpiller {
     // A failed read is a backend failure that the next Forward reports; the block is simply
     // not written.
     if (!backend_->ReadKvBlock(e.block, absl::MakeSpan(r.data)).ok()) return;
+    if (scores != nullptr) r.scores = ToPositionScores(*scores);
     tier_->Spill(std::move(r));
   }
   // Spills wait for room in the write queue until `t` (shutdown); by default they never wait.
@@ -293,6 +297,7 @@ absl::StatusOr<DiskLayout> EngineDiskLayout(const EngineOptions& options) {
   l.n_layer = static_cast<uint32_t>(c.n_layer);
   l.n_head = static_cast<uint32_t>(c.n_head);
   l.head_dim = static_cast<uint32_t>(c.head_dim());
+  l.score_top_k = kScoreTopK;
   return l;
 }
 
@@ -333,8 +338,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   // A block's score record leaves with the block (engine/score_store.h).
   auto scores = std::make_unique<ScoreStore>();
   cache_options.on_evict = [s = spiller.get(), store = scores.get()](const EvictedBlock& e) {
+    if (s != nullptr) s->Spill(e, store->Find(*e.key));
     store->Forget(*e.key);
-    if (s != nullptr) s->Spill(e);
   };
   absl::StatusOr<std::unique_ptr<KvCache>> cache = KvCache::Create(cache_options);
   if (!cache.ok()) return cache.status();

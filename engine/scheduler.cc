@@ -1,6 +1,7 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -144,12 +145,13 @@ bool Scheduler::Step() {
   // After the copies: a block an earlier copy reads may have been evicted and handed to an
   // admission as a load destination since.
   if (!pending_loads_.empty()) {
-    const absl::Status loaded = RunDiskLoads(absl::MakeSpan(batch));
+    const absl::Status loaded = RunDiskLoads(&batch);
     if (!loaded.ok()) {
       FailRunning(loaded);
       Prune();
       return true;
     }
+    if (batch.empty()) return true;  // every admission went back to the queue
   }
   // Block tables are read only now: every reservation, admission and preemption of this step
   // has happened, and nothing changes the cache until Forward returns.
@@ -208,11 +210,21 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
     ar.reserve_tokens = Len(*seq);  // the whole prompt: chunks never need blocks
     ar.readmission = r->admitted_once;
     const bool scoring = Scoring(seq);
+    int32_t scored_pool = 0;  // leading blocks with records in the store (all pool-indexed)
+    int32_t scored_disk = 0;  // blocks after them whose disk files carry score sections
     if (scoring) {
-      // Only blocks with score records, less the last one's last row: its logits score the
-      // first position after them, so it is recomputed (into a copy of the block).
-      const int32_t scored_blocks = ScoredPrefixBlocks(seq);
-      ar.max_cached_tokens = scored_blocks > 0 ? scored_blocks * bs - 1 : 0;
+      scored_pool = ScoredPrefixBlocks(seq);
+      if (options_.disk_tier != nullptr) scored_disk = ScoredDiskMatch(seq, scored_pool);
+      if (scored_disk > 0) {
+        // The disk continues the scored prefix: share the pool's scored blocks whole and
+        // load the disk's; the last loaded block's last row is recomputed (RunDiskLoads).
+        ar.max_cached_tokens = scored_pool * bs;
+        ar.whole_blocks_only = true;
+      } else {
+        // Only blocks with score records, less the last one's last row: its logits score
+        // the first position after them, so it is recomputed (into a copy of the block).
+        ar.max_cached_tokens = scored_pool > 0 ? scored_pool * bs - 1 : 0;
+      }
     }
     absl::StatusOr<AdmissionPlan> plan = cache_->PlanAdmission(ar);
     // Another running sequence is computing blocks of this prefix: wait for them to be
@@ -222,9 +234,22 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
       continue;
     }
     int32_t disk_blocks = 0;
-    const int32_t pool_blocks = plan.ok() ? plan->matched_tokens / bs : 0;
-    // Disk blocks carry no score records: a scoring request computes past the pool's.
-    if (plan.ok() && options_.disk_tier != nullptr && !scoring) {
+    int32_t pool_blocks = plan.ok() ? plan->matched_tokens / bs : 0;
+    if (plan.ok() && scored_disk > 0) {
+      pool_blocks = scored_pool;
+      if (plan->num_cached == scored_pool * bs) {
+        disk_blocks = scored_disk;
+      } else {
+        // The pool serves less than its records promised: score as without the disk.
+        ar.whole_blocks_only = false;
+        ar.max_cached_tokens = scored_pool > 0 ? scored_pool * bs - 1 : 0;
+        plan = cache_->PlanAdmission(ar);
+        if (plan.ok() && plan->pending_match_tokens > 0) {
+          ++it;
+          continue;
+        }
+      }
+    } else if (plan.ok() && options_.disk_tier != nullptr && !scoring) {
       disk_blocks = DiskMatch(seq, pool_blocks);
       // The loads fill whole blocks after the pool's whole blocks: no partial copy into the
       // first of them.
@@ -256,11 +281,16 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
     int32_t start = admission.num_cached;
     if (disk_blocks > 0) {
       PREFIXD_CHECK(admission.num_cached == pool_blocks * bs);
-      // Assumes every load succeeds; RunDiskLoads moves the start back if one does not.
-      start = std::min((pool_blocks + disk_blocks) * bs, Len(*seq) - 1);
-      pending_loads_.push_back(DiskLoad{seq, pool_blocks, disk_blocks, !r->admitted_once});
+      // Assumes every load succeeds; RunDiskLoads moves the start back if one does not. A
+      // scoring request recomputes the last loaded row: its logits score the next position.
+      start = scoring ? (pool_blocks + disk_blocks) * bs - 1
+                      : std::min((pool_blocks + disk_blocks) * bs, Len(*seq) - 1);
+      pending_loads_.push_back(
+          DiskLoad{seq, pool_blocks, disk_blocks, !r->admitted_once, scoring});
     }
-    if (scoring) TakeScores(seq, admission.num_cached);
+    // With disk blocks after them, the pool's blocks are shared whole; their records score
+    // positions up to the last block's end, the disk's records the rest (RunDiskLoads).
+    if (scoring) TakeScores(seq, disk_blocks > 0 ? pool_blocks * bs - 1 : admission.num_cached);
     if (!r->admitted_once) {
       r->admitted_once = true;
       r->usage.cached_prompt_tokens = static_cast<uint32_t>(admission.num_cached);
@@ -279,8 +309,15 @@ int32_t Scheduler::DiskMatch(const Sequence* seq, int32_t pool_blocks) const {
   return static_cast<int32_t>(options_.disk_tier->MatchFrom(keys.subspan(pool_blocks)));
 }
 
-absl::Status Scheduler::RunDiskLoads(absl::Span<Scheduled> batch) {
+int32_t Scheduler::ScoredDiskMatch(const Sequence* seq, int32_t pool_blocks) const {
+  const absl::Span<const Digest> keys = seq->chain->keys();
+  if (pool_blocks >= static_cast<int32_t>(keys.size())) return 0;
+  return static_cast<int32_t>(options_.disk_tier->MatchScoredFrom(keys.subspan(pool_blocks)));
+}
+
+absl::Status Scheduler::RunDiskLoads(std::vector<Scheduled>* batch) {
   const int32_t bs = cache_->block_size();
+  const uint32_t vocab = static_cast<uint32_t>(options_.model_config.vocab_size);
   std::vector<DiskLoad> loads;
   loads.swap(pending_loads_);
   load_buffer_.resize(static_cast<size_t>(backend_->KvBlockBytes()));
@@ -289,28 +326,82 @@ absl::Status Scheduler::RunDiskLoads(absl::Span<Scheduled> batch) {
   }
   for (DiskLoad& load : loads) {
     Sequence* seq = load.seq;
-    auto entry = std::find_if(batch.begin(), batch.end(),
+    RequestState* r = seq->request;
+    auto entry = std::find_if(batch->begin(), batch->end(),
                               [seq](const Scheduled& s) { return s.seq == seq; });
-    PREFIXD_CHECK(entry != batch.end());
+    PREFIXD_CHECK(entry != batch->end());
     const absl::Span<const int32_t> table = cache_->BlockTable(seq->cache_seq);
+    const absl::Span<const Digest> keys = seq->chain->keys();
+    // The loaded blocks' score records (engine/score_store.h), if their files had them.
+    std::vector<std::optional<BlockScores>> records;
     int32_t loaded = 0;
     for (; loaded < load.count; ++loaded) {
       const int32_t b = load.first_block + loaded;
       const absl::Time t0 = absl::Now();
       const BlockExpectation expect{
-          .root = seq->chain->root(), .key = seq->chain->keys()[b], .tokens = seq->chain->block(b)};
+          .root = seq->chain->root(), .key = keys[b], .tokens = seq->chain->block(b)};
+      std::vector<PositionScore> section;
       // Absent (deleted for the cap since the match) or corrupt: compute from here on.
-      if (!options_.disk_tier->Load(expect, absl::MakeSpan(load_buffer_)).ok()) break;
+      if (!options_.disk_tier->Load(expect, absl::MakeSpan(load_buffer_), &section).ok()) break;
+      std::optional<BlockScores> record;
+      if (!section.empty()) record = FromPositionScores(expect.tokens, section, vocab);
+      // A scoring request matched files with scores only; one it cannot use is computed.
+      if (load.scoring && !record.has_value()) break;
       if (absl::Status w = backend_->WriteKvBlock(table[b], load_buffer_); !w.ok()) return w;
+      records.push_back(std::move(record));
       disk_load_.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
     }
     const int32_t pool_cached = load.first_block * bs;
-    const int32_t cached =
-        loaded == 0 ? pool_cached
-                    : std::min((load.first_block + loaded) * bs, Len(*seq) - 1);
+    if (load.scoring && loaded == 0 && load.first_block > 0) {
+      // The position after the pool's blocks is scored by the last row of a shared block,
+      // which only a copy of that block may recompute: back to the queue's front, to be
+      // admitted again without the file that failed (Load dropped it from the tier) and
+      // counted as if this admission had not happened.
+      cache_->Release(seq->cache_seq);
+      seq->cache_seq = -1;
+      seq->state = Sequence::State::kWaiting;
+      running_.erase(std::find(running_.begin(), running_.end(), seq));
+      waiting_.push_front(seq);
+      if (load.first_admission) r->admitted_once = false;
+      batch->erase(entry);
+      continue;
+    }
+    int32_t cached = pool_cached;
+    if (loaded > 0) {
+      // A scoring request recomputes the last loaded row, whose logits score the next
+      // position; the row's K/V is rewritten with the same bits into its private block.
+      cached = load.scoring ? (load.first_block + loaded) * bs - 1
+                            : std::min((load.first_block + loaded) * bs, Len(*seq) - 1);
+    }
     if (cached > pool_cached) cache_->MarkComputed(seq->cache_seq, cached);
+    // Records come back with their blocks, once the pool indexes them (MarkComputed just did
+    // for every block now full); a last block still private gets its own after the forward
+    // (ScoreRows, for a scoring request) or stays on disk only.
+    const int32_t full = cached / bs;
+    if (options_.scores != nullptr) {
+      for (int32_t b = load.first_block; b < full; ++b) {
+        const std::optional<BlockScores>& record = records[b - load.first_block];
+        if (record.has_value()) {
+          options_.scores->Insert(keys[b], std::make_shared<const BlockScores>(*record));
+        }
+      }
+    }
+    if (load.scoring) {
+      // The loaded blocks' records score their positions; position `cached` + 1 on, the rows.
+      for (int32_t i = 0; i < loaded; ++i) {
+        const int32_t b = load.first_block + i;
+        for (int32_t j = 0; j < bs; ++j) {
+          const int32_t p = b * bs + j;
+          if (r->scored[p]) continue;
+          r->prompt_scores[p] = records[i]->positions[j];
+          r->scored[p] = true;
+          ++r->cached_scores;
+        }
+      }
+      r->recorded_blocks = std::max(r->recorded_blocks, full);
+    }
     if (load.first_admission) {
-      seq->request->usage.cached_prompt_tokens += static_cast<uint32_t>(cached - pool_cached);
+      r->usage.cached_prompt_tokens += static_cast<uint32_t>(cached - pool_cached);
       counters_.disk_hit_tokens += static_cast<uint64_t>(cached - pool_cached);
     }
     // Admit gave the entry the tokens left after a full load; from an earlier start, the

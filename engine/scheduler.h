@@ -11,7 +11,8 @@
 //  3. waiting requests are admitted in order while budget and blocks remain. One whose
 //     prefix another running sequence is computing right now waits for those blocks
 //     instead of computing them twice. With a disk tier, the prefix match continues into it
-//     after the pool's match ends: the whole blocks it holds are admitted as blocks to load.
+//     after the pool's match ends: the whole blocks it holds are admitted as blocks to load
+//     (for a request with prompt logprobs, only blocks whose files carry score sections).
 // Then the copies cache/ asked for run, the disk blocks are read into the admitted
 // sequences' fresh blocks (synchronously, on this thread; a block that fails verification
 // and every one after it are computed instead), the backend runs the batch, computed rows are
@@ -98,14 +99,19 @@ class Scheduler {
     int32_t first_block;
     int32_t count;
     bool first_admission;
+    bool scoring;  // files with score sections only; their records score the positions
   };
 
   void Admit(std::vector<Scheduled>* batch, int32_t* budget);
-  // How many disk blocks continue `seq`'s match after the pool's first `pool_blocks` blocks.
+  // How many disk blocks continue `seq`'s match after the pool's first `pool_blocks` blocks;
+  // the scored one counts only files with score sections (a scoring request's).
   int32_t DiskMatch(const Sequence* seq, int32_t pool_blocks) const;
-  // Reads the blocks of pending_loads_ into the pool, marks them computed and moves each
-  // batch entry's start past what was loaded. Non-OK only for a backend failure.
-  absl::Status RunDiskLoads(absl::Span<Scheduled> batch);
+  int32_t ScoredDiskMatch(const Sequence* seq, int32_t pool_blocks) const;
+  // Reads the blocks of pending_loads_ into the pool, marks them computed, restores their
+  // score records, and moves each batch entry's start past what was loaded. A scoring
+  // admission that loaded nothing after shared pool blocks goes back to the queue (its
+  // entry leaves the batch). Non-OK only for a backend failure.
+  absl::Status RunDiskLoads(std::vector<Scheduled>* batch);
   // Reserves rows up to `total_tokens` for `seq`, preempting the newest running sequences
   // while the pool is short. False if `seq` itself was preempted.
   bool ReserveOrPreempt(Sequence* seq, int32_t total_tokens);

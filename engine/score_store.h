@@ -11,14 +11,21 @@
 // scheduler inserts right after MarkComputed indexed it; the pool's on_evict hook calls
 // Forget), so a record never outlives its block and the store is bounded by the pool.
 // Engine-thread only.
+//
+// Records follow their blocks into the disk tier: a spilled block that has one is written
+// with a score section (cache/disk/block_file.h), and a block loaded from such a file gets
+// its record back once the pool indexes it.
 #ifndef PREFIXD_ENGINE_SCORE_STORE_H_
 #define PREFIXD_ENGINE_SCORE_STORE_H_
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/types/span.h"
+#include "cache/disk/block_file.h"
 #include "cache/sha256.h"
 #include "engine/request.h"
 
@@ -31,6 +38,14 @@ inline constexpr uint32_t kScoreTopK = 20;
 struct BlockScores {
   std::vector<PromptToken> positions;  // block_size entries, kScoreTopK top entries each
 };
+
+// A record as a block file's score section, and back. FromPositionScores gives nullopt
+// unless there is one entry per token and every id is below `vocab_size` (a section that
+// passed its checksum but names no token of this model is not served).
+std::vector<PositionScore> ToPositionScores(const BlockScores& scores);
+std::optional<BlockScores> FromPositionScores(absl::Span<const uint32_t> tokens,
+                                              const std::vector<PositionScore>& section,
+                                              uint32_t vocab_size);
 
 class ScoreStore {
  public:

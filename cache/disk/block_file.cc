@@ -1,6 +1,7 @@
 #include "cache/disk/block_file.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +20,7 @@ void PutU32(std::string* out, uint32_t v) {
 void PutU64(std::string* out, uint64_t v) {
   for (int i = 0; i < 8; ++i) out->push_back(static_cast<char>(v >> (8 * i)));
 }
+void PutF32(std::string* out, float v) { PutU32(out, std::bit_cast<uint32_t>(v)); }
 void PutDigest(std::string* out, const Digest& d) {
   out->append(reinterpret_cast<const char*>(d.data()), d.size());
 }
@@ -39,6 +41,7 @@ class Reader {
     p_ += 8;
     return v;
   }
+  float F32() { return std::bit_cast<float>(U32()); }
   Digest D() {
     Digest d;
     std::memcpy(d.data(), p_, d.size());
@@ -54,22 +57,49 @@ absl::Status Lost(std::string_view what) {
   return absl::DataLossError(absl::StrCat("disk tier block rejected: ", std::string(what)));
 }
 
+// The score section's rules (block_file.h) for position `j` of a block whose parent key is
+// `first_block` the root: empty when they hold, else what broke.
+std::string ScoreRuleBroken(const PositionScore& p, uint32_t j, bool first_block,
+                            uint32_t top_k) {
+  if (p.has_logprob == (first_block && j == 0)) {
+    return absl::StrFormat("position %d %s a logprob", j, p.has_logprob ? "has" : "lacks");
+  }
+  if (!p.has_logprob && (p.logprob != 0.0f || !p.top.empty())) {
+    return absl::StrFormat("position %d has entries without a logprob", j);
+  }
+  if (p.top.size() > top_k) {
+    return absl::StrFormat("position %d has %d top entries, above %d", j, p.top.size(), top_k);
+  }
+  for (size_t i = 1; i < p.top.size(); ++i) {
+    if (p.top[i - 1].logprob < p.top[i].logprob) {
+      return absl::StrFormat("position %d's top entries are not descending", j);
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 int64_t DiskLayout::data_bytes() const {
   return int64_t{block_size} * 2 * n_layer * n_head * head_dim * element_bytes;
 }
 
+int64_t DiskLayout::score_bytes() const {
+  return int64_t{block_size} * (12 + 8 * int64_t{score_top_k});
+}
+
 int64_t DiskLayout::file_bytes() const {
   return kBlockFileHeaderBytes + 4 * int64_t{block_size} + data_bytes() + kBlockFileChecksumBytes;
 }
+
+int64_t DiskLayout::scored_file_bytes() const { return file_bytes() + score_bytes(); }
 
 std::string DiskLayout::Id() const {
   std::string bytes;
   PutU32(&bytes, kBlockFileVersion);
   PutDigest(&bytes, manifest_key);
   PutDigest(&bytes, numerics_key);
-  for (uint32_t v : {dtype, element_bytes, block_size, n_layer, n_head, head_dim}) {
+  for (uint32_t v : {dtype, element_bytes, block_size, n_layer, n_head, head_dim, score_top_k}) {
     PutU32(&bytes, v);
   }
   return DigestHex(Sha256Of(bytes)).substr(0, 16);
@@ -84,14 +114,21 @@ absl::Status ValidateDiskLayout(const DiskLayout& l) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "disk tier layout: a block of %d bytes is too large for one file", l.data_bytes()));
   }
+  if (l.score_top_k > kMaxScoreTopK) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "disk tier layout: score_top_k %d is above %d", l.score_top_k, kMaxScoreTopK));
+  }
   return absl::OkStatus();
 }
 
 std::string EncodeBlockFile(const DiskLayout& layout, const BlockRecord& r) {
   PREFIXD_CHECK(r.tokens.size() == layout.block_size);
   PREFIXD_CHECK(static_cast<int64_t>(r.data.size()) == layout.data_bytes());
+  const bool scored = !r.scores.empty();
+  PREFIXD_CHECK(!scored || (layout.score_top_k > 0 && r.scores.size() == layout.block_size));
+  const int64_t total = scored ? layout.scored_file_bytes() : layout.file_bytes();
   std::string out;
-  out.reserve(static_cast<size_t>(layout.file_bytes()));
+  out.reserve(static_cast<size_t>(total));
   out.append(kMagic, sizeof(kMagic));
   PutU32(&out, kBlockFileVersion);
   PutU32(&out, static_cast<uint32_t>(kBlockFileHeaderBytes));
@@ -105,17 +142,33 @@ std::string EncodeBlockFile(const DiskLayout& layout, const BlockRecord& r) {
   PutDigest(&out, r.parent_key);
   PutDigest(&out, r.key);
   PutDigest(&out, layout.numerics_key);
+  PutU32(&out, layout.score_top_k);
+  PutU32(&out, scored ? layout.block_size : 0);
   PREFIXD_CHECK(static_cast<int64_t>(out.size()) == kBlockFileHeaderBytes);
   for (uint32_t t : r.tokens) PutU32(&out, t);
   out.append(reinterpret_cast<const char*>(r.data.data()), r.data.size());
+  const bool first_block = r.parent_key == r.root;
+  for (uint32_t j = 0; j < r.scores.size(); ++j) {
+    const PositionScore& p = r.scores[j];
+    PREFIXD_CHECK_MSG(ScoreRuleBroken(p, j, first_block, layout.score_top_k).empty(),
+                      ScoreRuleBroken(p, j, first_block, layout.score_top_k).c_str());
+    PutU32(&out, p.has_logprob ? 1 : 0);
+    PutF32(&out, p.logprob);
+    PutU32(&out, static_cast<uint32_t>(p.top.size()));
+    for (uint32_t i = 0; i < layout.score_top_k; ++i) {
+      PutU32(&out, i < p.top.size() ? p.top[i].id : 0);
+      PutF32(&out, i < p.top.size() ? p.top[i].logprob : 0.0f);
+    }
+  }
   PutDigest(&out, Sha256Of(out));
-  PREFIXD_CHECK(static_cast<int64_t>(out.size()) == layout.file_bytes());
+  PREFIXD_CHECK(static_cast<int64_t>(out.size()) == total);
   return out;
 }
 
 absl::StatusOr<absl::Span<const uint8_t>> DecodeBlockFile(std::string_view bytes,
                                                           const DiskLayout& layout,
-                                                          const BlockExpectation& expect) {
+                                                          const BlockExpectation& expect,
+                                                          std::vector<PositionScore>* scores) {
   if (static_cast<int64_t>(bytes.size()) < kBlockFileHeaderBytes) {
     return Lost(absl::StrFormat("size: %d bytes, shorter than the header", bytes.size()));
   }
@@ -140,11 +193,17 @@ absl::StatusOr<absl::Span<const uint8_t>> DecodeBlockFile(std::string_view bytes
   const Digest parent_key = in.D();
   const Digest stored_key = in.D();
   got.numerics_key = in.D();
+  got.score_top_k = in.U32();
+  const uint32_t score_positions = in.U32();
   if (!(got == layout)) return Lost("layout (manifest, numerics, dtype or geometry) differs");
   if (data_bytes != static_cast<uint64_t>(layout.data_bytes())) return Lost("data size");
-  if (static_cast<int64_t>(bytes.size()) != layout.file_bytes()) {
-    return Lost(
-        absl::StrFormat("size: %d bytes, the layout needs %d", bytes.size(), layout.file_bytes()));
+  const bool scored = score_positions != 0;
+  if (scored && (score_positions != layout.block_size || layout.score_top_k == 0)) {
+    return Lost(absl::StrFormat("score section of %d positions", score_positions));
+  }
+  const int64_t total = scored ? layout.scored_file_bytes() : layout.file_bytes();
+  if (static_cast<int64_t>(bytes.size()) != total) {
+    return Lost(absl::StrFormat("size: %d bytes, the header needs %d", bytes.size(), total));
   }
   const size_t body = bytes.size() - kBlockFileChecksumBytes;
   const Digest sum = Sha256Of(bytes.substr(0, body));
@@ -161,8 +220,42 @@ absl::StatusOr<absl::Span<const uint8_t>> DecodeBlockFile(std::string_view bytes
                   stored_tokens.end())) {
     return Lost("tokens differ from the prompt's");
   }
-  const auto* data = reinterpret_cast<const uint8_t*>(bytes.data()) + kBlockFileHeaderBytes +
-                     4 * int64_t{layout.block_size};
+  const int64_t data_at = kBlockFileHeaderBytes + 4 * int64_t{layout.block_size};
+  std::vector<PositionScore> decoded;
+  if (scored) {
+    // After the checksum: what is read here is what the writer wrote, so a broken rule is
+    // a writer's fault or a forged record, and either way the record is not used.
+    Reader sc(bytes.data() + data_at + layout.data_bytes());
+    const bool first_block = parent_key == root;
+    decoded.resize(layout.block_size);
+    for (uint32_t j = 0; j < layout.block_size; ++j) {
+      PositionScore& p = decoded[j];
+      const uint32_t flags = sc.U32();
+      p.logprob = sc.F32();
+      const uint32_t n = sc.U32();
+      if (flags > 1) return Lost(absl::StrFormat("score section: position %d flags %d", j, flags));
+      if (n > layout.score_top_k) {
+        return Lost(absl::StrFormat("score section: position %d has %d top entries, above %d", j,
+                                    n, layout.score_top_k));
+      }
+      p.has_logprob = flags == 1;
+      for (uint32_t i = 0; i < layout.score_top_k; ++i) {
+        const uint32_t id = sc.U32();
+        const uint32_t lp = sc.U32();
+        if (i < n) {
+          p.top.push_back({id, std::bit_cast<float>(lp)});
+        } else if (id != 0 || lp != 0) {
+          return Lost(absl::StrFormat("score section: position %d has bytes past its entries", j));
+        }
+      }
+      if (std::string broken = ScoreRuleBroken(p, j, first_block, layout.score_top_k);
+          !broken.empty()) {
+        return Lost(absl::StrCat("score section: ", broken));
+      }
+    }
+  }
+  if (scores != nullptr) *scores = std::move(decoded);
+  const auto* data = reinterpret_cast<const uint8_t*>(bytes.data()) + data_at;
   return absl::MakeConstSpan(data, static_cast<size_t>(layout.data_bytes()));
 }
 

@@ -251,6 +251,17 @@ size_t DiskTier::MatchFrom(absl::Span<const Digest> keys) const {
   return n;
 }
 
+bool DiskTier::ScoredLocked(const Digest& key) const {
+  return layout_.score_top_k > 0 && index_.BytesOf(key) == layout_.scored_file_bytes();
+}
+
+size_t DiskTier::MatchScoredFrom(absl::Span<const Digest> keys) const {
+  absl::MutexLock lock(&mu_);
+  size_t n = 0;
+  while (n < keys.size() && ScoredLocked(keys[n])) ++n;
+  return n;
+}
+
 bool DiskTier::Contains(const Digest& key) const {
   absl::MutexLock lock(&mu_);
   return index_.Contains(key);
@@ -265,7 +276,8 @@ void DiskTier::Prefetch(absl::Span<const Digest> keys) const {
   }
 }
 
-absl::Status DiskTier::Load(const BlockExpectation& expect, absl::Span<uint8_t> out) {
+absl::Status DiskTier::Load(const BlockExpectation& expect, absl::Span<uint8_t> out,
+                            std::vector<PositionScore>* scores) {
   PREFIXD_CHECK(static_cast<int64_t>(out.size()) == layout_.data_bytes());
   {
     absl::MutexLock lock(&mu_);
@@ -281,7 +293,7 @@ absl::Status DiskTier::Load(const BlockExpectation& expect, absl::Span<uint8_t> 
   }
   absl::StatusOr<absl::Span<const uint8_t>> data =
       err != 0 ? absl::DataLossError(absl::StrCat("cannot read ", path, ": ", ErrnoText(err)))
-               : DecodeBlockFile(load_buffer_, layout_, expect);
+               : DecodeBlockFile(load_buffer_, layout_, expect, scores);
   absl::MutexLock lock(&mu_);
   if (!data.ok()) {
     if (index_.Erase(expect.key)) ::unlink(path.c_str());
@@ -296,9 +308,11 @@ absl::Status DiskTier::Load(const BlockExpectation& expect, absl::Span<uint8_t> 
   return absl::OkStatus();
 }
 
-bool DiskTier::WantsSpill(const Digest& key, absl::Time deadline) {
+bool DiskTier::WantsSpill(const Digest& key, const SpillIntent& spill) {
+  const absl::Time deadline = spill.deadline;
   absl::MutexLock lock(&mu_);
-  if (index_.Contains(key) || queued_keys_.contains(key)) return false;
+  if (queued_keys_.contains(key)) return false;
+  if (index_.Contains(key) && !(spill.scored && !ScoredLocked(key))) return false;
   auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return static_cast<int32_t>(queue_.size()) < max_queued_ || stop_;
   };
@@ -315,7 +329,9 @@ void DiskTier::Spill(BlockRecord record) {
   PREFIXD_CHECK(static_cast<int64_t>(record.data.size()) == layout_.data_bytes());
   absl::MutexLock lock(&mu_);
   PREFIXD_CHECK(static_cast<int32_t>(queue_.size()) < max_queued_);
-  PREFIXD_CHECK(queued_keys_.insert(record.key).second && !index_.Contains(record.key));
+  PREFIXD_CHECK(queued_keys_.insert(record.key).second);
+  PREFIXD_CHECK(!index_.Contains(record.key) ||
+                (!record.scores.empty() && !ScoredLocked(record.key)));
   queue_.push_back(std::move(record));
 }
 
@@ -328,8 +344,8 @@ bool DiskTier::Flush(absl::Time deadline) {
 }
 
 void DiskTier::WriterLoop() {
-  const int64_t file_bytes = layout_.file_bytes();
   while (true) {
+    int64_t file_bytes = 0;
     BlockRecord record;
     {
       absl::MutexLock lock(&mu_);
@@ -344,6 +360,10 @@ void DiskTier::WriterLoop() {
       record = std::move(queue_.front());
       queue_.pop_front();
       writing_ = true;
+      file_bytes = record.scores.empty() ? layout_.file_bytes() : layout_.scored_file_bytes();
+      // A file without scores that this one replaces (invariant 2): its bytes leave the index
+      // now; the rename below replaces it, or the failure path deletes it.
+      index_.Erase(record.key);
       // Room first, so the directory never holds more than the cap.
       MakeRoomLocked(file_bytes);
     }
@@ -362,6 +382,7 @@ void DiskTier::WriterLoop() {
     writing_ = false;
     queued_keys_.erase(record.key);
     if (!fits || err != 0) {
+      ::unlink(path.c_str());  // the replaced file, if any: no longer indexed
       ++stats_.spills_dropped;
       if (err != 0) ++stats_.write_errors;
       continue;

@@ -3,7 +3,9 @@
 //
 // Identity is the pool's: a file holds one block under its chain key (cache/block_key.h) with
 // its root key, parent key, tokens and the layout it was computed with (block_file.h), and is
-// checked in full before its rows may enter the pool. A file that fails any check is deleted,
+// checked in full before its rows may enter the pool. A file may carry the block's score
+// section (prompt logprobs); its size says whether it does (layout.scored_file_bytes()), so
+// the index answers "which blocks carry scores" without opening a file. A file that fails any check is deleted,
 // counted (corrupt_blocks) and the engine computes the block instead: the tier never decides a
 // token.
 //
@@ -16,7 +18,8 @@
 // Invariants:
 //  1. The index (tier_index.h) lists exactly the block files this tier wrote or found at start,
 //     less those it deleted; bytes() never exceeds the cap after a write completes.
-//  2. A key is queued at most once and never while it is indexed (no duplicate writes).
+//  2. A key is queued at most once, and never while it is indexed, except to replace a file
+//     without scores by one with them (no duplicate writes).
 //  3. One process per directory: Open holds an exclusive flock on DIR/LOCK until destruction;
 //     a second Open of the same directory (from any process) fails with FAILED_PRECONDITION.
 // Files of another layout (model manifest, dtype, block size or geometry) are never loaded;
@@ -73,6 +76,8 @@ class DiskTier {
   // cache/token_chain.h) the tier holds, counted from the first to the first it does not hold.
   // Hashes nothing: the keys are the request's own.
   size_t MatchFrom(absl::Span<const Digest> keys) const;
+  // The same, counting only files that carry a score section.
+  size_t MatchScoredFrom(absl::Span<const Digest> keys) const;
   bool Contains(const Digest& key) const;
 
   // Asks the kernel to start reading the files of `keys` (posix_fadvise WILLNEED), so that
@@ -81,15 +86,24 @@ class DiskTier {
   void Prefetch(absl::Span<const Digest> keys) const;
 
   // Reads the block `expect.key` and verifies it (block_file.h) into `out`
-  // (layout().data_bytes() bytes). NOT_FOUND when absent (also when the writer deleted it a
+  // (layout().data_bytes() bytes) and, when given, its score section into `scores` (empty
+  // when the file has none). NOT_FOUND when absent (also when the writer deleted it a
   // moment ago); DATA_LOSS when it failed verification: the file is deleted and counted.
-  absl::Status Load(const BlockExpectation& expect, absl::Span<uint8_t> out);
+  absl::Status Load(const BlockExpectation& expect, absl::Span<uint8_t> out,
+                    std::vector<PositionScore>* scores = nullptr);
 
-  // Whether a spill of `key` should be built and queued now: false when the key is on disk or
-  // queued already, and false (counted as dropped) when the queue is full — after waiting for
-  // room until `deadline` (the default never waits). The engine thread is the only producer,
-  // so room found here is still there for the Spill that follows.
-  bool WantsSpill(const Digest& key, absl::Time deadline = absl::InfinitePast());
+  // Whether a spill of `key` (with a score section when `spill.scored`) should be built and
+  // queued now: false when the key is queued already or on disk (unless only a file without
+  // scores is, and this spill has them), and false (counted as dropped) when the queue is
+  // full — after waiting for room until `spill.deadline` (the default never waits). The
+  // engine thread is the only producer, so room found here is still there for the Spill that
+  // follows.
+  struct SpillIntent {
+    bool scored = false;
+    absl::Time deadline = absl::InfinitePast();
+  };
+  bool WantsSpill(const Digest& key, const SpillIntent& spill);
+  bool WantsSpill(const Digest& key) { return WantsSpill(key, SpillIntent{}); }
   // Queues a block WantsSpill accepted (PREFIXD_CHECKs its sizes and the room).
   void Spill(BlockRecord record);
   // Waits until every queued spill is written (true) or `deadline` passes (false).
@@ -106,6 +120,8 @@ class DiskTier {
   DiskTier(const DiskTierOptions& options, const DiskLayout& layout, int lock_fd, int64_t cap);
   absl::Status Scan();
   void WriterLoop();
+  // Whether `key` is indexed with a score section. Requires mu_.
+  bool ScoredLocked(const Digest& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Deletes index victims until `incoming` more bytes fit. Requires mu_.
   void MakeRoomLocked(int64_t incoming) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t Now() const { return clock_(); }

@@ -38,6 +38,11 @@ class TierIndex {
   void Add(const Digest& key, int64_t bytes, int64_t stamp);
   void AddForeign(const std::string& name, int64_t bytes, int64_t stamp);
   bool Contains(const Digest& key) const { return own_.contains(key); }
+  // The size of an own entry; 0 when absent.
+  int64_t BytesOf(const Digest& key) const {
+    auto it = own_.find(key);
+    return it == own_.end() ? 0 : it->second.bytes;
+  }
   // Marks a hit; false if absent.
   bool Touch(const Digest& key, int64_t stamp);
   bool Erase(const Digest& key);

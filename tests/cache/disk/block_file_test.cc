@@ -3,6 +3,7 @@
 // checksum is recomputed over the damage.
 #include "cache/disk/block_file.h"
 
+#include <bit>
 #include <cstring>
 #include <string>
 
@@ -17,8 +18,10 @@ namespace {
 using testing::ExpectationOf;
 using testing::MakeChain;
 using testing::MakeRecord;
+using testing::ScoredLayout;
 using testing::SmallLayout;
 using testing::TestRoot;
+using testing::WithScores;
 
 // Section boundaries of a SmallLayout file.
 constexpr size_t kHeader = kBlockFileHeaderBytes;
@@ -183,6 +186,105 @@ TEST(BlockFileTest, LayoutIdIsStableAndValidationRefusesEmptyGeometry) {
   DiskLayout bad = SmallLayout();
   bad.n_head = 0;
   EXPECT_EQ(ValidateDiskLayout(bad).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The score section: every bit comes back, first block or not, and a record without one
+// decodes as "no scores" under the same layout.
+TEST(BlockFileTest, ScoreSectionRoundTripsBitForBit) {
+  const DiskLayout layout = ScoredLayout();
+  EXPECT_EQ(layout.score_bytes(), 4 * (12 + 8 * 3));
+  for (const BlockRecord& plain : MakeChain(layout, 1, 2)) {
+    const BlockRecord r = WithScores(plain, layout);
+    const std::string file = EncodeBlockFile(layout, r);
+    ASSERT_EQ(static_cast<int64_t>(file.size()), layout.scored_file_bytes());
+    std::vector<PositionScore> scores = {PositionScore{}};
+    auto data = DecodeBlockFile(file, layout, ExpectationOf(r), &scores);
+    ASSERT_TRUE(data.ok()) << data.status();
+    EXPECT_EQ(std::vector<uint8_t>(data->begin(), data->end()), r.data);
+    ASSERT_EQ(scores.size(), r.scores.size());
+    for (size_t j = 0; j < scores.size(); ++j) {
+      EXPECT_EQ(scores[j].has_logprob, r.scores[j].has_logprob) << j;
+      EXPECT_EQ(std::bit_cast<uint32_t>(scores[j].logprob),
+                std::bit_cast<uint32_t>(r.scores[j].logprob)) << j;
+      EXPECT_EQ(scores[j].top, r.scores[j].top) << j;
+    }
+    EXPECT_EQ(scores[0].has_logprob, plain.parent_key != plain.root);
+
+    const std::string without = EncodeBlockFile(layout, plain);
+    ASSERT_EQ(static_cast<int64_t>(without.size()), layout.file_bytes());
+    auto bare = DecodeBlockFile(without, layout, ExpectationOf(plain), &scores);
+    ASSERT_TRUE(bare.ok()) << bare.status();
+    EXPECT_TRUE(scores.empty());
+  }
+}
+
+TEST(BlockFileTest, EveryFlippedScoreByteIsRejected) {
+  const DiskLayout layout = ScoredLayout();
+  const BlockRecord r = WithScores(MakeChain(layout, 1, 2)[1], layout);
+  const std::string good = EncodeBlockFile(layout, r);
+  const size_t scores_at = kDataEnd;
+  for (size_t i = scores_at; i < scores_at + static_cast<size_t>(layout.score_bytes()); ++i) {
+    std::string bad = good;
+    bad[i] = static_cast<char>(bad[i] ^ 0x01);
+    std::vector<PositionScore> scores;
+    auto data = DecodeBlockFile(bad, layout, ExpectationOf(r), &scores);
+    EXPECT_EQ(data.status().code(), absl::StatusCode::kDataLoss) << "byte " << i;
+    EXPECT_TRUE(absl::StrContains(data.status().message(), "checksum")) << data.status();
+  }
+}
+
+// Damage that keeps a valid checksum (a writer's bug, or a forged record) still fails the
+// record, naming the score section; so does a header whose section size is not the block's.
+TEST(BlockFileTest, BrokenScoreRulesAreRejectedEvenWithAValidChecksum) {
+  const DiskLayout layout = ScoredLayout();
+  const BlockRecord first = WithScores(MakeChain(layout, 1, 2)[0], layout);
+  const BlockRecord second = WithScores(MakeChain(layout, 1, 2)[1], layout);
+  const size_t position = 12 + 8 * 3;
+  auto put_u32 = [](std::string* f, size_t at, uint32_t v) {
+    for (int i = 0; i < 4; ++i) (*f)[at + i] = static_cast<char>(v >> (8 * i));
+  };
+  struct Case {
+    const char* name;
+    const BlockRecord* record;
+    size_t at;
+    uint32_t value;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"flags", &second, kDataEnd + position, 3, "flags"},
+      {"top count above K", &second, kDataEnd + 2 * position + 8, 4, "top entries"},
+      {"a slot past the count", &second, kDataEnd + 12 + 8 * 2, 5, "past its entries"},
+      {"first position of a first block with a logprob", &first, kDataEnd, 1, "has a logprob"},
+      {"a later position without one", &second, kDataEnd + position, 0, "lacks a logprob"},
+      {"not descending", &second, kDataEnd + 3 * position + 12 + 8 + 4,
+       std::bit_cast<uint32_t>(5.0f), "descending"},
+      {"section size", &second, 212, 3, "score section of 3 positions"},
+  };
+  for (const Case& c : cases) {
+    std::string bad = EncodeBlockFile(layout, *c.record);
+    put_u32(&bad, c.at, c.value);
+    Reseal(&bad);
+    auto data = DecodeBlockFile(bad, layout, ExpectationOf(*c.record));
+    EXPECT_EQ(data.status().code(), absl::StatusCode::kDataLoss) << c.name;
+    EXPECT_TRUE(absl::StrContains(data.status().message(), c.message))
+        << c.name << ": " << data.status();
+  }
+}
+
+// Format version 2 (no score section) is foreign: refused by version, and the layout id that
+// names files differs with the version and with score_top_k.
+TEST(BlockFileTest, VersionTwoRecordsAreForeign) {
+  const DiskLayout layout = ScoredLayout();
+  const BlockRecord r = MakeChain(layout, 1, 1)[0];
+  std::string old = EncodeBlockFile(layout, r);
+  old[8] = 2;
+  Reseal(&old);
+  auto data = DecodeBlockFile(old, layout, ExpectationOf(r));
+  EXPECT_TRUE(absl::StrContains(data.status().message(), "format version 2")) << data.status();
+  EXPECT_NE(ScoredLayout(3).Id(), ScoredLayout(4).Id());
+  EXPECT_NE(ScoredLayout(3).Id(), SmallLayout().Id());
+  EXPECT_FALSE(ValidateDiskLayout(ScoredLayout(kMaxScoreTopK + 1)).ok());
+  EXPECT_TRUE(ValidateDiskLayout(ScoredLayout(kMaxScoreTopK)).ok());
 }
 
 }  // namespace

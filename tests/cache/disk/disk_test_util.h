@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -60,6 +61,31 @@ inline std::vector<BlockRecord> MakeChain(const DiskLayout& layout, uint32_t see
     parent = out.back().key;
   }
   return out;
+}
+
+// SmallLayout with score sections of `top_k` entries per position.
+inline DiskLayout ScoredLayout(uint32_t top_k = 3) {
+  DiskLayout l = SmallLayout();
+  l.score_top_k = top_k;
+  return l;
+}
+
+// `r` with a score section: position j has logprob -(j + 1) / 8 (none at position 0 of a
+// first block) and min(j + 1, top_k) descending entries with ids 1000 + seed + i.
+inline BlockRecord WithScores(BlockRecord r, const DiskLayout& layout, uint32_t seed = 7) {
+  r.scores.clear();
+  for (uint32_t j = 0; j < layout.block_size; ++j) {
+    PositionScore p;
+    if (!(j == 0 && r.parent_key == r.root)) {
+      p.has_logprob = true;
+      p.logprob = -static_cast<float>(j + 1) / 8.0f;
+      for (uint32_t i = 0; i < std::min(j + 1, layout.score_top_k); ++i) {
+        p.top.push_back({1000 + seed + i, -0.1f * static_cast<float>(i) - 0.3f / (j + 1)});
+      }
+    }
+    r.scores.push_back(p);
+  }
+  return r;
 }
 
 inline BlockExpectation ExpectationOf(const BlockRecord& r) {

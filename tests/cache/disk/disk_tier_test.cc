@@ -34,8 +34,10 @@ namespace {
 
 using testing::ExpectationOf;
 using testing::MakeChain;
+using testing::ScoredLayout;
 using testing::ScratchDir;
 using testing::SmallLayout;
+using testing::WithScores;
 
 constexpr absl::Duration kWait = absl::Seconds(30);
 
@@ -70,6 +72,53 @@ class DiskTierTest : public ::testing::Test {
   ScratchDir dir_{"tier"};
   int64_t now_ = 0;
 };
+
+// Files with score sections: the index tells them by size (after a restart too), the scored
+// match stops at the first file without, a Load returns the section, and a scored spill of a
+// block on disk without scores replaces that file, while an unscored one never replaces a
+// scored file.
+TEST_F(DiskTierTest, ScoredFilesAreMatchedLoadedAndReplaceUnscoredOnes) {
+  const DiskLayout layout = ScoredLayout();
+  std::vector<BlockRecord> chain = MakeChain(layout, 1, 3);
+  const std::vector<BlockRecord> plain = chain;
+  chain[0] = WithScores(chain[0], layout);
+  chain[2] = WithScores(chain[2], layout);
+  const std::vector<Digest> keys = {chain[0].key, chain[1].key, chain[2].key};
+  {
+    auto tier = Open(int64_t{1} << 20, layout);
+    ASSERT_NE(tier, nullptr);
+    SpillAll(*tier, chain);
+    EXPECT_EQ(tier->MatchFrom(keys), 3u);
+    EXPECT_EQ(tier->MatchScoredFrom(keys), 1u);
+    EXPECT_EQ(tier->Stats().bytes, 2 * layout.scored_file_bytes() + layout.file_bytes());
+    EXPECT_FALSE(tier->WantsSpill(chain[0].key, {.scored = true}));
+    EXPECT_FALSE(tier->WantsSpill(chain[1].key));
+    EXPECT_FALSE(tier->WantsSpill(chain[2].key));  // scored on disk: no plain rewrite
+  }
+  auto tier = Open(int64_t{1} << 20, layout);  // a restart: sizes come from the directory
+  ASSERT_NE(tier, nullptr);
+  EXPECT_EQ(tier->MatchScoredFrom(keys), 1u);
+  EXPECT_EQ(tier->MatchScoredFrom(absl::MakeConstSpan(keys).subspan(2)), 1u);
+  std::vector<uint8_t> data(static_cast<size_t>(layout.data_bytes()));
+  std::vector<PositionScore> scores;
+  ASSERT_TRUE(tier->Load(ExpectationOf(chain[0]), absl::MakeSpan(data), &scores).ok());
+  EXPECT_EQ(scores, chain[0].scores);
+  ASSERT_TRUE(tier->Load(ExpectationOf(chain[1]), absl::MakeSpan(data), &scores).ok());
+  EXPECT_TRUE(scores.empty());
+  EXPECT_EQ(data, chain[1].data);
+
+  // Block 1 gains its scores: the file is replaced, counted once in bytes.
+  const BlockRecord upgraded = WithScores(plain[1], layout, 9);
+  ASSERT_TRUE(tier->WantsSpill(upgraded.key, {.scored = true}));
+  tier->Spill(upgraded);
+  ASSERT_TRUE(tier->Flush(absl::Now() + kWait));
+  EXPECT_EQ(tier->MatchScoredFrom(keys), 3u);
+  EXPECT_EQ(tier->Stats().blocks, 3);
+  EXPECT_EQ(tier->Stats().bytes, 3 * layout.scored_file_bytes());
+  ASSERT_TRUE(tier->Load(ExpectationOf(upgraded), absl::MakeSpan(data), &scores).ok());
+  EXPECT_EQ(scores, upgraded.scores);
+  EXPECT_EQ(data, upgraded.data);
+}
 
 TEST_F(DiskTierTest, SpilledBlocksLoadBackAndSurviveARestart) {
   const std::vector<BlockRecord> chain = MakeChain(SmallLayout(), 1, 3);
@@ -307,7 +356,8 @@ TEST_F(DiskTierTest, AFullQueueDropsSpillsAndCountsThem) {
   ASSERT_TRUE(tier->WantsSpill(chain[1].key));
   tier->Spill(chain[1]);
   EXPECT_FALSE(tier->WantsSpill(chain[2].key));  // full: dropped, never waited for
-  EXPECT_FALSE(tier->WantsSpill(chain[2].key, absl::Now() + absl::Milliseconds(20)));
+  EXPECT_FALSE(
+      tier->WantsSpill(chain[2].key, {.deadline = absl::Now() + absl::Milliseconds(20)}));
   EXPECT_EQ(tier->Stats().spills_dropped, 2u);
   disk_unstuck.Notify();
   ASSERT_TRUE(tier->Flush(absl::Now() + kWait));
