@@ -15,7 +15,7 @@
 //
 // Usage: engine_loglikelihood_bench [--model DIR] [--threads N] [--questions 200]
 //          [--choices 4] [--preamble 400] [--question 24] [--concurrency 8]
-//          [--only on|off|plain]
+//          [--only on|off|plain[,...]]   (a comma list: those runs, in the order on, off, plain)
 // Without --model a random GPT-2 is written to a temporary directory first.
 #include <unistd.h>
 
@@ -27,10 +27,12 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "cache/kv_layout.h"
 #include "engine/engine.h"
 #include "engine/model.h"
@@ -194,9 +196,12 @@ int Main(int argc, char** argv) {
       f.concurrency = number();
     } else if (a == "--only") {
       f.only = value();
-      if (f.only != "on" && f.only != "off" && f.only != "plain") {
-        std::fprintf(stderr, "--only takes on, off or plain, got %s\n", f.only.c_str());
-        return 2;
+      for (absl::string_view run : absl::StrSplit(f.only, ',')) {
+        if (run != "on" && run != "off" && run != "plain") {
+          std::fprintf(stderr, "--only takes on, off or plain (or a comma list), got %s\n",
+                       f.only.c_str());
+          return 2;
+        }
       }
     } else {
       std::fprintf(stderr, "unknown flag %s (see the header of engine_loglikelihood_bench.cc)\n",
@@ -234,11 +239,16 @@ int Main(int argc, char** argv) {
       (*model)->name().c_str(), (*model)->config().n_layer, (*model)->config().n_embd, f.threads,
       f.questions, f.choices, f.concurrency, f.preamble, f.question);
   std::fflush(stdout);
-  const RunResult on = f.only.empty() || f.only == "on" ? Run(**model, f, true, true) : RunResult{};
-  const RunResult off =
-      f.only.empty() || f.only == "off" ? Run(**model, f, false, true) : RunResult{};
-  const RunResult plain =
-      f.only.empty() || f.only == "plain" ? Run(**model, f, false, false) : RunResult{};
+  auto wanted = [&f](absl::string_view run) {
+    if (f.only.empty()) return true;
+    for (absl::string_view w : absl::StrSplit(f.only, ',')) {
+      if (w == run) return true;
+    }
+    return false;
+  };
+  const RunResult on = wanted("on") ? Run(**model, f, true, true) : RunResult{};
+  const RunResult off = wanted("off") ? Run(**model, f, false, true) : RunResult{};
+  const RunResult plain = wanted("plain") ? Run(**model, f, false, false) : RunResult{};
   if (temporary) std::filesystem::remove_all(dir);
 
   std::printf("\n%-22s %9s %10s %14s %16s %16s %16s\n", "run", "wall s", "requests/s",

@@ -4,7 +4,9 @@
 #include <map>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "base/command_line.h"
 
 namespace prefixd {
@@ -13,7 +15,11 @@ const char kUsage[] =
     "usage: prefixctl [--server ADDR] [--token T] [--tls-ca FILE] [--connect-timeout S] "
     "COMMAND ...\n"
     "  generate (\"text\" | --ids 1,2,3) [--max-tokens N] [--temperature T] [--top-k K]\n"
-    "           [--top-p P] [--seed S] [--samples N] [--salt S] [--top-logprobs N] [--json]\n"
+    "           [--top-p P] [--seed S] [--samples N] [--salt S] [--top-logprobs N]\n"
+    "           [--presence-penalty F] [--frequency-penalty F] [--repetition-penalty F]\n"
+    "           [--min-p P] [--logit-bias ID:BIAS,...] [--prompt-logprobs N] [--json]\n"
+    "           (--prompt-logprobs N scores every prompt token, N top entries each, 0-20;\n"
+    "            --max-tokens may then be 0)\n"
     "  tokenize \"text\" [--json]\n"
     "  info [--json]\n"
     "  stats [--json]\n"
@@ -52,6 +58,32 @@ Setter SetU32(uint32_t* out, std::string flag) {
   return SetParsed(out, std::move(flag), ParseNonNegativeU32);
 }
 
+// "ID:BIAS,ID:BIAS": token ids with the bias added to their logits (the server checks the
+// ranges: ids below the vocabulary, biases in [-100, 100], at most 300 entries).
+absl::StatusOr<std::vector<std::pair<uint32_t, float>>> ParseLogitBias(std::string_view text,
+                                                                       std::string_view flag) {
+  const std::string name(flag);
+  std::vector<std::pair<uint32_t, float>> out;
+  // absl::string_view is not std::string_view in this Abseil: the split works on the former.
+  for (absl::string_view piece : absl::StrSplit(absl::string_view(text.data(), text.size()), ',')) {
+    const absl::string_view entry = absl::StripAsciiWhitespace(piece);
+    const size_t colon = entry.find(':');
+    if (colon == absl::string_view::npos) {
+      return Bad(absl::StrCat(name, " entry \"", entry, "\" is not ID:BIAS (e.g. 50256:-100)"));
+    }
+    const absl::string_view id_text = absl::StripAsciiWhitespace(entry.substr(0, colon));
+    const absl::string_view bias_text = absl::StripAsciiWhitespace(entry.substr(colon + 1));
+    absl::StatusOr<uint32_t> id = ParseNonNegativeU32(
+        std::string_view(id_text.data(), id_text.size()), absl::StrCat(name, " token id"));
+    if (!id.ok()) return id.status();
+    absl::StatusOr<float> bias = ParseFiniteFloat(
+        std::string_view(bias_text.data(), bias_text.size()), absl::StrCat(name, " bias"));
+    if (!bias.ok()) return bias.status();
+    out.emplace_back(*id, *bias);
+  }
+  return out;
+}
+
 // The flags that take a value: the global ones, and those of `command` once it is known.
 Setters ValueFlags(CliArgs& cli, std::optional<Command> command) {
   Setters s = {
@@ -82,6 +114,15 @@ Setters ValueFlags(CliArgs& cli, std::optional<Command> command) {
     s["samples"] = SetU32(&g.samples, "--samples");
     s["salt"] = SetString(&g.salt);
     s["top-logprobs"] = SetU32(&g.top_logprobs, "--top-logprobs");
+    s["presence-penalty"] =
+        SetParsed(&g.presence_penalty, "--presence-penalty", ParseFiniteFloat);
+    s["frequency-penalty"] =
+        SetParsed(&g.frequency_penalty, "--frequency-penalty", ParseFiniteFloat);
+    s["repetition-penalty"] =
+        SetParsed(&g.repetition_penalty, "--repetition-penalty", ParseFiniteFloat);
+    s["min-p"] = SetParsed(&g.min_p, "--min-p", ParseFiniteFloat);
+    s["logit-bias"] = SetParsed(&g.logit_bias, "--logit-bias", ParseLogitBias);
+    s["prompt-logprobs"] = SetParsed(&g.prompt_logprobs, "--prompt-logprobs", ParseNonNegativeU32);
   } else if (command == Command::kBench) {
     s["prefix-tokens"] = SetU32(&b.prefix_tokens, "--prefix-tokens");
     s["suffix-tokens"] = SetU32(&b.suffix_tokens, "--suffix-tokens");

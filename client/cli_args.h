@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -29,6 +30,13 @@ struct GenerateArgs {
   uint32_t samples = 1;
   std::string salt;
   uint32_t top_logprobs = 0;
+  // Sampling controls; the server checks their ranges (proto/prefixd/v1/inference.proto).
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  std::optional<float> repetition_penalty;
+  float min_p = 0.0f;
+  std::vector<std::pair<uint32_t, float>> logit_bias;  // --logit-bias ID:BIAS,ID:BIAS
+  std::optional<uint32_t> prompt_logprobs;             // score the prompt, this many top
 };
 
 struct BenchArgs {

@@ -1,7 +1,9 @@
 #include "client/commands.h"
 
 #include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -30,6 +32,65 @@ struct SampleOut {
   v1::FinishReason finish = v1::FINISH_REASON_UNSPECIFIED;
 };
 
+// The prompt-logprobs message: each prompt id, and from the second on its logprob and top
+// entries (GenerateResponse.prompt_*).
+struct PromptScores {
+  std::vector<uint32_t> token_ids;
+  std::vector<float> logprobs;                                  // token_ids.size() - 1
+  std::vector<std::vector<std::pair<uint32_t, float>>> top;     // the same
+};
+
+PromptScores PromptScoresOf(const v1::GenerateResponse& msg) {
+  PromptScores p;
+  p.token_ids.assign(msg.prompt_token_ids().begin(), msg.prompt_token_ids().end());
+  p.logprobs.assign(msg.prompt_logprobs().begin(), msg.prompt_logprobs().end());
+  for (const v1::TopLogprobs& t : msg.prompt_top_logprobs()) {
+    std::vector<std::pair<uint32_t, float>> entries;
+    for (int i = 0; i < t.token_ids_size() && i < t.logprobs_size(); ++i) {
+      entries.emplace_back(t.token_ids(i), t.logprobs(i));
+    }
+    p.top.push_back(std::move(entries));
+  }
+  return p;
+}
+
+// {"token_ids": [...], "logprobs": [null, ...], "top_logprobs": [null, [{"id", "logprob"}]]}:
+// one entry per prompt token, the first null (nothing comes before it).
+nlohmann::json PromptScoresJson(const PromptScores& p) {
+  nlohmann::json logprobs = nlohmann::json::array({nullptr});
+  nlohmann::json top = nlohmann::json::array({nullptr});
+  for (size_t i = 0; i < p.logprobs.size(); ++i) {
+    logprobs.push_back(p.logprobs[i]);
+    nlohmann::json entries = nlohmann::json::array();
+    if (i < p.top.size()) {
+      for (const auto& [id, lp] : p.top[i]) entries.push_back({{"id", id}, {"logprob", lp}});
+    }
+    top.push_back(std::move(entries));
+  }
+  return {{"token_ids", p.token_ids}, {"logprobs", logprobs}, {"top_logprobs", top}};
+}
+
+// One line per prompt token: position, id, logprob ("-" for the first) and the top entries.
+void PrintPromptScores(const PromptScores& p, std::ostream& out) {
+  double sum = 0;
+  out << "--- prompt logprobs (position, token id, logprob, top id:logprob)\n";
+  for (size_t i = 0; i < p.token_ids.size(); ++i) {
+    out << absl::StrFormat("%5d %6u", i, p.token_ids[i]);
+    if (i == 0 || i - 1 >= p.logprobs.size()) {
+      out << "          -\n";
+      continue;
+    }
+    const float lp = p.logprobs[i - 1];
+    sum += lp;
+    out << absl::StrFormat(" %10.5f", lp);
+    if (i - 1 < p.top.size()) {
+      for (const auto& [id, tlp] : p.top[i - 1]) out << absl::StrFormat(" %u:%.5f", id, tlp);
+    }
+    out << "\n";
+  }
+  out << absl::StrFormat("--- sum of %d prompt logprobs: %.5f\n", p.logprobs.size(), sum);
+}
+
 }  // namespace
 
 int RunGenerate(Connection& conn, const CliArgs& args, std::ostream& out, std::ostream& err) {
@@ -48,14 +109,28 @@ int RunGenerate(Connection& conn, const CliArgs& args, std::ostream& out, std::o
   req.set_num_samples(g.samples);
   req.set_cache_salt(g.salt);
   req.set_top_logprobs(g.top_logprobs);
+  req.set_presence_penalty(g.presence_penalty);
+  req.set_frequency_penalty(g.frequency_penalty);
+  if (g.repetition_penalty.has_value()) req.set_repetition_penalty(*g.repetition_penalty);
+  req.set_min_p(g.min_p);
+  // A repeated id keeps its last bias, as in a JSON object.
+  for (const auto& [id, bias] : g.logit_bias) (*req.mutable_logit_bias())[id] = bias;
+  if (g.prompt_logprobs.has_value()) req.set_prompt_logprobs(*g.prompt_logprobs);
 
   auto ctx = conn.NewContext();
   auto reader = conn.stub().Generate(ctx.get(), req);
   std::map<uint32_t, SampleOut> samples;
   v1::Usage usage;
   const bool stream_text = !args.json && g.samples == 1;
+  std::optional<PromptScores> prompt;
   v1::GenerateResponse msg;
   while (reader->Read(&msg)) {
+    if (msg.prompt_token_ids_size() > 0) {
+      // The prompt-logprobs message: first in the stream, before any generated token.
+      prompt = PromptScoresOf(msg);
+      if (stream_text) PrintPromptScores(*prompt, out);
+      continue;
+    }
     SampleOut& s = samples[msg.sample_index()];
     s.token_ids.insert(s.token_ids.end(), msg.token_ids().begin(), msg.token_ids().end());
     s.logprobs.insert(s.logprobs.end(), msg.logprobs().begin(), msg.logprobs().end());
@@ -80,6 +155,7 @@ int RunGenerate(Connection& conn, const CliArgs& args, std::ostream& out, std::o
                               {"logprobs", s.logprobs},
                               {"finish_reason", FinishName(s.finish)}});
     }
+    if (prompt.has_value()) j["prompt"] = PromptScoresJson(*prompt);
     j["usage"] = {{"prompt_tokens", usage.prompt_tokens()},
                   {"cached_prompt_tokens", usage.cached_prompt_tokens()},
                   {"completion_tokens", usage.completion_tokens()}};
@@ -87,6 +163,7 @@ int RunGenerate(Connection& conn, const CliArgs& args, std::ostream& out, std::o
     return 0;
   }
   if (!stream_text) {
+    if (prompt.has_value()) PrintPromptScores(*prompt, out);
     for (const auto& [index, s] : samples) {
       out << "--- sample " << index << " (" << FinishName(s.finish) << ")\n" << s.text << "\n";
     }

@@ -58,6 +58,44 @@ TEST(CliArgsTest, GenerateWithTextAndEveryFlag) {
   EXPECT_EQ(g.top_logprobs, 2u);
 }
 
+TEST(CliArgsTest, GenerateSamplingControlsAndPromptLogprobs) {
+  absl::StatusOr<CliArgs> a =
+      Parse({"generate", "--ids", "1,2", "--presence-penalty", "0.5", "--frequency-penalty=-1",
+             "--repetition-penalty", "1.2", "--min-p", "0.05", "--logit-bias",
+             "50256:-100, 13:2.5", "--prompt-logprobs", "3", "--max-tokens", "0"});
+  ASSERT_TRUE(a.ok()) << a.status();
+  const GenerateArgs& g = a->generate;
+  EXPECT_FLOAT_EQ(g.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(g.frequency_penalty, -1.0f);
+  ASSERT_TRUE(g.repetition_penalty.has_value());
+  EXPECT_FLOAT_EQ(*g.repetition_penalty, 1.2f);
+  EXPECT_FLOAT_EQ(g.min_p, 0.05f);
+  ASSERT_EQ(g.logit_bias.size(), 2u);
+  EXPECT_EQ(g.logit_bias[0], std::make_pair(50256u, -100.0f));
+  EXPECT_EQ(g.logit_bias[1], std::make_pair(13u, 2.5f));
+  EXPECT_EQ(g.prompt_logprobs, 3u);
+  EXPECT_EQ(g.max_tokens, 0u);
+
+  absl::StatusOr<CliArgs> d = Parse({"generate", "x"});
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->generate.repetition_penalty.has_value());
+  EXPECT_FALSE(d->generate.prompt_logprobs.has_value());
+  EXPECT_TRUE(d->generate.logit_bias.empty());
+}
+
+TEST(CliArgsTest, BadSamplingControlValuesNameTheFlag) {
+  EXPECT_THAT(Error({"generate", "x", "--logit-bias", "50256"}),
+              HasSubstr("--logit-bias entry \"50256\" is not ID:BIAS"));
+  EXPECT_THAT(Error({"generate", "x", "--logit-bias", "a:1"}), HasSubstr("--logit-bias token id"));
+  EXPECT_THAT(Error({"generate", "x", "--logit-bias", "5:nan"}), HasSubstr("--logit-bias bias"));
+  EXPECT_THAT(Error({"generate", "x", "--logit-bias", "5:1,"}), HasSubstr("--logit-bias"));
+  EXPECT_THAT(Error({"generate", "x", "--min-p", "lots"}), HasSubstr("--min-p"));
+  EXPECT_THAT(Error({"generate", "x", "--prompt-logprobs", "-1"}),
+              HasSubstr("--prompt-logprobs"));
+  EXPECT_THAT(Error({"generate", "x", "--presence-penalty", "inf"}),
+              HasSubstr("--presence-penalty"));
+}
+
 TEST(CliArgsTest, DefaultsAndIds) {
   absl::StatusOr<CliArgs> a = Parse({"generate", "--ids", "1, 2,3"});
   ASSERT_TRUE(a.ok()) << a.status();

@@ -115,6 +115,70 @@ TEST_F(PrefixctlTest, SmallBench) {
   EXPECT_THAT(r.output, HasSubstr("6/6"));
 }
 
+// --prompt-logprobs: the prompt's scores in --json (first null) and as text. The greedy
+// token's logprob after a prompt is the score of that token when it ends a longer prompt, and
+// a second run (from the cache's score records) prints the same numbers.
+TEST_F(PrefixctlTest, PromptLogprobsAreReturnedAndPrinted) {
+  const std::string ids = "464,2068,7586,21831,18045,625,262,16931,3290,13,383,2068,7586,21831";
+  CommandResult gen = Ctl({"generate", "--ids", ids, "--max-tokens", "1", "--json"});
+  ASSERT_EQ(gen.exit_code, 0) << gen.output;
+  const nlohmann::json g = nlohmann::json::parse(gen.output);
+  const uint32_t next = g["samples"][0]["token_ids"][0];
+  EXPECT_FALSE(g.contains("prompt"));
+
+  const std::string longer = ids + "," + std::to_string(next);
+  const std::vector<std::string> score = {"generate", "--ids", longer, "--prompt-logprobs", "2",
+                                          "--max-tokens", "0", "--json"};
+  CommandResult first = Ctl(score);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const nlohmann::json j = nlohmann::json::parse(first.output);
+  const nlohmann::json& p = j["prompt"];
+  ASSERT_EQ(p["token_ids"].size(), 15u);
+  ASSERT_EQ(p["logprobs"].size(), 15u);
+  ASSERT_EQ(p["top_logprobs"].size(), 15u);
+  EXPECT_TRUE(p["logprobs"][0].is_null());
+  EXPECT_TRUE(p["top_logprobs"][0].is_null());
+  EXPECT_EQ(p["token_ids"][14], next);
+  EXPECT_EQ(p["logprobs"][14].get<float>(), g["samples"][0]["logprobs"][0].get<float>());
+  for (size_t i = 1; i < 15; ++i) {
+    ASSERT_EQ(p["top_logprobs"][i].size(), 2u) << i;
+    EXPECT_GE(p["top_logprobs"][i][0]["logprob"].get<float>(),
+              p["top_logprobs"][i][1]["logprob"].get<float>());
+    EXPECT_LE(p["logprobs"][i].get<float>(), 0.0f);
+  }
+  // Greedy: the last token is the most likely there.
+  EXPECT_EQ(p["top_logprobs"][14][0]["id"], next);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 0);
+  EXPECT_TRUE(j["samples"].empty() || j["samples"][0]["token_ids"].empty());
+
+  CommandResult again = Ctl(score);
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_EQ(nlohmann::json::parse(again.output)["prompt"], p);
+
+  CommandResult text = Ctl({"generate", "--ids", longer, "--prompt-logprobs", "1",
+                            "--max-tokens", "2", "--presence-penalty", "0.5",
+                            "--frequency-penalty", "0.5", "--repetition-penalty", "1.1",
+                            "--min-p", "0.01", "--logit-bias", "13:-5"});
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_THAT(text.output, HasSubstr("--- prompt logprobs"));
+  EXPECT_THAT(text.output, HasSubstr("    0    464          -\n"));
+  EXPECT_THAT(text.output, HasSubstr("--- sum of 14 prompt logprobs: "));
+  EXPECT_THAT(text.output, HasSubstr("[prompt_tokens=15 "));
+}
+
+TEST_F(PrefixctlTest, OutOfRangeSamplingControlsAreRefusedByTheServer) {
+  CommandResult penalty = Ctl({"generate", "--ids", "1,2", "--presence-penalty", "3"});
+  EXPECT_EQ(penalty.exit_code, 1);
+  EXPECT_THAT(penalty.output, HasSubstr("INVALID_ARGUMENT"));
+  EXPECT_THAT(penalty.output, HasSubstr("presence_penalty"));
+  CommandResult bias = Ctl({"generate", "--ids", "1,2", "--logit-bias", "5:101"});
+  EXPECT_EQ(bias.exit_code, 1);
+  EXPECT_THAT(bias.output, HasSubstr("logit_bias"));
+  CommandResult top = Ctl({"generate", "--ids", "1,2", "--prompt-logprobs", "21"});
+  EXPECT_EQ(top.exit_code, 1);
+  EXPECT_THAT(top.output, HasSubstr("prompt_logprobs"));
+}
+
 TEST_F(PrefixctlTest, BadFlagsAndUnreachableServerFailClearly) {
   CommandResult bad = Ctl({"generate"});
   EXPECT_EQ(bad.exit_code, 2);
