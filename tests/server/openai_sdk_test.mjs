@@ -120,8 +120,15 @@ function grpcGenerate({ client, metadata }, request) {
   return new Promise((resolve, reject) => {
     const samples = [];
     let usage = null;
+    let prompt = null;
     const call = client.Generate(request, metadata);
     call.on('data', (m) => {
+      if (m.prompt_token_ids.length > 0) {
+        // The prompt-logprobs message, before any generated token.
+        prompt = { ids: m.prompt_token_ids, logprobs: m.prompt_logprobs,
+                   top: m.prompt_top_logprobs };
+        return;
+      }
       const s = (samples[m.sample_index] ??=
         { text: '', ids: [], logprobs: [], top: [], finish: 'FINISH_REASON_UNSPECIFIED' });
       s.text += m.text;
@@ -132,7 +139,7 @@ function grpcGenerate({ client, metadata }, request) {
       if (m.usage) usage = m.usage;
     });
     call.on('error', reject);
-    call.on('end', () => resolve({ samples, usage }));
+    call.on('end', () => resolve({ samples, usage, prompt }));
   });
 }
 
@@ -299,6 +306,56 @@ describe('openai SDK against prefixd', () => {
       model: modelName, prompt, max_tokens: 8, temperature: 1, seed: 7, logprobs: 3,
       stream: true }));
     assert.deepEqual(streamed.choices[0].logprobs, lp);
+  });
+
+  // lm-evaluation-harness's local-completions loglikelihood request, exactly: a batch of
+  // token-id prompts (one context, four continuations), echo with logprobs 1, one greedy
+  // token. It reads token_logprobs[ctxlen:-1] and compares each top_logprobs entry with the
+  // echoed token (is_greedy). Every prompt score equals gRPC's prompt_logprobs; the second
+  // batch, served from the cache's score records, is the same.
+  test('lm-eval local-completions loglikelihood requests: echo + logprobs', async () => {
+    const context = promptIds(9, 45);
+    const conts = [3, 7, 12, 20].map((n, k) => promptIds(300 + k, n));
+    const prompts = conts.map((c) => [...context, ...c]);
+    const request = { model: modelName, prompt: prompts, temperature: 0, max_tokens: 1,
+                      logprobs: 1, seed: 1234, echo: true };
+    const first = await openai.completions.create(request);
+    assert.equal(first.choices.length, 4);
+    for (const [i, c] of first.choices.entries()) {
+      const lp = c.logprobs;
+      const n = prompts[i].length;
+      assert.equal(c.index, i);
+      assert.equal(lp.tokens.length, n + 1, `choice ${i}: prompt tokens then the generated one`);
+      assert.equal(lp.token_logprobs.length, n + 1);
+      assert.equal(lp.token_logprobs[0], null);
+      assert.equal(lp.top_logprobs[0], null);
+      assert.equal(lp.text_offset[0], 0);
+      const g = await grpcGenerate(grpcSide, {
+        token_ids: { ids: prompts[i] }, max_new_tokens: 1, temperature: 0, seed: '1234',
+        top_logprobs: 1, prompt_logprobs: 1 });
+      assert.deepEqual(g.prompt.ids, prompts[i]);
+      assert.deepEqual(lp.token_logprobs.slice(1, n), g.prompt.logprobs, `choice ${i}`);
+      assert.deepEqual(lp.token_logprobs.slice(n), g.samples[0].logprobs);
+      // What lm-eval computes: the continuation's sum and whether it is greedy.
+      const ctxlen = context.length;
+      const sum = lp.token_logprobs.slice(ctxlen, -1).reduce((a, b) => a + b, 0);
+      assert.ok(Number.isFinite(sum) && sum < 0, `choice ${i}: sum ${sum}`);
+      for (let p = 1; p < n; ++p) {
+        const top = Object.values(lp.top_logprobs[p]);
+        assert.equal(top.length, 1, `choice ${i} position ${p}`);
+        assert.equal(top[0], g.prompt.top[p - 1].logprobs[0], `choice ${i} position ${p}`);
+        assert.ok(top[0] >= lp.token_logprobs[p]);
+      }
+    }
+    const again = await openai.completions.create(request);
+    // Every prompt's 45-token context is 2 blocks with score records: 31 positions each.
+    assert.ok(again.usage.prompt_tokens_details.cached_tokens >= 4 * 31,
+              `cached_tokens ${again.usage.prompt_tokens_details.cached_tokens}`);
+    assert.deepEqual(again.choices.map((c) => c.logprobs), first.choices.map((c) => c.logprobs));
+    // Streamed, the prompt is each choice's first chunk; gathered, the same logprobs.
+    const streamed = await gatherStream(await openai.completions.create({ ...request, stream: true }));
+    assert.deepEqual(streamed.choices.map((c) => c.logprobs.token_logprobs),
+                     first.choices.map((c) => c.logprobs.token_logprobs));
   });
 
   test('stop strings cut the text as in gRPC, streamed or not', async () => {
