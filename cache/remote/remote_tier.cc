@@ -323,6 +323,7 @@ absl::Status RemoteTier::Load(const BlockExpectation& expect, absl::Span<uint8_t
   absl::MutexLock lock(&mu_);
   stats_.up = true;
   ++stats_.loads;
+  RememberLocked(expect.key);  // it is there: no need to publish it when it is recomputed
   return absl::OkStatus();
 }
 
@@ -341,14 +342,17 @@ void RemoteTier::Publish(BlockRecord record) {
   PREFIXD_CHECK(record.tokens.size() == layout_.block_size);
   PREFIXD_CHECK(static_cast<int64_t>(record.data.size()) == layout_.data_bytes());
   absl::MutexLock lock(&mu_);
-  if (recent_.insert(record.key).second) {
-    recent_order_.push_back(record.key);
-    if (recent_order_.size() > kRecentKeys) {
-      recent_.erase(recent_order_.front());
-      recent_order_.pop_front();
-    }
-  }
+  RememberLocked(record.key);
   queue_.push_back(std::move(record));
+}
+
+void RemoteTier::RememberLocked(const Digest& key) {
+  if (!recent_.insert(key).second) return;
+  recent_order_.push_back(key);
+  if (recent_order_.size() > kRecentKeys) {
+    recent_.erase(recent_order_.front());
+    recent_order_.pop_front();
+  }
 }
 
 bool RemoteTier::Flush(absl::Time deadline) {

@@ -104,6 +104,7 @@ class RemoteTier {
              const DiskLayout& layout);
   void PublisherLoop();
   void CountError(uint64_t RemoteTierStats::*counter, const std::string& what);
+  void RememberLocked(const Digest& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const RemoteTierOptions options_;
   const RemoteEndpoint endpoint_;
