@@ -259,7 +259,24 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
       // remote tier's records carry none.
       if (options_.disk_tier != nullptr) disk_blocks = DiskMatch(seq, pool_blocks);
       if (options_.remote_tier != nullptr) {
-        remote_blocks = RemoteMatch(seq, pool_blocks + disk_blocks);
+        const int32_t from = pool_blocks + disk_blocks;
+        if (seq->remote_fetch == nullptr) {
+          const int32_t found = RemoteMatch(seq, from);
+          if (found > 0 && StartRemoteFetch(seq, from, found)) {
+            ++it;  // parked until its blocks are here
+            continue;
+          }
+        } else if (!seq->remote_fetch->done()) {
+          ++it;  // still parked
+          continue;
+        }
+        if (seq->remote_fetch != nullptr) {
+          // Fetched: what continues this admission's match (the pool may have gained or lost
+          // blocks meanwhile).
+          const int32_t got = static_cast<int32_t>(seq->remote_fetch->data.size());
+          const int32_t offset = from - seq->remote_fetch_from;
+          remote_blocks = offset >= 0 && offset < got ? got - offset : 0;
+        }
       }
       // The loads fill whole blocks after the pool's whole blocks: no partial copy into the
       // first of them.
@@ -295,9 +312,15 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
       // scoring request recomputes the last loaded row: its logits score the next position.
       start = scoring ? (pool_blocks + disk_blocks) * bs - 1
                       : std::min((pool_blocks + disk_blocks + remote_blocks) * bs, Len(*seq) - 1);
-      pending_loads_.push_back(DiskLoad{seq, pool_blocks, disk_blocks + remote_blocks,
-                                        disk_blocks, !r->admitted_once, scoring});
+      DiskLoad load{seq, pool_blocks, disk_blocks + remote_blocks, disk_blocks,
+                    !r->admitted_once, scoring};
+      if (remote_blocks > 0) {
+        load.fetched = seq->remote_fetch;
+        load.fetched_offset = pool_blocks + disk_blocks - seq->remote_fetch_from;
+      }
+      pending_loads_.push_back(std::move(load));
     }
+    seq->remote_fetch.reset();  // taken (its budget returns once the load has run)
     // With disk blocks after them, the pool's blocks are shared whole; their records score
     // positions up to the last block's end, the disk's records the rest (RunDiskLoads).
     if (scoring) TakeScores(seq, disk_blocks > 0 ? pool_blocks * bs - 1 : admission.num_cached);
@@ -339,6 +362,17 @@ int32_t Scheduler::RemoteMatch(Sequence* seq, int32_t from) {
         static_cast<int32_t>(options_.remote_tier->MatchFrom(keys.subspan(from)));
   }
   return seq->remote_blocks;
+}
+
+bool Scheduler::StartRemoteFetch(Sequence* seq, int32_t from, int32_t count) {
+  const size_t bs = static_cast<size_t>(cache_->block_size());
+  const absl::Span<const Digest> keys = seq->chain->keys().subspan(from, count);
+  const absl::Span<const uint32_t> tokens = seq->chain->tokens().subspan(from * bs, count * bs);
+  seq->remote_fetch = options_.remote_tier->Fetch(
+      seq->chain->root(), std::vector<Digest>(keys.begin(), keys.end()),
+      std::vector<uint32_t>(tokens.begin(), tokens.end()), options_.wake);
+  seq->remote_fetch_from = from;
+  return seq->remote_fetch != nullptr;
 }
 
 void Scheduler::PublishComputed(const Scheduled& s) {
@@ -395,18 +429,25 @@ absl::Status Scheduler::RunDiskLoads(std::vector<Scheduled>* batch) {
           .root = seq->chain->root(), .key = keys[b], .tokens = seq->chain->block(b)};
       // Absent (deleted for the cap, or evicted by Redis, since the match), corrupt or
       // unreachable: compute from here on.
-      std::vector<PositionScore> section;
-      const absl::Status got =
-          from_disk ? options_.disk_tier->Load(expect, absl::MakeSpan(load_buffer_), &section)
-                    : options_.remote_tier->Load(expect, absl::MakeSpan(load_buffer_));
-      if (!got.ok()) break;
       std::optional<BlockScores> record;
-      if (!section.empty()) record = FromPositionScores(expect.tokens, section, vocab);
-      // A scoring request matched files with scores only; one it cannot use is computed.
-      if (load.scoring && !record.has_value()) break;
-      if (absl::Status w = backend_->WriteKvBlock(table[b], load_buffer_); !w.ok()) return w;
+      if (from_disk) {
+        std::vector<PositionScore> section;
+        if (!options_.disk_tier->Load(expect, absl::MakeSpan(load_buffer_), &section).ok()) break;
+        if (!section.empty()) record = FromPositionScores(expect.tokens, section, vocab);
+        // A scoring request matched files with scores only; one it cannot use is computed.
+        if (load.scoring && !record.has_value()) break;
+        if (absl::Status w = backend_->WriteKvBlock(table[b], load_buffer_); !w.ok()) return w;
+        disk_load_.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+      } else {
+        // Fetched and verified already (Admit counted only blocks the fetch holds).
+        const size_t f = static_cast<size_t>(load.fetched_offset + loaded - load.disk_count);
+        PREFIXD_CHECK(load.fetched != nullptr && f < load.fetched->data.size());
+        if (absl::Status w = backend_->WriteKvBlock(table[b], load.fetched->data[f]); !w.ok()) {
+          return w;
+        }
+        remote_load_.push_back(load.fetched->seconds[f] + absl::ToDoubleSeconds(absl::Now() - t0));
+      }
       records.push_back(std::move(record));
-      (from_disk ? disk_load_ : remote_load_).push_back(absl::ToDoubleSeconds(absl::Now() - t0));
     }
     const int32_t pool_cached = load.first_block * bs;
     if (load.scoring && loaded == 0 && load.first_block > 0) {

@@ -13,12 +13,15 @@
 //     instead of computing them twice. With a disk tier, the prefix match continues into it
 //     after the pool's match ends, and with a remote tier into that after the disk's: the
 //     whole blocks they hold are admitted as blocks to load (for a request with prompt
-//     logprobs, only disk blocks whose files carry score sections).
-// Then the copies cache/ asked for run, the tier blocks are read into the admitted
-// sequences' fresh blocks (synchronously, on this thread; a block that is gone, fails
-// verification or cannot be fetched, and every one after it, are computed instead), the
-// backend runs the batch, computed rows are marked (full blocks become shareable, and are
-// published to the remote tier), and tokens are sampled and streamed.
+//     logprobs, only disk blocks whose files carry score sections, and no remote ones).
+//     Remote blocks are fetched first, off this thread: the request is parked (skipped by
+//     admission) until its fetch is done, while the others keep running; then it is
+//     admitted with the blocks fetched.
+// Then the copies cache/ asked for run, the tier blocks are written into the admitted
+// sequences' fresh blocks (disk blocks read synchronously, on this thread; a block that is
+// gone, fails verification or could not be fetched, and every one after it, are computed
+// instead), the backend runs the batch, computed rows are marked (full blocks become
+// shareable, and are published to the remote tier), and tokens are sampled and streamed.
 //
 // Invariants: every request in the scheduler ends with exactly one kDone; a finished or
 // preempted sequence holds no KvCache sequence; a backend error ends every request that was
@@ -54,6 +57,8 @@ struct SchedulerOptions {
   std::function<absl::Time()> clock;  // required
   DiskTier* disk_tier = nullptr;      // not owned; null: no disk tier
   RemoteTier* remote_tier = nullptr;  // not owned; null: no remote tier
+  // Called from another thread when a remote fetch is done: the engine wakes and steps.
+  std::function<void()> wake;
   // Not owned; null: no score records are kept (prompt logprobs are then always computed).
   ScoreStore* scores = nullptr;
 };
@@ -98,7 +103,8 @@ class Scheduler {
 
   // Blocks an admission found in the tiers: blocks first_block .. first_block + count - 1
   // of seq's chain, to be read into its (fresh) blocks before the step's Forward; the first
-  // disk_count of them from the disk tier, the rest from the remote tier.
+  // disk_count of them from the disk tier, the rest from `fetched` (its blocks from
+  // fetched_offset on).
   struct DiskLoad {
     Sequence* seq;
     int32_t first_block;
@@ -106,6 +112,8 @@ class Scheduler {
     int32_t disk_count;
     bool first_admission;
     bool scoring;  // files with score sections only; their records score the positions
+    std::shared_ptr<const RemoteFetch> fetched;
+    int32_t fetched_offset = 0;
   };
 
   void Admit(std::vector<Scheduled>* batch, int32_t* budget);
@@ -116,6 +124,9 @@ class Scheduler {
   // How many remote blocks continue `seq`'s match from block `from` on (reusing the
   // sequence's latest answer when it is fresh).
   int32_t RemoteMatch(Sequence* seq, int32_t from);
+  // Starts fetching `count` remote blocks of `seq` from block `from` on; false when the tier
+  // refused (down, or its fetch budget is full).
+  bool StartRemoteFetch(Sequence* seq, int32_t from, int32_t count);
   // Publishes to the remote tier the full blocks that `s`'s computed rows completed.
   void PublishComputed(const Scheduled& s);
   // Reads the blocks of pending_loads_ into the pool, marks them computed, restores their

@@ -55,7 +55,7 @@ TEST_F(ServerRemoteTierTest, TwoServersShareAPromptThroughRedis) {
   ASSERT_TRUE(b.ok()) << b.status();
 
   auto stub_a = v1::Inference::NewStub(InsecureChannel((*a)->grpc_address()));
-  const GenerateResult cold = Generate(*stub_a, IdsRequest(prompt, 8));
+  GenerateResult cold = Generate(*stub_a, IdsRequest(prompt, 8));
   ASSERT_TRUE(cold.status.ok()) << cold.status.error_message();
   EXPECT_EQ(cold.usage.cached_prompt_tokens(), 0u);
   // Publishing is asynchronous: wait until a's blocks are stored.
@@ -65,7 +65,7 @@ TEST_F(ServerRemoteTierTest, TwoServersShareAPromptThroughRedis) {
   ASSERT_GE(GetStats(*stub_a).remote_stores(), 4u);
 
   auto stub_b = v1::Inference::NewStub(InsecureChannel((*b)->grpc_address()));
-  const GenerateResult warm = Generate(*stub_b, IdsRequest(prompt, 8));
+  GenerateResult warm = Generate(*stub_b, IdsRequest(prompt, 8));
   ASSERT_TRUE(warm.status.ok()) << warm.status.error_message();
   // All 4 blocks from Redis; the last prompt token is computed again for its logits.
   EXPECT_EQ(warm.usage.cached_prompt_tokens(), 63u);
