@@ -262,8 +262,10 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
         const int32_t from = pool_blocks + disk_blocks;
         if (seq->remote_fetch == nullptr) {
           const int32_t found = RemoteMatch(seq, from);
-          if (found > 0 && StartRemoteFetch(seq, from, found)) {
-            ++it;  // parked until its blocks are here
+          // Parked until its blocks are here, or until the fetch budget has room (a fetch
+          // is several times cheaper than computing the blocks: bench/remote_tier_bench).
+          if (found > 0 && !absl::IsUnavailable(StartRemoteFetch(seq, from, found))) {
+            ++it;
             continue;
           }
         } else if (!seq->remote_fetch->done()) {
@@ -364,15 +366,18 @@ int32_t Scheduler::RemoteMatch(Sequence* seq, int32_t from) {
   return seq->remote_blocks;
 }
 
-bool Scheduler::StartRemoteFetch(Sequence* seq, int32_t from, int32_t count) {
+absl::Status Scheduler::StartRemoteFetch(Sequence* seq, int32_t from, int32_t count) {
+  count = std::min(count, options_.remote_tier->max_fetch_blocks());
   const size_t bs = static_cast<size_t>(cache_->block_size());
   const absl::Span<const Digest> keys = seq->chain->keys().subspan(from, count);
   const absl::Span<const uint32_t> tokens = seq->chain->tokens().subspan(from * bs, count * bs);
-  seq->remote_fetch = options_.remote_tier->Fetch(
+  absl::StatusOr<std::shared_ptr<const RemoteFetch>> f = options_.remote_tier->Fetch(
       seq->chain->root(), std::vector<Digest>(keys.begin(), keys.end()),
       std::vector<uint32_t>(tokens.begin(), tokens.end()), options_.wake);
+  if (!f.ok()) return f.status();
+  seq->remote_fetch = *std::move(f);
   seq->remote_fetch_from = from;
-  return seq->remote_fetch != nullptr;
+  return absl::OkStatus();
 }
 
 void Scheduler::PublishComputed(const Scheduled& s) {

@@ -124,9 +124,10 @@ class Scheduler {
   // How many remote blocks continue `seq`'s match from block `from` on (reusing the
   // sequence's latest answer when it is fresh).
   int32_t RemoteMatch(Sequence* seq, int32_t from);
-  // Starts fetching `count` remote blocks of `seq` from block `from` on; false when the tier
-  // refused (down, or its fetch budget is full).
-  bool StartRemoteFetch(Sequence* seq, int32_t from, int32_t count);
+  // Starts fetching `count` remote blocks of `seq` from block `from` on (at most the tier's
+  // fetch budget of them). OK: started; RESOURCE_EXHAUSTED: the budget is in use, ask again
+  // next step; UNAVAILABLE: the tier is down, compute instead.
+  absl::Status StartRemoteFetch(Sequence* seq, int32_t from, int32_t count);
   // Publishes to the remote tier the full blocks that `s`'s computed rows completed.
   void PublishComputed(const Scheduled& s);
   // Reads the blocks of pending_loads_ into the pool, marks them computed, restores their

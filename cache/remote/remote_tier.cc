@@ -287,14 +287,18 @@ size_t RemoteTier::MatchFrom(absl::Span<const Digest> keys) {
   return matched;
 }
 
-std::shared_ptr<const RemoteFetch> RemoteTier::Fetch(const Digest& root, std::vector<Digest> keys,
-                                                     std::vector<uint32_t> tokens,
-                                                     std::function<void()> on_done) {
+absl::StatusOr<std::shared_ptr<const RemoteFetch>> RemoteTier::Fetch(
+    const Digest& root, std::vector<Digest> keys, std::vector<uint32_t> tokens,
+    std::function<void()> on_done) {
   PREFIXD_CHECK(tokens.size() == keys.size() * layout_.block_size);
   const int64_t n = static_cast<int64_t>(keys.size());
-  if (n == 0 || !fetcher_conn_->ready()) return nullptr;
+  PREFIXD_CHECK(n > 0 && n <= options_.max_fetch_blocks);
+  if (!fetcher_conn_->ready()) return absl::UnavailableError("the remote tier is backing off");
   absl::MutexLock lock(&mu_);
-  if (stop_ || fetch_blocks_in_flight_ + n > options_.max_fetch_blocks) return nullptr;
+  if (stop_) return absl::UnavailableError("the remote tier is shutting down");
+  if (fetch_blocks_in_flight_ + n > options_.max_fetch_blocks) {
+    return absl::ResourceExhaustedError("the remote tier's fetch budget is in use");
+  }
   fetch_blocks_in_flight_ += n;
   // The budget comes back when the last holder (the request, or the fetcher) lets go. The
   // tier outlives every fetch: the engine's scheduler holds them and goes first, and the
@@ -376,8 +380,11 @@ void RemoteTier::FetcherLoop() {
       for (size_t i = 0; i < f.data.size(); ++i) RememberLocked(f.keys[i]);
     }
     f.done_.store(true, std::memory_order_release);
-    if (p.on_done) p.on_done();
-    p = PendingFetch();  // outside mu_: the fetch's deleter takes it
+    // This thread lets go first (outside mu_: the fetch's deleter takes it), so that whoever
+    // on_done wakes holds the only reference.
+    std::function<void()> on_done = std::move(p.on_done);
+    p = PendingFetch();
+    if (on_done) on_done();
   }
 }
 

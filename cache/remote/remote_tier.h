@@ -105,11 +105,15 @@ class RemoteTier {
   // Starts fetching blocks `keys` (of root `root`, with their `tokens`) on the fetcher thread;
   // `on_done` runs there once the fetch is done (to wake the engine). The fetch's blocks count
   // against max_fetch_blocks until the returned object is destroyed (its K/V are held in
-  // memory until then). Null, starting nothing, while the tier is down or backing off, or
-  // when that budget has no room (the caller computes those blocks instead).
-  std::shared_ptr<const RemoteFetch> Fetch(const Digest& root, std::vector<Digest> keys,
-                                           std::vector<uint32_t> tokens,
-                                           std::function<void()> on_done);
+  // memory until then); at most max_fetch_blocks() keys. Starts nothing and returns
+  // UNAVAILABLE while the tier is down or backing off (the caller computes those blocks), or
+  // RESOURCE_EXHAUSTED while that budget has no room (the caller may ask again later: fetches
+  // in flight end and return theirs).
+  absl::StatusOr<std::shared_ptr<const RemoteFetch>> Fetch(const Digest& root,
+                                                           std::vector<Digest> keys,
+                                                           std::vector<uint32_t> tokens,
+                                                           std::function<void()> on_done);
+  int32_t max_fetch_blocks() const { return options_.max_fetch_blocks; }
 
   // Whether a block should be built and queued for publishing now: false while the tier is
   // down, when `key` was published or queued lately, or (counted as dropped) when the queue
