@@ -143,9 +143,9 @@ TEST(EngineScoringDiskTest, EvictedScoredBlocksComeBackFromDiskBesidePoolBlocks)
   ASSERT_TRUE(RunOne(*e.engine, r).status.ok());
   // 180 + 2 tokens: 12 blocks of a 16-block pool, so some of r's 6 cached blocks go.
   ASSERT_TRUE(RunOne(*e.engine, Plain(RandomTokens(3, 180))).status.ok());
+  // Written before r comes back (the engine's published stats may predate the writes, so
+  // the loads below are what shows the spills).
   ASSERT_TRUE(EngineTestPeer::FlushDiskTier(*e.engine, absl::Now() + absl::Seconds(30)));
-  const uint64_t spills = e.engine->Stats().disk.spills;
-  ASSERT_GT(spills, 0u);
   const uint64_t before = CachedScores(e);
   const RequestResult got = RunOne(*e.engine, r);
   ExpectEqualsCold(r, got);
