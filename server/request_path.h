@@ -80,9 +80,7 @@ struct ServedModel {
   ModelConfig config;
   std::string dtype;   // "f32" | "f16" | "bf16"
   std::string device;  // "cpu" | "cuda:0" | ...
-  int32_t block_size = 0;
-  int64_t kv_pool_blocks = 0;
-  int64_t kv_bytes_per_token = 0;
+  KvPoolShape kv_pool;  // Backend::kv_pool()
 };
 
 struct RequestPathOptions {

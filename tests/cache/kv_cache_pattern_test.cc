@@ -63,8 +63,8 @@ class KvCachePatternTest : public ::testing::Test {
  protected:
   KvCachePatternTest() : storage_(kBlocks) {
     KvCacheOptions o;
-    o.num_blocks = kBlocks;
-    o.block_size = kBlock;
+    o.pool.num_blocks = kBlocks;
+    o.pool.block_size = kBlock;
     cache_ = std::move(*KvCache::Create(o));
   }
 

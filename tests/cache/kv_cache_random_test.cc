@@ -47,9 +47,9 @@ class RandomRun {
  public:
   RandomRun(const Config& config, uint64_t seed) : cfg_(config), rng_(seed) {
     KvCacheOptions o;
-    o.num_blocks = cfg_.num_blocks;
-    o.block_size = cfg_.block_size;
-    o.bytes_per_token = 8;
+    o.pool.num_blocks = cfg_.num_blocks;
+    o.pool.block_size = cfg_.block_size;
+    o.pool.bytes_per_token = 8;
     o.enable_prefix_cache = cfg_.prefix_cache;
     o.clock = [this] { return now_; };
     cache_ = std::move(*KvCache::Create(o));

@@ -36,9 +36,9 @@ class KvCacheTest : public ::testing::Test {
  protected:
   void Make(int32_t num_blocks, bool prefix_cache = true) {
     KvCacheOptions o;
-    o.num_blocks = num_blocks;
-    o.block_size = 4;
-    o.bytes_per_token = 100;
+    o.pool.num_blocks = num_blocks;
+    o.pool.block_size = 4;
+    o.pool.bytes_per_token = 100;
     o.enable_prefix_cache = prefix_cache;
     o.clock = [this] { return now_; };
     auto c = KvCache::Create(o);
@@ -86,11 +86,15 @@ class KvCacheTest : public ::testing::Test {
 
 TEST_F(KvCacheTest, CreateRejectsBadOptions) {
   KvCacheOptions o;
-  o.num_blocks = 4;
-  o.block_size = 12;
+  // The pool is the backend's; the operator's block size was checked where it was read
+  // (ValidateKvPoolOptions), so the cache asks only for a pool it can index.
+  o.pool.num_blocks = 4;
+  o.pool.block_size = 0;
   EXPECT_EQ(KvCache::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
-  o.block_size = 16;
-  o.num_blocks = 0;
+  o.pool.block_size = 16;
+  o.pool.num_blocks = 0;
+  EXPECT_EQ(KvCache::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.pool.num_blocks = int64_t{1} << 31;
   EXPECT_EQ(KvCache::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
