@@ -133,7 +133,7 @@ struct Admission {
   std::vector<BlockCopy> copies;  // execute before the first Forward of `seq`
 };
 
-// One indexed block, for tests and debugging.
+// One indexed block (KvCacheTestPeer::IndexedBlocks).
 struct IndexedBlockInfo {
   int32_t block = -1;
   int32_t ref = 0;
@@ -216,6 +216,11 @@ class KvCache {
   // Verifies the invariants above from scratch (O(pool + sequences)); PREFIXD_CHECK fails on
   // any violation.
   void CheckInvariants() const;
+
+ private:
+  // The views tests assert exact state with, reached through the friend KvCacheTestPeer
+  // (tests/cache/kv_cache_test_peer.h).
+  friend class KvCacheTestPeer;
   BlockState StateOf(int32_t block) const;
   int32_t RefCount(int32_t block) const;
   bool IsIndexed(int32_t block) const;
@@ -229,7 +234,6 @@ class KvCache {
   // text: equal strings mean equal states. For plan-then-commit tests and failure messages.
   std::string DebugState() const;
 
- private:
   // Data structures (invariants above):
   //  - blocks_[b]: reference count, index membership, chain key, parent block, LRU stamp.
   //  - block_tokens_[b * block_size ...]: the token ids stored with an indexed block, compared

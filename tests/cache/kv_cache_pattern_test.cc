@@ -14,6 +14,7 @@
 #include "cache/token_chain.h"
 #include "tests/cache/fork_chains.h"
 #include "gtest/gtest.h"
+#include "tests/cache/kv_cache_test_peer.h"
 
 namespace prefixd {
 namespace {
@@ -104,7 +105,7 @@ class KvCachePatternTest : public ::testing::Test {
 
   // Every indexed block holds its prefix's rows.
   void ExpectIndexIntact() {
-    for (const IndexedBlockInfo& info : cache_->IndexedBlocks()) {
+    for (const IndexedBlockInfo& info : KvCacheTestPeer::IndexedBlocks(*cache_)) {
       const int first = static_cast<int>(info.tokens.size()) - kBlock;
       int bad = 0;
       for (int r = 0; r < kBlock; ++r)
