@@ -165,6 +165,9 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
   using absl::InvalidArgumentError;
   using absl::StrCat;
   if (o.model_dir.empty()) return InvalidArgumentError("--model DIR is required");
+  if (!o.kv_remote_password_file.empty() && o.engine.remote_tier.url.empty()) {
+    return InvalidArgumentError("--kv-remote-password-file needs --kv-remote");
+  }
   if (o.shutdown_grace < absl::ZeroDuration()) {
     return InvalidArgumentError(StrCat("--shutdown-grace must not be negative, got ",
                                        absl::FormatDuration(o.shutdown_grace)));
@@ -345,6 +348,27 @@ absl::Status Server::Parts::Build() {
   eopt.backend = backend.get();
   eopt.model_config = config;
   eopt.manifest_sha256 = model->manifest_sha256();
+  if (!eopt.remote_tier.url.empty()) {
+    RemoteTierOptions& r = eopt.remote_tier;
+    if (!options.kv_remote_password_file.empty()) {
+      absl::StatusOr<std::string> pw = ReadWholeFile(options.kv_remote_password_file);
+      if (!pw.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "--kv-remote-password-file ", options.kv_remote_password_file, ": ", pw.status().message()));
+      }
+      r.password = pw->substr(0, pw->find_first_of("\r\n"));
+      if (r.password.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "--kv-remote-password-file ", options.kv_remote_password_file,
+            ": the first line is empty (it must hold the password)"));
+      }
+    }
+    // One line per 10 s at most: a Redis that is down fails every admission's match.
+    auto faults = std::make_shared<RateLimitedLog>(RateLimitedLog::Options{
+        .sink = [sink = log](std::string_view line) { sink(line); },
+        .interval = absl::Seconds(10)});
+    r.log = [faults](const std::string& line) { faults->Write(line); };
+  }
   // From the engine thread: BeginDrain does not block, so the engine can stop afterwards.
   eopt.on_fatal_error = [this](const absl::Status& status) { OnFatalError(status); };
   absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(eopt);
@@ -360,6 +384,11 @@ absl::Status Server::Parts::Build() {
         eopt.disk_tier.dir, d.blocks, d.bytes, d.foreign_files, d.cap_bytes,
         eopt.disk_tier.max_bytes > 0 ? " (--cache-dir-bytes)"
                                     : " (the smaller of 8 GiB and half the free space)"));
+  }
+  if (!eopt.remote_tier.url.empty()) {
+    const RemoteTierStats r = engine->Stats().remote;
+    log(absl::StrCat("remote cache ", eopt.remote_tier.url, " (keys ", eopt.remote_tier.key_prefix,
+                     "*): ", r.up ? "up" : "not reached yet; counted and retried with backoff"));
   }
   if (auth->enabled()) {
     log(absl::StrCat("bearer tokens required (", auth->num_tokens(), " tokens)"));

@@ -42,7 +42,9 @@ class RequestPath;
 //   │                      the backend that allocates the pool
 //   └─ engine             EngineOptions (engine/engine_options.h): --max-batch-tokens,
 //      │                   --max-queue, --max-samples, --no-prefix-cache, by Engine::Create
-//      └─ disk_tier        DiskTierOptions: --cache-dir, --cache-dir-bytes, by DiskTier::Open
+//      ├─ disk_tier        DiskTierOptions: --cache-dir, --cache-dir-bytes, by DiskTier::Open
+//      └─ remote_tier      RemoteTierOptions: --kv-remote, --kv-remote-prefix,
+//                          --kv-remote-timeout, by RemoteTier::Open
 // The engine's wiring (backend, model_config, manifest_sha256, on_fatal_error) is the
 // server's to set; whatever `engine` holds there is replaced. Options of a lower layer are
 // checked when that layer is built, so after the model has loaded.
@@ -52,6 +54,9 @@ struct ServerOptions {
   std::function<absl::StatusOr<std::unique_ptr<Backend>>(const Model&)> backend_factory;
   DeviceOptions device;
   EngineOptions engine;
+  // --kv-remote-password-file: the remote tier's password is this file's first line (read at
+  // start-up into engine.remote_tier.password; never in the URL, which `ps` shows).
+  std::string kv_remote_password_file;
   // Listeners. Port 0 picks a free port (see grpc_address()/metrics_port()); `unix:PATH`
   // serves gRPC on a unix socket; metrics_listen "off" serves no /metrics.
   std::string listen = "127.0.0.1:50051";
