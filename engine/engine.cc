@@ -90,6 +90,14 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<DiskTier> tier,
                                                               .clock = options_.clock,
                                                               .disk_tier = tier_.get(),
                                                               .remote_tier = remote_.get(),
+                                                              .wake =
+                                                                  // A fetch may end after
+                                                                  // the engine: it holds
+                                                                  // Shared too.
+                                                                  [s = shared_] {
+                                                                    absl::MutexLock l(&s->mu);
+                                                                    s->wake = true;
+                                                                  },
                                                               // Records live only while
                                                               // their blocks are indexed.
                                                               .scores = options.enable_prefix_cache

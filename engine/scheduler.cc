@@ -232,7 +232,26 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
     if (plan.ok() && !scoring) {
       if (options_.disk_tier != nullptr) disk_blocks = DiskMatch(seq, pool_blocks);
       if (options_.remote_tier != nullptr) {
-        remote_blocks = RemoteMatch(seq, pool_blocks + disk_blocks);
+        const int32_t from = pool_blocks + disk_blocks;
+        if (seq->remote_fetch == nullptr) {
+          const int32_t found = RemoteMatch(seq, from);
+          // Parked until its blocks are here, or until the fetch budget has room (a fetch
+          // is several times cheaper than computing the blocks: bench/remote_tier_bench).
+          if (found > 0 && !absl::IsUnavailable(StartRemoteFetch(seq, from, found))) {
+            ++it;
+            continue;
+          }
+        } else if (!seq->remote_fetch->done()) {
+          ++it;  // still parked
+          continue;
+        }
+        if (seq->remote_fetch != nullptr) {
+          // Fetched: what continues this admission's match (the pool may have gained or lost
+          // blocks meanwhile).
+          const int32_t got = static_cast<int32_t>(seq->remote_fetch->data.size());
+          const int32_t offset = from - seq->remote_fetch_from;
+          remote_blocks = offset >= 0 && offset < got ? got - offset : 0;
+        }
       }
       // The loads fill whole blocks after the pool's whole blocks: no partial copy into the
       // first of them.
@@ -266,9 +285,15 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
       PREFIXD_CHECK(admission.num_cached == pool_blocks * bs);
       // Assumes every load succeeds; RunDiskLoads moves the start back if one does not.
       start = std::min((pool_blocks + disk_blocks + remote_blocks) * bs, Len(*seq) - 1);
-      pending_loads_.push_back(DiskLoad{seq, pool_blocks, disk_blocks + remote_blocks,
-                                        disk_blocks, !r->admitted_once});
+      DiskLoad load{seq, pool_blocks, disk_blocks + remote_blocks, disk_blocks,
+                    !r->admitted_once};
+      if (remote_blocks > 0) {
+        load.fetched = seq->remote_fetch;
+        load.fetched_offset = pool_blocks + disk_blocks - seq->remote_fetch_from;
+      }
+      pending_loads_.push_back(std::move(load));
     }
+    seq->remote_fetch.reset();  // taken (its budget returns once the load has run)
     if (scoring) TakeScores(seq, admission.num_cached);
     if (!r->admitted_once) {
       r->admitted_once = true;
@@ -302,6 +327,20 @@ int32_t Scheduler::RemoteMatch(Sequence* seq, int32_t from) {
         static_cast<int32_t>(options_.remote_tier->MatchFrom(keys.subspan(from)));
   }
   return seq->remote_blocks;
+}
+
+absl::Status Scheduler::StartRemoteFetch(Sequence* seq, int32_t from, int32_t count) {
+  count = std::min(count, options_.remote_tier->max_fetch_blocks());
+  const size_t bs = static_cast<size_t>(cache_->block_size());
+  const absl::Span<const Digest> keys = seq->chain->keys().subspan(from, count);
+  const absl::Span<const uint32_t> tokens = seq->chain->tokens().subspan(from * bs, count * bs);
+  absl::StatusOr<std::shared_ptr<const RemoteFetch>> f = options_.remote_tier->Fetch(
+      seq->chain->root(), std::vector<Digest>(keys.begin(), keys.end()),
+      std::vector<uint32_t>(tokens.begin(), tokens.end()), options_.wake);
+  if (!f.ok()) return f.status();
+  seq->remote_fetch = *std::move(f);
+  seq->remote_fetch_from = from;
+  return absl::OkStatus();
 }
 
 void Scheduler::PublishComputed(const Scheduled& s) {
@@ -353,12 +392,19 @@ absl::Status Scheduler::RunDiskLoads(absl::Span<Scheduled> batch) {
           .root = seq->chain->root(), .key = seq->chain->keys()[b], .tokens = seq->chain->block(b)};
       // Absent (deleted for the cap, or evicted by Redis, since the match), corrupt or
       // unreachable: compute from here on.
-      const absl::Status got =
-          from_disk ? options_.disk_tier->Load(expect, absl::MakeSpan(load_buffer_))
-                    : options_.remote_tier->Load(expect, absl::MakeSpan(load_buffer_));
-      if (!got.ok()) break;
-      if (absl::Status w = backend_->WriteKvBlock(table[b], load_buffer_); !w.ok()) return w;
-      (from_disk ? disk_load_ : remote_load_).push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+      if (from_disk) {
+        if (!options_.disk_tier->Load(expect, absl::MakeSpan(load_buffer_)).ok()) break;
+        if (absl::Status w = backend_->WriteKvBlock(table[b], load_buffer_); !w.ok()) return w;
+        disk_load_.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+      } else {
+        // Fetched and verified already (Admit counted only blocks the fetch holds).
+        const size_t f = static_cast<size_t>(load.fetched_offset + loaded - load.disk_count);
+        PREFIXD_CHECK(load.fetched != nullptr && f < load.fetched->data.size());
+        if (absl::Status w = backend_->WriteKvBlock(table[b], load.fetched->data[f]); !w.ok()) {
+          return w;
+        }
+        remote_load_.push_back(load.fetched->seconds[f] + absl::ToDoubleSeconds(absl::Now() - t0));
+      }
     }
     const int32_t pool_cached = load.first_block * bs;
     const int32_t cached =

@@ -12,12 +12,14 @@
 //     prefix another running sequence is computing right now waits for those blocks
 //     instead of computing them twice. With a disk tier, the prefix match continues into it
 //     after the pool's match ends, and with a remote tier into that after the disk's: the
-//     whole blocks they hold are admitted as blocks to load.
-// Then the copies cache/ asked for run, the tier blocks are read into the admitted
-// sequences' fresh blocks (synchronously, on this thread; a block that is gone, fails
-// verification or cannot be fetched, and every one after it, are computed instead), the
-// backend runs the batch, computed rows are marked (full blocks become shareable, and are
-// published to the remote tier), and tokens are sampled and streamed.
+//     whole blocks they hold are admitted as blocks to load. Remote blocks are fetched
+//     first, off this thread: the request is parked (skipped by admission) until its fetch
+//     is done, while the others keep running; then it is admitted with the blocks fetched.
+// Then the copies cache/ asked for run, the tier blocks are written into the admitted
+// sequences' fresh blocks (disk blocks read synchronously, on this thread; a block that is
+// gone, fails verification or could not be fetched, and every one after it, are computed
+// instead), the backend runs the batch, computed rows are marked (full blocks become
+// shareable, and are published to the remote tier), and tokens are sampled and streamed.
 //
 // Invariants: every request in the scheduler ends with exactly one kDone; a finished or
 // preempted sequence holds no KvCache sequence; a backend error ends every request that was
@@ -53,6 +55,8 @@ struct SchedulerOptions {
   std::function<absl::Time()> clock;  // required
   DiskTier* disk_tier = nullptr;      // not owned; null: no disk tier
   RemoteTier* remote_tier = nullptr;  // not owned; null: no remote tier
+  // Called from another thread when a remote fetch is done: the engine wakes and steps.
+  std::function<void()> wake;
   // Not owned; null: no score records are kept (prompt logprobs are then always computed).
   ScoreStore* scores = nullptr;
 };
@@ -97,13 +101,16 @@ class Scheduler {
 
   // Blocks an admission found in the tiers: blocks first_block .. first_block + count - 1
   // of seq's chain, to be read into its (fresh) blocks before the step's Forward; the first
-  // disk_count of them from the disk tier, the rest from the remote tier.
+  // disk_count of them from the disk tier, the rest from `fetched` (its blocks from
+  // fetched_offset on).
   struct DiskLoad {
     Sequence* seq;
     int32_t first_block;
     int32_t count;
     int32_t disk_count;
     bool first_admission;
+    std::shared_ptr<const RemoteFetch> fetched;
+    int32_t fetched_offset = 0;
   };
 
   void Admit(std::vector<Scheduled>* batch, int32_t* budget);
@@ -112,6 +119,10 @@ class Scheduler {
   // How many remote blocks continue `seq`'s match from block `from` on (reusing the
   // sequence's latest answer when it is fresh).
   int32_t RemoteMatch(Sequence* seq, int32_t from);
+  // Starts fetching `count` remote blocks of `seq` from block `from` on (at most the tier's
+  // fetch budget of them). OK: started; RESOURCE_EXHAUSTED: the budget is in use, ask again
+  // next step; UNAVAILABLE: the tier is down, compute instead.
+  absl::Status StartRemoteFetch(Sequence* seq, int32_t from, int32_t count);
   // Publishes to the remote tier the full blocks that `s`'s computed rows completed.
   void PublishComputed(const Scheduled& s);
   // Reads the blocks of pending_loads_ into the pool, marks them computed and moves each

@@ -20,6 +20,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/time/time.h"
 #include "cache/kv_cache.h"
+#include "cache/remote/remote_tier.h"
 #include "cache/sha256.h"
 #include "cache/token_chain.h"
 #include "engine/request.h"
@@ -56,6 +57,11 @@ struct Sequence {
   int32_t remote_from = -1;
   int32_t remote_blocks = 0;
   absl::Time remote_asked;
+  // The remote blocks being fetched for this waiting sequence (off the engine thread), from
+  // block remote_fetch_from on. While the fetch runs the sequence is parked (not admitted);
+  // its admission then loads what was fetched.
+  std::shared_ptr<const RemoteFetch> remote_fetch;
+  int32_t remote_fetch_from = 0;
 };
 
 struct RequestState {

@@ -204,9 +204,11 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Open(const RemoteTierOpt
   if (options.backoff_min <= absl::ZeroDuration() || options.backoff_max < options.backoff_min) {
     return absl::InvalidArgumentError("the remote tier needs 0 < backoff_min <= backoff_max");
   }
-  if (options.max_queued_blocks <= 0 || options.max_match_blocks <= 0) {
+  if (options.max_queued_blocks <= 0 || options.max_match_blocks <= 0 ||
+      options.max_fetch_blocks <= 0) {
     return absl::InvalidArgumentError(
-        "the remote tier's max_queued_blocks and max_match_blocks must be positive");
+        "the remote tier's max_queued_blocks, max_match_blocks and max_fetch_blocks must be "
+        "positive");
   }
   if (options.key_prefix.size() > 256 ||
       std::any_of(options.key_prefix.begin(), options.key_prefix.end(),
@@ -222,8 +224,10 @@ RemoteTier::RemoteTier(const RemoteTierOptions& options, const RemoteEndpoint& e
     : options_(options), endpoint_(endpoint), layout_(layout), layout_id_(layout.Id()) {
   engine_conn_ = std::make_unique<RedisConnection>(endpoint_, options_);
   publisher_conn_ = std::make_unique<RedisConnection>(endpoint_, options_);
+  fetcher_conn_ = std::make_unique<RedisConnection>(endpoint_, options_);
   stats_.configured = true;
   publisher_ = std::thread([this] { PublisherLoop(); });
+  fetcher_ = std::thread([this] { FetcherLoop(); });
 }
 
 RemoteTier::~RemoteTier() {
@@ -234,6 +238,7 @@ RemoteTier::~RemoteTier() {
     queue_.clear();
   }
   publisher_.join();
+  fetcher_.join();  // it ends the fetches still queued (nothing fetched) first
 }
 
 std::string RemoteTier::KeyOf(const Digest& key) const {
@@ -285,49 +290,105 @@ size_t RemoteTier::MatchFrom(absl::Span<const Digest> keys) {
   return matched;
 }
 
-absl::Status RemoteTier::Load(const BlockExpectation& expect, absl::Span<uint8_t> out) {
-  PREFIXD_CHECK(static_cast<int64_t>(out.size()) == layout_.data_bytes());
-  if (!engine_conn_->ready()) return absl::UnavailableError("the remote tier is backing off");
-  RedisConnection& c = *engine_conn_;
-  if (absl::Status s = c.Ensure(); !s.ok()) {
-    CountError(&RemoteTierStats::connect_errors, std::string(s.message()));
-    return s;
-  }
-  const std::string name = KeyOf(expect.key);
-  const char* argv[] = {"GET", name.data()};
-  const size_t lens[] = {3, name.size()};
-  absl::StatusOr<Reply> r = c.Run(2, argv, lens, /*wrong_type_ok=*/true);
-  if (!r.ok()) {
-    CountError(&RemoteTierStats::load_errors, std::string(r.status().message()));
-    return r.status();
-  }
-  c.Succeeded();
-  if ((*r)->type == REDIS_REPLY_NIL) {
-    absl::MutexLock lock(&mu_);
-    stats_.up = true;
-    return absl::NotFoundError("block left the remote tier");
-  }
-  absl::StatusOr<absl::Span<const uint8_t>> data =
-      (*r)->type != REDIS_REPLY_STRING
-          ? absl::DataLossError("the remote value is not a string")
-          : DecodeBlockFile(std::string_view((*r)->str, (*r)->len), layout_, expect);
-  if (!data.ok()) {
-    // Never used; deleted so that the next replica to compute it publishes a good one.
-    const char* del[] = {"DEL", name.data()};
-    const size_t del_lens[] = {3, name.size()};
-    if (!c.Run(2, del, del_lens).ok()) {
-      CountError(&RemoteTierStats::load_errors, "cannot delete a corrupt value");
-    }
-    absl::MutexLock lock(&mu_);
-    ++stats_.corrupt_blocks;
-    return data.status();
-  }
-  std::memcpy(out.data(), data->data(), out.size());
+absl::StatusOr<std::shared_ptr<const RemoteFetch>> RemoteTier::Fetch(
+    const Digest& root, std::vector<Digest> keys, std::vector<uint32_t> tokens,
+    std::function<void()> on_done) {
+  PREFIXD_CHECK(tokens.size() == keys.size() * layout_.block_size);
+  const int64_t n = static_cast<int64_t>(keys.size());
+  PREFIXD_CHECK(n > 0 && n <= options_.max_fetch_blocks);
+  if (!fetcher_conn_->ready()) return absl::UnavailableError("the remote tier is backing off");
   absl::MutexLock lock(&mu_);
-  stats_.up = true;
-  ++stats_.loads;
-  RememberLocked(expect.key);  // it is there: no need to publish it when it is recomputed
-  return absl::OkStatus();
+  if (stop_) return absl::UnavailableError("the remote tier is shutting down");
+  if (fetch_blocks_in_flight_ + n > options_.max_fetch_blocks) {
+    return absl::ResourceExhaustedError("the remote tier's fetch budget is in use");
+  }
+  fetch_blocks_in_flight_ += n;
+  // The budget comes back when the last holder (the request, or the fetcher) lets go. The
+  // tier outlives every fetch: the engine's scheduler holds them and goes first, and the
+  // fetcher thread drops its own before the tier's members go.
+  std::shared_ptr<RemoteFetch> f(new RemoteFetch, [this, n](RemoteFetch* done) {
+    delete done;
+    absl::MutexLock l(&mu_);
+    fetch_blocks_in_flight_ -= n;
+  });
+  f->root = root;
+  f->keys = std::move(keys);
+  f->tokens = std::move(tokens);
+  fetches_.push_back({f, std::move(on_done)});
+  return f;
+}
+
+void RemoteTier::FetcherLoop() {
+  while (true) {
+    PendingFetch p;
+    bool stopping;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !fetches_.empty() || stop_;
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (fetches_.empty()) return;  // stop_, nothing left
+      p = std::move(fetches_.front());
+      fetches_.pop_front();
+      stopping = stop_;
+    }
+    RemoteFetch& f = *p.fetch;
+    const size_t bs = layout_.block_size;
+    RedisConnection& c = *fetcher_conn_;
+    // While stopping, the fetch ends with nothing, and quickly.
+    absl::Status s = stopping ? absl::CancelledError("shutting down")
+                     : c.ready() ? c.Ensure()
+                                 : absl::UnavailableError("backing off");
+    if (!s.ok() && !stopping) CountError(&RemoteTierStats::connect_errors, std::string(s.message()));
+    uint64_t loads = 0, corrupt = 0;
+    for (size_t i = 0; s.ok() && i < f.keys.size(); ++i) {
+      const absl::Time t0 = absl::Now();
+      if (options_.fetch_hook) options_.fetch_hook();
+      const std::string name = KeyOf(f.keys[i]);
+      const char* argv[] = {"GET", name.data()};
+      const size_t lens[] = {3, name.size()};
+      absl::StatusOr<Reply> r = c.Run(2, argv, lens, /*wrong_type_ok=*/true);
+      if (!r.ok()) {
+        CountError(&RemoteTierStats::load_errors, std::string(r.status().message()));
+        break;
+      }
+      c.Succeeded();
+      if ((*r)->type == REDIS_REPLY_NIL) break;  // evicted since the match
+      const BlockExpectation expect{
+          .root = f.root, .key = f.keys[i],
+          .tokens = absl::MakeConstSpan(f.tokens).subspan(i * bs, bs)};
+      absl::StatusOr<absl::Span<const uint8_t>> data =
+          (*r)->type != REDIS_REPLY_STRING
+              ? absl::DataLossError("the remote value is not a string")
+              : DecodeBlockFile(std::string_view((*r)->str, (*r)->len), layout_, expect);
+      if (!data.ok()) {
+        const char* del[] = {"DEL", name.data()};
+        const size_t del_lens[] = {3, name.size()};
+        if (!c.Run(2, del, del_lens).ok()) {
+          CountError(&RemoteTierStats::load_errors, "cannot delete a corrupt value");
+        }
+        ++corrupt;
+        break;
+      }
+      f.data.emplace_back(data->begin(), data->end());
+      f.seconds.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+      ++loads;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      stats_.loads += loads;
+      stats_.corrupt_blocks += corrupt;
+      if (loads > 0) stats_.up = true;
+      for (size_t i = 0; i < f.data.size(); ++i) RememberLocked(f.keys[i]);
+    }
+    f.done_.store(true, std::memory_order_release);
+    // This thread lets go first (outside mu_: the fetch's deleter takes it), so that whoever
+    // on_done wakes holds the only reference.
+    std::function<void()> on_done = std::move(p.on_done);
+    p = PendingFetch();
+    if (on_done) on_done();
+  }
 }
 
 bool RemoteTier::WantsPublish(const Digest& key) {

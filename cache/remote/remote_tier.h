@@ -19,17 +19,21 @@
 // backoff has passed (doubling from backoff_min to backoff_max, reset by one success).
 // Connecting again happens on the next use after the backoff.
 //
-// Threads: the engine thread is the only caller of MatchFrom, Load and WantsPublish/Publish,
-// on a connection of its own; one publisher thread takes blocks from a bounded queue and SETs
-// them on a second connection.
+// Threads: the engine thread is the only caller of MatchFrom, Fetch and WantsPublish/Publish.
+// MatchFrom uses a connection of the engine thread's own; a
+// fetcher thread runs Fetches (GET and verify, off the engine thread) on a second, and a
+// publisher thread takes blocks from a bounded queue and SETs them on a third.
 #ifndef PREFIXD_CACHE_REMOTE_REMOTE_TIER_H_
 #define PREFIXD_CACHE_REMOTE_REMOTE_TIER_H_
 
 #include <cstdint>
+#include <atomic>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
@@ -61,6 +65,25 @@ absl::StatusOr<RemoteEndpoint> ParseRemoteUrl(const std::string& url);
 
 class RedisConnection;  // remote_tier.cc
 
+// Blocks fetched for one request, off the engine thread (RemoteTier::Fetch). The engine thread
+// polls done(); after it, data and seconds are the fetcher's and no longer change.
+struct RemoteFetch {
+  // What the fetcher fetches: the request's root, the chain keys of the blocks and their
+  // tokens (block i's are tokens[i * block_size, (i + 1) * block_size)).
+  Digest root{};
+  std::vector<Digest> keys;
+  std::vector<uint32_t> tokens;
+
+  bool done() const { return done_.load(std::memory_order_acquire); }
+  // After done(): the verified K/V of the first data.size() blocks (the fetch stops at the
+  // first block that is gone, fails verification or cannot be fetched), and how long each one
+  // took (GET + verify), in seconds.
+  std::vector<std::vector<uint8_t>> data;
+  std::vector<double> seconds;
+
+  std::atomic<bool> done_{false};
+};
+
 class RemoteTier {
  public:
   // Checks the options (INVALID_ARGUMENT naming the option) and starts the publisher. Does
@@ -79,10 +102,18 @@ class RemoteTier {
   // EXISTS; 0 while the tier is down or backing off.
   size_t MatchFrom(absl::Span<const Digest> keys);
 
-  // Reads the block `expect.key` and verifies it (block_file.h) into `out`
-  // (layout().data_bytes() bytes). NOT_FOUND when absent (Redis evicted it since the match);
-  // DATA_LOSS when it failed verification (deleted, counted); UNAVAILABLE on a fault.
-  absl::Status Load(const BlockExpectation& expect, absl::Span<uint8_t> out);
+  // Starts fetching blocks `keys` (of root `root`, with their `tokens`) on the fetcher thread;
+  // `on_done` runs there once the fetch is done (to wake the engine). The fetch's blocks count
+  // against max_fetch_blocks until the returned object is destroyed (its K/V are held in
+  // memory until then); at most max_fetch_blocks() keys. Starts nothing and returns
+  // UNAVAILABLE while the tier is down or backing off (the caller computes those blocks), or
+  // RESOURCE_EXHAUSTED while that budget has no room (the caller may ask again later: fetches
+  // in flight end and return theirs).
+  absl::StatusOr<std::shared_ptr<const RemoteFetch>> Fetch(const Digest& root,
+                                                           std::vector<Digest> keys,
+                                                           std::vector<uint32_t> tokens,
+                                                           std::function<void()> on_done);
+  int32_t max_fetch_blocks() const { return options_.max_fetch_blocks; }
 
   // Whether a block should be built and queued for publishing now: false while the tier is
   // down, when `key` was published or queued lately, or (counted as dropped) when the queue
@@ -103,6 +134,7 @@ class RemoteTier {
   RemoteTier(const RemoteTierOptions& options, const RemoteEndpoint& endpoint,
              const DiskLayout& layout);
   void PublisherLoop();
+  void FetcherLoop();
   void CountError(uint64_t RemoteTierStats::*counter, const std::string& what);
   void RememberLocked(const Digest& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -113,7 +145,7 @@ class RemoteTier {
 
   std::unique_ptr<RedisConnection> engine_conn_;     // engine thread only
   std::unique_ptr<RedisConnection> publisher_conn_;  // publisher thread only
-  std::string load_buffer_;                          // engine thread only
+  std::unique_ptr<RedisConnection> fetcher_conn_;    // fetcher thread only
 
   mutable absl::Mutex mu_;
   std::deque<BlockRecord> queue_ ABSL_GUARDED_BY(mu_);
@@ -124,7 +156,14 @@ class RemoteTier {
   bool publishing_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   RemoteTierStats stats_ ABSL_GUARDED_BY(mu_);
+  struct PendingFetch {
+    std::shared_ptr<RemoteFetch> fetch;
+    std::function<void()> on_done;
+  };
+  std::deque<PendingFetch> fetches_ ABSL_GUARDED_BY(mu_);
+  int64_t fetch_blocks_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread publisher_;
+  std::thread fetcher_;
 };
 
 }  // namespace prefixd

@@ -2,11 +2,13 @@
 // prompt through a real redis-server, and every output is compared with a cold engine's bit
 // for bit (==): after a remote hit, after every stored value was damaged, with another
 // dtype's engine on the same Redis, with Redis killed and restarted, and with Redis full.
+#include <atomic>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "engine/engine.h"
 #include "gtest/gtest.h"
@@ -165,6 +167,49 @@ TEST_F(EngineRemoteTierTest, RedisKilledMidRunAndRestartedNeverFailsARequest) {
   ASSERT_TRUE(warm.status.ok()) << warm.status;
   EXPECT_EQ(warm.usage.cached_prompt_tokens, 96u);
   EXPECT_EQ(warm.samples[0], Cold(c).samples[0]);
+}
+
+// A request whose blocks are being fetched is parked, off the engine thread, while another
+// request keeps decoding; then it is admitted with the fetched blocks.
+TEST_F(EngineRemoteTierTest, ARequestWaitingForItsBlocksIsParkedWhileOthersDecode) {
+  const EngineRequest a = Request(12);
+  ASSERT_TRUE(RunAndPublish(redis_->url(), a).status.ok());
+  absl::Notification release;
+  std::atomic<int> gets{0};
+  CpuEngineOptions o = WithRemote(redis_->url());
+  o.remote_tier.fetch_hook = [&] {
+    ++gets;
+    release.WaitForNotification();
+  };
+  CpuEngine engine(o);
+  EngineRequest decoding = Request(13);
+  decoding.max_new_tokens = 150;
+  absl::StatusOr<std::shared_ptr<RequestStream>> d = engine.engine->Submit(decoding);
+  ASSERT_TRUE(d.ok()) << d.status();
+  absl::StatusOr<std::shared_ptr<RequestStream>> w = engine.engine->Submit(a);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const absl::Time deadline = absl::Now() + kWait;
+  while (gets.load() == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_EQ(gets.load(), 1) << "the fetch started";
+  // The fetch is stuck; the other request decodes on.
+  const uint64_t generated = engine.engine->Stats().scheduler.generated_tokens;
+  while (engine.engine->Stats().scheduler.generated_tokens < generated + 20 &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_GE(engine.engine->Stats().scheduler.generated_tokens, generated + 20);
+  std::vector<RequestEvent> events;
+  (*w)->Poll(&events);
+  EXPECT_TRUE(events.empty()) << "the parked request has not started";
+  EXPECT_EQ(engine.engine->Stats().scheduler.waiting_requests, 1u);
+  release.Notify();
+  const RequestResult warm = Collect(**w);
+  ASSERT_TRUE(warm.status.ok()) << warm.status;
+  EXPECT_EQ(warm.usage.cached_prompt_tokens, 96u);
+  EXPECT_EQ(warm.samples[0], Cold(a).samples[0]);
+  const RequestResult other = Collect(**d);
+  ASSERT_TRUE(other.status.ok()) << other.status;
+  EXPECT_EQ(other.samples[0], Cold(decoding).samples[0]);
 }
 
 class FullRedisEngineTest : public EngineRemoteTierTest {

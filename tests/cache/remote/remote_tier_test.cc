@@ -17,7 +17,6 @@
 namespace prefixd {
 namespace {
 
-using ::prefixd::testing::ExpectationOf;
 using ::prefixd::testing::MakeChain;
 using ::prefixd::testing::RedisServer;
 using ::prefixd::testing::SmallLayout;
@@ -26,6 +25,34 @@ std::vector<Digest> KeysOf(const std::vector<BlockRecord>& chain) {
   std::vector<Digest> keys;
   for (const BlockRecord& r : chain) keys.push_back(r.key);
   return keys;
+}
+
+// Fetches `records` (consecutive blocks of one chain) and waits until the fetch is done; null
+// when the tier refused to start it.
+std::shared_ptr<const RemoteFetch> FetchNow(RemoteTier& tier,
+                                            const std::vector<BlockRecord>& records) {
+  std::vector<Digest> keys;
+  std::vector<uint32_t> tokens;
+  for (const BlockRecord& r : records) {
+    keys.push_back(r.key);
+    tokens.insert(tokens.end(), r.tokens.begin(), r.tokens.end());
+  }
+  absl::Notification done;
+  absl::StatusOr<std::shared_ptr<const RemoteFetch>> started =
+      tier.Fetch(records.front().root, keys, tokens, [&done] { done.Notify(); });
+  std::shared_ptr<const RemoteFetch> f = started.ok() ? *started : nullptr;
+  if (f != nullptr) {
+    EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    EXPECT_TRUE(f->done());
+    EXPECT_EQ(f->seconds.size(), f->data.size());
+  }
+  return f;
+}
+
+// How many blocks a fetch of `records` brought back (-1: refused).
+int Fetched(RemoteTier& tier, const std::vector<BlockRecord>& records) {
+  std::shared_ptr<const RemoteFetch> f = FetchNow(tier, records);
+  return f == nullptr ? -1 : static_cast<int>(f->data.size());
 }
 
 class RemoteTierTest : public ::testing::Test {
@@ -122,14 +149,21 @@ TEST_F(RemoteTierTest, PublishedBlocksComeBackBitForBitAndMatchAsAPrefix) {
   const std::vector<Digest> keys = KeysOf(chain);
   EXPECT_EQ(reader->MatchFrom(keys), 2u);
   EXPECT_EQ(reader->MatchFrom(absl::MakeConstSpan(keys).subspan(3)), 1u);
-  std::vector<uint8_t> out(static_cast<size_t>(layout.data_bytes()));
-  for (int b : {0, 1, 3}) {
-    ASSERT_TRUE(reader->Load(ExpectationOf(chain[b]), absl::MakeSpan(out)).ok());
-    EXPECT_EQ(out, chain[b].data);
-  }
-  EXPECT_EQ(reader->Load(ExpectationOf(chain[2]), absl::MakeSpan(out)).code(),
-            absl::StatusCode::kNotFound);
+  std::shared_ptr<const RemoteFetch> f = FetchNow(*reader, {chain[0], chain[1]});
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(f->data.size(), 2u);
+  EXPECT_EQ(f->data[0], chain[0].data);
+  EXPECT_EQ(f->data[1], chain[1].data);
+  // A fetch stops at the first block that is gone.
+  f = FetchNow(*reader, {chain[2], chain[3]});
+  ASSERT_NE(f, nullptr);
+  EXPECT_TRUE(f->data.empty());
+  f = FetchNow(*reader, {chain[3]});
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(f->data.size(), 1u);
+  EXPECT_EQ(f->data[0], chain[3].data);
   EXPECT_EQ(reader->Stats().loads, 3u);
+  EXPECT_EQ(reader->Stats().corrupt_blocks, 0u);
   // A block published lately is not offered again.
   EXPECT_FALSE(writer->WantsPublish(chain[0].key));
 }
@@ -143,27 +177,39 @@ TEST_F(RemoteTierTest, AMatchAsksAtMostMaxMatchBlocks) {
   EXPECT_EQ(tier->MatchFrom(KeysOf(chain)), 2u);
 }
 
+TEST_F(RemoteTierTest, FetchedBlocksCountAgainstTheBudgetUntilReleased) {
+  RemoteTierOptions o;
+  o.max_fetch_blocks = 2;
+  std::unique_ptr<RemoteTier> tier = Open(o);
+  const std::vector<BlockRecord> chain = MakeChain(SmallLayout(), 12, 3);
+  PublishAll(*tier, chain);
+  std::shared_ptr<const RemoteFetch> held = FetchNow(*tier, {chain[0], chain[1]});
+  ASSERT_NE(held, nullptr);
+  EXPECT_EQ(held->data.size(), 2u);
+  EXPECT_EQ(tier->Fetch(chain[2].root, {chain[2].key}, chain[2].tokens, nullptr).status().code(),
+            absl::StatusCode::kResourceExhausted)
+      << "the held fetch still has the budget";
+  held.reset();
+  EXPECT_EQ(Fetched(*tier, {chain[2]}), 1);
+}
+
 TEST_F(RemoteTierTest, DamagedTruncatedAndForeignValuesAreRefusedAndDeleted) {
   std::unique_ptr<RemoteTier> tier = Open();
   const DiskLayout layout = SmallLayout();
   const std::vector<BlockRecord> chain = MakeChain(layout, 3, 3);
   PublishAll(*tier, chain);
-  std::vector<uint8_t> out(static_cast<size_t>(layout.data_bytes()));
-
   // One flipped data byte.
   std::string value = EncodeBlockFile(layout, chain[0]);
   value[value.size() / 2] ^= 0x01;
   ASSERT_EQ(redis_->Command({"SET", tier->KeyOf(chain[0].key), value}), "OK");
-  EXPECT_EQ(tier->Load(ExpectationOf(chain[0]), absl::MakeSpan(out)).code(),
-            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(Fetched(*tier, {chain[0]}), 0);
   EXPECT_EQ(redis_->Command({"EXISTS", tier->KeyOf(chain[0].key)}), "0");
 
   // Truncated.
   value = EncodeBlockFile(layout, chain[1]);
   value.resize(value.size() - 7);
   ASSERT_EQ(redis_->Command({"SET", tier->KeyOf(chain[1].key), value}), "OK");
-  EXPECT_EQ(tier->Load(ExpectationOf(chain[1]), absl::MakeSpan(out)).code(),
-            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(Fetched(*tier, {chain[1]}), 0);
 
   // Computed by another model, and by other numerics, under this block's key.
   DiskLayout other_model = SmallLayout("manifest-2");
@@ -172,13 +218,11 @@ TEST_F(RemoteTierTest, DamagedTruncatedAndForeignValuesAreRefusedAndDeleted) {
   for (const DiskLayout& foreign : {other_model, other_numerics}) {
     ASSERT_EQ(redis_->Command({"SET", tier->KeyOf(chain[2].key), EncodeBlockFile(foreign, chain[2])}),
               "OK");
-    EXPECT_EQ(tier->Load(ExpectationOf(chain[2]), absl::MakeSpan(out)).code(),
-              absl::StatusCode::kDataLoss);
+    EXPECT_EQ(Fetched(*tier, {chain[2]}), 0);
   }
   // Not a string at all.
   ASSERT_EQ(redis_->Command({"RPUSH", tier->KeyOf(chain[2].key), "x"}), "1");
-  EXPECT_EQ(tier->Load(ExpectationOf(chain[2]), absl::MakeSpan(out)).code(),
-            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(Fetched(*tier, {chain[2]}), 0);
   EXPECT_EQ(tier->Stats().corrupt_blocks, 5u);
   EXPECT_EQ(tier->Stats().loads, 0u);
   EXPECT_EQ(redis_->Command({"DBSIZE"}), "0");
@@ -212,11 +256,14 @@ TEST_F(RemoteTierTest, ADownServerIsCountedAndBackedOffAndFoundAgainAfterARestar
   EXPECT_EQ(down.match_errors + down.connect_errors, 1u);
   // Backing off: not asked again, nothing counted, nothing queued.
   EXPECT_EQ(tier->MatchFrom(KeysOf(chain)), 0u);
-  std::vector<uint8_t> out(static_cast<size_t>(SmallLayout().data_bytes()));
-  EXPECT_EQ(tier->Load(ExpectationOf(chain[0]), absl::MakeSpan(out)).code(),
-            absl::StatusCode::kUnavailable);
   const RemoteTierStats backing_off = tier->Stats();
   EXPECT_EQ(backing_off.match_errors + backing_off.connect_errors, 1u);
+  // The fetcher's own connection finds the server gone too: nothing fetched, one fault.
+  EXPECT_EQ(Fetched(*tier, {chain[0]}), 0);
+  EXPECT_EQ(tier->Stats().load_errors + tier->Stats().connect_errors +
+                tier->Stats().match_errors,
+            2u);
+  EXPECT_EQ(Fetched(*tier, {chain[0]}), -1) << "refused while backing off";
 
   ASSERT_TRUE(redis_->Restart().ok());  // empty
   absl::SleepFor(absl::Milliseconds(250));
@@ -302,9 +349,10 @@ TEST_F(FullRedisTest, AFullServerRefusesStoresWhichAreCountedNotFatal) {
   EXPECT_GT(s.store_errors, 0u);
   EXPECT_EQ(s.stores + s.stores_dropped, chain.size());
   // What was stored still reads back whole.
-  std::vector<uint8_t> out(static_cast<size_t>(big.data_bytes()));
-  ASSERT_TRUE(tier->Load(ExpectationOf(chain[0]), absl::MakeSpan(out)).ok());
-  EXPECT_EQ(out, chain[0].data);
+  std::shared_ptr<const RemoteFetch> f = FetchNow(*tier, {chain[0]});
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(f->data.size(), 1u);
+  EXPECT_EQ(f->data[0], chain[0].data);
 }
 
 class PasswordRedisTest : public RemoteTierTest {

@@ -1,0 +1,324 @@
+// The remote (Redis) cache tier on the CPU backend, full-size GPT-2 (random weights, fp32), in
+// one run:
+//
+//  block  The cost of one 16-token block from the remote tier versus computing it. An engine
+//         computes a --prefix-token prompt (default 512) + 16 own tokens and publishes its
+//         blocks; a second engine (another replica: its own empty pool) runs the same prefix
+//         with new own tokens. Per block: the remote fetch (GET + verify, off the engine
+//         thread) + the copy into the pool, versus a cold engine's prefill time per 16 tokens;
+//         and the two time-to-first-tokens.
+//  steps  Whether other requests keep decoding while blocks are fetched. One request decodes
+//         a long answer; meanwhile --requests requests whose --prefix tokens are in Redis (each
+//         + 1 own token) arrive, then as many whose prefixes are not (computed). The decoding
+//         request's time per token (medians) alone, during the remote loads and during the
+//         cold prefills.
+//
+// Usage: remote_tier_bench [--model DIR] [--kv-remote URL] [--threads 2] [--prefix 512]
+//          [--reps 3] [--requests 4]
+// Without --kv-remote a redis-server (Debian package) is started on a unix socket in a
+// temporary directory and stopped at the end. Without --model a random GPT-2 is written to a
+// temporary directory first.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/command_line.h"
+#include "cache/kv_layout.h"
+#include "engine/engine.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "tests/testing/redis_server.h"
+#include "tools/random_model.h"
+
+namespace prefixd {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct Flags {
+  std::string model;
+  std::string remote;
+  int threads = 2;
+  int prefix = 512;
+  int reps = 3;
+  int requests = 4;
+};
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+[[noreturn]] void Die(const std::string& what, const absl::Status& s) {
+  std::fprintf(stderr, "remote_tier_bench: %s: %s\n", what.c_str(),
+               std::string(s.message()).c_str());
+  std::exit(1);
+}
+
+std::vector<uint32_t> RandomTokens(std::mt19937* rng, int n) {
+  std::vector<uint32_t> out;
+  for (int i = 0; i < n; ++i) out.push_back((*rng)() % 50256);
+  return out;
+}
+
+std::vector<uint32_t> Concat(std::vector<uint32_t> a, const std::vector<uint32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// A backend and an engine over it; no remote tier when `url` is empty.
+struct Served {
+  Served(const Model& model, const Flags& f, int64_t pool_tokens, const std::string& url) {
+    const ModelConfig& c = model.config();
+    CpuBackendOptions b;
+    b.model = &model;
+    b.kv_cache_bytes = pool_tokens * KvBytesPerToken(c.n_layer, c.n_head, c.head_dim(), 4);
+    b.block_size = 16;
+    b.threads = f.threads;
+    auto made = CreateCpuBackend(b);
+    if (!made.ok()) Die("backend", made.status());
+    backend = *std::move(made);
+    EngineOptions o;
+    o.backend = backend.get();
+    o.model_config = c;
+    o.manifest_sha256 = model.manifest_sha256();
+    o.max_batch_tokens = 512;
+    o.remote_tier.url = url;
+    o.remote_tier.timeout = absl::Seconds(1);  // a loaded machine; faults are not measured
+    auto e = Engine::Create(o);
+    if (!e.ok()) Die("engine", e.status());
+    engine = *std::move(e);
+  }
+  // The grace lets the engine publish what it queued.
+  ~Served() { engine->Shutdown(absl::Seconds(10)); }
+
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Engine> engine;
+};
+
+struct Outcome {
+  double ttft_s = 0;
+  uint64_t cached = 0;
+};
+
+Outcome Run(Engine& engine, const std::vector<uint32_t>& prompt, uint32_t new_tokens) {
+  EngineRequest r;
+  r.prompt = prompt;
+  r.max_new_tokens = new_tokens;
+  r.ignore_eos = true;
+  const auto t0 = Clock::now();
+  auto stream = engine.Submit(r);
+  if (!stream.ok()) Die("submit", stream.status());
+  Outcome out;
+  RequestEvent e;
+  bool first = true;
+  while ((*stream)->Wait(&e)) {
+    if (e.kind == RequestEvent::Kind::kToken && first) {
+      out.ttft_s = Seconds(t0, Clock::now());
+      first = false;
+    } else if (e.kind == RequestEvent::Kind::kDone) {
+      if (!e.status.ok()) Die("request", e.status);
+      out.cached = e.usage.cached_prompt_tokens;
+      break;
+    }
+  }
+  return out;
+}
+
+double Mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / static_cast<double>(v.size());
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+void Block(const Model& model, const Flags& f, const std::string& url) {
+  const int64_t pool_tokens = f.prefix + 16 + 64;
+  std::mt19937 rng(21);
+  std::vector<double> cold, warm, fetches;
+  uint64_t cached = 0;
+  for (int rep = 0; rep < f.reps; ++rep) {
+    const std::vector<uint32_t> prefix = RandomTokens(&rng, f.prefix);
+    {
+      Served publisher(model, f, pool_tokens, url);
+      Run(*publisher.engine, Concat(prefix, RandomTokens(&rng, 16)), 1);
+    }  // shut down with a grace: its blocks are published
+    const std::vector<uint32_t> prompt = Concat(prefix, RandomTokens(&rng, 16));
+    {
+      Served cold_engine(model, f, pool_tokens, "");
+      cold.push_back(Run(*cold_engine.engine, prompt, 1).ttft_s);
+    }
+    Served replica(model, f, pool_tokens, url);
+    const Outcome o = Run(*replica.engine, prompt, 1);
+    warm.push_back(o.ttft_s);
+    cached = o.cached;
+    for (double x : replica.engine->DrainLatencies().remote_load) fetches.push_back(x);
+  }
+  const double per_block_compute = Mean(cold) / (static_cast<double>(f.prefix + 16) / 16.0);
+  std::printf(
+      "block: prompt %d tokens, %llu from the remote tier; TTFT cold %.1f ms, from Redis "
+      "%.1f ms (%.2fx); per 16-token block: fetched + verified + copied %.2f ms (%zu blocks), "
+      "computed %.2f ms (%.1fx)\n",
+      f.prefix + 16, static_cast<unsigned long long>(cached), Mean(cold) * 1e3, Mean(warm) * 1e3,
+      Mean(cold) / std::max(Mean(warm), 1e-9), Mean(fetches) * 1e3, fetches.size(),
+      per_block_compute * 1e3, per_block_compute / std::max(Mean(fetches), 1e-9));
+}
+
+void Steps(const Model& model, const Flags& f, const std::string& url) {
+  std::mt19937 rng(31);
+  std::vector<std::vector<uint32_t>> warm_prefixes;
+  for (int i = 0; i < f.requests; ++i) warm_prefixes.push_back(RandomTokens(&rng, f.prefix));
+  {
+    Served publisher(model, f, int64_t{f.prefix + 64} * 2, url);
+    for (const auto& p : warm_prefixes) Run(*publisher.engine, Concat(p, RandomTokens(&rng, 1)), 1);
+  }
+  Served s(model, f, int64_t{f.prefix + 64} * (f.requests + 2) + 1024, url);
+  EngineRequest d;
+  d.prompt = RandomTokens(&rng, 32);
+  d.max_new_tokens = static_cast<uint32_t>(model.config().n_positions - 40);
+  d.ignore_eos = true;
+  auto stream = s.engine->Submit(d);
+  if (!stream.ok()) Die("submit", stream.status());
+  std::mutex mu;
+  std::vector<Clock::time_point> token_times;
+  std::thread reader([&] {
+    RequestEvent e;
+    while ((*stream)->Wait(&e)) {
+      if (e.kind == RequestEvent::Kind::kToken) {
+        std::lock_guard<std::mutex> l(mu);
+        token_times.push_back(Clock::now());
+      } else if (e.kind == RequestEvent::Kind::kDone) {
+        break;
+      }
+    }
+  });
+  auto tokens = [&] {
+    std::lock_guard<std::mutex> l(mu);
+    return token_times.size();
+  };
+  while (tokens() < 20) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const Clock::time_point alone_from = Clock::now();
+  while (tokens() < 60) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  auto burst = [&](bool warm) {
+    std::vector<std::thread> ts;
+    uint64_t cached = 0;
+    std::mutex cmu;
+    for (int i = 0; i < f.requests; ++i) {
+      std::vector<uint32_t> p = warm ? warm_prefixes[i] : RandomTokens(&rng, f.prefix);
+      p.push_back(7 + static_cast<uint32_t>(i));
+      ts.emplace_back([&, p] {
+        const Outcome o = Run(*s.engine, p, 1);
+        std::lock_guard<std::mutex> l(cmu);
+        cached += o.cached;
+      });
+    }
+    for (std::thread& t : ts) t.join();
+    return cached;
+  };
+  const Clock::time_point remote_from = Clock::now();
+  const uint64_t remote_cached = burst(true);
+  const Clock::time_point cold_from = Clock::now();
+  const uint64_t cold_cached = burst(false);
+  const Clock::time_point cold_to = Clock::now();
+  (*stream)->Cancel();
+  reader.join();
+  auto intervals = [&](Clock::time_point from, Clock::time_point to) {
+    std::vector<double> out;
+    for (size_t i = 1; i < token_times.size(); ++i) {
+      if (token_times[i] > from && token_times[i] <= to) {
+        out.push_back(Seconds(token_times[i - 1], token_times[i]));
+      }
+    }
+    return out;
+  };
+  const std::vector<double> alone = intervals(alone_from, remote_from);
+  const std::vector<double> loading = intervals(remote_from, cold_from);
+  const std::vector<double> computing = intervals(cold_from, cold_to);
+  std::printf(
+      "steps: the decoding request's time per token (median): alone %.1f ms (%zu tokens); "
+      "while %d requests load %d-token prefixes from Redis (%llu tokens cached) %.1f ms (%zu "
+      "tokens, %.2fx); while %d requests compute theirs (%llu cached) %.1f ms (%zu tokens, "
+      "%.2fx)\n",
+      Median(alone) * 1e3, alone.size(), f.requests, f.prefix,
+      static_cast<unsigned long long>(remote_cached), Median(loading) * 1e3, loading.size(),
+      Median(loading) / std::max(Median(alone), 1e-9), f.requests,
+      static_cast<unsigned long long>(cold_cached), Median(computing) * 1e3, computing.size(),
+      Median(computing) / std::max(Median(alone), 1e-9));
+}
+
+int Main(int argc, char** argv) {
+  static const FlagSpec kFlags[] = {{"model"}, {"kv-remote"}, {"threads"},
+                                     {"prefix"}, {"reps"},      {"requests"}};
+  absl::StatusOr<ParsedCommandLine> args =
+      ParseArgv(absl::MakeConstSpan(argv + 1, static_cast<size_t>(argc - 1)), kFlags);
+  if (!args.ok() || !args->positional.empty()) {
+    std::fprintf(stderr, "remote_tier_bench: %s (see the header of remote_tier_bench.cc)\n",
+                 args.ok() ? "unexpected positional argument"
+                           : std::string(args.status().message()).c_str());
+    return 2;
+  }
+  Flags f;
+  f.model = args->Flag("model").value_or(f.model);
+  f.remote = args->Flag("kv-remote").value_or(f.remote);
+  for (auto [name, field] : {std::pair<const char*, int*>{"threads", &f.threads},
+                             {"prefix", &f.prefix},
+                             {"reps", &f.reps},
+                             {"requests", &f.requests}}) {
+    const std::optional<std::string> v = args->Flag(name);
+    if (!v.has_value()) continue;
+    absl::StatusOr<int64_t> n = ParseInteger(*v, absl::StrCat("--", name), 1, 1 << 20);
+    if (!n.ok()) {
+      std::fprintf(stderr, "remote_tier_bench: %s\n", std::string(n.status().message()).c_str());
+      return 2;
+    }
+    *field = static_cast<int>(*n);
+  }
+  std::unique_ptr<testing::RedisServer> redis;
+  std::string url = f.remote;
+  if (url.empty()) {
+    auto started = testing::RedisServer::Start();
+    if (!started.ok()) Die("redis-server", started.status());
+    redis = *std::move(started);
+    url = redis->unix_url();
+  }
+  const fs::path root = fs::temp_directory_path() / absl::StrCat("prefixd_remote_bench_", ::getpid());
+  std::string model_dir = f.model;
+  if (model_dir.empty()) {
+    model_dir = (root / "model").string();
+    RandomModelOptions o;
+    o.out_dir = model_dir;
+    o.config = Gpt2ModelConfig();
+    o.seed = 1;
+    if (absl::Status st = WriteRandomModel(o); !st.ok()) Die("writing the model", st);
+  }
+  auto model = Model::Load(model_dir);
+  if (!model.ok()) Die("model", model.status());
+  std::printf("model %s (%d layers, %d wide, fp32), %d threads, remote tier %s\n",
+              (*model)->name().c_str(), (*model)->config().n_layer, (*model)->config().n_embd,
+              f.threads, url.c_str());
+  Block(**model, f, url);
+  Steps(**model, f, url);
+  std::error_code ec;
+  fs::remove_all(root, ec);
+  return 0;
+}
+
+}  // namespace
+}  // namespace prefixd
+
+int main(int argc, char** argv) { return prefixd::Main(argc, argv); }
