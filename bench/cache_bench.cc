@@ -22,9 +22,9 @@ constexpr int32_t kCachedPrefix = 928;  // 58 blocks = 90.6% of the prompt
 
 std::unique_ptr<KvCache> MakeCache() {
   KvCacheOptions o;
-  o.num_blocks = 4096;
-  o.block_size = kBlockSize;
-  o.bytes_per_token = KvBytesPerToken(12, 12, 64, 2);
+  o.pool.num_blocks = 4096;
+  o.pool.block_size = kBlockSize;
+  o.pool.bytes_per_token = KvBytesPerToken(12, 12, 64, 2);
   return std::move(*KvCache::Create(o));
 }
 

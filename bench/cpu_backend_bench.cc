@@ -218,7 +218,7 @@ int Main(int argc, char** argv) {
   const ModelConfig& c = (*model)->config();
   // 256 blocks of 16: room for 8 sequences of 144 tokens, or one of 1,008, and a 513-token
   // prefill from block 128.
-  o.kv_cache_bytes = int64_t{256} * 16 * KvBytesPerToken(c.n_layer, c.n_head, c.head_dim(), 4);
+  o.kv_pool.budget_bytes = int64_t{256} * 16 * KvBytesPerToken(c.n_layer, c.n_head, c.head_dim(), 4);
   auto backend_or = CreateCpuBackend(o);
   Check(backend_or.status());
   Backend& backend = **backend_or;

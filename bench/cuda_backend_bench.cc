@@ -127,8 +127,8 @@ int Main(int argc, char** argv) {
   max_tokens = std::max<int64_t>(max_tokens, std::atoll(flags["prefill-seqs"].c_str()) *
                                                  (std::atoll(flags["prefill-len"].c_str()) + 16));
   // One block more: the backend's scratch block comes out of the budget.
-  max_tokens += o.block_size;
-  o.kv_cache_bytes = max_tokens * 2 * c.n_layer * c.n_embd * DTypeSize(o.dtype);
+  max_tokens += o.kv_pool.block_size;
+  o.kv_pool.budget_bytes = max_tokens * 2 * c.n_layer * c.n_embd * DTypeSize(o.dtype);
   auto backend = CreateCudaBackend(o);
   if (!backend.ok()) {
     std::fprintf(stderr, "cuda_backend_bench: %s\n", backend.status().ToString().c_str());

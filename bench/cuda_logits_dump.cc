@@ -56,7 +56,7 @@ int Main(int argc, char** argv) {
   if (flags["device"] == "cpu") {
     CpuBackendOptions o;
     o.model = model->get();
-    o.kv_cache_bytes = 256 << 20;
+    o.kv_pool.budget_bytes = 256 << 20;
     backend = CreateCpuBackend(o);
   } else {
     CudaBackendOptions o;
@@ -64,7 +64,7 @@ int Main(int argc, char** argv) {
     const std::optional<DType> dt = ParseDType(flags["dtype"]);
     if (!dt) return 2;
     o.dtype = *dt;
-    o.kv_cache_bytes = 256 << 20;
+    o.kv_pool.budget_bytes = 256 << 20;
     backend = CreateCudaBackend(o);
   }
   if (!backend.ok()) {

@@ -124,7 +124,7 @@ int Main(int argc, char** argv) {
     o.model = model->get();
     o.dtype = dtype;
     o.threads = threads;
-    o.kv_cache_bytes =
+    o.kv_pool.budget_bytes =
         int64_t{(context + 15) / 16} * 16 * KvBytesPerToken(c.n_layer, c.n_head, c.head_dim(), 4);
     auto b = CreateCpuBackend(o);
     Check(b.status());

@@ -99,8 +99,8 @@ RunResult Run(const Model& model, const Flags& f, bool prefix_cache, bool scorin
   const int64_t blocks = (f.concurrency + 2) * ((longest + block - 1) / block) + 8;
   CpuBackendOptions b;
   b.model = &model;
-  b.kv_cache_bytes = blocks * block * per_token;
-  b.block_size = block;
+  b.kv_pool.budget_bytes = blocks * block * per_token;
+  b.kv_pool.block_size = block;
   b.threads = f.threads;
   auto backend = CreateCpuBackend(b);
   if (!backend.ok()) {

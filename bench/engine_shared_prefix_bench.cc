@@ -70,8 +70,8 @@ RunResult RunWorkload(const Model& model, const Flags& f, bool prefix_cache) {
       (f.concurrency + 2) * ((tokens_per_request + block - 1) / block) + f.prefix / block;
   CpuBackendOptions b;
   b.model = &model;
-  b.kv_cache_bytes = blocks * block * per_token;
-  b.block_size = block;
+  b.kv_pool.budget_bytes = blocks * block * per_token;
+  b.kv_pool.block_size = block;
   b.threads = f.threads;
   auto backend = CreateCpuBackend(b);
   if (!backend.ok()) {

@@ -82,8 +82,8 @@ struct Served {
     const ModelConfig& c = model.config();
     CpuBackendOptions b;
     b.model = &model;
-    b.kv_cache_bytes = pool_tokens * KvBytesPerToken(c.n_layer, c.n_head, c.head_dim(), 4);
-    b.block_size = 16;
+    b.kv_pool.budget_bytes = pool_tokens * KvBytesPerToken(c.n_layer, c.n_head, c.head_dim(), 4);
+    b.kv_pool.block_size = 16;
     b.threads = f.threads;
     auto made = CreateCpuBackend(b);
     if (!made.ok()) Die("backend", made.status());

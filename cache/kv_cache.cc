@@ -1,6 +1,7 @@
 #include "cache/kv_cache.h"
 
 #include <algorithm>
+#include <climits>
 #include <memory>
 #include <utility>
 
@@ -42,15 +43,15 @@ struct AdmissionPlan::Internal {
 
 KvCache::KvCache(const KvCacheOptions& options)
     : options_(options),
-      bs_(options.block_size),
-      num_blocks_(options.num_blocks),
-      blocks_(options.num_blocks),
-      block_tokens_(static_cast<size_t>(options.num_blocks) * options.block_size),
-      free_ring_(options.num_blocks) {
+      bs_(options.pool.block_size),
+      num_blocks_(static_cast<int32_t>(options.pool.num_blocks)),
+      blocks_(num_blocks_),
+      block_tokens_(static_cast<size_t>(num_blocks_) * bs_),
+      free_ring_(num_blocks_) {
   for (int32_t b = 0; b < num_blocks_; ++b) free_ring_[b] = b;
   free_count_ = num_blocks_;
   stats_.block_size = bs_;
-  stats_.bytes_per_token = options.bytes_per_token;
+  stats_.bytes_per_token = options.pool.bytes_per_token;
 }
 
 // ---- Block primitives ---------------------------------------------------------------------
@@ -536,7 +537,7 @@ KvCacheStats KvCache::Stats() const {
   s.blocks_free = free_count_;
   s.blocks_active = num_active_;
   s.blocks_cached = num_cached_;
-  s.pool_bytes = int64_t{num_blocks_} * bs_ * options_.bytes_per_token;
+  s.pool_bytes = options_.pool.pool_bytes();
   s.num_sequences = static_cast<int64_t>(seqs_.size());
   return s;
 }
@@ -558,12 +559,16 @@ std::vector<int32_t> KvCache::FreeList() const {
 // ---- KvCache --------------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& options) {
-  if (options.num_blocks <= 0) return absl::InvalidArgumentError("num_blocks must be > 0");
-  if (options.block_size <= 0 || (options.block_size & (options.block_size - 1)) != 0) {
+  const KvPoolShape& pool = options.pool;
+  if (pool.num_blocks <= 0 || pool.num_blocks > INT32_MAX) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("block_size must be a power of two, got %d", options.block_size));
+        absl::StrFormat("a KV pool of %d blocks: need 1 to 2^31 - 1", pool.num_blocks));
   }
-  if (options.bytes_per_token < 0) return absl::InvalidArgumentError("bytes_per_token < 0");
+  if (pool.block_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("a KV pool of block size %d: need at least 1", pool.block_size));
+  }
+  if (pool.bytes_per_token < 0) return absl::InvalidArgumentError("bytes_per_token < 0");
   return std::unique_ptr<KvCache>(new KvCache(options));
 }
 

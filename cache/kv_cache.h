@@ -50,6 +50,7 @@
 #include "cache/block_copy.h"
 #include "cache/digest_hash.h"
 #include "cache/kv_cache_stats.h"
+#include "cache/kv_pool.h"
 #include "cache/sha256.h"
 #include "cache/token_chain.h"
 
@@ -69,10 +70,9 @@ struct EvictedBlock {
 };
 
 struct KvCacheOptions {
-  int32_t num_blocks = 0;   // > 0; fixed for the cache's lifetime
-  int32_t block_size = 16;  // tokens per block; a power of two
-  // KvBytesPerToken() of the model (cache/kv_layout.h); only used for stats.
-  int64_t bytes_per_token = 0;
+  // The backend's pool (Backend::kv_pool()): num_blocks > 0 and below 2^31, block_size > 0;
+  // fixed for the cache's lifetime. bytes_per_token is only used for stats.
+  KvPoolShape pool;
   // false (--no-prefix-cache): nothing is matched or indexed; released blocks are freed.
   bool enable_prefix_cache = true;
   // LRU time of cached blocks. Ties (and the default, when unset) are broken by an internal
@@ -133,7 +133,7 @@ struct Admission {
   std::vector<BlockCopy> copies;  // execute before the first Forward of `seq`
 };
 
-// One indexed block, for tests and debugging.
+// One indexed block (KvCacheTestPeer::IndexedBlocks).
 struct IndexedBlockInfo {
   int32_t block = -1;
   int32_t ref = 0;
@@ -146,7 +146,8 @@ enum class BlockState { kFree, kOwned, kCached };
 
 class KvCache {
  public:
-  // INVALID_ARGUMENT for num_blocks <= 0 or a block size that is not a power of two.
+  // INVALID_ARGUMENT for a pool of no blocks, more than 2^31 blocks, or no block size. (The
+  // operator's block size is checked where it is read: ValidateKvPoolOptions.)
   static absl::StatusOr<std::unique_ptr<KvCache>> Create(const KvCacheOptions& options);
   ~KvCache();
   KvCache(const KvCache&) = delete;
@@ -215,6 +216,11 @@ class KvCache {
   // Verifies the invariants above from scratch (O(pool + sequences)); PREFIXD_CHECK fails on
   // any violation.
   void CheckInvariants() const;
+
+ private:
+  // The views tests assert exact state with, reached through the friend KvCacheTestPeer
+  // (tests/cache/kv_cache_test_peer.h).
+  friend class KvCacheTestPeer;
   BlockState StateOf(int32_t block) const;
   int32_t RefCount(int32_t block) const;
   bool IsIndexed(int32_t block) const;
@@ -228,7 +234,6 @@ class KvCache {
   // text: equal strings mean equal states. For plan-then-commit tests and failure messages.
   std::string DebugState() const;
 
- private:
   // Data structures (invariants above):
   //  - blocks_[b]: reference count, index membership, chain key, parent block, LRU stamp.
   //  - block_tokens_[b * block_size ...]: the token ids stored with an indexed block, compared

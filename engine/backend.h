@@ -15,6 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "cache/block_copy.h"
+#include "cache/kv_pool.h"
 #include "engine/dtype.h"
 
 namespace prefixd {
@@ -74,6 +75,9 @@ class Backend {
   virtual int64_t num_blocks() const = 0;
   virtual int32_t block_size() const = 0;
   virtual int64_t kv_bytes_per_token() const = 0;  // cache/kv_layout.h's formula
+  // The three above as the one description of the pool the engine, its cache and the front
+  // ends read (cache/kv_pool.h).
+  KvPoolShape kv_pool() const { return {num_blocks(), block_size(), kv_bytes_per_token()}; }
   // Safe to call from any thread, also while Forward runs (the metrics endpoint does).
   virtual MemoryUsage memory_usage() const = 0;
   // Safe to call from any thread, also while Forward runs. Default: nothing counted.

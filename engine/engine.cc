@@ -109,8 +109,7 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<DiskTier> tier,
                                                                             : nullptr})) {
   limits_.model_config = options.model_config;
   limits_.max_samples = options.max_samples;
-  limits_.pool_blocks = cache_->num_blocks();
-  limits_.block_size = cache_->block_size();
+  limits_.pool = options.backend->kv_pool();
   limits_.computes_all_logits = options.backend->computes_all_logits();
   PublishStats();
   thread_ = std::thread([this] { Loop(); });
@@ -324,24 +323,23 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     return absl::InvalidArgumentError(
         "EngineOptions.model_config has no vocab_size or n_positions");
   }
-  if (options.max_batch_tokens <= 0 || options.max_queue <= 0 || options.max_samples <= 0) {
-    return absl::InvalidArgumentError(
-        "max_batch_tokens, max_queue and max_samples must be positive");
-  }
-  if (options.backend->num_blocks() > INT32_MAX) {
-    return absl::InvalidArgumentError("the backend's KV pool has more than 2^31 blocks");
+  using Named = std::pair<const char*, int32_t>;
+  for (const auto& [flag, value] : {Named{"--max-batch-tokens", options.max_batch_tokens},
+                                    Named{"--max-queue", options.max_queue},
+                                    Named{"--max-samples", options.max_samples}}) {
+    if (value < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, " must be at least 1, got ", value));
+    }
   }
   KvCacheOptions cache_options;
-  cache_options.num_blocks = static_cast<int32_t>(options.backend->num_blocks());
-  cache_options.block_size = options.backend->block_size();
-  cache_options.bytes_per_token = options.backend->kv_bytes_per_token();
+  cache_options.pool = options.backend->kv_pool();
   cache_options.enable_prefix_cache = options.enable_prefix_cache;
   std::unique_ptr<DiskTier> tier;
   std::unique_ptr<DiskSpiller> spiller;
   if (!options.disk_tier.dir.empty()) {
     if (!options.enable_prefix_cache) {
       return absl::InvalidArgumentError(
-          "the disk cache tier needs the prefix cache: drop --no-prefix-cache or --cache-dir");
+          "--cache-dir needs the prefix cache: drop --no-prefix-cache");
     }
     absl::StatusOr<DiskLayout> layout = EngineDiskLayout(options);
     if (!layout.ok()) return layout.status();
@@ -354,7 +352,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   if (!options.remote_tier.url.empty()) {
     if (!options.enable_prefix_cache) {
       return absl::InvalidArgumentError(
-          "the remote cache tier needs the prefix cache: drop --no-prefix-cache or --kv-remote");
+          "--kv-remote needs the prefix cache: drop --no-prefix-cache");
     }
     absl::StatusOr<DiskLayout> layout = EngineDiskLayout(options);
     if (!layout.ok()) return layout.status();

@@ -18,28 +18,36 @@
 
 namespace prefixd {
 
+// The engine's options. The server's options hold one whole (ServerOptions::engine): the
+// operator's fields below are prefixd flags, and Engine::Create checks each of them, once,
+// with an error that names the flag as the operator types it. The fields above them are the
+// wiring only whoever builds the engine knows (the server sets them from the loaded model
+// and its backend, whatever a ServerOptions holds there).
 struct EngineOptions {
+  // ---- Set by whoever builds the engine -------------------------------------------------
   Backend* backend = nullptr;   // not owned; used only from the engine thread
   ModelConfig model_config;
   std::string manifest_sha256;  // part of every cache block's identity
-  int32_t max_batch_tokens = 512;
-  int32_t max_queue = 1024;
-  int32_t max_samples = 16;
-  bool enable_prefix_cache = true;
-  // Injected for tests (TTFT/TPOT measurements); defaults to absl::Now.
-  std::function<absl::Time()> clock;
   // Called once, from the engine thread, when the backend reports a fatal device error
   // (IsFatalDeviceError, engine/backend.h). By then every request has ended with INTERNAL,
   // and Submit refuses new ones with UNAVAILABLE: the process should stop so that an
   // orchestrator restarts it.
   std::function<void(const absl::Status&)> on_fatal_error;
-  // Second cache tier on local disk (cache/disk/disk_tier.h); off while disk_tier.dir is
-  // empty. Cached blocks the pool evicts are written there (off the engine thread, dropped
-  // when the write queue is full), admissions continue their prefix match into it, and on
-  // Shutdown the blocks still cached are written within what is left of the grace, at most
-  // kDiskTierShutdownSpill. Needs enable_prefix_cache. Engine::Create fails with the tier's
-  // FAILED_PRECONDITION when the directory cannot be used (not writable, locked by another
-  // process).
+  // Injected for tests (TTFT/TPOT measurements); defaults to absl::Now.
+  std::function<absl::Time()> clock;
+
+  // ---- The operator's ---------------------------------------------------------------------
+  int32_t max_batch_tokens = 512;   // --max-batch-tokens: tokens per step (the scheduler's)
+  int32_t max_queue = 1024;         // --max-queue: waiting requests before RESOURCE_EXHAUSTED
+  int32_t max_samples = 16;         // --max-samples: the largest num_samples of a request
+  bool enable_prefix_cache = true;  // false: --no-prefix-cache (the KvCache's option)
+  // --cache-dir (dir) and --cache-dir-bytes (max_bytes): the second cache tier on local disk
+  // (cache/disk/disk_tier.h); off while dir is empty. Cached blocks the pool evicts are
+  // written there (off the engine thread, dropped when the write queue is full), admissions
+  // continue their prefix match into it, and on Shutdown the blocks still cached are written
+  // within what is left of the grace, at most kDiskTierShutdownSpill. Needs
+  // enable_prefix_cache. Engine::Create fails with the tier's FAILED_PRECONDITION when the
+  // directory cannot be used (not writable, locked by another process).
   DiskTierOptions disk_tier;
   // Shared cache tier on Redis (cache/remote/remote_tier.h); off while remote_tier.url is
   // empty. Every full block this engine computes is published to it (asynchronously, dropped

@@ -150,14 +150,14 @@ absl::Status ValidateEngineRequest(const EngineRequest& r, const RequestLimits& 
           "stop token id %d is out of range: ids must be < vocab_size %d", id, vocab));
     }
   }
-  const int64_t blocks = BlocksForTokens(total, limits.block_size);
-  if (blocks > limits.pool_blocks) {
+  const int64_t blocks = BlocksForTokens(total, limits.pool.block_size);
+  if (blocks > limits.pool.num_blocks) {
     return FieldError("max_new_tokens", StrFormat(
         "the request needs %d KV blocks (%d prompt tokens + %d new tokens, %d tokens per "
         "block) but the whole pool holds %d blocks (%d tokens): shorten the prompt, lower "
         "max_new_tokens, or start the server with a larger --kv-cache-bytes",
-        blocks, r.prompt.size(), r.max_new_tokens, limits.block_size, limits.pool_blocks,
-        limits.pool_blocks * limits.block_size));
+        blocks, r.prompt.size(), r.max_new_tokens, limits.pool.block_size, limits.pool.num_blocks,
+        limits.pool.num_blocks * limits.pool.block_size));
   }
   return absl::OkStatus();
 }

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "cache/kv_pool.h"
 #include "engine/request.h"
 #include "engine/model_config.h"
 
@@ -25,8 +26,7 @@ inline constexpr size_t kMaxStopTokenIds = 1024;
 struct RequestLimits {
   ModelConfig model_config;
   int32_t max_samples = 16;
-  int64_t pool_blocks = 0;
-  int32_t block_size = 16;
+  KvPoolShape pool;  // Backend::kv_pool(): a request must fit in it
   bool computes_all_logits = true;  // Backend::computes_all_logits(): prompt_logprobs allowed
 };
 

@@ -22,8 +22,7 @@ inline RequestLimits Gpt2SmallLimits() {
   limits.model_config.n_positions = 1024;
   limits.model_config.vocab_size = 50257;
   limits.max_samples = 16;
-  limits.pool_blocks = 1024;
-  limits.block_size = 16;
+  limits.pool = {.num_blocks = 1024, .block_size = 16};
   return limits;
 }
 

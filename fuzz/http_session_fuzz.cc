@@ -96,9 +96,7 @@ Harness& TheHarness() {
                           .config = e.model_config,
                           .dtype = "f32",
                           .device = "fake",
-                          .block_size = 16,
-                          .kv_pool_blocks = 64,
-                          .kv_bytes_per_token = 8};
+                          .kv_pool = h->backend.kv_pool()};
     h->path = std::make_unique<RequestPath>(std::move(p));
     HttpFrontEndOptions o;
     o.listen.host = "127.0.0.1";  // port 0: a free one

@@ -101,40 +101,38 @@ absl::Status CudaUsable() {
 #endif
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& options) {
-  if (options.plan.use_cuda) {
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(
+    const Model& model, const DeviceOptions& device, const DevicePlan& plan,
+    const std::function<void(std::string_view)>& log) {
+  if (plan.use_cuda) {
 #ifdef PREFIXD_HAVE_CUDA
     CudaBackendOptions cuda;
-    cuda.model = options.model;
-    cuda.dtype = options.plan.dtype;
-    cuda.kv_cache_bytes = options.kv_cache_bytes;
-    cuda.block_size = options.block_size;
+    cuda.model = &model;
+    cuda.dtype = plan.dtype;
+    cuda.kv_pool = device.kv_pool;
     return CreateCudaBackend(cuda);
 #else
     return absl::UnavailableError("this build of prefixd has no CUDA backend");
 #endif
   }
-  if (options.model == nullptr) return absl::InvalidArgumentError("CPU backend: no model");
   CpuBackendOptions cpu;
-  cpu.model = options.model;
-  cpu.dtype = options.plan.dtype;
+  cpu.model = &model;
+  cpu.dtype = plan.dtype;
+  cpu.kv_pool = device.kv_pool;
+  cpu.threads = device.threads;
   const int64_t memory = UsableMemoryBytes();
-  if (options.kv_cache_bytes > 0) {
-    cpu.kv_cache_bytes = options.kv_cache_bytes;
-  } else {
-    const KvBudget budget = DefaultCpuKvBudget(options.model->config(), memory);
-    cpu.kv_cache_bytes = budget.bytes;
-    if (options.log) options.log(budget.derivation);  // the server logs the pool next
+  if (cpu.kv_pool.budget_bytes == 0) {
+    const KvBudget budget = DefaultCpuKvBudget(model.config(), memory);
+    cpu.kv_pool.budget_bytes = budget.bytes;
+    if (log) log(budget.derivation);  // the server logs the pool next
   }
   // The pool is touched lazily: a budget past the machine's memory would start and be killed
   // later, mid-request, by the OOM killer. Refuse it while nothing has been accepted.
-  if (memory > 0 && cpu.kv_cache_bytes > memory) {
-    return absl::InvalidArgumentError(absl::StrCat("--kv-cache-bytes ", cpu.kv_cache_bytes,
+  if (memory > 0 && cpu.kv_pool.budget_bytes > memory) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv-cache-bytes ", cpu.kv_pool.budget_bytes,
                                                    " is more than this machine's ", memory,
                                                    " bytes of memory"));
   }
-  cpu.block_size = options.block_size;
-  cpu.threads = options.threads;
   return CreateCpuBackend(cpu);
 }
 

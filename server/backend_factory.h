@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "cache/kv_pool.h"
 #include "engine/backend.h"
 #include "engine/dtype.h"
 #include "engine/model.h"
@@ -57,17 +58,19 @@ absl::StatusOr<DevicePlan> PlanDevice(std::string_view device, std::string_view 
 // by another process, a MIG GPU without an instance) is UNAVAILABLE and auto runs on the CPU.
 absl::Status CudaUsable();
 
-struct BackendOptions {
-  const Model* model = nullptr;
-  DevicePlan plan;
-  int64_t kv_cache_bytes = 0;  // 0 = default (DefaultCpuKvBudget on the CPU)
-  int32_t block_size = 16;
-  int32_t threads = 0;
-  // Start-up log lines (how a default budget was derived); may be unset.
-  std::function<void(std::string_view)> log;
+// The backend of a `prefixd` run: what the --device ... flags choose (ServerOptions::device).
+struct DeviceOptions {
+  std::string device = "auto";  // --device: auto | cpu | cuda (PlanDevice checks it)
+  std::string dtype = "auto";   // --dtype: auto | f32 | f16 | bf16 | int8 (PlanDevice)
+  KvPoolOptions kv_pool;        // --kv-cache-bytes, --block-size (the backend checks them)
+  int32_t threads = 0;          // --threads: CPU backend threads, 0 = all cores (the CPU backend)
 };
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(const BackendOptions& options);
+// The backend `plan` names for `model`, sized by `device`; `log` (may be unset) gets the
+// start-up lines (how a default budget was derived). The backend checks its own options.
+absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(
+    const Model& model, const DeviceOptions& device, const DevicePlan& plan,
+    const std::function<void(std::string_view)>& log);
 
 }  // namespace prefixd
 

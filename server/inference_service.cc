@@ -65,9 +65,9 @@ void ToProto(const ServedModel& model, v1::ModelInfo* out) {
   out->set_context_length(model.config.n_positions);
   out->set_dtype(model.dtype);
   out->set_device(model.device);
-  out->set_block_size(model.block_size);
-  out->set_kv_pool_blocks(model.kv_pool_blocks);
-  out->set_kv_bytes_per_token(model.kv_bytes_per_token);
+  out->set_block_size(model.kv_pool.block_size);
+  out->set_kv_pool_blocks(model.kv_pool.num_blocks);
+  out->set_kv_bytes_per_token(model.kv_pool.bytes_per_token);
 }
 
 void ToProto(const EngineStats& stats, v1::CacheStats* out) {

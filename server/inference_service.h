@@ -40,7 +40,6 @@ class InferenceService final : public v1::Inference::CallbackService {
   // Generate calls whose reactor exists (started, OnDone not yet run).
   void GenerateStarted();
   void GenerateDone();
-  int64_t live_generates() const;
   // Waits until no Generate call is left or `timeout` passes; true if none is left.
   bool WaitForNoGenerates(absl::Duration timeout);
 
@@ -48,6 +47,9 @@ class InferenceService final : public v1::Inference::CallbackService {
   Executor* pumps() { return pumps_; }
 
  private:
+  friend class ServerTestPeer;  // tests/server/server_test_peer.h
+  int64_t live_generates() const;
+
   RequestPath* const path_;  // not owned
   Executor* const pumps_;    // not owned
   mutable absl::Mutex calls_mu_;

@@ -189,19 +189,19 @@ ServerOptions OptionsFromFlags() {
   o.model_dir = absl::GetFlag(FLAGS_model);
   o.device.device = absl::GetFlag(FLAGS_device);
   o.device.dtype = absl::GetFlag(FLAGS_dtype);
-  o.device.kv_cache_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
-  o.device.block_size = absl::GetFlag(FLAGS_block_size);
+  o.device.kv_pool.budget_bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
+  o.device.kv_pool.block_size = absl::GetFlag(FLAGS_block_size);
   o.device.threads = absl::GetFlag(FLAGS_threads);
-  o.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
-  o.max_queue = absl::GetFlag(FLAGS_max_queue);
-  o.max_samples = absl::GetFlag(FLAGS_max_samples);
-  o.enable_prefix_cache = !absl::GetFlag(FLAGS_no_prefix_cache);
-  o.cache_dir = absl::GetFlag(FLAGS_cache_dir);
-  o.cache_dir_bytes = absl::GetFlag(FLAGS_cache_dir_bytes);
-  o.kv_remote = absl::GetFlag(FLAGS_kv_remote);
+  o.engine.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  o.engine.max_queue = absl::GetFlag(FLAGS_max_queue);
+  o.engine.max_samples = absl::GetFlag(FLAGS_max_samples);
+  o.engine.enable_prefix_cache = !absl::GetFlag(FLAGS_no_prefix_cache);
+  o.engine.disk_tier.dir = absl::GetFlag(FLAGS_cache_dir);
+  o.engine.disk_tier.max_bytes = absl::GetFlag(FLAGS_cache_dir_bytes);
+  o.engine.remote_tier.url = absl::GetFlag(FLAGS_kv_remote);
+  o.engine.remote_tier.key_prefix = absl::GetFlag(FLAGS_kv_remote_prefix);
+  o.engine.remote_tier.timeout = absl::GetFlag(FLAGS_kv_remote_timeout);
   o.kv_remote_password_file = absl::GetFlag(FLAGS_kv_remote_password_file);
-  o.kv_remote_prefix = absl::GetFlag(FLAGS_kv_remote_prefix);
-  o.kv_remote_timeout = absl::GetFlag(FLAGS_kv_remote_timeout);
   o.listen = absl::GetFlag(FLAGS_listen);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.http_listen = absl::GetFlag(FLAGS_http_listen);
@@ -221,17 +221,13 @@ int Run() {
     Log(absl::StrCat("error: --reflection must be on or off, got ", r));
     return 1;
   }
-  // Checked before the signal watcher needs the grace, and before anything slow.
-  if (absl::Status s = ValidateServerOptions(options); !s.ok()) {
-    Log(absl::StrCat("error: ", s.message()));
-    return 1;
-  }
   // Connections take descriptors: use all the hard limit allows.
   if (rlimit rl{}; getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
     rl.rlim_cur = rl.rlim_max;
     if (setrlimit(RLIMIT_NOFILE, &rl) != 0) Log("could not raise the descriptor limit");
   }
-  // Never destroyed: it may be in sigwait when the process exits.
+  // Never destroyed: it may be in sigwait when the process exits. Its grace is used only once
+  // serving has started, so after Server::Start checked it with the other options.
   static SignalWatcher* signals = new SignalWatcher(options.shutdown_grace);
   absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(std::move(options));
   if (!server.ok()) {

@@ -27,9 +27,10 @@ class RateLimitedLog {
   // and the next written line ends with "(N similar lines suppressed)". Thread-safe.
   void Write(std::string_view line);
 
+ private:
+  friend class RateLimitedLogTestPeer;  // tests/server/rate_limited_log_test.cc
   uint64_t suppressed_total() const;
 
- private:
   Options options_;
   mutable absl::Mutex mu_;
   absl::Time last_written_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

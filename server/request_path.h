@@ -80,9 +80,7 @@ struct ServedModel {
   ModelConfig config;
   std::string dtype;   // "f32" | "f16" | "bf16"
   std::string device;  // "cpu" | "cuda:0" | ...
-  int32_t block_size = 0;
-  int64_t kv_pool_blocks = 0;
-  int64_t kv_bytes_per_token = 0;
+  KvPoolShape kv_pool;  // Backend::kv_pool()
 };
 
 struct RequestPathOptions {
@@ -133,9 +131,6 @@ class RequestPath {
   // any tokenizing.
   size_t max_text_bytes() const;
 
-  // Generate calls that passed every rule and were queued, since start-up.
-  uint64_t accepted_generates() const { return accepted_generates_.load(); }
-
   // The engine request for a call whose caller is `tenant`, before the engine validates it
   // (engine/request_validation.h). Public for the request fuzz target (fuzz/), which runs
   // this translation and the rules without an engine; uses only the tokenizer.
@@ -146,6 +141,10 @@ class RequestPath {
   const ServedModel& model() const { return options_.model; }
 
  private:
+  friend class ServerTestPeer;  // tests/server/server_test_peer.h
+  // Generate calls that passed every rule and were queued, since start-up.
+  uint64_t accepted_generates() const { return accepted_generates_.load(); }
+
   void Count(Api api, absl::StatusCode code);
   // Authorize's gate, returning the whole caller.
   absl::StatusOr<Caller> Identify(const std::optional<std::string>& authorization) const;

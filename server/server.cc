@@ -38,7 +38,6 @@
 #include "server/metrics.h"
 #include "server/rate_limited_log.h"
 #include "server/request_path.h"
-#include "cache/remote/remote_tier.h"
 #include "server/tls_identity.h"
 
 namespace prefixd {
@@ -108,10 +107,6 @@ int LogCivetMessage(const mg_connection*, const char* message) {
 // keep one call that is slow to lock its reactor from holding up the others.
 constexpr int kGrpcPumpThreads = 4;
 
-// More CPU backend threads than any machine has cores would only cost memory (each has a
-// stack) and start-up time; far more fail to start at all.
-constexpr int32_t kMaxThreads = 1024;
-
 // The metrics endpoint's HTTP threads and how long one waits for a request to arrive.
 constexpr int kMetricsThreads = 8;
 constexpr int kMetricsRequestTimeoutMs = 2000;
@@ -163,48 +158,14 @@ class ReflectionOff : public grpc::ServerBuilderOption {
   }
 };
 
-}  // namespace
-
+// The checks of the server's own options (ServerOptions, server/server.h: each lower layer
+// checks its own when it is built), made once, first in Start, before anything slow: each
+// error names its flag and the value given.
 absl::Status ValidateServerOptions(const ServerOptions& o) {
   using absl::InvalidArgumentError;
   using absl::StrCat;
   if (o.model_dir.empty()) return InvalidArgumentError("--model DIR is required");
-  if (o.device.kv_cache_bytes < 0) {
-    return InvalidArgumentError(
-        StrCat("--kv-cache-bytes must be 0 (the default budget) or positive, got ",
-               o.device.kv_cache_bytes));
-  }
-  if (const int32_t v = o.device.block_size; v < 1 || v > 1024 || (v & (v - 1))) {
-    return InvalidArgumentError(
-        StrCat("--block-size must be a power of two from 1 to 1024, got ", v));
-  }
-  using Named = std::pair<const char*, int32_t>;
-  for (const auto& [name, value] :
-       {Named{"--max-batch-tokens", o.max_batch_tokens}, Named{"--max-queue", o.max_queue},
-        Named{"--max-samples", o.max_samples}}) {
-    if (value < 1) return InvalidArgumentError(StrCat(name, " must be at least 1, got ", value));
-  }
-  if (o.device.threads < 0 || o.device.threads > kMaxThreads) {
-    return InvalidArgumentError(StrCat("--threads must be 0 (all cores) or 1 to ", kMaxThreads,
-                                       ", got ", o.device.threads));
-  }
-  if (o.cache_dir_bytes < 0) {
-    return InvalidArgumentError(StrCat(
-        "--cache-dir-bytes must be 0 (the default cap) or positive, got ", o.cache_dir_bytes));
-  }
-  if (!o.cache_dir.empty() && !o.enable_prefix_cache) {
-    return InvalidArgumentError("--cache-dir needs the prefix cache: drop --no-prefix-cache");
-  }
-  if (!o.kv_remote.empty()) {
-    if (absl::StatusOr<RemoteEndpoint> e = ParseRemoteUrl(o.kv_remote); !e.ok()) return e.status();
-    if (!o.enable_prefix_cache) {
-      return InvalidArgumentError("--kv-remote needs the prefix cache: drop --no-prefix-cache");
-    }
-    if (o.kv_remote_timeout <= absl::ZeroDuration() || o.kv_remote_timeout > absl::Seconds(10)) {
-      return InvalidArgumentError(StrCat("--kv-remote-timeout must be above 0 and at most 10s, got ",
-                                         absl::FormatDuration(o.kv_remote_timeout)));
-    }
-  } else if (!o.kv_remote_password_file.empty()) {
+  if (!o.kv_remote_password_file.empty() && o.engine.remote_tier.url.empty()) {
     return InvalidArgumentError("--kv-remote-password-file needs --kv-remote");
   }
   if (o.shutdown_grace < absl::ZeroDuration()) {
@@ -213,9 +174,6 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
   }
   if (o.tls_cert_file.empty() != o.tls_key_file.empty()) {
     return InvalidArgumentError("--tls-cert and --tls-key go together");
-  }
-  if (absl::StatusOr<ServerListenAddresses> a = ParseServerListenAddresses(o); !a.ok()) {
-    return a.status();
   }
   if (o.max_connections < 0) {
     return InvalidArgumentError(
@@ -228,6 +186,8 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
   }
   return absl::OkStatus();
 }
+
+}  // namespace
 
 // Everything the server owns, declared in the order it is built: members are destroyed in
 // reverse, so the exposer stops scraping before the engine goes, the gRPC server stops
@@ -372,14 +332,7 @@ absl::Status Server::Parts::Build() {
   if (options.backend_factory) {
     built = options.backend_factory(*model);
   } else {
-    BackendOptions bopt;
-    bopt.model = model.get();
-    bopt.plan = plan;
-    bopt.kv_cache_bytes = options.device.kv_cache_bytes;
-    bopt.block_size = options.device.block_size;
-    bopt.threads = options.device.threads;
-    bopt.log = log;
-    built = CreateBackend(bopt);
+    built = CreateBackend(*model, options.device, plan, log);
   }
   if (!built.ok()) {
     return absl::Status(built.status().code(), absl::StrCat("backend: ", built.status().message()));
@@ -391,21 +344,12 @@ absl::Status Server::Parts::Build() {
                       backend->num_blocks(), backend->block_size(), backend->kv_bytes_per_token(),
                       backend->memory_usage().kv_pool_bytes));
 
-  EngineOptions eopt;
+  EngineOptions eopt = options.engine;  // the operator's; the wiring is set here
   eopt.backend = backend.get();
   eopt.model_config = config;
   eopt.manifest_sha256 = model->manifest_sha256();
-  eopt.max_batch_tokens = options.max_batch_tokens;
-  eopt.max_queue = options.max_queue;
-  eopt.max_samples = options.max_samples;
-  eopt.enable_prefix_cache = options.enable_prefix_cache;
-  eopt.disk_tier.dir = options.cache_dir;
-  eopt.disk_tier.max_bytes = options.cache_dir_bytes;
-  if (!options.kv_remote.empty()) {
+  if (!eopt.remote_tier.url.empty()) {
     RemoteTierOptions& r = eopt.remote_tier;
-    r.url = options.kv_remote;
-    r.key_prefix = options.kv_remote_prefix;
-    r.timeout = options.kv_remote_timeout;
     if (!options.kv_remote_password_file.empty()) {
       absl::StatusOr<std::string> pw = ReadWholeFile(options.kv_remote_password_file);
       if (!pw.ok()) {
@@ -431,19 +375,19 @@ absl::Status Server::Parts::Build() {
   if (!e.ok())
     return absl::Status(e.status().code(), absl::StrCat("engine: ", e.status().message()));
   engine = *std::move(e);
-  if (!options.enable_prefix_cache) log("prefix cache disabled (--no-prefix-cache)");
-  if (!options.cache_dir.empty()) {
+  if (!eopt.enable_prefix_cache) log("prefix cache disabled (--no-prefix-cache)");
+  if (!eopt.disk_tier.dir.empty()) {
     const DiskTierStats d = engine->Stats().disk;
     log(absl::StrFormat(
         "disk cache %s: %d blocks of this model (%d bytes on disk, %d files of other models), "
         "cap %d bytes%s",
-        options.cache_dir, d.blocks, d.bytes, d.foreign_files, d.cap_bytes,
-        options.cache_dir_bytes > 0 ? " (--cache-dir-bytes)"
+        eopt.disk_tier.dir, d.blocks, d.bytes, d.foreign_files, d.cap_bytes,
+        eopt.disk_tier.max_bytes > 0 ? " (--cache-dir-bytes)"
                                     : " (the smaller of 8 GiB and half the free space)"));
   }
-  if (!options.kv_remote.empty()) {
+  if (!eopt.remote_tier.url.empty()) {
     const RemoteTierStats r = engine->Stats().remote;
-    log(absl::StrCat("remote cache ", options.kv_remote, " (keys ", options.kv_remote_prefix,
+    log(absl::StrCat("remote cache ", eopt.remote_tier.url, " (keys ", eopt.remote_tier.key_prefix,
                      "*): ", r.up ? "up" : "not reached yet; counted and retried with backoff"));
   }
   if (auth->enabled()) {
@@ -467,9 +411,7 @@ absl::Status Server::Parts::Build() {
                            .config = config,
                            .dtype = std::string(DTypeName(backend->dtype())),
                            .device = backend->device_name(),
-                           .block_size = backend->block_size(),
-                           .kv_pool_blocks = backend->num_blocks(),
-                           .kv_bytes_per_token = backend->kv_bytes_per_token()};
+                           .kv_pool = backend->kv_pool()};
   path = std::make_unique<RequestPath>(std::move(popt));
   service = std::make_unique<InferenceService>(path.get(), grpc_pumps.get());
   if (absl::Status s = StartGrpc(creds); !s.ok()) return s;

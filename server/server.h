@@ -24,6 +24,7 @@
 #include "engine/backend.h"
 #include "engine/engine.h"
 #include "engine/model.h"
+#include "server/backend_factory.h"
 
 namespace prefixd {
 
@@ -31,37 +32,31 @@ class Executor;
 class InferenceService;
 class RequestPath;
 
-// Where the backend comes from when no factory is given (the --device ... flags).
-struct DeviceOptions {
-  std::string device = "auto";  // auto | cpu | cuda
-  std::string dtype = "auto";   // auto | f32 | f16 | bf16
-  int64_t kv_cache_bytes = 0;   // 0 = the backend's default budget
-  int32_t block_size = 16;
-  int32_t threads = 0;  // CPU backend threads; 0 = all cores
-};
-
-// Every field mirrors the `prefixd` flag of the same name (docs/SERVER.md), and errors name
-// the flag.
+// Every option is a `prefixd` flag (docs/SERVER.md), held by the layer that reads it and
+// checked once, by that layer, with an error that names the flag:
+//   ServerOptions          the listeners, auth, TLS, connections, shutdown: Server::Start,
+//                          before anything slow
+//   ├─ device              DeviceOptions (server/backend_factory.h): --device and --dtype by
+//   │  │                   PlanDevice, --threads by the CPU backend
+//   │  └─ kv_pool          KvPoolOptions (cache/kv_pool.h): --kv-cache-bytes, --block-size, by
+//   │                      the backend that allocates the pool
+//   └─ engine             EngineOptions (engine/engine_options.h): --max-batch-tokens,
+//      │                   --max-queue, --max-samples, --no-prefix-cache, by Engine::Create
+//      ├─ disk_tier        DiskTierOptions: --cache-dir, --cache-dir-bytes, by DiskTier::Open
+//      └─ remote_tier      RemoteTierOptions: --kv-remote, --kv-remote-prefix,
+//                          --kv-remote-timeout, by RemoteTier::Open
+// The engine's wiring (backend, model_config, manifest_sha256, on_fatal_error) is the
+// server's to set; whatever `engine` holds there is replaced. Options of a lower layer are
+// checked when that layer is built, so after the model has loaded.
 struct ServerOptions {
   std::string model_dir;
   // Builds the backend for the loaded model; unset = the backend `device` describes.
   std::function<absl::StatusOr<std::unique_ptr<Backend>>(const Model&)> backend_factory;
   DeviceOptions device;
-  int32_t max_batch_tokens = 512;
-  int32_t max_queue = 1024;
-  int32_t max_samples = 16;
-  bool enable_prefix_cache = true;
-  // Second cache tier on local disk (empty: none); cap in bytes (0: the smaller of 8 GiB and
-  // half the free space of its filesystem at start-up).
-  std::string cache_dir;
-  int64_t cache_dir_bytes = 0;
-  // Shared cache tier on Redis (empty: none): redis://HOST:PORT[/DB] or unix:///path; the
-  // password (if the server wants one) is the first line of kv_remote_password_file; every key
-  // starts with kv_remote_prefix; kv_remote_timeout bounds each connect and command.
-  std::string kv_remote;
+  EngineOptions engine;
+  // --kv-remote-password-file: the remote tier's password is this file's first line (read at
+  // start-up into engine.remote_tier.password; never in the URL, which `ps` shows).
   std::string kv_remote_password_file;
-  std::string kv_remote_prefix = "prefixd:";
-  absl::Duration kv_remote_timeout = absl::Milliseconds(20);
   // Listeners. Port 0 picks a free port (see grpc_address()/metrics_port()); `unix:PATH`
   // serves gRPC on a unix socket; metrics_listen "off" serves no /metrics.
   std::string listen = "127.0.0.1:50051";
@@ -81,10 +76,6 @@ struct ServerOptions {
   // Start-up and shutdown log lines; unset = stderr, prefixed "prefixd: ".
   std::function<void(std::string_view)> log;
 };
-
-// The option checks Start() makes first, before anything slow: each error names its flag
-// and the value given. Exposed so that main can check its flags the same way.
-absl::Status ValidateServerOptions(const ServerOptions& options);
 
 class Server {
  public:

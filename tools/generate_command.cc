@@ -153,9 +153,9 @@ absl::Status Generate(GenerateFlags& f) {
   const int64_t blocks = (total + kBlockSize - 1) / kBlockSize;
   CpuBackendOptions o;
   o.model = model->get();
-  o.block_size = kBlockSize;
+  o.kv_pool.block_size = kBlockSize;
   o.threads = static_cast<int32_t>(f.threads);
-  o.kv_cache_bytes = blocks * kBlockSize * KvBytesPerToken(c.n_layer, c.n_head, c.head_dim(), 4);
+  o.kv_pool.budget_bytes = blocks * kBlockSize * KvBytesPerToken(c.n_layer, c.n_head, c.head_dim(), 4);
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend(o);
   if (!backend.ok()) return backend.status();
   std::vector<int32_t> table(blocks);

@@ -103,9 +103,12 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
                                                          const DiskLayout& layout) {
   if (absl::Status s = ValidateDiskLayout(layout); !s.ok()) return s;
   if (options.dir.empty()) return absl::InvalidArgumentError("disk tier: empty directory");
-  if (options.max_bytes < 0 || options.max_queued_blocks <= 0) {
-    return absl::InvalidArgumentError(
-        "disk tier: max_bytes must be >= 0 and max_queued_blocks > 0");
+  if (options.max_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--cache-dir-bytes must be 0 (the default cap) or positive, got ", options.max_bytes));
+  }
+  if (options.max_queued_blocks <= 0) {
+    return absl::InvalidArgumentError("disk tier: max_queued_blocks must be positive");
   }
   std::error_code ec;
   std::filesystem::create_directories(options.dir, ec);

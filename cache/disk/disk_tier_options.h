@@ -12,6 +12,8 @@ namespace prefixd {
 
 inline constexpr int64_t kDefaultDiskTierMaxBytes = int64_t{8} << 30;
 
+// dir and max_bytes are prefixd flags (--cache-dir, --cache-dir-bytes); DiskTier::Open checks
+// them, naming the flag.
 struct DiskTierOptions {
   std::string dir;  // created (with its parents) when absent
   // Cap on the bytes of block files in `dir`. 0: the smaller of 8 GiB and half the free space

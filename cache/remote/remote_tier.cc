@@ -195,8 +195,11 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Open(const RemoteTierOpt
   absl::StatusOr<RemoteEndpoint> endpoint = ParseRemoteUrl(options.url);
   if (!endpoint.ok()) return endpoint.status();
   if (absl::Status s = ValidateDiskLayout(layout); !s.ok()) return s;
-  if (options.timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("the remote tier's timeout must be positive");
+  if (options.timeout <= absl::ZeroDuration() || options.timeout > kMaxRemoteTierTimeout) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv-remote-timeout must be above 0 and at most ",
+                     absl::FormatDuration(kMaxRemoteTierTimeout), ", got ",
+                     absl::FormatDuration(options.timeout)));
   }
   if (options.backoff_min <= absl::ZeroDuration() || options.backoff_max < options.backoff_min) {
     return absl::InvalidArgumentError("the remote tier needs 0 < backoff_min <= backoff_max");

@@ -12,6 +12,11 @@
 
 namespace prefixd {
 
+// The engine thread waits up to the timeout on every match: longer would stall every step.
+inline constexpr absl::Duration kMaxRemoteTierTimeout = absl::Seconds(10);
+
+// url, key_prefix and timeout are prefixd flags (--kv-remote, --kv-remote-prefix,
+// --kv-remote-timeout); RemoteTier::Open checks them, naming the flag.
 struct RemoteTierOptions {
   // redis://HOST:PORT[/DB] or unix:///path/to/redis.sock (a Redis or Valkey server); empty:
   // no remote tier. A password never goes in the URL (it would show in `ps`): see `password`.

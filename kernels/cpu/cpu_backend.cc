@@ -74,9 +74,6 @@ class CpuBackend final : public Backend {
   absl::Status WriteKvBlock(int32_t block, absl::Span<const uint8_t> data) override;
   absl::Status Forward(absl::Span<const SequenceStep> steps, std::vector<float>* logits) override;
 
-  absl::Span<float> kv_pool() {
-    return absl::MakeSpan(kv_.get(), num_blocks_ * geometry_.block_stride());
-  }
 
  private:
   absl::Status Validate(absl::Span<const SequenceStep> steps) const;
@@ -124,7 +121,7 @@ CpuBackend::CpuBackend(const Model& model, const CpuBackendOptions& options, int
                        int threads)
     : config_(model.config()), dtype_(options.dtype), num_blocks_(num_blocks), pool_(threads) {
   const int64_t e = config_.n_embd;
-  geometry_ = {config_.n_layer, config_.n_head, config_.head_dim(), options.block_size};
+  geometry_ = {config_.n_layer, config_.n_head, config_.head_dim(), options.kv_pool.block_size};
   // Every weight as the chosen dtype holds it (exact for f32, and for a checkpoint already
   // in that dtype); the matrices are rounded the same way by Pack.
   auto f = [&](const std::string& name) {
@@ -377,30 +374,22 @@ absl::Status CpuBackend::Forward(absl::Span<const SequenceStep> steps, std::vect
 
 }  // namespace
 
-absl::Span<float> CpuBackendKvPool(Backend& backend) {
-  auto* cpu = dynamic_cast<CpuBackend*>(&backend);
-  PREFIXD_CHECK_MSG(cpu != nullptr, "CpuBackendKvPool: not a CPU backend");
-  return cpu->kv_pool();
-}
-
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOptions& options) {
   if (options.model == nullptr) return absl::InvalidArgumentError("CPU backend: no model");
-  if (options.block_size <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CPU backend: block size must be positive, got ", options.block_size));
-  }
-  if (options.threads < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CPU backend: thread count must be >= 0, got ", options.threads));
+  if (absl::Status s = ValidateKvPoolOptions(options.kv_pool); !s.ok()) return s;
+  if (options.threads < 0 || options.threads > kMaxCpuBackendThreads) {
+    return absl::InvalidArgumentError(absl::StrCat("--threads must be 0 (all cores) or 1 to ",
+                                                   kMaxCpuBackendThreads, ", got ",
+                                                   options.threads));
   }
   const ModelConfig& c = options.model->config();
   const int64_t per_token = KvBytesPerToken(c.n_layer, c.n_head, c.head_dim(), 4);
-  const int64_t num_blocks =
-      KvBlocksForBudget(options.kv_cache_bytes, options.block_size, per_token);
+  const int32_t bs = options.kv_pool.block_size;
+  const int64_t num_blocks = KvBlocksForBudget(options.kv_pool.budget_bytes, bs, per_token);
   if (num_blocks <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "CPU backend: a KV budget of ", options.kv_cache_bytes, " bytes holds no block of ",
-        options.block_size, " tokens (", options.block_size * per_token, " bytes each)"));
+        "CPU backend: a KV budget of ", options.kv_pool.budget_bytes, " bytes holds no block of ",
+        bs, " tokens (", bs * per_token, " bytes each)"));
   }
   int threads = options.threads;
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());

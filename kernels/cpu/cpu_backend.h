@@ -12,8 +12,10 @@
 // scale per 32 K rows, and the products round their input rows the same way and multiply
 // bytes (matmul.h); vectors (biases, layer norms, positions) stay fp32. It keeps the same
 // invariance with its own arithmetic. KV storage for
-// KvBlocksForBudget(kv_cache_bytes, block_size, KvBytesPerToken(L, H, hd, 4)) blocks is
-// allocated once and never grown.
+// KvBlocksForBudget(kv_pool.budget_bytes, kv_pool.block_size, KvBytesPerToken(L, H, hd, 4))
+// blocks is allocated once and never grown; block b is [n_layer][2][n_head][block_size]
+// [head_dim] floats, what ReadKvBlock/WriteKvBlock move (tests plant and inspect the pool that
+// way: tests/kernels/kv_pool_access.h).
 #ifndef PREFIXD_KERNELS_CPU_CPU_BACKEND_H_
 #define PREFIXD_KERNELS_CPU_CPU_BACKEND_H_
 
@@ -22,7 +24,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "absl/types/span.h"
+#include "cache/kv_pool.h"
 #include "engine/backend.h"
 #include "engine/dtype.h"
 #include "engine/model.h"
@@ -33,23 +35,23 @@ namespace prefixd {
 // changes a K/V bit, so that a disk tier written by the old arithmetic is not read by the new.
 inline constexpr std::string_view kCpuKvNumerics = "cpu r1";
 
+// More threads than any machine has cores would only cost memory (each has a stack) and
+// start-up time; far more fail to start at all.
+inline constexpr int32_t kMaxCpuBackendThreads = 1024;
+
 struct CpuBackendOptions {
   const Model* model = nullptr;  // read during CreateCpuBackend only
-  int64_t kv_cache_bytes = 0;
-  int32_t block_size = 16;
-  int32_t threads = 0;        // 0 = std::thread::hardware_concurrency()
-  DType dtype = DType::kF32;  // of the weights (see above)
+  DType dtype = DType::kF32;     // of the weights (see above)
+  // --kv-cache-bytes and --block-size. The budget must hold at least one block: 0 holds none
+  // here (the server's factory turns 0 into DefaultCpuKvBudget first).
+  KvPoolOptions kv_pool;
+  int32_t threads = 0;  // --threads: 0 = std::thread::hardware_concurrency()
 };
 
-// INVALID_ARGUMENT when the model is null, the block size or thread count is not positive,
-// or the budget holds zero blocks.
+// INVALID_ARGUMENT when the model is null, the KV pool's options are bad
+// (ValidateKvPoolOptions), the thread count is outside 0 to kMaxCpuBackendThreads, or the
+// budget holds zero blocks; the flags' errors name the flag.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOptions& options);
-
-// The raw KV pool of a backend made by CreateCpuBackend (PREFIXD_CHECKs that it is one):
-// [num_blocks][n_layer][2 (K, V)][n_head][block_size][head_dim] floats. For tests and
-// diagnostics that must plant or inspect K/V (copy-on-write patterns, wrong-reuse
-// demonstrations); the engine never needs it.
-absl::Span<float> CpuBackendKvPool(Backend& backend);
 
 }  // namespace prefixd
 

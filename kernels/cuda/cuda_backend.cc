@@ -136,7 +136,7 @@ class CudaBackend final : public Backend {
   std::string kv_numerics() const override { return kv_numerics_; }
   DType dtype() const override { return options_.dtype; }
   int64_t num_blocks() const override { return num_blocks_; }
-  int32_t block_size() const override { return options_.block_size; }
+  int32_t block_size() const override { return options_.kv_pool.block_size; }
   int64_t kv_bytes_per_token() const override {
     return KvBytesPerToken(config_.n_layer, config_.n_head, config_.head_dim(),
                            DTypeSize(options_.dtype));
@@ -284,8 +284,9 @@ absl::Status CudaBackend::Init() {
   kv_numerics_ = absl::StrCat("cuda r1 sm_", cc_major, cc_minor, " cublas ", cublas_version);
 
   n_inner_ = static_cast<int32_t>(options_.model->Get("h.0.mlp.c_fc.weight").shape[1]);
-  max_blocks_per_seq_ = (config_.n_positions + options_.block_size - 1) / options_.block_size;
-  layout_ = {config_.n_layer, config_.n_head, options_.block_size, config_.head_dim()};
+  const int32_t bs = options_.kv_pool.block_size;
+  max_blocks_per_seq_ = (config_.n_positions + bs - 1) / bs;
+  layout_ = {config_.n_layer, config_.n_head, bs, config_.head_dim()};
 
   if (absl::Status s = UploadWeights(); !s.ok()) return s;
 
@@ -329,11 +330,11 @@ absl::Status CudaBackend::Init() {
   size_t free_bytes = 0, total_bytes = 0;
   PREFIXD_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
   cuda::KvPoolRequest request;
-  request.budget_bytes = options_.kv_cache_bytes;
+  request.budget_bytes = options_.kv_pool.budget_bytes;
   request.fraction = options_.kv_cache_fraction;
   request.free_bytes = static_cast<int64_t>(free_bytes);
   request.block_bytes = layout_.block_elems() * elt;
-  request.block_size = options_.block_size;
+  request.block_size = options_.kv_pool.block_size;
   absl::StatusOr<cuda::KvPoolPlan> plan = cuda::PlanKvPool(request);
   if (!plan.ok()) return plan.status();
   num_blocks_ = plan->num_blocks;
@@ -505,7 +506,7 @@ absl::Status CudaBackend::EnqueueForward(const PassMeta& m) {
 }
 
 absl::Status CudaBackend::ValidateSteps(absl::Span<const SequenceStep> steps) const {
-  const int32_t bs = options_.block_size;
+  const int32_t bs = options_.kv_pool.block_size;
   for (size_t i = 0; i < steps.size(); ++i) {
     const SequenceStep& s = steps[i];
     const int64_t n = static_cast<int64_t>(s.token_ids.size());
@@ -541,7 +542,7 @@ PassMeta CudaBackend::WriteMeta(absl::Span<const SequenceStep> steps,
                                 int32_t row_cap, int32_t num_tokens, int32_t num_rows) {
   const int32_t seq_cap = token_cap;
   const MetaLayout L(token_cap, row_cap, seq_cap, max_blocks_per_seq_);
-  const int32_t bs = options_.block_size;
+  const int32_t bs = options_.kv_pool.block_size;
   int32_t t = 0, r = 0;
   for (size_t p = 0; p < pieces.size(); ++p) {
     const StepPiece& piece = pieces[p];
@@ -748,7 +749,7 @@ absl::Status CudaBackend::CopyBlocks(absl::Span<const BlockCopy> copies) {
   if (!broken_.ok()) return broken_;
   for (const BlockCopy& c : copies) {
     if (c.src < 0 || c.src >= num_blocks_ || c.dst < 0 || c.dst >= num_blocks_ || c.src == c.dst ||
-        c.num_rows < 0 || c.num_rows > options_.block_size) {
+        c.num_rows < 0 || c.num_rows > options_.kv_pool.block_size) {
       return absl::InvalidArgumentError(
           absl::StrFormat("bad block copy %d -> %d (%d rows)", c.src, c.dst, c.num_rows));
     }
@@ -834,13 +835,13 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOpti
         "the CUDA backend has no int8 weights (--dtype int8 is CPU only; use f32, f16 or bf16)");
   }
   const ModelConfig& c = options.model->config();
-  if (options.block_size < 1) return absl::InvalidArgumentError("block_size must be >= 1");
+  if (absl::Status s = ValidateKvPoolOptions(options.kv_pool); !s.ok()) return s;
   if (options.max_step_tokens < 1 || options.max_logit_rows < 1) {
     return absl::InvalidArgumentError("max_step_tokens and max_logit_rows must be >= 1");
   }
-  if (options.kv_cache_bytes < 0 || options.kv_cache_fraction <= 0 ||
-      options.kv_cache_fraction > 1) {
-    return absl::InvalidArgumentError("bad KV cache budget");
+  if (options.kv_cache_fraction <= 0 || options.kv_cache_fraction > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv_cache_fraction must be in (0, 1], got ", options.kv_cache_fraction));
   }
   if (c.n_head < 1 || c.n_embd % c.n_head != 0 || c.head_dim() > cuda::kMaxAttentionHeadDim) {
     return absl::InvalidArgumentError(

@@ -33,6 +33,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "cache/kv_pool.h"
 #include "engine/backend.h"
 #include "engine/dtype.h"
 #include "engine/model.h"
@@ -42,12 +43,12 @@ namespace prefixd {
 struct CudaBackendOptions {
   const Model* model = nullptr;  // read during CreateCudaBackend only (weights are copied)
   DType dtype = DType::kBF16;
-  // KV pool size in bytes, its scratch block included; at most the device memory left free
-  // after the weights and activation buffers less a headroom (kernels/cuda/kv_budget.h).
-  // 0: kv_cache_fraction of that free memory, within the same headroom.
-  int64_t kv_cache_bytes = 0;
+  // kv_pool.budget_bytes: the KV pool in bytes, its scratch block included; at most the
+  // device memory left free after the weights and activation buffers less a headroom
+  // (kernels/cuda/kv_budget.h). 0: kv_cache_fraction of that free memory, within the same
+  // headroom.
+  KvPoolOptions kv_pool;
   double kv_cache_fraction = 0.8;
-  int32_t block_size = 16;
   int device = 0;
   // Replay decode-only steps (one token per sequence) as CUDA graphs.
   bool use_cuda_graphs = true;
@@ -68,9 +69,10 @@ struct CudaBackendOptions {
 // was and, where a driver is present, no last error behind.
 absl::Status CudaDeviceAvailable(int device = 0);
 
-// UNAVAILABLE when no usable device, INVALID_ARGUMENT for bad options or an unsupported
-// model shape (head_dim > 128), RESOURCE_EXHAUSTED when the weights, the buffers (device or
-// pinned host memory) or the KV budget do not fit, INTERNAL (fatal) for other CUDA failures.
+// UNAVAILABLE when no usable device, INVALID_ARGUMENT for bad options (the KV pool's from
+// ValidateKvPoolOptions, naming the flags) or an unsupported model shape (head_dim > 128),
+// RESOURCE_EXHAUSTED when the weights, the buffers (device or pinned host memory) or the KV
+// budget do not fit, INTERNAL (fatal) for other CUDA failures.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOptions& options);
 
 }  // namespace prefixd

@@ -14,6 +14,7 @@
 #include "cache/token_chain.h"
 #include "tests/cache/fork_chains.h"
 #include "gtest/gtest.h"
+#include "tests/cache/kv_cache_test_peer.h"
 
 namespace prefixd {
 namespace {
@@ -63,8 +64,8 @@ class KvCachePatternTest : public ::testing::Test {
  protected:
   KvCachePatternTest() : storage_(kBlocks) {
     KvCacheOptions o;
-    o.num_blocks = kBlocks;
-    o.block_size = kBlock;
+    o.pool.num_blocks = kBlocks;
+    o.pool.block_size = kBlock;
     cache_ = std::move(*KvCache::Create(o));
   }
 
@@ -104,7 +105,7 @@ class KvCachePatternTest : public ::testing::Test {
 
   // Every indexed block holds its prefix's rows.
   void ExpectIndexIntact() {
-    for (const IndexedBlockInfo& info : cache_->IndexedBlocks()) {
+    for (const IndexedBlockInfo& info : KvCacheTestPeer::IndexedBlocks(*cache_)) {
       const int first = static_cast<int>(info.tokens.size()) - kBlock;
       int bad = 0;
       for (int r = 0; r < kBlock; ++r)

@@ -26,6 +26,7 @@
 #include "cache/token_chain.h"
 #include "tests/cache/fork_chains.h"
 #include "gtest/gtest.h"
+#include "tests/cache/kv_cache_test_peer.h"
 
 namespace prefixd {
 namespace {
@@ -47,9 +48,9 @@ class RandomRun {
  public:
   RandomRun(const Config& config, uint64_t seed) : cfg_(config), rng_(seed) {
     KvCacheOptions o;
-    o.num_blocks = cfg_.num_blocks;
-    o.block_size = cfg_.block_size;
-    o.bytes_per_token = 8;
+    o.pool.num_blocks = cfg_.num_blocks;
+    o.pool.block_size = cfg_.block_size;
+    o.pool.bytes_per_token = 8;
     o.enable_prefix_cache = cfg_.prefix_cache;
     o.clock = [this] { return now_; };
     cache_ = std::move(*KvCache::Create(o));
@@ -181,9 +182,9 @@ class RandomRun {
 
     const int32_t expect_hit = cfg_.prefix_cache ? NaiveHit(m.root, m.tokens) : 0;
     const KvCacheStats before = cache_->Stats();
-    const std::string state = cache_->DebugState();
+    const std::string state = KvCacheTestPeer::DebugState(*cache_);
     auto plan = cache_->PlanAdmission(r);
-    ASSERT_EQ(cache_->DebugState(), state) << "PlanAdmission changed the state";
+    ASSERT_EQ(KvCacheTestPeer::DebugState(*cache_), state) << "PlanAdmission changed the state";
     auto allocate_for = [&](int32_t hit) -> int64_t {
       const int64_t cap_blocks =
           (std::max({r.reserve_tokens, hit + r.reserve_uncached_tokens, hit + 1}) +
@@ -225,11 +226,11 @@ class RandomRun {
   // Reserves rows up to `to`, writes [computed, to) and marks them computed.
   void ComputeTo(SequenceId id, int32_t to) {
     ModelSeq& m = seqs_.at(id);
-    const std::string state = cache_->DebugState();
+    const std::string state = KvCacheTestPeer::DebugState(*cache_);
     auto copies = cache_->Reserve(id, to);
     if (!copies.ok()) {
       ASSERT_EQ(copies.status().code(), absl::StatusCode::kResourceExhausted);
-      ASSERT_EQ(cache_->DebugState(), state) << "failed Reserve changed the state";
+      ASSERT_EQ(KvCacheTestPeer::DebugState(*cache_), state) << "failed Reserve changed the state";
       return;
     }
     ExecuteCopies(*copies);
@@ -301,7 +302,7 @@ class RandomRun {
   std::set<Prefix> SyncEvictions() {
     const int32_t bs = cfg_.block_size;
     std::set<Prefix> actual;
-    for (const IndexedBlockInfo& info : cache_->IndexedBlocks()) {
+    for (const IndexedBlockInfo& info : KvCacheTestPeer::IndexedBlocks(*cache_)) {
       int root = 0;
       while (roots_[root] != info.root) ++root;
       for (int32_t r = 0; r < bs; ++r) {  // an indexed block's rows hold its prefix's values

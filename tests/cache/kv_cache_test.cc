@@ -12,6 +12,7 @@
 #include "cache/block_key.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/cache/kv_cache_test_peer.h"
 
 namespace prefixd {
 namespace {
@@ -36,9 +37,9 @@ class KvCacheTest : public ::testing::Test {
  protected:
   void Make(int32_t num_blocks, bool prefix_cache = true) {
     KvCacheOptions o;
-    o.num_blocks = num_blocks;
-    o.block_size = 4;
-    o.bytes_per_token = 100;
+    o.pool.num_blocks = num_blocks;
+    o.pool.block_size = 4;
+    o.pool.bytes_per_token = 100;
     o.enable_prefix_cache = prefix_cache;
     o.clock = [this] { return now_; };
     auto c = KvCache::Create(o);
@@ -86,11 +87,15 @@ class KvCacheTest : public ::testing::Test {
 
 TEST_F(KvCacheTest, CreateRejectsBadOptions) {
   KvCacheOptions o;
-  o.num_blocks = 4;
-  o.block_size = 12;
+  // The pool is the backend's; the operator's block size was checked where it was read
+  // (ValidateKvPoolOptions), so the cache asks only for a pool it can index.
+  o.pool.num_blocks = 4;
+  o.pool.block_size = 0;
   EXPECT_EQ(KvCache::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
-  o.block_size = 16;
-  o.num_blocks = 0;
+  o.pool.block_size = 16;
+  o.pool.num_blocks = 0;
+  EXPECT_EQ(KvCache::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.pool.num_blocks = int64_t{1} << 31;
   EXPECT_EQ(KvCache::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -98,31 +103,31 @@ TEST_F(KvCacheTest, SharedPrefixIsSharedByReference) {
   Make(8);
   SequenceId a = Prefill(Iota(10));
   EXPECT_THAT(Table(a), ElementsAre(0, 1, 2));
-  EXPECT_TRUE(cache_->IsIndexed(0));
-  EXPECT_TRUE(cache_->IsIndexed(1));
-  EXPECT_FALSE(cache_->IsIndexed(2));  // partly filled: never indexed
+  EXPECT_TRUE(KvCacheTestPeer::IsIndexed(*cache_, 0));
+  EXPECT_TRUE(KvCacheTestPeer::IsIndexed(*cache_, 1));
+  EXPECT_FALSE(KvCacheTestPeer::IsIndexed(*cache_, 2));  // partly filled: never indexed
 
   Admission b = Admit(Concat(Iota(8), {100, 101}));
   EXPECT_EQ(b.num_cached, 8);
   EXPECT_THAT(b.copies, IsEmpty());
   EXPECT_THAT(Table(b.seq), ElementsAre(0, 1, 3));
-  EXPECT_EQ(cache_->RefCount(0), 2);
-  EXPECT_EQ(cache_->RefCount(1), 2);
-  EXPECT_EQ(cache_->RefCount(2), 1);
-  EXPECT_EQ(cache_->RefCount(3), 1);
+  EXPECT_EQ(KvCacheTestPeer::RefCount(*cache_, 0), 2);
+  EXPECT_EQ(KvCacheTestPeer::RefCount(*cache_, 1), 2);
+  EXPECT_EQ(KvCacheTestPeer::RefCount(*cache_, 2), 1);
+  EXPECT_EQ(KvCacheTestPeer::RefCount(*cache_, 3), 1);
   EXPECT_EQ(cache_->NumComputed(b.seq), 8);
-  EXPECT_THAT(cache_->FreeList(), ElementsAre(4, 5, 6, 7));
+  EXPECT_THAT(KvCacheTestPeer::FreeList(*cache_), ElementsAre(4, 5, 6, 7));
 
   cache_->Release(a);
   cache_->CheckInvariants();
-  EXPECT_EQ(cache_->StateOf(2), BlockState::kFree);
-  EXPECT_THAT(cache_->FreeList(), ElementsAre(4, 5, 6, 7, 2));
+  EXPECT_EQ(KvCacheTestPeer::StateOf(*cache_, 2), BlockState::kFree);
+  EXPECT_THAT(KvCacheTestPeer::FreeList(*cache_), ElementsAre(4, 5, 6, 7, 2));
   cache_->Release(b.seq);
   cache_->CheckInvariants();
-  EXPECT_EQ(cache_->StateOf(0), BlockState::kCached);
-  EXPECT_EQ(cache_->StateOf(1), BlockState::kCached);
-  EXPECT_THAT(cache_->FreeList(), ElementsAre(4, 5, 6, 7, 2, 3));
-  EXPECT_THAT(cache_->EvictionOrder(), ElementsAre(1, 0));  // leaf before parent
+  EXPECT_EQ(KvCacheTestPeer::StateOf(*cache_, 0), BlockState::kCached);
+  EXPECT_EQ(KvCacheTestPeer::StateOf(*cache_, 1), BlockState::kCached);
+  EXPECT_THAT(KvCacheTestPeer::FreeList(*cache_), ElementsAre(4, 5, 6, 7, 2, 3));
+  EXPECT_THAT(KvCacheTestPeer::EvictionOrder(*cache_), ElementsAre(1, 0));  // leaf before parent
 
   KvCacheStats s = cache_->Stats();
   EXPECT_EQ(s.queried_tokens, 20u);
@@ -137,15 +142,15 @@ TEST_F(KvCacheTest, SharedPrefixIsSharedByReference) {
 TEST_F(KvCacheTest, PartialMatchCopiesMatchingRows) {
   Make(8);
   cache_->Release(Prefill(Iota(8)));  // blocks 0 [0..3], 1 [4..7] cached
-  EXPECT_THAT(cache_->FreeList(), ElementsAre(2, 3, 4, 5, 6, 7));
+  EXPECT_THAT(KvCacheTestPeer::FreeList(*cache_), ElementsAre(2, 3, 4, 5, 6, 7));
 
   // Block 1 matches only its first two tokens: share block 0, copy two rows of block 1.
   Admission b = Admit({0, 1, 2, 3, 4, 5, 50, 51, 52});
   EXPECT_EQ(b.num_cached, 6);
   EXPECT_THAT(Table(b.seq), ElementsAre(0, 2, 3));
   EXPECT_THAT(b.copies, ElementsAre(BlockCopy{1, 2, 2}));
-  EXPECT_EQ(cache_->RefCount(0), 1);
-  EXPECT_EQ(cache_->StateOf(1), BlockState::kCached);  // the source stays cached
+  EXPECT_EQ(KvCacheTestPeer::RefCount(*cache_, 0), 1);
+  EXPECT_EQ(KvCacheTestPeer::StateOf(*cache_, 1), BlockState::kCached);  // the source stays cached
   EXPECT_EQ(cache_->NumComputed(b.seq), 6);
   EXPECT_EQ(cache_->Stats().cow_copies, 1u);
   EXPECT_EQ(cache_->Stats().cow_rows, 2u);
@@ -153,8 +158,8 @@ TEST_F(KvCacheTest, PartialMatchCopiesMatchingRows) {
   // Completing the copied block with other tokens indexes it as block 1's sibling.
   cache_->MarkComputed(b.seq, 9);
   cache_->CheckInvariants();
-  EXPECT_TRUE(cache_->IsIndexed(2));
-  EXPECT_FALSE(cache_->IsIndexed(3));
+  EXPECT_TRUE(KvCacheTestPeer::IsIndexed(*cache_, 2));
+  EXPECT_FALSE(KvCacheTestPeer::IsIndexed(*cache_, 3));
 }
 
 // A request that needs the whole pool, whose best match ends inside a cached block: the
@@ -220,8 +225,8 @@ TEST_F(KvCacheTest, LastPromptTokenIsAlwaysComputed) {
   cache_->MarkComputed(b.seq, 8);
   cache_->CheckInvariants();
   EXPECT_THAT(Table(b.seq), ElementsAre(0, 1));
-  EXPECT_EQ(cache_->StateOf(2), BlockState::kFree);
-  EXPECT_EQ(cache_->RefCount(1), 1);
+  EXPECT_EQ(KvCacheTestPeer::StateOf(*cache_, 2), BlockState::kFree);
+  EXPECT_EQ(KvCacheTestPeer::RefCount(*cache_, 1), 1);
   EXPECT_EQ(cache_->Stats().hit_tokens, 7u);
 
   // A one-token prompt is never served from the cache.
@@ -237,29 +242,29 @@ TEST_F(KvCacheTest, ForkSharesEveryBlockAndCopiesOnFirstWrite) {
   std::vector<SequenceId> kids = testing::ForkCopies(*cache_, p, 3);
   cache_->CheckInvariants();
   ASSERT_EQ(kids.size(), 3u);
-  EXPECT_EQ(cache_->RefCount(0), 4);
-  EXPECT_EQ(cache_->RefCount(1), 4);
+  EXPECT_EQ(KvCacheTestPeer::RefCount(*cache_, 0), 4);
+  EXPECT_EQ(KvCacheTestPeer::RefCount(*cache_, 1), 4);
   for (SequenceId k : kids) {
     EXPECT_THAT(Table(k), ElementsAre(0, 1));
     EXPECT_EQ(cache_->NumComputed(k), 6);
   }
   // Each child's first write into the shared partial block copies its two rows.
   EXPECT_THAT(Decode(kids[0], 100), ElementsAre(BlockCopy{1, 2, 2}));
-  EXPECT_EQ(cache_->RefCount(1), 3);
+  EXPECT_EQ(KvCacheTestPeer::RefCount(*cache_, 1), 3);
   EXPECT_THAT(Decode(kids[1], 101), ElementsAre(BlockCopy{1, 3, 2}));
   EXPECT_THAT(Decode(kids[2], 102), ElementsAre(BlockCopy{1, 4, 2}));
-  EXPECT_EQ(cache_->RefCount(1), 1);
+  EXPECT_EQ(KvCacheTestPeer::RefCount(*cache_, 1), 1);
   // The parent is the last owner: it writes in place.
   EXPECT_THAT(Decode(p, 103), IsEmpty());
   EXPECT_THAT(Table(p), ElementsAre(0, 1));
   EXPECT_THAT(Table(kids[0]), ElementsAre(0, 2));
   EXPECT_THAT(Table(kids[2]), ElementsAre(0, 4));
-  EXPECT_EQ(cache_->RefCount(0), 4);
+  EXPECT_EQ(KvCacheTestPeer::RefCount(*cache_, 0), 4);
   // A second write into the now private block needs no copy.
   EXPECT_THAT(Decode(kids[0], 104), IsEmpty());
   EXPECT_EQ(cache_->Stats().cow_copies, 3u);
   // Filling block 2 indexes it under its own tokens [4, 5, 100, 104].
-  EXPECT_TRUE(cache_->IsIndexed(2));
+  EXPECT_TRUE(KvCacheTestPeer::IsIndexed(*cache_, 2));
   for (SequenceId k : kids) cache_->Release(k);
   cache_->Release(p);
   cache_->CheckInvariants();
@@ -280,15 +285,15 @@ TEST_F(KvCacheTest, EvictionUnderPressureTakesLeastRecentlyUsedLeavesFirst) {
   cache_->Release(Prefill(Iota(8)));  // blocks 0 <- 1, released at t=10
   now_ = 20;
   cache_->Release(Prefill(Iota(8, 100)));  // blocks 2 <- 3, released at t=20
-  EXPECT_THAT(cache_->FreeList(), IsEmpty());
-  EXPECT_THAT(cache_->EvictionOrder(), ElementsAre(1, 0, 3, 2));
+  EXPECT_THAT(KvCacheTestPeer::FreeList(*cache_), IsEmpty());
+  EXPECT_THAT(KvCacheTestPeer::EvictionOrder(*cache_), ElementsAre(1, 0, 3, 2));
 
   // A new 8-token prompt needs two blocks: the oldest chain goes, leaf first.
   Admission c = Admit(Iota(8, 200));
   EXPECT_EQ(c.num_cached, 0);
   EXPECT_THAT(Table(c.seq), ElementsAre(1, 0));
   EXPECT_EQ(cache_->Stats().evictions, 2u);
-  EXPECT_THAT(cache_->EvictionOrder(), ElementsAre(3, 2));
+  EXPECT_THAT(KvCacheTestPeer::EvictionOrder(*cache_), ElementsAre(3, 2));
 
   // The evicted prefix misses now; the surviving one still hits (once C's blocks can make
   // room for the one block it needs: the two it reuses cannot).
@@ -312,14 +317,14 @@ TEST_F(KvCacheTest, InjectedClockOrdersEviction) {
   cache_->Release(Prefill(Iota(4)));       // block 0 at t=50
   now_ = 5;                                // the clock is the caller's: not necessarily monotone
   cache_->Release(Prefill(Iota(4, 100)));  // block 1 at t=5
-  EXPECT_THAT(cache_->EvictionOrder(), ElementsAre(1, 0));
+  EXPECT_THAT(KvCacheTestPeer::EvictionOrder(*cache_), ElementsAre(1, 0));
   // Using block 1 again refreshes it.
   now_ = 60;
   cache_->Release(Prefill(Concat(Iota(4, 100), {7})));
-  EXPECT_THAT(cache_->EvictionOrder(), ElementsAre(0, 1));
+  EXPECT_THAT(KvCacheTestPeer::EvictionOrder(*cache_), ElementsAre(0, 1));
   EXPECT_EQ(cache_->Evict(1), 1);
   cache_->CheckInvariants();
-  EXPECT_EQ(cache_->StateOf(0), BlockState::kFree);
+  EXPECT_EQ(KvCacheTestPeer::StateOf(*cache_, 0), BlockState::kFree);
 }
 
 TEST_F(KvCacheTest, ParentIsNeverEvictedBeforeItsCachedChildren) {
@@ -329,10 +334,10 @@ TEST_F(KvCacheTest, ParentIsNeverEvictedBeforeItsCachedChildren) {
   now_ = 2;
   // A sibling continuation of block 0, released later: block 0 now has two children.
   cache_->Release(Prefill(Concat(Iota(4), {40, 41, 42, 43})));
-  EXPECT_THAT(cache_->EvictionOrder(), ElementsAre(1, 2, 0));
+  EXPECT_THAT(KvCacheTestPeer::EvictionOrder(*cache_), ElementsAre(1, 2, 0));
   EXPECT_EQ(cache_->Evict(2), 2);
   cache_->CheckInvariants();
-  EXPECT_EQ(cache_->StateOf(0), BlockState::kCached);
+  EXPECT_EQ(KvCacheTestPeer::StateOf(*cache_, 0), BlockState::kCached);
   EXPECT_EQ(cache_->Evict(5), 1);
   EXPECT_EQ(cache_->Stats().blocks_cached, 0);
 }
@@ -370,7 +375,7 @@ TEST_F(KvCacheTest, TruncateInsideSharedBlock) {
   cache_->CheckInvariants();
   EXPECT_THAT(Table(k), ElementsAre(0, 1));
   EXPECT_EQ(cache_->NumComputed(k), 6);
-  EXPECT_EQ(cache_->RefCount(1), 2);
+  EXPECT_EQ(KvCacheTestPeer::RefCount(*cache_, 1), 2);
   // Writing row 6 must not touch block 1: the parent and the index still need it.
   cache_->AppendTokens(k, {60, 61});
   auto copies = cache_->Reserve(k, 8);
@@ -379,25 +384,25 @@ TEST_F(KvCacheTest, TruncateInsideSharedBlock) {
   cache_->MarkComputed(k, 8);
   cache_->CheckInvariants();
   EXPECT_THAT(Table(k), ElementsAre(0, 2));
-  EXPECT_EQ(cache_->RefCount(1), 1);
-  EXPECT_TRUE(cache_->IsIndexed(1));
-  EXPECT_TRUE(cache_->IsIndexed(2));
+  EXPECT_EQ(KvCacheTestPeer::RefCount(*cache_, 1), 1);
+  EXPECT_TRUE(KvCacheTestPeer::IsIndexed(*cache_, 1));
+  EXPECT_TRUE(KvCacheTestPeer::IsIndexed(*cache_, 2));
 
   // Alone in an indexed block: still copied, because the index makes it visible.
   cache_->Truncate(p, 5);
-  EXPECT_EQ(cache_->RefCount(1), 1);
+  EXPECT_EQ(KvCacheTestPeer::RefCount(*cache_, 1), 1);
   cache_->AppendTokens(p, {70});
   copies = cache_->Reserve(p, 6);
   ASSERT_TRUE(copies.ok());
   EXPECT_THAT(*copies, ElementsAre(BlockCopy{1, 3, 1}));
-  EXPECT_EQ(cache_->StateOf(1), BlockState::kCached);
+  EXPECT_EQ(KvCacheTestPeer::StateOf(*cache_, 1), BlockState::kCached);
   cache_->CheckInvariants();
 
   // Truncating to a block boundary releases the blocks past it.
   cache_->Truncate(k, 4);
   cache_->CheckInvariants();
   EXPECT_THAT(Table(k), ElementsAre(0));
-  EXPECT_EQ(cache_->StateOf(2), BlockState::kCached);
+  EXPECT_EQ(KvCacheTestPeer::StateOf(*cache_, 2), BlockState::kCached);
 }
 
 TEST_F(KvCacheTest, ResourceExhaustedLeavesStateIdentical) {
@@ -405,7 +410,7 @@ TEST_F(KvCacheTest, ResourceExhaustedLeavesStateIdentical) {
   cache_->Release(Prefill(Iota(8)));     // 0, 1 cached
   SequenceId b = Prefill(Iota(4, 100));  // block 2, owned
   Prefill({300});                        // block 3, owned
-  const std::string before = cache_->DebugState();
+  const std::string before = KvCacheTestPeer::DebugState(*cache_);
 
   AdmissionRequest r;
   std::vector<uint32_t> huge = Iota(17);  // 5 blocks: can never fit
@@ -414,7 +419,7 @@ TEST_F(KvCacheTest, ResourceExhaustedLeavesStateIdentical) {
   auto a = cache_->Admit(r);
   EXPECT_EQ(a.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(a.status().message()), ::testing::HasSubstr("never fit"));
-  EXPECT_EQ(cache_->DebugState(), before);
+  EXPECT_EQ(KvCacheTestPeer::DebugState(*cache_), before);
 
   // Hits blocks 0 and 1 and needs two more; the only candidates are the cached blocks it
   // reuses, which cannot be evicted for it.
@@ -423,14 +428,14 @@ TEST_F(KvCacheTest, ResourceExhaustedLeavesStateIdentical) {
   r.reserve_tokens = 13;
   a = cache_->Admit(r);
   EXPECT_EQ(a.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(cache_->DebugState(), before);
+  EXPECT_EQ(KvCacheTestPeer::DebugState(*cache_), before);
 
   // Growing a sequence past what can be freed fails the same way.
   cache_->AppendTokens(b, Iota(12, 200));
-  const std::string grown = cache_->DebugState();
+  const std::string grown = KvCacheTestPeer::DebugState(*cache_);
   auto copies = cache_->Reserve(b, 16);
   EXPECT_EQ(copies.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(cache_->DebugState(), grown);
+  EXPECT_EQ(KvCacheTestPeer::DebugState(*cache_), grown);
   // ...while what fits succeeds, evicting the cached blocks (leaf first).
   copies = cache_->Reserve(b, 12);
   ASSERT_TRUE(copies.ok());
@@ -443,14 +448,14 @@ TEST_F(KvCacheTest, ResourceExhaustedLeavesStateIdentical) {
 TEST_F(KvCacheTest, PlanIsPureAndStalePlansAreRejected) {
   Make(8);
   cache_->Release(Prefill(Iota(8)));
-  const std::string before = cache_->DebugState();
+  const std::string before = KvCacheTestPeer::DebugState(*cache_);
   AdmissionRequest r;
   std::vector<uint32_t> prompt = Concat(Iota(8), {8, 9});
   r.chain = std::make_shared<TokenChain>(kRoot, cache_->block_size(), prompt);
   r.reserve_uncached_tokens = 1;  // the first prefill chunk: one token past the cache
   auto plan = cache_->PlanAdmission(r);
   ASSERT_TRUE(plan.ok());
-  EXPECT_EQ(cache_->DebugState(), before);
+  EXPECT_EQ(KvCacheTestPeer::DebugState(*cache_), before);
   EXPECT_EQ(plan->num_cached, 8);
   EXPECT_EQ(plan->capacity_tokens, 12);
   EXPECT_EQ(plan->blocks_to_allocate, 1);
@@ -510,16 +515,16 @@ TEST_F(KvCacheTest, BlocksAreIndexedAsSoonAsTheyAreComputed) {
   // Decode fills block 3 with generated tokens: indexed as well.
   for (uint32_t t = 0; t < 4; ++t) Decode(a->seq, 900 + t);
   EXPECT_THAT(Table(a->seq), ElementsAre(0, 1, 2, 3));
-  EXPECT_TRUE(cache_->IsIndexed(3));
+  EXPECT_TRUE(KvCacheTestPeer::IsIndexed(*cache_, 3));
 }
 
 TEST_F(KvCacheTest, NoPrefixCacheModeNeverMatchesOrIndexes) {
   Make(8, /*prefix_cache=*/false);
   SequenceId a = Prefill(Iota(8));
-  EXPECT_FALSE(cache_->IsIndexed(0));
+  EXPECT_FALSE(KvCacheTestPeer::IsIndexed(*cache_, 0));
   cache_->Release(a);
   cache_->CheckInvariants();
-  EXPECT_THAT(cache_->FreeList(), ElementsAre(2, 3, 4, 5, 6, 7, 1, 0));
+  EXPECT_THAT(KvCacheTestPeer::FreeList(*cache_), ElementsAre(2, 3, 4, 5, 6, 7, 1, 0));
   SequenceId b = Prefill(Concat(Iota(8), {1}));
   EXPECT_EQ(cache_->NumComputed(b), 9);
   EXPECT_THAT(Table(b), ElementsAre(2, 3, 4));

@@ -63,8 +63,8 @@ struct CpuEngine {
     const int64_t per_token = KvBytesPerToken(c.n_layer, c.n_head, c.head_dim(), 4);
     CpuBackendOptions b;
     b.model = &model;
-    b.kv_cache_bytes = o.pool_blocks * o.block_size * per_token;
-    b.block_size = o.block_size;
+    b.kv_pool.budget_bytes = o.pool_blocks * o.block_size * per_token;
+    b.kv_pool.block_size = o.block_size;
     b.threads = o.threads;
     b.dtype = o.dtype;
     auto created = CreateCpuBackend(b);

@@ -18,8 +18,7 @@ RequestLimits Limits() {
   l.model_config.vocab_size = 100;
   l.model_config.n_positions = 64;
   l.max_samples = 4;
-  l.block_size = 16;
-  l.pool_blocks = 3;  // 48 tokens: smaller than the context on purpose
+  l.pool = {.num_blocks = 3, .block_size = 16};  // 48 tokens: smaller than the context on purpose
   return l;
 }
 

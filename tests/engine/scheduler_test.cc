@@ -27,9 +27,9 @@ class SchedulerTest : public ::testing::Test {
   void Init(int32_t blocks, int32_t block_size, int32_t max_batch_tokens) {
     backend_ = std::make_unique<FakeBackend>(blocks, block_size, kVocab);
     KvCacheOptions c;
-    c.num_blocks = blocks;
-    c.block_size = block_size;
-    c.bytes_per_token = 8;
+    c.pool.num_blocks = blocks;
+    c.pool.block_size = block_size;
+    c.pool.bytes_per_token = 8;
     cache_ = *KvCache::Create(c);
     ModelConfig config;
     config.n_positions = 1024;

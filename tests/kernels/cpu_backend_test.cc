@@ -14,6 +14,7 @@
 #include "cache/sha256.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/matmul.h"
+#include "tests/kernels/kv_pool_access.h"
 #include "tests/kernels/reference_gpt2.h"
 #include "tests/kernels/test_models.h"
 
@@ -339,12 +340,14 @@ TEST_F(CpuBackendTest, Int8WeightsStayCloseToF32InAboutAQuarterOfTheBytes) {
 TEST_F(CpuBackendTest, CopyBlocksMovesExactlyTheRequestedRows) {
   const Model& model = *odd_;
   auto backend = MakeBackend(model, 1, /*num_blocks=*/6, /*block_size=*/4);
-  absl::Span<float> pool = CpuBackendKvPool(*backend);
+  std::vector<float> pool = ReadKvPool(*backend);
   const ModelConfig& c = model.config();
   const int64_t block_floats = int64_t{4} * KvBytesPerToken(c.n_layer, c.n_head, c.head_dim(), 1);
   ASSERT_EQ(static_cast<int64_t>(pool.size()), 6 * block_floats);
   std::iota(pool.begin(), pool.end(), 0.0f);  // every element distinct (exact below 2^24)
+  WriteKvPool(*backend, pool);
   ASSERT_TRUE(backend->CopyBlocks({BlockCopy{1, 4, 3}, BlockCopy{4, 2, 2}}).ok());
+  pool = ReadKvPool(*backend);
   const int64_t row_floats = c.head_dim();
   for (int64_t i = 0; i < static_cast<int64_t>(pool.size()); ++i) {
     const int64_t block = i / block_floats;
@@ -363,9 +366,9 @@ TEST_F(CpuBackendTest, KvPoolIsSizedByTheBudgetFormula) {
   const int64_t per_token = KvBytesPerToken(c.n_layer, c.n_head, c.head_dim(), 4);
   CpuBackendOptions o;
   o.model = &model;
-  o.block_size = 16;
+  o.kv_pool.block_size = 16;
   o.threads = 1;
-  o.kv_cache_bytes = 5 * 16 * per_token + 16 * per_token - 1;  // 5.99 blocks
+  o.kv_pool.budget_bytes = 5 * 16 * per_token + 16 * per_token - 1;  // 5.99 blocks
   auto b = CreateCpuBackend(o);
   ASSERT_TRUE(b.ok());
   EXPECT_EQ((*b)->num_blocks(), 5);
@@ -374,12 +377,26 @@ TEST_F(CpuBackendTest, KvPoolIsSizedByTheBudgetFormula) {
   EXPECT_EQ((*b)->device_name(), "cpu");
   EXPECT_EQ((*b)->dtype(), DType::kF32);
 
-  o.kv_cache_bytes = 16 * per_token - 1;
+  o.kv_pool.budget_bytes = 16 * per_token - 1;
   EXPECT_EQ(CreateCpuBackend(o).status().code(), absl::StatusCode::kInvalidArgument);
-  o.kv_cache_bytes = 16 * per_token;
-  o.block_size = 0;
-  EXPECT_EQ(CreateCpuBackend(o).status().code(), absl::StatusCode::kInvalidArgument);
-  o.block_size = 16;
+  o.kv_pool.budget_bytes = 16 * per_token;
+  // The flags' errors, each named as the operator types it (ValidateKvPoolOptions, threads).
+  for (int32_t bad : {0, 3, 2048}) {
+    o.kv_pool.block_size = bad;
+    EXPECT_EQ(std::string(CreateCpuBackend(o).status().message()),
+              absl::StrCat("--block-size must be a power of two from 1 to 1024, got ", bad));
+  }
+  o.kv_pool.block_size = 16;
+  o.kv_pool.budget_bytes = -1;
+  EXPECT_EQ(std::string(CreateCpuBackend(o).status().message()),
+            "--kv-cache-bytes must be 0 (the default budget) or positive, got -1");
+  o.kv_pool.budget_bytes = 16 * per_token;
+  for (int32_t bad : {-1, 1025}) {
+    o.threads = bad;
+    EXPECT_EQ(std::string(CreateCpuBackend(o).status().message()),
+              absl::StrCat("--threads must be 0 (all cores) or 1 to 1024, got ", bad));
+  }
+  o.threads = 1;
   o.model = nullptr;
   EXPECT_EQ(CreateCpuBackend(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
@@ -408,7 +425,7 @@ TEST_F(CpuBackendTest, RejectsBadStepsAndCopiesWithoutWriting) {
   EXPECT_EQ(forward({{}, 0, Blocks(1, 1), false}), kInvalid);  // no tokens, no logits
   EXPECT_TRUE(logits.empty());
   // Nothing was written: the pool is still all zeros.
-  for (float x : CpuBackendKvPool(*backend)) ASSERT_EQ(x, 0.0f);
+  for (float x : ReadKvPool(*backend)) ASSERT_EQ(x, 0.0f);
 
   EXPECT_EQ(backend->CopyBlocks({BlockCopy{0, 4, 1}}).code(), kInvalid);
   EXPECT_EQ(backend->CopyBlocks({BlockCopy{-1, 0, 1}}).code(), kInvalid);
@@ -422,8 +439,9 @@ TEST_F(CpuBackendTest, NeverReadsRowsPastThePosition) {
   const Model& model = *odd_;
   auto clean = MakeBackend(model, 1, 8);
   auto dirty = MakeBackend(model, 1, 8);
-  absl::Span<float> pool = CpuBackendKvPool(*dirty);
+  std::vector<float> pool = ReadKvPool(*dirty);
   std::fill(pool.begin(), pool.end(), std::numeric_limits<float>::quiet_NaN());
+  WriteKvPool(*dirty, pool);
   const std::vector<uint32_t> tokens = RandomTokens(19, 8);
   const std::vector<float> want = Prefill(*clean, tokens, {3, 6}, 5);
   const std::vector<float> got = Prefill(*dirty, tokens, {3, 6}, 5);

@@ -76,9 +76,9 @@ inline std::unique_ptr<Backend> MakeBackend(const Model& model, int threads,
   CpuBackendOptions o;
   o.model = &model;
   o.dtype = dtype;
-  o.block_size = block_size;
+  o.kv_pool.block_size = block_size;
   o.threads = threads;
-  o.kv_cache_bytes = num_blocks * block_size * 2 * c.n_layer * c.n_embd * 4;
+  o.kv_pool.budget_bytes = num_blocks * block_size * 2 * c.n_layer * c.n_embd * 4;
   auto b = CreateCpuBackend(o);
   EXPECT_TRUE(b.ok()) << b.status();
   return b.ok() ? std::move(*b) : nullptr;

@@ -18,6 +18,7 @@
 #include "cache/kv_layout.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/kernels/kv_pool_access.h"
 #include "tests/kernels/test_models.h"
 
 namespace prefixd {
@@ -66,10 +67,10 @@ class WrongReuseTest : public ::testing::Test {
 
   std::unique_ptr<KvCache> NewCache(bool prefix_cache, int32_t num_blocks) const {
     KvCacheOptions o;
-    o.num_blocks = num_blocks;
-    o.block_size = kBlockSize;
+    o.pool.num_blocks = num_blocks;
+    o.pool.block_size = kBlockSize;
     const ModelConfig& c = model_->config();
-    o.bytes_per_token = KvBytesPerToken(c.n_layer, c.n_head, c.head_dim(), 4);
+    o.pool.bytes_per_token = KvBytesPerToken(c.n_layer, c.n_head, c.head_dim(), 4);
     o.enable_prefix_cache = prefix_cache;
     auto cache = KvCache::Create(o);
     EXPECT_TRUE(cache.ok()) << cache.status();
@@ -223,9 +224,7 @@ TEST_F(WrongReuseTest, WeightsChangedByTwoPercentInOneLayer) {
       CacheRootKey((*changed)->manifest_sha256(), CacheNamespace("tenant-a", ""));
   const Served built = Serve(*cache_, *other_backend, other_root, prompt_);
   cache_->Release(built.seq);
-  const absl::Span<float> from = CpuBackendKvPool(*other_backend);
-  const absl::Span<float> to = CpuBackendKvPool(*backend_);
-  std::copy(from.begin(), from.end(), to.begin());
+  WriteKvPool(*backend_, ReadKvPool(*other_backend));
 
   const std::vector<int32_t> wrong_table = {built.table[0], built.table[1], 20};
   const std::vector<float> wrong = Prefill(*backend_, prompt_, wrong_table, 0, /*from=*/32);

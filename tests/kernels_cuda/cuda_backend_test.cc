@@ -87,8 +87,8 @@ class CudaBackendTest : public ::testing::TestWithParam<DType> {
     CudaBackendOptions o;
     o.model = model_;
     o.dtype = GetParam();
-    o.kv_cache_bytes = 64 << 20;
-    o.block_size = 16;
+    o.kv_pool.budget_bytes = 64 << 20;
+    o.kv_pool.block_size = 16;
     o.use_cuda_graphs = graphs;
     o.max_step_tokens = max_step_tokens;
     return o;
@@ -104,8 +104,8 @@ class CudaBackendTest : public ::testing::TestWithParam<DType> {
   std::unique_ptr<Backend> Cpu() {
     CpuBackendOptions o;
     o.model = model_;
-    o.kv_cache_bytes = 16 << 20;
-    o.block_size = 16;
+    o.kv_pool.budget_bytes = 16 << 20;
+    o.kv_pool.block_size = 16;
     o.threads = 2;
     auto b = CreateCpuBackend(o);
     EXPECT_TRUE(b.ok()) << b.status();
@@ -334,7 +334,7 @@ TEST_P(CudaBackendTest, StartUpOutOfMemoryIsResourceExhaustedAndLeavesNoError) {
   size_t free_bytes = 0, total_bytes = 0;
   ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
   CudaBackendOptions too_big = Options();
-  too_big.kv_cache_bytes = static_cast<int64_t>(total_bytes);
+  too_big.kv_pool.budget_bytes = static_cast<int64_t>(total_bytes);
   absl::StatusOr<std::unique_ptr<Backend>> b = CreateCudaBackend(too_big);
   EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted) << b.status();
   EXPECT_FALSE(IsFatalDeviceError(b.status()));

@@ -44,7 +44,7 @@ class HttpApiTest : public ::testing::Test {
     model_dir_ = dir_->path() + "/tiny-model";
     ASSERT_TRUE(WriteTinyModel(model_dir_).ok());
     ServerOptions o = TestServerOptions(model_dir_);
-    o.device.kv_cache_bytes = 8388608;
+    o.device.kv_pool.budget_bytes = 8388608;
     o.metrics_listen = "127.0.0.1:0";
     o.http_listen = "127.0.0.1:0";
     absl::StatusOr<std::unique_ptr<Server>> s = Server::Start(std::move(o));
@@ -617,7 +617,7 @@ class HttpFlowTest : public ::testing::Test {
     o.max_connections = max_connections;
     o.metrics_listen = "127.0.0.1:0";
     o.http_listen = "127.0.0.1:0";
-    o.max_queue = max_queue;
+    o.engine.max_queue = max_queue;
     if (auth) o.auth_tokens_file = dir_->path() + "/tokens";
     o.backend_factory = [this](const Model& m) -> absl::StatusOr<std::unique_ptr<Backend>> {
       auto b = std::make_unique<FakeBackend>(64, 16, m.config().vocab_size);

@@ -6,6 +6,13 @@
 #include "gtest/gtest.h"
 
 namespace prefixd {
+
+// The friend of RateLimitedLog: its running count of suppressed lines.
+class RateLimitedLogTestPeer {
+ public:
+  static uint64_t suppressed_total(const RateLimitedLog& log) { return log.suppressed_total(); }
+};
+
 namespace {
 
 TEST(RateLimitedLogTest, OneLinePerIntervalWithTheSuppressedCount) {
@@ -28,7 +35,7 @@ TEST(RateLimitedLogTest, OneLinePerIntervalWithTheSuppressedCount) {
   now += absl::Seconds(5);
   log.Write("e");  // nothing was suppressed since "d"
   EXPECT_EQ(lines.back(), "e");
-  EXPECT_EQ(log.suppressed_total(), 6u);
+  EXPECT_EQ(RateLimitedLogTestPeer::suppressed_total(log), 6u);
 }
 
 }  // namespace

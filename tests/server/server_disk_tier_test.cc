@@ -26,7 +26,7 @@ class ServerDiskTierTest : public ::testing::Test {
   absl::StatusOr<std::unique_ptr<Server>> StartServer(LogSink* log) {
     ServerOptions o = TestServerOptions(model_dir_, log->Writer());
     o.metrics_listen = "127.0.0.1:0";
-    o.cache_dir = dir_.path() + "/kv-cache";
+    o.engine.disk_tier.dir = dir_.path() + "/kv-cache";
     return Server::Start(std::move(o));
   }
 
@@ -93,12 +93,12 @@ TEST_F(ServerDiskTierTest, ARestartServesThePromptCachedBeforeIt) {
 
 TEST_F(ServerDiskTierTest, BadCacheDirOptionsAreRefusedNamingTheFlag) {
   ServerOptions o = TestServerOptions(model_dir_);
-  o.cache_dir = dir_.path() + "/kv-cache";
-  o.enable_prefix_cache = false;
+  o.engine.disk_tier.dir = dir_.path() + "/kv-cache";
+  o.engine.enable_prefix_cache = false;
   EXPECT_THAT(std::string(Server::Start(o).status().message()),
               HasSubstr("--cache-dir needs the prefix cache"));
-  o.enable_prefix_cache = true;
-  o.cache_dir_bytes = -1;
+  o.engine.enable_prefix_cache = true;
+  o.engine.disk_tier.max_bytes = -1;
   EXPECT_THAT(std::string(Server::Start(o).status().message()),
               HasSubstr("--cache-dir-bytes must be 0 (the default cap) or positive, got -1"));
 }

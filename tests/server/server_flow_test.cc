@@ -45,7 +45,7 @@ class ServerFlowTest : public ::testing::Test {
   void StartServer(const FlowSetup& setup = {}) {
     ServerOptions o = TestServerOptions(model_dir_, log_.Writer());
     o.metrics_listen = "127.0.0.1:0";
-    o.max_queue = setup.max_queue;
+    o.engine.max_queue = setup.max_queue;
     o.backend_factory = [this, setup](const Model& m) -> absl::StatusOr<std::unique_ptr<Backend>> {
       auto b = std::make_unique<FakeBackend>(setup.blocks, 16, m.config().vocab_size);
       if (setup.gate_first_step) b->set_gate(&gate_, 0);

@@ -37,7 +37,8 @@ TEST_F(LifecycleTest, BadStartupsExitNonZeroWithAMessage) {
   EXPECT_THAT(r.output, HasSubstr("--dtype=f64 is not one of auto, f32, f16, bf16"));
   r = RunCommand({prefixd, "--model", model_, "--unknown-flag=1"});
   EXPECT_NE(r.exit_code, 0);
-  // Numeric flags are checked up front, each error naming its flag and value.
+  // Numeric flags are each checked once, by the layer that reads them (the backend and the
+  // engine after the model loads), each error naming its flag and value.
   const std::vector<std::pair<std::string, std::string>> bad_flags = {
       {"--kv-cache-bytes=-1",
        "--kv-cache-bytes must be 0 (the default budget) or positive, got -1"},

@@ -34,7 +34,7 @@ class ServerRemoteTierTest : public ::testing::Test {
   ServerOptions Options(LogSink* log) {
     ServerOptions o = TestServerOptions(model_dir_, log->Writer());
     o.metrics_listen = "127.0.0.1:0";
-    o.kv_remote = redis_->url();
+    o.engine.remote_tier.url = redis_->url();
     o.kv_remote_password_file = password_file_;
     return o;
   }
@@ -113,13 +113,13 @@ TEST_F(ServerRemoteTierTest, BadFlagsAreRefusedNamingTheFlag) {
     std::string message;
   };
   const std::vector<Case> cases = {
-      {[](ServerOptions& o) { o.kv_remote = "redis://host"; }, "--kv-remote"},
-      {[](ServerOptions& o) { o.kv_remote = "redis://:pw@host:1"; }, "--kv-remote-password-file"},
-      {[](ServerOptions& o) { o.enable_prefix_cache = false; }, "--no-prefix-cache"},
-      {[](ServerOptions& o) { o.kv_remote_timeout = absl::ZeroDuration(); }, "--kv-remote-timeout"},
-      {[](ServerOptions& o) { o.kv_remote_prefix = "a b"; }, "--kv-remote-prefix"},
+      {[](ServerOptions& o) { o.engine.remote_tier.url = "redis://host"; }, "--kv-remote"},
+      {[](ServerOptions& o) { o.engine.remote_tier.url = "redis://:pw@host:1"; }, "--kv-remote-password-file"},
+      {[](ServerOptions& o) { o.engine.enable_prefix_cache = false; }, "--no-prefix-cache"},
+      {[](ServerOptions& o) { o.engine.remote_tier.timeout = absl::ZeroDuration(); }, "--kv-remote-timeout"},
+      {[](ServerOptions& o) { o.engine.remote_tier.key_prefix = "a b"; }, "--kv-remote-prefix"},
       {[](ServerOptions& o) {
-         o.kv_remote.clear();
+         o.engine.remote_tier.url.clear();
        },
        "--kv-remote-password-file needs --kv-remote"},
       {[this](ServerOptions& o) { o.kv_remote_password_file = dir_.path() + "/absent"; },

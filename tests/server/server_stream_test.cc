@@ -31,7 +31,7 @@ class ServerTest : public ::testing::Test {
     model_dir_ = dir_->path() + "/tiny-model";
     ASSERT_TRUE(WriteTinyModel(model_dir_).ok());
     ServerOptions o = TestServerOptions(model_dir_);
-    o.device.kv_cache_bytes = 8388608;  // 8192 tokens of the tiny model: room for every test
+    o.device.kv_pool.budget_bytes = 8388608;  // 8192 tokens of the tiny model: room for every test
     o.metrics_listen = "127.0.0.1:0";
     absl::StatusOr<std::unique_ptr<Server>> s = Server::Start(std::move(o));
     ASSERT_TRUE(s.ok()) << s.status();

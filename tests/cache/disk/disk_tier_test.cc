@@ -172,9 +172,9 @@ TEST_F(DiskTierTest, PoolMatchContinuesIntoTheTier) {
   auto tier = Open();
   ASSERT_NE(tier, nullptr);
   KvCacheOptions o;
-  o.num_blocks = 4;
-  o.block_size = 4;
-  o.bytes_per_token = 1;
+  o.pool.num_blocks = 4;
+  o.pool.block_size = 4;
+  o.pool.bytes_per_token = 1;
   std::vector<Digest> evicted;
   o.on_evict = [&](const EvictedBlock& e) {
     evicted.push_back(*e.key);
