@@ -45,6 +45,7 @@ RequestResult Cold(const EngineRequest& r, DType dtype = DType::kF32) {
 CpuEngineOptions WithRemote(const std::string& url, DType dtype = DType::kF32) {
   CpuEngineOptions o{.pool_blocks = 32, .block_size = 16, .dtype = dtype};
   o.remote_tier.url = url;
+  o.remote_tier.timeout = absl::Seconds(2);  // a loaded test machine meets it
   o.remote_tier.backoff_min = absl::Milliseconds(50);
   o.remote_tier.backoff_max = absl::Milliseconds(50);
   return o;

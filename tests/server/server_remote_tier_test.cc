@@ -35,6 +35,7 @@ class ServerRemoteTierTest : public ::testing::Test {
     ServerOptions o = TestServerOptions(model_dir_, log->Writer());
     o.metrics_listen = "127.0.0.1:0";
     o.engine.remote_tier.url = redis_->url();
+    o.engine.remote_tier.timeout = absl::Seconds(2);  // a loaded test machine meets it
     o.kv_remote_password_file = password_file_;
     return o;
   }
