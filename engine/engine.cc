@@ -21,6 +21,7 @@
 #include "cache/disk/disk_tier.h"
 #include "cache/kv_cache.h"
 #include "engine/dtype.h"
+#include "engine/lora_adapter.h"
 #include "engine/request_stream.h"
 #include "engine/scheduler.h"
 #include "engine/score_store.h"
@@ -97,6 +98,7 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<DiskTier> tier,
   limits_.pool_blocks = cache_->num_blocks();
   limits_.block_size = cache_->block_size();
   limits_.computes_all_logits = options.backend->computes_all_logits();
+  limits_.applies_lora = options.backend->applies_lora();
   PublishStats();
   thread_ = std::thread([this] { Loop(); });
 }
@@ -106,7 +108,8 @@ Engine::~Engine() { Shutdown(absl::ZeroDuration()); }
 absl::StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest request) {
   if (absl::Status valid = ValidateEngineRequest(request, limits_); !valid.ok()) return valid;
   auto state = std::make_unique<RequestState>();
-  state->root = CacheRootKey(options_.manifest_sha256, request.cache_namespace);
+  state->root = CacheRootKey(options_.manifest_sha256, request.cache_namespace,
+                             request.adapter != nullptr ? request.adapter->digest : "");
   state->usage.prompt_tokens = static_cast<uint32_t>(request.prompt.size());
   state->request = std::move(request);
   std::shared_ptr<Shared> shared = shared_;
