@@ -13,7 +13,8 @@ const char kUsage[] =
     "usage: prefixctl [--server ADDR] [--token T] [--tls-ca FILE] [--connect-timeout S] "
     "COMMAND ...\n"
     "  generate (\"text\" | --ids 1,2,3) [--max-tokens N] [--temperature T] [--top-k K]\n"
-    "           [--top-p P] [--seed S] [--samples N] [--salt S] [--top-logprobs N] [--json]\n"
+    "           [--top-p P] [--seed S] [--samples N] [--salt S] [--top-logprobs N]\n"
+    "           [--adapter NAME] [--json]\n"
     "  tokenize \"text\" [--json]\n"
     "  info [--json]\n"
     "  stats [--json]\n"
@@ -81,6 +82,7 @@ Setters ValueFlags(CliArgs& cli, std::optional<Command> command) {
     s["seed"] = SetParsed(&g.seed, "--seed", ParseNonNegativeU64);
     s["samples"] = SetU32(&g.samples, "--samples");
     s["salt"] = SetString(&g.salt);
+    s["adapter"] = SetString(&g.adapter);
     s["top-logprobs"] = SetU32(&g.top_logprobs, "--top-logprobs");
   } else if (command == Command::kBench) {
     s["prefix-tokens"] = SetU32(&b.prefix_tokens, "--prefix-tokens");

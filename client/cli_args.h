@@ -28,6 +28,7 @@ struct GenerateArgs {
   std::optional<uint64_t> seed;
   uint32_t samples = 1;
   std::string salt;
+  std::string adapter;  // a LoRA adapter's name; empty: the base model
   uint32_t top_logprobs = 0;
 };
 

@@ -74,13 +74,24 @@ HttpRouted HttpRouter::Completions(const HttpRequestView& request) {
 HttpReply HttpRouter::Models(const HttpRequestView& request) {
   absl::StatusOr<ServedModel> model = path_.ModelInfo(request.authorization);
   if (!model.ok()) return ErrorReply(model.status());
-  nlohmann::json body{{"object", "list"},
-                      {"data",
-                       {{{"id", model->name},
-                         {"object", "model"},
-                         {"created", created_},
-                         {"owned_by", "prefixd"},
-                         {"max_model_len", model->config.n_positions}}}}};
+  nlohmann::json data = nlohmann::json::array();
+  data.push_back({{"id", model->name},
+                  {"object", "model"},
+                  {"created", created_},
+                  {"owned_by", "prefixd"},
+                  {"max_model_len", model->config.n_positions},
+                  {"manifest_sha256", model->manifest_sha256}});
+  // Each LoRA adapter as vLLM lists one: its own id, "parent" the base.
+  for (const AdapterInfo& a : model->adapters) {
+    data.push_back({{"id", a.name},
+                    {"object", "model"},
+                    {"created", created_},
+                    {"owned_by", "prefixd"},
+                    {"max_model_len", model->config.n_positions},
+                    {"parent", model->name},
+                    {"adapter_sha256", a.digest}});
+  }
+  nlohmann::json body{{"object", "list"}, {"data", std::move(data)}};
   return HttpReply{200, body.dump()};
 }
 

@@ -33,6 +33,7 @@ GenerateCall ToGenerateCall(const v1::GenerateRequest& request) {
       break;
   }
   call.cache_salt = request.cache_salt();
+  call.adapter = request.adapter();
   call.max_new_tokens = request.max_new_tokens();
   call.temperature = request.temperature();
   call.top_k = request.top_k();
@@ -68,6 +69,15 @@ void ToProto(const ServedModel& model, v1::ModelInfo* out) {
   out->set_block_size(model.block_size);
   out->set_kv_pool_blocks(model.kv_pool_blocks);
   out->set_kv_bytes_per_token(model.kv_bytes_per_token);
+  for (const AdapterInfo& a : model.adapters) {
+    v1::AdapterInfo* info = out->add_adapters();
+    info->set_name(a.name);
+    info->set_adapter_sha256(a.digest);
+    info->set_rank(a.rank);
+    info->set_lora_alpha(a.lora_alpha);
+    info->set_parent(model.name);
+  }
+  out->set_max_adapters(model.max_adapters);
 }
 
 void ToProto(const EngineStats& stats, v1::CacheStats* out) {

@@ -273,11 +273,18 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(const std::string& body
                                        "`: see docs/SERVER.md for the fields prefixd accepts"));
     }
   }
-  if (absl::Status s = CheckModel(j, served_model); !s.ok()) return s;
+  // `model` names the base or a LoRA adapter; the request path resolves an adapter's name
+  // (NOT_FOUND, 404, for one that is not loaded).
+  std::string adapter;
+  if (auto m = j.find("model"); m != j.end() && !m->is_null()) {
+    if (!m->is_string()) return Invalid("model", "`model` must be a string");
+    if (m->get<std::string>() != served_model) adapter = m->get<std::string>();
+  }
   if (absl::Status s = CheckUnsupported(j); !s.ok()) return s;
 
   GenerateCall base;
   base.api = Api::kHttp;
+  base.adapter = adapter;
   // Numbers are range-checked here only as far as their type needs; the request path's
   // rules (engine/request_validation.h) decide the rest, with the same messages as gRPC.
   constexpr int64_t kU32 = std::numeric_limits<uint32_t>::max();
@@ -588,7 +595,8 @@ std::string ErrorJson(const absl::Status& status) {
 absl::Status ToHttpFieldNames(const absl::Status& status) {
   static constexpr std::pair<const char*, const char*> kNames[] = {
       {"max_new_tokens", "max_tokens"}, {"num_samples", "n"}, {"top_logprobs", "logprobs"},
-      {"token_ids", "prompt"},          {"text", "prompt"},   {"--max-samples", "--max-samples"}};
+      {"token_ids", "prompt"},          {"text", "prompt"},   {"--max-samples", "--max-samples"},
+      {"adapter", "model"}};
   const std::string field = InvalidField(status);
   if (field.empty()) return status;
   std::string message(status.message());

@@ -39,8 +39,9 @@ struct CompletionRequest {
   bool echo = false;                 // each choice starts with the prompt (and its logprobs)
 };
 
-// POST /v1/completions. `served_model` is the only model name accepted (NOT_FOUND for
-// another). INVALID_ARGUMENT names the offending field (InvalidField) and what to change.
+// POST /v1/completions. `model` is `served_model` (or absent) for the base; any other name
+// is taken as a LoRA adapter's (GenerateCall::adapter), which the request path resolves.
+// INVALID_ARGUMENT names the offending field (InvalidField) and what to change.
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(const std::string& body,
                                                          const std::string& served_model);
 

@@ -24,6 +24,7 @@
 #include "engine/engine.h"
 #include "engine/tokenizer.h"
 #include "server/auth.h"
+#include "server/adapter_registry.h"
 #include "server/api.h"
 
 namespace prefixd {
@@ -41,6 +42,7 @@ struct GenerateCall {
   std::string text;                 // kText
   std::vector<uint32_t> token_ids;  // kTokenIds
   std::string cache_salt;
+  std::string adapter;  // a LoRA adapter's name (server/adapter_registry.h); empty: the base
   uint32_t max_new_tokens = 0;
   float temperature = 0.0f;
   uint32_t top_k = 0;
@@ -83,6 +85,9 @@ struct ServedModel {
   int32_t block_size = 0;
   int64_t kv_pool_blocks = 0;
   int64_t kv_bytes_per_token = 0;
+  // The adapters loaded when ModelInfo was asked (they come and go at run time).
+  std::vector<AdapterInfo> adapters;
+  int32_t max_adapters = 0;
 };
 
 struct RequestPathOptions {
@@ -91,6 +96,8 @@ struct RequestPathOptions {
   std::shared_ptr<const Authenticator> auth;  // replaced by SetAuthenticator
   ServerMetrics* metrics = nullptr;      // not owned; may be null
   ServedModel model;
+  // The adapters requests may name; null: none can be (every name is NOT_FOUND).
+  std::shared_ptr<AdapterRegistry> adapters;
 };
 
 class RequestPath {
@@ -144,6 +151,7 @@ class RequestPath {
 
   const Tokenizer& tokenizer() const { return *options_.tokenizer; }
   const ServedModel& model() const { return options_.model; }
+  AdapterRegistry* adapters() const { return options_.adapters.get(); }
 
  private:
   void Count(Api api, absl::StatusCode code);

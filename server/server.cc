@@ -209,6 +209,7 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
         StrCat("--max-connections must be 0 (derived from the descriptor limit) or positive, got ",
                o.max_connections));
   }
+  if (absl::Status s = ValidateAdapterOptions(o.adapters); !s.ok()) return s;
   if (o.connection_idle_timeout <= absl::ZeroDuration()) {
     return InvalidArgumentError(StrCat("--connection-idle-timeout must be positive, got ",
                                        absl::FormatDuration(o.connection_idle_timeout)));
@@ -231,6 +232,7 @@ struct Server::Parts {
   // so it is destroyed after the engine has stopped.
   std::unique_ptr<Executor> grpc_pumps = std::make_unique<Executor>(kGrpcPumpThreads);
   std::unique_ptr<Engine> engine;
+  std::shared_ptr<AdapterRegistry> adapters;
   std::shared_ptr<ServerMetrics> metrics;
   std::unique_ptr<RequestPath> path;
   std::unique_ptr<InferenceService> service;
@@ -407,6 +409,27 @@ absl::Status Server::Parts::Build() {
   if (auth->enabled()) {
     log(absl::StrCat("bearer tokens required (", auth->num_tokens(), " tokens)"));
   }
+  adapters = std::make_shared<AdapterRegistry>(model->name(), config,
+                                               options.adapters.max_adapters);
+  for (const std::string& flag : options.adapters.adapters) {
+    absl::StatusOr<std::pair<std::string, std::string>> parsed = ParseAdapterFlag(flag);
+    if (!parsed.ok()) return parsed.status();
+    const auto& [name, dir] = *parsed;
+    if (absl::Status s = adapters->Load(name, dir); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("--adapter ", flag, ": ", s.message()));
+    }
+    if (!backend->applies_lora()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--adapter ", flag, ": the ", backend->device_name(),
+          " backend cannot apply LoRA adapters (use --device cpu)"));
+    }
+    for (const AdapterInfo& a : adapters->List()) {
+      if (a.name == name) {
+        log(absl::StrFormat("adapter %s: %s, rank %d, alpha %g, %d bytes, sha256 %s", a.name,
+                            a.dir, a.rank, a.lora_alpha, a.memory_bytes, a.digest));
+      }
+    }
+  }
 
   Engine* eng = engine.get();
   Backend* be = backend.get();
@@ -420,6 +443,7 @@ absl::Status Server::Parts::Build() {
   popt.tokenizer = &model->tokenizer();
   popt.auth = auth;
   popt.metrics = metrics.get();
+  popt.adapters = adapters;
   popt.model = ServedModel{.name = model->name(),
                            .manifest_sha256 = model->manifest_sha256(),
                            .config = config,

@@ -24,6 +24,7 @@
 #include "engine/backend.h"
 #include "engine/engine.h"
 #include "engine/model.h"
+#include "server/adapter_registry.h"
 
 namespace prefixd {
 
@@ -51,6 +52,8 @@ struct ServerOptions {
   int32_t max_queue = 1024;
   int32_t max_samples = 16;
   bool enable_prefix_cache = true;
+  // LoRA adapters served by name (--adapter, --max-adapters).
+  AdapterOptions adapters;
   // Second cache tier on local disk (empty: none); cap in bytes (0: the smaller of 8 GiB and
   // half the free space of its filesystem at start-up).
   std::string cache_dir;
