@@ -69,20 +69,32 @@ absl::Status ValidateAdapterOptions(const AdapterOptions& o) {
   return absl::OkStatus();
 }
 
-AdapterRegistry::AdapterRegistry(std::string base_name, const ModelConfig& base,
-                                 int32_t max_adapters)
-    : base_name_(std::move(base_name)), base_(base), max_adapters_(max_adapters) {}
+namespace {
 
-absl::Status AdapterRegistry::Load(const std::string& name, const std::string& dir) {
-  if (absl::Status s = ValidateAdapterName(name, base_name_); !s.ok()) return s;
+AdapterInfo InfoOf(const std::string& name, const LoraAdapter& a) {
+  return {name, a.dir, a.digest, a.rank, a.lora_alpha, a.memory_bytes()};
+}
+
+}  // namespace
+
+AdapterRegistry::AdapterRegistry(AdapterRegistryOptions options) : options_(std::move(options)) {}
+
+absl::StatusOr<AdapterInfo> AdapterRegistry::Load(const std::string& name,
+                                                  const std::string& dir) {
+  if (!options_.backend_applies_lora) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the ", options_.backend_name,
+        " backend cannot apply LoRA adapters (the CPU backend can: --device cpu)"));
+  }
+  if (absl::Status s = ValidateAdapterName(name, options_.base_name); !s.ok()) return s;
   auto check_room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
     if (loaded_.contains(name)) {
       return absl::AlreadyExistsError(absl::StrCat(
           "adapter \"", name, "\" is already loaded: unload it first to load other files"));
     }
-    if (static_cast<int64_t>(loaded_.size()) >= max_adapters_) {
+    if (static_cast<int64_t>(loaded_.size()) >= options_.max_adapters) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "already ", loaded_.size(), " adapters loaded (--max-adapters ", max_adapters_,
+          "already ", loaded_.size(), " adapters loaded (--max-adapters ", options_.max_adapters,
           "): unload one first"));
     }
     return absl::OkStatus();
@@ -91,12 +103,13 @@ absl::Status AdapterRegistry::Load(const std::string& name, const std::string& d
     absl::MutexLock lock(&mu_);
     if (absl::Status s = check_room(); !s.ok()) return s;
   }
-  absl::StatusOr<std::shared_ptr<const LoraAdapter>> adapter = LoadLoraAdapter(dir, base_);
+  absl::StatusOr<std::shared_ptr<const LoraAdapter>> adapter = LoadLoraAdapter(dir, options_.base);
   if (!adapter.ok()) return adapter.status();
   absl::MutexLock lock(&mu_);
   if (absl::Status s = check_room(); !s.ok()) return s;  // another load may have come first
+  const AdapterInfo info = InfoOf(name, **adapter);
   loaded_.emplace(name, *std::move(adapter));
-  return absl::OkStatus();
+  return info;
 }
 
 absl::Status AdapterRegistry::Unload(std::string_view name) {
@@ -119,7 +132,7 @@ absl::StatusOr<std::shared_ptr<const LoraAdapter>> AdapterRegistry::Find(
   for (const auto& [n, a] : loaded_) names.push_back(n);
   absl::Status s = absl::NotFoundError(absl::StrCat(
       "no adapter named `", EscapeBytes(name), "`: this server serves the base model `",
-      base_name_, "`",
+      options_.base_name, "`",
       names.empty() ? " and no adapter" : absl::StrCat(" and the adapters ", absl::StrJoin(names, ", ")),
       " (GET /v1/models and GetModelInfo list them)"));
   s.SetPayload(kInvalidFieldPayload, absl::Cord("adapter"));
@@ -129,9 +142,7 @@ absl::StatusOr<std::shared_ptr<const LoraAdapter>> AdapterRegistry::Find(
 std::vector<AdapterInfo> AdapterRegistry::List() const {
   absl::MutexLock lock(&mu_);
   std::vector<AdapterInfo> out;
-  for (const auto& [name, a] : loaded_) {
-    out.push_back({name, a->dir, a->digest, a->rank, a->lora_alpha, a->memory_bytes()});
-  }
+  for (const auto& [name, a] : loaded_) out.push_back(InfoOf(name, *a));
   return out;
 }
 

@@ -56,14 +56,23 @@ struct AdapterInfo {
   int64_t memory_bytes = 0;
 };
 
+struct AdapterRegistryOptions {
+  std::string base_name;  // the served model's name; no adapter may take it
+  ModelConfig base;       // every adapter must fit it
+  int32_t max_adapters = 8;
+  bool backend_applies_lora = true;  // Backend::applies_lora()
+  std::string backend_name;          // for the refusal when it does not
+};
+
 class AdapterRegistry {
  public:
-  AdapterRegistry(std::string base_name, const ModelConfig& base, int32_t max_adapters);
+  explicit AdapterRegistry(AdapterRegistryOptions options);
 
   // Loads `dir` under `name`. INVALID_ARGUMENT for a bad name or adapter (the loader's
   // message), NOT_FOUND for missing files, ALREADY_EXISTS for a name in use,
-  // RESOURCE_EXHAUSTED when max_adapters are loaded. Nothing changes on error.
-  absl::Status Load(const std::string& name, const std::string& dir);
+  // RESOURCE_EXHAUSTED when max_adapters are loaded, FAILED_PRECONDITION on a backend that
+  // cannot apply adapters. Nothing changes on error. Returns what was loaded.
+  absl::StatusOr<AdapterInfo> Load(const std::string& name, const std::string& dir);
   // NOT_FOUND when `name` is not loaded.
   absl::Status Unload(std::string_view name);
   // The adapter loaded under `name`; NOT_FOUND (field "adapter") when there is none.
@@ -72,13 +81,11 @@ class AdapterRegistry {
   std::vector<AdapterInfo> List() const;
   // Host bytes of every loaded adapter's tensors.
   int64_t memory_bytes() const;
-  int32_t max_adapters() const { return max_adapters_; }
-  const std::string& base_name() const { return base_name_; }
+  int32_t max_adapters() const { return options_.max_adapters; }
+  const std::string& base_name() const { return options_.base_name; }
 
  private:
-  const std::string base_name_;
-  const ModelConfig base_;
-  const int32_t max_adapters_;
+  const AdapterRegistryOptions options_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<const LoraAdapter>, std::less<>> loaded_
       ABSL_GUARDED_BY(mu_);

@@ -44,6 +44,14 @@ HttpRouted HttpRouter::Route(const HttpRequestView& request) {
     s.SetPayload(kInvalidFieldPayload, absl::Cord("model"));
     return ErrorReply(s);
   }
+  if (path == "/v1/load_lora_adapter") {
+    if (request.method != "POST") return MethodNotAllowed("POST");
+    return LoadLoraAdapter(request);
+  }
+  if (path == "/v1/unload_lora_adapter") {
+    if (request.method != "POST") return MethodNotAllowed("POST");
+    return UnloadLoraAdapter(request);
+  }
   if (path == "/tokenize") {
     if (request.method != "POST") return MethodNotAllowed("POST");
     return Tokenize(request);
@@ -55,7 +63,7 @@ HttpRouted HttpRouter::Route(const HttpRequestView& request) {
   return ErrorReply(absl::NotFoundError(absl::StrCat(
       "no such endpoint: ", absl::string_view(path.data(), path.size()),
       " (prefixd serves POST /v1/completions, GET /v1/models, GET /health, POST /tokenize, "
-      "POST /detokenize)")));
+      "POST /detokenize, POST /v1/load_lora_adapter, POST /v1/unload_lora_adapter)")));
 }
 
 HttpRouted HttpRouter::Completions(const HttpRequestView& request) {
@@ -93,6 +101,29 @@ HttpReply HttpRouter::Models(const HttpRequestView& request) {
   }
   nlohmann::json body{{"object", "list"}, {"data", std::move(data)}};
   return HttpReply{200, body.dump()};
+}
+
+HttpReply HttpRouter::LoadLoraAdapter(const HttpRequestView& request) {
+  absl::StatusOr<std::pair<std::string, std::string>> parsed =
+      ParseLoadLoraAdapterRequest(*request.body);
+  if (!parsed.ok()) return ErrorReply(parsed.status());
+  absl::StatusOr<AdapterInfo> info =
+      path_.LoadAdapter(request.authorization, parsed->first, parsed->second);
+  if (!info.ok()) return ErrorReply(info.status());
+  nlohmann::json body{{"lora_name", info->name},
+                      {"adapter_sha256", info->digest},
+                      {"rank", info->rank},
+                      {"parent", path_.model().name}};
+  return HttpReply{200, body.dump()};
+}
+
+HttpReply HttpRouter::UnloadLoraAdapter(const HttpRequestView& request) {
+  absl::StatusOr<std::string> name = ParseUnloadLoraAdapterRequest(*request.body);
+  if (!name.ok()) return ErrorReply(name.status());
+  if (absl::Status s = path_.UnloadAdapter(request.authorization, *name); !s.ok()) {
+    return ErrorReply(s);
+  }
+  return HttpReply{200, nlohmann::json({{"lora_name", *name}}).dump()};
 }
 
 HttpReply HttpRouter::Tokenize(const HttpRequestView& request) {

@@ -162,4 +162,30 @@ grpc::ServerUnaryReactor* InferenceService::GetCacheStats(grpc::CallbackServerCo
   return reactor;
 }
 
+grpc::ServerUnaryReactor* InferenceService::LoadLoraAdapter(
+    grpc::CallbackServerContext* context, const v1::LoadLoraAdapterRequest* request,
+    v1::AdapterInfo* response) {
+  auto* reactor = context->DefaultReactor();
+  absl::StatusOr<AdapterInfo> info =
+      path_->LoadAdapter(AuthorizationOf(*context), request->lora_name(), request->lora_path());
+  if (info.ok()) {
+    response->set_name(info->name);
+    response->set_adapter_sha256(info->digest);
+    response->set_rank(info->rank);
+    response->set_lora_alpha(info->lora_alpha);
+    response->set_parent(path_->model().name);
+  }
+  reactor->Finish(ToGrpcStatus(info.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* InferenceService::UnloadLoraAdapter(
+    grpc::CallbackServerContext* context, const v1::UnloadLoraAdapterRequest* request,
+    v1::UnloadLoraAdapterResponse*) {
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(
+      ToGrpcStatus(path_->UnloadAdapter(AuthorizationOf(*context), request->lora_name())));
+  return reactor;
+}
+
 }  // namespace prefixd

@@ -546,6 +546,8 @@ int HttpStatusFor(absl::StatusCode code) {
       return 403;
     case absl::StatusCode::kNotFound:
       return 404;
+    case absl::StatusCode::kAlreadyExists:  // an adapter name in use
+      return 409;
     case absl::StatusCode::kResourceExhausted:
       return 429;
     case absl::StatusCode::kCancelled:
@@ -568,6 +570,7 @@ std::string ErrorJson(const absl::Status& status) {
     case absl::StatusCode::kOutOfRange:
     case absl::StatusCode::kFailedPrecondition:
     case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kAlreadyExists:
       type = "invalid_request_error";
       break;
     case absl::StatusCode::kUnauthenticated:
@@ -614,6 +617,40 @@ absl::Status ToHttpFieldNames(const absl::Status& status) {
   absl::Status out(status.code(), message);
   out.SetPayload(kInvalidFieldPayload, absl::Cord(http_field));
   return out;
+}
+
+absl::StatusOr<std::pair<std::string, std::string>> ParseLoadLoraAdapterRequest(
+    const std::string& body) {
+  absl::StatusOr<json> parsed = ParseObject(body);
+  if (!parsed.ok()) return parsed.status();
+  for (const auto& [key, value] : parsed->items()) {
+    if (key != "lora_name" && key != "lora_path") {
+      return Invalid(key, absl::StrCat("unknown field `", absl::CHexEscape(key),
+                                       "` (expected lora_name and lora_path)"));
+    }
+  }
+  absl::StatusOr<std::optional<std::string>> name = GetString(*parsed, "lora_name");
+  if (!name.ok()) return name.status();
+  absl::StatusOr<std::optional<std::string>> path = GetString(*parsed, "lora_path");
+  if (!path.ok()) return path.status();
+  if (!name->has_value()) return Invalid("lora_name", "`lora_name` (a string) is required");
+  if (!path->has_value()) return Invalid("lora_path", "`lora_path` (a string) is required");
+  return std::make_pair(**name, **path);
+}
+
+absl::StatusOr<std::string> ParseUnloadLoraAdapterRequest(const std::string& body) {
+  absl::StatusOr<json> parsed = ParseObject(body);
+  if (!parsed.ok()) return parsed.status();
+  for (const auto& [key, value] : parsed->items()) {
+    if (key != "lora_name") {
+      return Invalid(key, absl::StrCat("unknown field `", absl::CHexEscape(key),
+                                       "` (expected lora_name)"));
+    }
+  }
+  absl::StatusOr<std::optional<std::string>> name = GetString(*parsed, "lora_name");
+  if (!name.ok()) return name.status();
+  if (!name->has_value()) return Invalid("lora_name", "`lora_name` (a string) is required");
+  return **name;
 }
 
 absl::StatusOr<std::string> ParseTokenizeRequest(const std::string& body,

@@ -94,6 +94,12 @@ std::string ErrorJson(const absl::Status& status);
 // so in the message): max_new_tokens → max_tokens, num_samples → n, ...
 absl::Status ToHttpFieldNames(const absl::Status& status);
 
+// vLLM's /v1/load_lora_adapter {"lora_name", "lora_path"} and /v1/unload_lora_adapter
+// {"lora_name"} bodies: (name, path), and the name.
+absl::StatusOr<std::pair<std::string, std::string>> ParseLoadLoraAdapterRequest(
+    const std::string& body);
+absl::StatusOr<std::string> ParseUnloadLoraAdapterRequest(const std::string& body);
+
 // vLLM's /tokenize and /detokenize bodies.
 absl::StatusOr<std::string> ParseTokenizeRequest(const std::string& body,
                                                  const std::string& served_model);

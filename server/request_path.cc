@@ -209,6 +209,35 @@ absl::StatusOr<ServedModel> RequestPath::ModelInfo(
   return model;
 }
 
+absl::StatusOr<AdapterInfo> RequestPath::LoadAdapter(
+    const std::optional<std::string>& authorization, const std::string& name,
+    const std::string& dir) {
+  absl::StatusOr<Caller> caller = Identify(authorization);
+  if (!caller.ok()) return caller.status();
+  if (!caller->admin) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "loading adapters changes what every tenant is served: tenant \"", caller->tenant,
+        "\" is not marked admin in the --auth-tokens file"));
+  }
+  if (options_.adapters == nullptr) {
+    return absl::FailedPreconditionError("this server has no adapter registry");
+  }
+  return options_.adapters->Load(name, dir);
+}
+
+absl::Status RequestPath::UnloadAdapter(const std::optional<std::string>& authorization,
+                                        const std::string& name) {
+  absl::StatusOr<Caller> caller = Identify(authorization);
+  if (!caller.ok()) return caller.status();
+  if (!caller->admin) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "unloading adapters changes what every tenant is served: tenant \"", caller->tenant,
+        "\" is not marked admin in the --auth-tokens file"));
+  }
+  if (options_.adapters == nullptr) return absl::NotFoundError("no adapter is loaded");
+  return options_.adapters->Unload(name);
+}
+
 absl::StatusOr<EngineStats> RequestPath::CacheStats(
     const std::optional<std::string>& authorization) const {
   absl::StatusOr<Caller> caller = Identify(authorization);

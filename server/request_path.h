@@ -132,6 +132,14 @@ class RequestPath {
   absl::StatusOr<std::string> Detokenize(const std::optional<std::string>& authorization,
                                          const std::vector<uint32_t>& ids) const;
   absl::StatusOr<ServedModel> ModelInfo(const std::optional<std::string>& authorization) const;
+  // Loads a LoRA adapter under `name` from `dir` (a path on the server), or unloads one, at
+  // run time: PERMISSION_DENIED unless the caller is admin (every caller is without
+  // --auth-tokens); then AdapterRegistry's errors. Requests in flight on an unloaded adapter
+  // finish with it.
+  absl::StatusOr<AdapterInfo> LoadAdapter(const std::optional<std::string>& authorization,
+                                          const std::string& name, const std::string& dir);
+  absl::Status UnloadAdapter(const std::optional<std::string>& authorization,
+                             const std::string& name);
   // Pool-wide counters: PERMISSION_DENIED unless the caller is admin.
   absl::StatusOr<EngineStats> CacheStats(const std::optional<std::string>& authorization) const;
 

@@ -409,33 +409,32 @@ absl::Status Server::Parts::Build() {
   if (auth->enabled()) {
     log(absl::StrCat("bearer tokens required (", auth->num_tokens(), " tokens)"));
   }
-  adapters = std::make_shared<AdapterRegistry>(model->name(), config,
-                                               options.adapters.max_adapters);
+  adapters = std::make_shared<AdapterRegistry>(
+      AdapterRegistryOptions{.base_name = model->name(),
+                             .base = config,
+                             .max_adapters = options.adapters.max_adapters,
+                             .backend_applies_lora = backend->applies_lora(),
+                             .backend_name = backend->device_name()});
   for (const std::string& flag : options.adapters.adapters) {
     absl::StatusOr<std::pair<std::string, std::string>> parsed = ParseAdapterFlag(flag);
     if (!parsed.ok()) return parsed.status();
-    const auto& [name, dir] = *parsed;
-    if (absl::Status s = adapters->Load(name, dir); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("--adapter ", flag, ": ", s.message()));
+    absl::StatusOr<AdapterInfo> a = adapters->Load(parsed->first, parsed->second);
+    if (!a.ok()) {
+      return absl::Status(a.status().code(),
+                          absl::StrCat("--adapter ", flag, ": ", a.status().message()));
     }
-    if (!backend->applies_lora()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--adapter ", flag, ": the ", backend->device_name(),
-          " backend cannot apply LoRA adapters (use --device cpu)"));
-    }
-    for (const AdapterInfo& a : adapters->List()) {
-      if (a.name == name) {
-        log(absl::StrFormat("adapter %s: %s, rank %d, alpha %g, %d bytes, sha256 %s", a.name,
-                            a.dir, a.rank, a.lora_alpha, a.memory_bytes, a.digest));
-      }
-    }
+    log(absl::StrFormat("adapter %s: %s, rank %d, alpha %g, %d bytes, sha256 %s", a->name,
+                        a->dir, a->rank, a->lora_alpha, a->memory_bytes, a->digest));
   }
 
   Engine* eng = engine.get();
   Backend* be = backend.get();
   metrics = std::make_shared<ServerMetrics>(MetricsSources{[eng] { return eng->Stats(); },
                                                            [eng] { return eng->DrainLatencies(); },
-                                                           [be] { return be->memory_usage(); }});
+                                                           [be] { return be->memory_usage(); },
+                                                           [reg = adapters.get()] {
+                                                             return reg->memory_bytes();
+                                                           }});
   if (absl::Status s = StartMetrics(); !s.ok()) return s;
 
   RequestPathOptions popt;

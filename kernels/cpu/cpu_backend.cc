@@ -121,7 +121,7 @@ class CpuBackend final : public Backend {
   std::vector<const LoraAdapter*> row_adapter_;
   std::vector<int64_t> lora_rows_;
   int32_t lora_max_rank_ = 0;
-  std::vector<float> lora_scratch_;  // lora_rows_.size() x lora_max_rank_
+  std::vector<float> lora_scratch_;  // rows x kLoraChains x lora_max_rank_ (lora_ops.h)
   // Attention work units: consecutive rows of one step (consecutive positions, one table).
   struct QueryChunk {
     int64_t row;
@@ -326,8 +326,17 @@ void CpuBackend::RunLayer(int32_t layer, int64_t rows) {
     // gelu must see the update, so it runs after it: the product stores, then gelu runs per
     // row, which for a row without an adapter is the fused kGelu's bits (matmul.h).
     MatMul(h, rows, e, w.c_fc, w.c_fc_b.data(), fc, 4 * e, &pool_, MatMulOutput::kStore);
-    AddLoraUpdates(layer, LoraTarget::kMlpCFc, h, e, fc, 4 * e);
-    pool_.Run(rows, [&](int64_t r) { GeluNewInPlace(fc + r * 4 * e, 4 * e); });
+    // One round: each row's update (when it has one), then its gelu.
+    pool_.Run(rows, [&](int64_t r) {
+      float* row = fc + r * 4 * e;
+      if (const LoraAdapter* a = row_adapter_[r]; a != nullptr) {
+        if (const LoraModule* m = a->module(layer, LoraTarget::kMlpCFc); m != nullptr) {
+          AddLoraUpdateRow(*m, a->rank, a->scaling, h + r * e, row,
+                           lora_scratch_.data() + r * kLoraChains * lora_max_rank_);
+        }
+      }
+      GeluNewInPlace(row, 4 * e);
+    });
   }
   MatMul(fc, rows, 4 * e, w.mlp_proj, w.mlp_proj_b.data(), x, e, &pool_, MatMulOutput::kAddTo);
   AddLoraUpdates(layer, LoraTarget::kMlpCProj, fc, 4 * e, x, e);
@@ -342,7 +351,7 @@ void CpuBackend::AddLoraUpdates(int32_t layer, LoraTarget target, const float* i
     const LoraModule* m = adapter.module(layer, target);
     if (m == nullptr) return;
     AddLoraUpdateRow(*m, adapter.rank, adapter.scaling, in + r * ld_in, out + r * ld_out,
-                     lora_scratch_.data() + i * lora_max_rank_);
+                     lora_scratch_.data() + r * kLoraChains * lora_max_rank_);
   });
 }
 
@@ -413,7 +422,10 @@ absl::Status CpuBackend::Forward(absl::Span<const SequenceStep> steps, std::vect
       logit_rows.push_back(r - 1);
     }
   }
-  lora_scratch_.resize(lora_rows_.size() * static_cast<size_t>(lora_max_rank_));
+  // Scratch per row of the batch (not per adapter row): the fused c_fc pass indexes by row.
+  lora_scratch_.resize(lora_rows_.empty() ? 0
+                                          : static_cast<size_t>(rows) * kLoraChains *
+                                                static_cast<size_t>(lora_max_rank_));
   for (int32_t l = 0; l < config_.n_layer; ++l) RunLayer(l, rows);
   if (logit_rows.empty()) return absl::OkStatus();
 
