@@ -15,6 +15,7 @@
 #include "tests/server/grpc_helpers.h"
 #include "tests/server/in_process_server.h"
 #include "tests/server/process.h"
+#include "tests/server/server_test_peer.h"
 #include "tools/random_adapter.h"
 #include "tools/random_model.h"
 
@@ -137,6 +138,142 @@ TEST_F(ServerLoraTest, ServesEachAdapterByNameUnderItsOwnCacheIdentity) {
   const json e = json::parse(r->body);
   EXPECT_EQ(e["error"]["code"], "model_not_found");
   EXPECT_EQ(e["error"]["param"], "model");
+}
+
+TEST_F(ServerLoraTest, LoadsAndUnloadsAtRunTimeOverHttpAndGrpc) {
+  ServerOptions o = Options();
+  o.metrics_listen = "127.0.0.1:0";
+  o.adapters.adapters = {"sql=" + adapter_dirs_[0]};
+  o.adapters.max_adapters = 2;
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(std::move(o));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int http = (*server)->http_port();
+  auto stub = v1::Inference::NewStub(InsecureChannel((*server)->grpc_address()));
+  auto post = [&](const std::string& path, const json& body) {
+    absl::StatusOr<HttpResponse> r = HttpFetch(http, "POST", path, body.dump());
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : HttpResponse{};
+  };
+
+  HttpResponse r = post("/v1/load_lora_adapter",
+                        {{"lora_name", "chat"}, {"lora_path", adapter_dirs_[1]}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["adapter_sha256"], digests_[1]);
+  EXPECT_EQ(Generate(*stub, Request("chat")).status.error_code(), grpc::StatusCode::OK);
+  // The name is taken; the registry is full; the body must name both fields.
+  r = post("/v1/load_lora_adapter", {{"lora_name", "chat"}, {"lora_path", adapter_dirs_[0]}});
+  EXPECT_EQ(r.status, 409) << r.body;
+  r = post("/v1/load_lora_adapter", {{"lora_name", "third"}, {"lora_path", adapter_dirs_[0]}});
+  EXPECT_EQ(r.status, 429) << r.body;
+  EXPECT_THAT(r.body, HasSubstr("--max-adapters 2"));
+  r = post("/v1/load_lora_adapter", {{"lora_name", "x"}});
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_THAT(r.body, HasSubstr("lora_path"));
+
+  absl::StatusOr<std::string> metrics = HttpGet((*server)->metrics_port(), "/metrics");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  // (in + out) x rank x 4 bytes over c_attn, attn.c_proj, c_fc, mlp.c_proj of 2 layers:
+  // 1024 x 4 x 2 x 4 for rank 4 plus the same for rank 8.
+  EXPECT_EQ(MetricValue(*metrics, "prefixd_memory_bytes{kind=\"adapters\"}"),
+            1024.0 * 2 * 4 * (4 + 8));
+
+  r = post("/v1/unload_lora_adapter", {{"lora_name", "chat"}});
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Generate(*stub, Request("chat")).status.error_code(), grpc::StatusCode::NOT_FOUND);
+  r = post("/v1/unload_lora_adapter", {{"lora_name", "chat"}});
+  EXPECT_EQ(r.status, 404) << r.body;
+
+  // gRPC: the same, with the info of what was loaded.
+  grpc::ClientContext load_ctx;
+  v1::LoadLoraAdapterRequest load;
+  load.set_lora_name("chat2");
+  load.set_lora_path(adapter_dirs_[1]);
+  v1::AdapterInfo info;
+  ASSERT_TRUE(stub->LoadLoraAdapter(&load_ctx, load, &info).ok());
+  EXPECT_EQ(info.adapter_sha256(), digests_[1]);
+  EXPECT_EQ(info.rank(), 8u);
+  grpc::ClientContext unload_ctx;
+  v1::UnloadLoraAdapterRequest unload;
+  unload.set_lora_name("chat2");
+  v1::UnloadLoraAdapterResponse unloaded;
+  EXPECT_TRUE(stub->UnloadLoraAdapter(&unload_ctx, unload, &unloaded).ok());
+  grpc::ClientContext bad_ctx;
+  load.set_lora_path(dir_.path() + "/nothing-here");
+  load.set_lora_name("other");
+  const grpc::Status missing = stub->LoadLoraAdapter(&bad_ctx, load, &info);
+  EXPECT_EQ(missing.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(missing.error_message(), HasSubstr("nothing-here/adapter_config.json"));
+}
+
+// A request that started on an adapter finishes with it after its name is unloaded, with
+// the tokens it gets while the adapter is loaded.
+TEST_F(ServerLoraTest, UnloadingLetsRequestsInFlightFinish) {
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(Options());
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = v1::Inference::NewStub(InsecureChannel((*server)->grpc_address()));
+  v1::GenerateRequest req = Request("sql");
+  req.set_max_new_tokens(40);
+  req.set_ignore_eos(true);
+  const GenerateResult loaded = Generate(*stub, req);
+  ASSERT_TRUE(loaded.status.ok()) << loaded.status.error_message();
+
+  RequestPath& path = ServerTestPeer::request_path(**server);
+  GenerateCall call;
+  call.prompt_kind = GenerateCall::PromptKind::kTokenIds;
+  call.token_ids = RandomIds(3, 40);
+  call.max_new_tokens = 40;
+  call.ignore_eos = true;
+  call.adapter = "sql";
+  absl::StatusOr<StartedGenerate> started = path.StartGenerate(call);
+  ASSERT_TRUE(started.ok()) << started.status();
+  ASSERT_TRUE(path.UnloadAdapter(std::nullopt, "sql").ok());
+  std::vector<uint32_t> ids;
+  absl::Status done = absl::UnknownError("no kDone");
+  RequestEvent e;
+  while (started->stream->Wait(&e)) {
+    if (e.kind == RequestEvent::Kind::kToken) ids.push_back(e.token.token_id);
+    if (e.kind == RequestEvent::Kind::kDone) {
+      done = e.status;
+      break;
+    }
+  }
+  path.FinishGenerate(Api::kGrpc, done.code());
+  EXPECT_TRUE(done.ok()) << done;
+  EXPECT_EQ(ids, loaded.samples.at(0).token_ids);
+  // New requests no longer find it.
+  EXPECT_EQ(Generate(*stub, req).status.error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(ServerLoraTest, RunTimeLoadingNeedsTheAdminColumnWithAuthTokens) {
+  const std::string tokens = dir_.path() + "/tokens";
+  {
+    std::FILE* f = std::fopen(tokens.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("user-token alice\nadmin-token ops admin\n", f);
+    std::fclose(f);
+  }
+  ServerOptions o = Options();
+  o.auth_tokens_file = tokens;
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(std::move(o));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int http = (*server)->http_port();
+  const std::string body = json({{"lora_name", "new"}, {"lora_path", adapter_dirs_[1]}}).dump();
+  absl::StatusOr<HttpResponse> r = HttpFetch(http, "POST", "/v1/load_lora_adapter", body,
+                                             {{"Authorization", "Bearer user-token"}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->status, 403) << r->body;
+  EXPECT_THAT(r->body, HasSubstr("not marked admin"));
+  r = HttpFetch(http, "POST", "/v1/unload_lora_adapter", json({{"lora_name", "sql"}}).dump(),
+                {{"Authorization", "Bearer user-token"}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->status, 403) << r->body;
+  r = HttpFetch(http, "POST", "/v1/load_lora_adapter", body, {});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->status, 401) << r->body;
+  r = HttpFetch(http, "POST", "/v1/load_lora_adapter", body,
+                {{"Authorization", "Bearer admin-token"}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->status, 200) << r->body;
 }
 
 TEST_F(ServerLoraTest, StartUpRefusesBadAdapterFlagsNamingThem) {
