@@ -69,6 +69,7 @@ struct Options {
 struct Record {
   uint32_t prompt = 0;
   double start_s = 0, end_s = -1;
+  double first_s = -1;  // the first response message (gRPC): time to first token
   std::string replica;  // from the response headers; empty if none came
   bool started = false;
   bool streaming = false;
@@ -371,6 +372,7 @@ int Run(const Options& o) {
           std::lock_guard<std::mutex> l(mu);
           if (it != md.end()) records[i].replica.assign(it->second.data(), it->second.size());
           records[i].streaming = true;
+          records[i].first_s = now_s();
           cv.notify_all();
         }
         if (msg.has_usage()) usage = msg.usage();
@@ -447,13 +449,18 @@ int Run(const Options& o) {
 
   // Summary.
   uint64_t prompt_tokens = 0, cached = 0;
-  uint32_t ok = 0;
+  uint32_t ok = 0, with_ttft = 0;
+  double ttft_sum = 0;
   std::map<std::string, uint32_t> per_replica;
   std::map<std::string, uint32_t> codes;
   for (const Record& r : records) {
     codes[CodeName(r.code)]++;
     if (r.code != grpc::StatusCode::OK) continue;
     ++ok;
+    if (r.first_s >= 0) {
+      ttft_sum += r.first_s - r.start_s;
+      ++with_ttft;
+    }
     prompt_tokens += r.prompt_tokens;
     cached += r.cached_tokens;
     per_replica[r.replica.empty() ? "?" : r.replica]++;
@@ -471,6 +478,8 @@ int Run(const Options& o) {
       {"prompt_tokens", prompt_tokens},
       {"cached_prompt_tokens", cached},
       {"hit_ratio", prompt_tokens ? static_cast<double>(cached) / prompt_tokens : 0.0},
+      {"requests_per_s", wall_s > 0 ? ok / wall_s : 0.0},
+      {"mean_ttft_s", with_ttft ? ttft_sum / with_ttft : 0.0},
       {"requests_per_replica", per_replica},
       {"busiest_over_mean", mean > 0 ? busiest / mean : 0.0},
       {"codes", codes}};

@@ -195,7 +195,15 @@ void PrintCacheStats(const v1::CacheStats& s, bool json, std::ostream& out) {
                            {"disk_spills", s.disk_spills()},
                            {"disk_spills_dropped", s.disk_spills_dropped()},
                            {"disk_loads", s.disk_loads()},
-                           {"disk_corrupt_blocks", s.disk_corrupt_blocks()}})
+                           {"disk_corrupt_blocks", s.disk_corrupt_blocks()},
+                           {"remote_configured", s.remote_configured()},
+                           {"remote_up", s.remote_up()},
+                           {"remote_hit_tokens", s.remote_hit_tokens()},
+                           {"remote_stores", s.remote_stores()},
+                           {"remote_stores_dropped", s.remote_stores_dropped()},
+                           {"remote_loads", s.remote_loads()},
+                           {"remote_corrupt_blocks", s.remote_corrupt_blocks()},
+                           {"remote_errors", s.remote_errors()}})
                .dump()
         << "\n";
     return;
@@ -211,12 +219,21 @@ void PrintCacheStats(const v1::CacheStats& s, bool json, std::ostream& out) {
       "pool             %u bytes\n",
       s.hit_tokens(), s.queried_tokens(), ratio, s.blocks_total(), s.blocks_free(),
       s.blocks_active(), s.blocks_cached(), s.evictions(), s.cow_copies(), s.pool_bytes());
-  if (s.disk_cap_bytes() == 0) return;  // no disk tier
-  out << absl::StrFormat(
-      "disk tier        %u blocks, %u of %u bytes; %u of the prompt tokens above came from it\n"
-      "disk traffic     %u blocks written, %u dropped, %u read back, %u corrupt (recomputed)\n",
-      s.disk_blocks(), s.disk_bytes(), s.disk_cap_bytes(), s.disk_hit_tokens(), s.disk_spills(),
-      s.disk_spills_dropped(), s.disk_loads(), s.disk_corrupt_blocks());
+  if (s.disk_cap_bytes() > 0) {
+    out << absl::StrFormat(
+        "disk tier        %u blocks, %u of %u bytes; %u of the prompt tokens above came from it\n"
+        "disk traffic     %u blocks written, %u dropped, %u read back, %u corrupt (recomputed)\n",
+        s.disk_blocks(), s.disk_bytes(), s.disk_cap_bytes(), s.disk_hit_tokens(), s.disk_spills(),
+        s.disk_spills_dropped(), s.disk_loads(), s.disk_corrupt_blocks());
+  }
+  if (s.remote_configured()) {
+    out << absl::StrFormat(
+        "remote tier      %s; %u of the prompt tokens above came from it\n"
+        "remote traffic   %u blocks published, %u dropped, %u read, %u corrupt (recomputed), "
+        "%u faults\n",
+        s.remote_up() ? "up" : "DOWN", s.remote_hit_tokens(), s.remote_stores(),
+        s.remote_stores_dropped(), s.remote_loads(), s.remote_corrupt_blocks(), s.remote_errors());
+  }
 }
 
 int RunStats(Connection& conn, const CliArgs& args, std::ostream& out, std::ostream& err) {

@@ -19,6 +19,7 @@
 #include "base/check.h"
 #include "cache/block_key.h"
 #include "cache/disk/disk_tier.h"
+#include "cache/remote/remote_tier.h"
 #include "cache/kv_cache.h"
 #include "engine/dtype.h"
 #include "engine/lora_adapter.h"
@@ -73,11 +74,12 @@ class Engine::DiskSpiller {
 };
 
 Engine::Engine(const EngineOptions& options, std::unique_ptr<DiskTier> tier,
-               std::unique_ptr<DiskSpiller> spiller, std::unique_ptr<ScoreStore> scores,
-               std::unique_ptr<KvCache> cache)
+               std::unique_ptr<DiskSpiller> spiller, std::unique_ptr<RemoteTier> remote,
+               std::unique_ptr<ScoreStore> scores, std::unique_ptr<KvCache> cache)
     : options_(options),
       tier_(std::move(tier)),
       spiller_(std::move(spiller)),
+      remote_(std::move(remote)),
       scores_(std::move(scores)),
       cache_(std::move(cache)),
       shared_(std::make_shared<Shared>()),
@@ -88,6 +90,7 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<DiskTier> tier,
                                                                   options.max_batch_tokens,
                                                               .clock = options_.clock,
                                                               .disk_tier = tier_.get(),
+                                                              .remote_tier = remote_.get(),
                                                               // Records live only while
                                                               // their blocks are indexed.
                                                               .scores = options.enable_prefix_cache
@@ -253,9 +256,10 @@ void Engine::Loop() {
 // Evicting every cached block runs the spill hook on each (least recently used first), which
 // now waits for room in the write queue.
 void Engine::SpillAtShutdown(absl::Time grace_deadline) {
-  if (tier_ == nullptr) return;
   const absl::Time end = std::min(grace_deadline, absl::Now() + kDiskTierShutdownSpill);
   if (absl::Now() >= end) return;
+  if (remote_ != nullptr) remote_->Flush(end);  // blocks computed lately reach the fleet
+  if (tier_ == nullptr) return;
   spiller_->set_wait_until(end);
   cache_->Evict(cache_->num_blocks());
   tier_->Flush(end);
@@ -267,8 +271,11 @@ void Engine::PublishStats() {
   absl::MutexLock lock(&stats_mu_);
   stats_ = now;
   if (tier_ != nullptr) stats_.disk = tier_->Stats();
-  scheduler_->DrainLatencies(&latencies_.ttft, &latencies_.tpot, &latencies_.disk_load);
-  for (std::vector<double>* v : {&latencies_.ttft, &latencies_.tpot, &latencies_.disk_load}) {
+  if (remote_ != nullptr) stats_.remote = remote_->Stats();
+  scheduler_->DrainLatencies(&latencies_.ttft, &latencies_.tpot, &latencies_.disk_load,
+                             &latencies_.remote_load);
+  for (std::vector<double>* v : {&latencies_.ttft, &latencies_.tpot, &latencies_.disk_load,
+                                 &latencies_.remote_load}) {
     if (v->size() > kMaxPendingLatencies) {
       v->erase(v->begin(), v->end() - kMaxPendingLatencies / 2);  // keep the latest half
     }
@@ -333,6 +340,19 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     tier = *std::move(opened);
     spiller = std::make_unique<DiskSpiller>(options.backend, tier.get());
   }
+  std::unique_ptr<RemoteTier> remote;
+  if (!options.remote_tier.url.empty()) {
+    if (!options.enable_prefix_cache) {
+      return absl::InvalidArgumentError(
+          "the remote cache tier needs the prefix cache: drop --no-prefix-cache or --kv-remote");
+    }
+    absl::StatusOr<DiskLayout> layout = EngineDiskLayout(options);
+    if (!layout.ok()) return layout.status();
+    absl::StatusOr<std::unique_ptr<RemoteTier>> opened =
+        RemoteTier::Open(options.remote_tier, *layout);
+    if (!opened.ok()) return opened.status();
+    remote = *std::move(opened);
+  }
   // A block's score record leaves with the block (engine/score_store.h).
   auto scores = std::make_unique<ScoreStore>();
   cache_options.on_evict = [s = spiller.get(), store = scores.get()](const EvictedBlock& e) {
@@ -344,8 +364,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   EngineOptions resolved = options;
   if (!resolved.clock) resolved.clock = [] { return absl::Now(); };
   return std::unique_ptr<Engine>(
-      new Engine(resolved, std::move(tier), std::move(spiller), std::move(scores),
-                 *std::move(cache)));
+      new Engine(resolved, std::move(tier), std::move(spiller), std::move(remote),
+                 std::move(scores), *std::move(cache)));
 }
 
 }  // namespace prefixd

@@ -29,6 +29,7 @@
 namespace prefixd {
 
 class DiskTier;
+class RemoteTier;
 class KvCache;
 class Scheduler;
 class ScoreStore;
@@ -61,7 +62,8 @@ class Engine {
   struct Latencies {
     std::vector<double> ttft;
     std::vector<double> tpot;
-    std::vector<double> disk_load;  // per block read from the disk tier (read, verify, upload)
+    std::vector<double> disk_load;    // per block read from the disk tier (read, verify, upload)
+    std::vector<double> remote_load;  // per block read from the remote tier (GET, verify, upload)
   };
   // Observations waiting for DrainLatencies are bounded: with nobody draining (no metrics
   // scrape) a long-running server would otherwise grow by 8 bytes per token. Past this many
@@ -77,8 +79,8 @@ class Engine {
   class DiskSpiller;   // the pool's eviction hook into the disk tier (engine.cc)
 
   Engine(const EngineOptions& options, std::unique_ptr<DiskTier> tier,
-         std::unique_ptr<DiskSpiller> spiller, std::unique_ptr<ScoreStore> scores,
-         std::unique_ptr<KvCache> cache);
+         std::unique_ptr<DiskSpiller> spiller, std::unique_ptr<RemoteTier> remote,
+         std::unique_ptr<ScoreStore> scores, std::unique_ptr<KvCache> cache);
 
   // Runs `task` on the engine thread between two steps, or on the calling thread once the
   // engine thread has stopped; returns after it ran. The task may use the engine thread's
@@ -95,6 +97,7 @@ class Engine {
   // The tier and the spill hook outlive the cache that calls it.
   std::unique_ptr<DiskTier> tier_;
   std::unique_ptr<DiskSpiller> spiller_;
+  std::unique_ptr<RemoteTier> remote_;  // the scheduler publishes to it
   // Score records of cached blocks (engine/score_store.h); the pool's eviction hook forgets
   // them, so it outlives the cache too.
   std::unique_ptr<ScoreStore> scores_;

@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "cache/disk/block_file.h"
 #include "cache/disk/disk_tier_options.h"
+#include "cache/remote/remote_tier_options.h"
 #include "engine/backend.h"
 #include "engine/model_config.h"
 
@@ -40,9 +41,15 @@ struct EngineOptions {
   // FAILED_PRECONDITION when the directory cannot be used (not writable, locked by another
   // process).
   DiskTierOptions disk_tier;
+  // Shared cache tier on Redis (cache/remote/remote_tier.h); off while remote_tier.url is
+  // empty. Every full block this engine computes is published to it (asynchronously, dropped
+  // when the queue is full or the tier is down), and admissions continue their prefix match
+  // into it after the pool's and the disk tier's. Needs enable_prefix_cache.
+  RemoteTierOptions remote_tier;
 };
 
-// The longest Shutdown spends writing cached blocks to the disk tier.
+// The longest Shutdown spends writing cached blocks to the disk tier (and publishing the
+// remote tier's queue).
 inline constexpr absl::Duration kDiskTierShutdownSpill = absl::Seconds(10);
 
 // The disk tier layout of an engine's blocks: its manifest, the backend's kv_numerics(),

@@ -6,6 +6,7 @@
 
 #include "cache/disk/disk_tier_stats.h"
 #include "cache/kv_cache_stats.h"
+#include "cache/remote/remote_tier_stats.h"
 
 namespace prefixd {
 
@@ -18,6 +19,7 @@ struct SchedulerCounters {
   uint64_t waiting_requests = 0;  // not running (never admitted, or all preempted)
   uint64_t running_requests = 0;  // at least one sequence running
   uint64_t disk_hit_tokens = 0;   // prompt tokens of first admissions loaded from the disk tier
+  uint64_t remote_hit_tokens = 0;  // ... and from the remote tier
   // Prompt positions whose log-probability was returned (prompt length - 1 per request with
   // prompt_logprobs), and of those the ones taken from score records kept with cached blocks.
   uint64_t prompt_logprob_tokens = 0;
@@ -30,13 +32,14 @@ struct SchedulerCounters {
 struct EngineStats {
   KvCacheStats cache;
   SchedulerCounters scheduler;
-  DiskTierStats disk;  // all zero without a disk tier
+  DiskTierStats disk;      // all zero without a disk tier
+  RemoteTierStats remote;  // all zero (configured false) without a remote tier
 };
 
 // = Σ cached_prompt_tokens of first admissions: prompt tokens served from the pool plus
-// those loaded from the disk tier.
+// those loaded from the disk and remote tiers.
 inline uint64_t HitTokens(const EngineStats& s) {
-  return s.cache.hit_tokens + s.scheduler.disk_hit_tokens;
+  return s.cache.hit_tokens + s.scheduler.disk_hit_tokens + s.scheduler.remote_hit_tokens;
 }
 
 }  // namespace prefixd

@@ -84,13 +84,16 @@ void Scheduler::EndAll(const absl::Status& status) {
 }
 
 void Scheduler::DrainLatencies(std::vector<double>* ttft, std::vector<double>* tpot,
-                               std::vector<double>* disk_load) {
+                               std::vector<double>* disk_load,
+                               std::vector<double>* remote_load) {
   ttft->insert(ttft->end(), ttft_.begin(), ttft_.end());
   tpot->insert(tpot->end(), tpot_.begin(), tpot_.end());
   disk_load->insert(disk_load->end(), disk_load_.begin(), disk_load_.end());
+  remote_load->insert(remote_load->end(), remote_load_.begin(), remote_load_.end());
   ttft_.clear();
   tpot_.clear();
   disk_load_.clear();
+  remote_load_.clear();
 }
 
 void Scheduler::SortRunning() {
@@ -178,6 +181,7 @@ bool Scheduler::Step() {
   size_t row = 0;
   for (const Scheduled& s : batch) {
     cache_->MarkComputed(s.seq->cache_seq, s.start + s.count);
+    if (options_.remote_tier != nullptr) PublishComputed(s);
     if (!s.decode) counters_.prefill_tokens += s.count;
     const bool ends = s.start + s.count == Len(*s.seq);
     const size_t rows = s.all_logits ? static_cast<size_t>(s.count) : ends ? 1 : 0;
@@ -223,13 +227,17 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
       continue;
     }
     int32_t disk_blocks = 0;
+    int32_t remote_blocks = 0;
     const int32_t pool_blocks = plan.ok() ? plan->matched_tokens / bs : 0;
-    // Disk blocks carry no score records: a scoring request computes past the pool's.
-    if (plan.ok() && options_.disk_tier != nullptr && !scoring) {
-      disk_blocks = DiskMatch(seq, pool_blocks);
+    // Tier blocks carry no score records: a scoring request computes past the pool's.
+    if (plan.ok() && !scoring) {
+      if (options_.disk_tier != nullptr) disk_blocks = DiskMatch(seq, pool_blocks);
+      if (options_.remote_tier != nullptr) {
+        remote_blocks = RemoteMatch(seq, pool_blocks + disk_blocks);
+      }
       // The loads fill whole blocks after the pool's whole blocks: no partial copy into the
       // first of them.
-      if (disk_blocks > 0 && plan->matched_tokens % bs != 0) {
+      if (disk_blocks + remote_blocks > 0 && plan->matched_tokens % bs != 0) {
         ar.whole_blocks_only = true;
         plan = cache_->PlanAdmission(ar);
       }
@@ -255,11 +263,12 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
     seq->admit_order = next_admit_order_++;
     seq->decoding = false;
     int32_t start = admission.num_cached;
-    if (disk_blocks > 0) {
+    if (disk_blocks + remote_blocks > 0) {
       PREFIXD_CHECK(admission.num_cached == pool_blocks * bs);
       // Assumes every load succeeds; RunDiskLoads moves the start back if one does not.
-      start = std::min((pool_blocks + disk_blocks) * bs, Len(*seq) - 1);
-      pending_loads_.push_back(DiskLoad{seq, pool_blocks, disk_blocks, !r->admitted_once});
+      start = std::min((pool_blocks + disk_blocks + remote_blocks) * bs, Len(*seq) - 1);
+      pending_loads_.push_back(DiskLoad{seq, pool_blocks, disk_blocks + remote_blocks,
+                                        disk_blocks, !r->admitted_once});
     }
     if (scoring) TakeScores(seq, admission.num_cached);
     if (!r->admitted_once) {
@@ -280,13 +289,55 @@ int32_t Scheduler::DiskMatch(const Sequence* seq, int32_t pool_blocks) const {
   return static_cast<int32_t>(options_.disk_tier->MatchFrom(keys.subspan(pool_blocks)));
 }
 
+int32_t Scheduler::RemoteMatch(Sequence* seq, int32_t from) {
+  // A waiting request is planned again every step; one round trip per kRemoteMatchReuse is
+  // enough to see blocks another replica published meanwhile.
+  constexpr absl::Duration kRemoteMatchReuse = absl::Milliseconds(50);
+  const absl::Span<const Digest> keys = seq->chain->keys();
+  if (from >= static_cast<int32_t>(keys.size())) return 0;
+  const absl::Time now = absl::Now();
+  if (seq->remote_from != from || now - seq->remote_asked >= kRemoteMatchReuse) {
+    seq->remote_from = from;
+    seq->remote_asked = now;
+    seq->remote_blocks =
+        static_cast<int32_t>(options_.remote_tier->MatchFrom(keys.subspan(from)));
+  }
+  return seq->remote_blocks;
+}
+
+void Scheduler::PublishComputed(const Scheduled& s) {
+  const int32_t bs = cache_->block_size();
+  const absl::Span<const Digest> keys = s.seq->chain->keys();
+  const int32_t end = s.start + s.count;
+  // The blocks whose last row this step computed: from the one `start` is in, to the last
+  // one `end` fills.
+  const int32_t last = std::min(end / bs, static_cast<int32_t>(keys.size()));
+  const absl::Span<const int32_t> table = cache_->BlockTable(s.seq->cache_seq);
+  for (int32_t b = s.start / bs; b < last; ++b) {
+    if (!options_.remote_tier->WantsPublish(keys[b])) continue;
+    BlockRecord record;
+    record.root = s.seq->chain->root();
+    record.parent_key = b == 0 ? record.root : keys[b - 1];
+    record.key = keys[b];
+    const absl::Span<const uint32_t> tokens = s.seq->chain->block(b);
+    record.tokens.assign(tokens.begin(), tokens.end());
+    record.data.resize(static_cast<size_t>(backend_->KvBlockBytes()));
+    // A failed read is a backend failure that the next Forward reports; the block is simply
+    // not published.
+    if (!backend_->ReadKvBlock(table[b], absl::MakeSpan(record.data)).ok()) return;
+    options_.remote_tier->Publish(std::move(record));
+  }
+}
+
 absl::Status Scheduler::RunDiskLoads(absl::Span<Scheduled> batch) {
   const int32_t bs = cache_->block_size();
   std::vector<DiskLoad> loads;
   loads.swap(pending_loads_);
   load_buffer_.resize(static_cast<size_t>(backend_->KvBlockBytes()));
   for (const DiskLoad& load : loads) {
-    options_.disk_tier->Prefetch(load.seq->chain->keys().subspan(load.first_block, load.count));
+    if (load.disk_count == 0) continue;
+    options_.disk_tier->Prefetch(
+        load.seq->chain->keys().subspan(load.first_block, load.disk_count));
   }
   for (DiskLoad& load : loads) {
     Sequence* seq = load.seq;
@@ -297,13 +348,18 @@ absl::Status Scheduler::RunDiskLoads(absl::Span<Scheduled> batch) {
     int32_t loaded = 0;
     for (; loaded < load.count; ++loaded) {
       const int32_t b = load.first_block + loaded;
+      const bool from_disk = loaded < load.disk_count;
       const absl::Time t0 = absl::Now();
       const BlockExpectation expect{
           .root = seq->chain->root(), .key = seq->chain->keys()[b], .tokens = seq->chain->block(b)};
-      // Absent (deleted for the cap since the match) or corrupt: compute from here on.
-      if (!options_.disk_tier->Load(expect, absl::MakeSpan(load_buffer_)).ok()) break;
+      // Absent (deleted for the cap, or evicted by Redis, since the match), corrupt or
+      // unreachable: compute from here on.
+      const absl::Status got =
+          from_disk ? options_.disk_tier->Load(expect, absl::MakeSpan(load_buffer_))
+                    : options_.remote_tier->Load(expect, absl::MakeSpan(load_buffer_));
+      if (!got.ok()) break;
       if (absl::Status w = backend_->WriteKvBlock(table[b], load_buffer_); !w.ok()) return w;
-      disk_load_.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+      (from_disk ? disk_load_ : remote_load_).push_back(absl::ToDoubleSeconds(absl::Now() - t0));
     }
     const int32_t pool_cached = load.first_block * bs;
     const int32_t cached =
@@ -312,7 +368,10 @@ absl::Status Scheduler::RunDiskLoads(absl::Span<Scheduled> batch) {
     if (cached > pool_cached) cache_->MarkComputed(seq->cache_seq, cached);
     if (load.first_admission) {
       seq->request->usage.cached_prompt_tokens += static_cast<uint32_t>(cached - pool_cached);
-      counters_.disk_hit_tokens += static_cast<uint64_t>(cached - pool_cached);
+      // The tokens of the disk's blocks first, the rest the remote tier's.
+      const int32_t disk_cached = std::min(cached, (load.first_block + load.disk_count) * bs);
+      counters_.disk_hit_tokens += static_cast<uint64_t>(std::max(disk_cached - pool_cached, 0));
+      counters_.remote_hit_tokens += static_cast<uint64_t>(cached - std::max(disk_cached, pool_cached));
     }
     // Admit gave the entry the tokens left after a full load; from an earlier start, the
     // same count is still within the prompt.

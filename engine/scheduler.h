@@ -11,11 +11,13 @@
 //  3. waiting requests are admitted in order while budget and blocks remain. One whose
 //     prefix another running sequence is computing right now waits for those blocks
 //     instead of computing them twice. With a disk tier, the prefix match continues into it
-//     after the pool's match ends: the whole blocks it holds are admitted as blocks to load.
-// Then the copies cache/ asked for run, the disk blocks are read into the admitted
-// sequences' fresh blocks (synchronously, on this thread; a block that fails verification
-// and every one after it are computed instead), the backend runs the batch, computed rows are
-// marked (full blocks become shareable), and tokens are sampled and streamed.
+//     after the pool's match ends, and with a remote tier into that after the disk's: the
+//     whole blocks they hold are admitted as blocks to load.
+// Then the copies cache/ asked for run, the tier blocks are read into the admitted
+// sequences' fresh blocks (synchronously, on this thread; a block that is gone, fails
+// verification or cannot be fetched, and every one after it, are computed instead), the
+// backend runs the batch, computed rows are marked (full blocks become shareable, and are
+// published to the remote tier), and tokens are sampled and streamed.
 //
 // Invariants: every request in the scheduler ends with exactly one kDone; a finished or
 // preempted sequence holds no KvCache sequence; a backend error ends every request that was
@@ -34,6 +36,7 @@
 #include "absl/time/time.h"
 #include "cache/disk/disk_tier.h"
 #include "cache/kv_cache.h"
+#include "cache/remote/remote_tier.h"
 #include "engine/backend.h"
 #include "engine/engine_stats.h"
 #include "engine/model_config.h"
@@ -49,6 +52,7 @@ struct SchedulerOptions {
   int32_t max_batch_tokens = 512;
   std::function<absl::Time()> clock;  // required
   DiskTier* disk_tier = nullptr;      // not owned; null: no disk tier
+  RemoteTier* remote_tier = nullptr;  // not owned; null: no remote tier
   // Not owned; null: no score records are kept (prompt logprobs are then always computed).
   ScoreStore* scores = nullptr;
 };
@@ -80,7 +84,7 @@ class Scheduler {
   const SchedulerCounters& counters() const { return counters_; }
   // Latency observations (seconds) since the last call.
   void DrainLatencies(std::vector<double>* ttft, std::vector<double>* tpot,
-                      std::vector<double>* disk_load);
+                      std::vector<double>* disk_load, std::vector<double>* remote_load);
 
  private:
   struct Scheduled {
@@ -91,18 +95,25 @@ class Scheduler {
     bool all_logits = false;  // a prompt chunk of a request with prompt_logprobs
   };
 
-  // Blocks an admission found in the disk tier: blocks first_block .. first_block + count - 1
-  // of seq's chain, to be read into its (fresh) blocks before the step's Forward.
+  // Blocks an admission found in the tiers: blocks first_block .. first_block + count - 1
+  // of seq's chain, to be read into its (fresh) blocks before the step's Forward; the first
+  // disk_count of them from the disk tier, the rest from the remote tier.
   struct DiskLoad {
     Sequence* seq;
     int32_t first_block;
     int32_t count;
+    int32_t disk_count;
     bool first_admission;
   };
 
   void Admit(std::vector<Scheduled>* batch, int32_t* budget);
   // How many disk blocks continue `seq`'s match after the pool's first `pool_blocks` blocks.
   int32_t DiskMatch(const Sequence* seq, int32_t pool_blocks) const;
+  // How many remote blocks continue `seq`'s match from block `from` on (reusing the
+  // sequence's latest answer when it is fresh).
+  int32_t RemoteMatch(Sequence* seq, int32_t from);
+  // Publishes to the remote tier the full blocks that `s`'s computed rows completed.
+  void PublishComputed(const Scheduled& s);
   // Reads the blocks of pending_loads_ into the pool, marks them computed and moves each
   // batch entry's start past what was loaded. Non-OK only for a backend failure.
   absl::Status RunDiskLoads(absl::Span<Scheduled> batch);
@@ -143,7 +154,7 @@ class Scheduler {
   std::vector<uint8_t> load_buffer_;  // one block's K/V bytes
   int64_t next_admit_order_ = 0;
   SchedulerCounters counters_;
-  std::vector<double> ttft_, tpot_, disk_load_;
+  std::vector<double> ttft_, tpot_, disk_load_, remote_load_;
   std::vector<float> logits_;
 };
 

@@ -50,6 +50,12 @@ struct Sequence {
   // When this sample's latest token was emitted: the next one's time per output token is
   // measured from here (a preemption in between counts, as the client waited through it).
   absl::Time last_token_time;
+  // The remote tier's latest answer for this sequence: it holds remote_blocks blocks from
+  // block remote_from on, asked at remote_asked. A request waiting for room is planned again
+  // every step; within kRemoteMatchReuse the answer is reused instead of asked again.
+  int32_t remote_from = -1;
+  int32_t remote_blocks = 0;
+  absl::Time remote_asked;
 };
 
 struct RequestState {

@@ -101,6 +101,15 @@ void ToProto(const EngineStats& stats, v1::CacheStats* out) {
   out->set_disk_spills_dropped(d.spills_dropped);
   out->set_disk_loads(d.loads);
   out->set_disk_corrupt_blocks(d.corrupt_blocks);
+  const RemoteTierStats& rt = stats.remote;
+  out->set_remote_configured(rt.configured);
+  out->set_remote_up(rt.up);
+  out->set_remote_hit_tokens(stats.scheduler.remote_hit_tokens);
+  out->set_remote_stores(rt.stores);
+  out->set_remote_stores_dropped(rt.stores_dropped);
+  out->set_remote_loads(rt.loads);
+  out->set_remote_corrupt_blocks(rt.corrupt_blocks);
+  out->set_remote_errors(rt.connect_errors + rt.match_errors + rt.load_errors + rt.store_errors);
 }
 
 void InferenceService::GenerateStarted() {

@@ -48,6 +48,14 @@ ABSL_FLAG(std::string, cache_dir, "",
           "restarts; empty = no disk tier");
 ABSL_FLAG(int64_t, cache_dir_bytes, 0,
           "Cap on the disk tier's files; 0 = the smaller of 8 GiB and half the free space");
+ABSL_FLAG(std::string, kv_remote, "",
+          "Shared cache tier on Redis/Valkey: redis://HOST:PORT[/DB] or unix:///path; every "
+          "computed block is published there and admissions match into it; empty = none");
+ABSL_FLAG(std::string, kv_remote_password_file, "",
+          "File whose first line is the Redis password (AUTH); never put it in --kv-remote");
+ABSL_FLAG(std::string, kv_remote_prefix, "prefixd:", "Prefix of every key in the remote tier");
+ABSL_FLAG(absl::Duration, kv_remote_timeout, absl::Milliseconds(20),
+          "Bound on each remote-tier connect and command; a tier past it is skipped with backoff");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(30),
           "On SIGTERM/SIGINT, how long running and queued requests may continue");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain; with --tls-key serves TLS");
@@ -203,6 +211,10 @@ ServerOptions OptionsFromFlags() {
   o.enable_prefix_cache = !absl::GetFlag(FLAGS_no_prefix_cache);
   o.cache_dir = absl::GetFlag(FLAGS_cache_dir);
   o.cache_dir_bytes = absl::GetFlag(FLAGS_cache_dir_bytes);
+  o.kv_remote = absl::GetFlag(FLAGS_kv_remote);
+  o.kv_remote_password_file = absl::GetFlag(FLAGS_kv_remote_password_file);
+  o.kv_remote_prefix = absl::GetFlag(FLAGS_kv_remote_prefix);
+  o.kv_remote_timeout = absl::GetFlag(FLAGS_kv_remote_timeout);
   o.listen = absl::GetFlag(FLAGS_listen);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.http_listen = absl::GetFlag(FLAGS_http_listen);

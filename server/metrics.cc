@@ -18,6 +18,9 @@ const prometheus::Histogram::BucketBoundaries kTtftBuckets = {0.005, 0.01, 0.025
 // One block from the disk tier: ~0.1 ms from the page cache to ~10 ms from a slow disk.
 const prometheus::Histogram::BucketBoundaries kDiskLoadBuckets = {
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1};
+// One block from the remote tier: a GET of ~1 MB over a LAN is ~1 ms; its timeout is 20 ms.
+const prometheus::Histogram::BucketBoundaries kRemoteLoadBuckets = {
+    0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25};
 const prometheus::Histogram::BucketBoundaries kTpotBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025,
                                                               0.05,  0.1,    0.25,  0.5,  1};
 
@@ -64,6 +67,49 @@ ServerMetrics::ServerMetrics(MetricsSources sources)
   AddStatsCounter("prefixd_disk_cache_evicted_files_total",
                   "Disk tier block files deleted to stay under the cap",
                   [](const EngineStats& s) { return s.disk.evicted_files; });
+  // = the part of prefixd_prefix_cache_hit_tokens_total read from the remote (Redis) tier.
+  AddStatsCounter("prefixd_remote_cache_hit_tokens_total",
+                  "Prompt tokens served from the remote cache tier (part of the hit tokens)",
+                  [](const EngineStats& s) { return s.scheduler.remote_hit_tokens; });
+  // = blocks this server published to the remote tier (SET answered OK).
+  AddStatsCounter("prefixd_remote_cache_stores_total",
+                  "KV blocks published to the remote cache tier",
+                  [](const EngineStats& s) { return s.remote.stores; });
+  // = computed blocks not published: queue full, tier down or backing off, a failed SET.
+  AddStatsCounter("prefixd_remote_cache_stores_dropped_total",
+                  "Computed KV blocks not published to the remote tier (queue full, tier down)",
+                  [](const EngineStats& s) { return s.remote.stores_dropped; });
+  // = blocks read from the remote tier, verified and copied into the pool.
+  AddStatsCounter("prefixd_remote_cache_loads_total",
+                  "KV blocks loaded from the remote cache tier into the pool",
+                  [](const EngineStats& s) { return s.remote.loads; });
+  // = values that failed verification (checksum, key, tokens, layout): deleted, recomputed.
+  AddStatsCounter("prefixd_remote_cache_corrupt_blocks_total",
+                  "Remote tier values that failed verification (deleted, recomputed)",
+                  [](const EngineStats& s) { return s.remote.corrupt_blocks; });
+  {
+    // = faults by operation (connect incl. AUTH/SELECT, match, load, store); each one also
+    //   starts the tier's backoff.
+    auto& errors = BuildCounter()
+                       .Name("prefixd_remote_cache_errors_total")
+                       .Help("Remote cache tier faults by operation (connect, match, load, store)")
+                       .Register(r);
+    const std::pair<const char*, uint64_t (*)(const EngineStats&)> ops[] = {
+        {"connect", [](const EngineStats& s) { return s.remote.connect_errors; }},
+        {"match", [](const EngineStats& s) { return s.remote.match_errors; }},
+        {"load", [](const EngineStats& s) { return s.remote.load_errors; }},
+        {"store", [](const EngineStats& s) { return s.remote.store_errors; }},
+    };
+    absl::MutexLock lock(&mu_);
+    for (const auto& [op, read] : ops) {
+      stats_counters_.push_back({&errors.Add({{"op", op}}), read, 0});
+    }
+  }
+  remote_up_ = &BuildGauge()
+                    .Name("prefixd_remote_cache_up")
+                    .Help("1 while the remote cache tier's last command succeeded, else 0")
+                    .Register(r)
+                    .Add({});
   // free + active + cached = the pool's blocks.
   auto& blocks = BuildGauge()
                      .Name("prefixd_kv_blocks")
@@ -171,6 +217,11 @@ ServerMetrics::ServerMetrics(MetricsSources sources)
                     .Help("Seconds to read, verify and copy one block from the disk tier")
                     .Register(r)
                     .Add({}, kDiskLoadBuckets);
+  remote_load_ = &BuildHistogram()
+                      .Name("prefixd_remote_cache_load_seconds")
+                      .Help("Seconds to fetch, verify and copy one block from the remote tier")
+                      .Register(r)
+                      .Add({}, kRemoteLoadBuckets);
   auto& memory = BuildGauge()
                      .Name("prefixd_memory_bytes")
                      .Help("Bytes the backend holds: weights, kv_pool, workspace; and the "
@@ -221,12 +272,14 @@ void ServerMetrics::RefreshLocked() const {
     disk_bytes_->Set(static_cast<double>(now.disk.bytes));
     disk_cap_bytes_->Set(static_cast<double>(now.disk.cap_bytes));
     disk_blocks_->Set(static_cast<double>(now.disk.blocks));
+    remote_up_->Set(now.remote.up ? 1.0 : 0.0);
   }
   if (sources_.latencies) {
     const Engine::Latencies lat = sources_.latencies();
     for (double s : lat.ttft) ttft_->Observe(s);
     for (double s : lat.tpot) tpot_->Observe(s);
     for (double s : lat.disk_load) disk_load_->Observe(s);
+    for (double s : lat.remote_load) remote_load_->Observe(s);
   }
   if (sources_.memory) {
     const MemoryUsage m = sources_.memory();

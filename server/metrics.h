@@ -82,6 +82,8 @@ class ServerMetrics : public prometheus::Collectable {
   prometheus::Gauge* disk_cap_bytes_;
   prometheus::Gauge* disk_blocks_;
   prometheus::Histogram* disk_load_;
+  prometheus::Gauge* remote_up_;
+  prometheus::Histogram* remote_load_;
   prometheus::Gauge* mem_weights_;
   prometheus::Gauge* mem_kv_pool_;
   prometheus::Gauge* mem_workspace_;

@@ -38,6 +38,7 @@
 #include "server/metrics.h"
 #include "server/rate_limited_log.h"
 #include "server/request_path.h"
+#include "cache/remote/remote_tier.h"
 #include "server/tls_identity.h"
 
 namespace prefixd {
@@ -193,6 +194,18 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
   }
   if (!o.cache_dir.empty() && !o.enable_prefix_cache) {
     return InvalidArgumentError("--cache-dir needs the prefix cache: drop --no-prefix-cache");
+  }
+  if (!o.kv_remote.empty()) {
+    if (absl::StatusOr<RemoteEndpoint> e = ParseRemoteUrl(o.kv_remote); !e.ok()) return e.status();
+    if (!o.enable_prefix_cache) {
+      return InvalidArgumentError("--kv-remote needs the prefix cache: drop --no-prefix-cache");
+    }
+    if (o.kv_remote_timeout <= absl::ZeroDuration() || o.kv_remote_timeout > absl::Seconds(10)) {
+      return InvalidArgumentError(StrCat("--kv-remote-timeout must be above 0 and at most 10s, got ",
+                                         absl::FormatDuration(o.kv_remote_timeout)));
+    }
+  } else if (!o.kv_remote_password_file.empty()) {
+    return InvalidArgumentError("--kv-remote-password-file needs --kv-remote");
   }
   if (o.shutdown_grace < absl::ZeroDuration()) {
     return InvalidArgumentError(StrCat("--shutdown-grace must not be negative, got ",
@@ -390,6 +403,30 @@ absl::Status Server::Parts::Build() {
   eopt.enable_prefix_cache = options.enable_prefix_cache;
   eopt.disk_tier.dir = options.cache_dir;
   eopt.disk_tier.max_bytes = options.cache_dir_bytes;
+  if (!options.kv_remote.empty()) {
+    RemoteTierOptions& r = eopt.remote_tier;
+    r.url = options.kv_remote;
+    r.key_prefix = options.kv_remote_prefix;
+    r.timeout = options.kv_remote_timeout;
+    if (!options.kv_remote_password_file.empty()) {
+      absl::StatusOr<std::string> pw = ReadWholeFile(options.kv_remote_password_file);
+      if (!pw.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "--kv-remote-password-file ", options.kv_remote_password_file, ": ", pw.status().message()));
+      }
+      r.password = pw->substr(0, pw->find_first_of("\r\n"));
+      if (r.password.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "--kv-remote-password-file ", options.kv_remote_password_file,
+            ": the first line is empty (it must hold the password)"));
+      }
+    }
+    // One line per 10 s at most: a Redis that is down fails every admission's match.
+    auto faults = std::make_shared<RateLimitedLog>(RateLimitedLog::Options{
+        .sink = [sink = log](std::string_view line) { sink(line); },
+        .interval = absl::Seconds(10)});
+    r.log = [faults](const std::string& line) { faults->Write(line); };
+  }
   // From the engine thread: BeginDrain does not block, so the engine can stop afterwards.
   eopt.on_fatal_error = [this](const absl::Status& status) { OnFatalError(status); };
   absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(eopt);
@@ -405,6 +442,11 @@ absl::Status Server::Parts::Build() {
         options.cache_dir, d.blocks, d.bytes, d.foreign_files, d.cap_bytes,
         options.cache_dir_bytes > 0 ? " (--cache-dir-bytes)"
                                     : " (the smaller of 8 GiB and half the free space)"));
+  }
+  if (!options.kv_remote.empty()) {
+    const RemoteTierStats r = engine->Stats().remote;
+    log(absl::StrCat("remote cache ", options.kv_remote, " (keys ", options.kv_remote_prefix,
+                     "*): ", r.up ? "up" : "not reached yet; counted and retried with backoff"));
   }
   if (auth->enabled()) {
     log(absl::StrCat("bearer tokens required (", auth->num_tokens(), " tokens)"));

@@ -58,6 +58,13 @@ struct ServerOptions {
   // half the free space of its filesystem at start-up).
   std::string cache_dir;
   int64_t cache_dir_bytes = 0;
+  // Shared cache tier on Redis (empty: none): redis://HOST:PORT[/DB] or unix:///path; the
+  // password (if the server wants one) is the first line of kv_remote_password_file; every key
+  // starts with kv_remote_prefix; kv_remote_timeout bounds each connect and command.
+  std::string kv_remote;
+  std::string kv_remote_password_file;
+  std::string kv_remote_prefix = "prefixd:";
+  absl::Duration kv_remote_timeout = absl::Milliseconds(20);
   // Listeners. Port 0 picks a free port (see grpc_address()/metrics_port()); `unix:PATH`
   // serves gRPC on a unix socket; metrics_listen "off" serves no /metrics.
   std::string listen = "127.0.0.1:50051";

@@ -76,7 +76,29 @@ TEST(StatsFormatTest, JsonHasEveryField) {
   EXPECT_EQ(j["disk_spills_dropped"], 1);
   EXPECT_EQ(j["disk_loads"], 6);
   EXPECT_EQ(j["disk_corrupt_blocks"], 2);
-  EXPECT_EQ(j.size(), 18u);
+  EXPECT_EQ(j["remote_configured"], false);
+  EXPECT_EQ(j.size(), 26u);  // every CacheStats field
+}
+
+TEST(StatsFormatTest, ARemoteTierAddsItsStateAndTraffic) {
+  v1::CacheStats s = PoolOnly();
+  s.set_remote_configured(true);
+  s.set_remote_up(false);
+  s.set_remote_hit_tokens(64);
+  s.set_remote_stores(10);
+  s.set_remote_stores_dropped(3);
+  s.set_remote_loads(4);
+  s.set_remote_corrupt_blocks(1);
+  s.set_remote_errors(5);
+  const std::string text = Print(s, /*json=*/false);
+  EXPECT_THAT(text, HasSubstr("remote tier      DOWN; 64 of the prompt tokens above came from it\n"));
+  EXPECT_THAT(text, HasSubstr("remote traffic   10 blocks published, 3 dropped, 4 read, 1 corrupt "
+                              "(recomputed), 5 faults\n"));
+  EXPECT_THAT(Print(PoolOnly(), false), Not(HasSubstr("remote")));
+  const nlohmann::json j = nlohmann::json::parse(Print(s, /*json=*/true));
+  EXPECT_EQ(j["remote_up"], false);
+  EXPECT_EQ(j["remote_hit_tokens"], 64);
+  EXPECT_EQ(j["remote_errors"], 5);
 }
 
 }  // namespace

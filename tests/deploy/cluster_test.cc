@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -168,6 +169,52 @@ TEST_F(ClusterTest, AffinityFailoverRestartDown) {
   EXPECT_FALSE(Alive(new_pid));
   EXPECT_FALSE(Alive(pids[2 - victim]));
   EXPECT_FALSE(Alive(c2["haproxy_pid"].get<int>()));
+}
+
+// --remote: round-robin routing sends each prompt's requests to every replica in turn; with
+// the shared Redis tier, the one replica that computed a prompt's prefix publishes it and the
+// others load it instead of computing it again. `down` stops the redis-server too.
+TEST_F(ClusterTest, RoundRobinWithTheSharedTierHitsOnEveryReplica) {
+  if (Sh("command -v redis-server").rc != 0) GTEST_SKIP() << "redis-server is not installed";
+  state_ = dir_.path() + "/state";
+  const ShResult up = Sh(absl::StrCat(
+      Cluster(), " up --replicas 2 --policy roundrobin --remote --model ", model_.path(),
+      " --state ", state_, " --build-dir ", PREFIXD_BINARY_DIR));
+  ASSERT_EQ(up.rc, 0) << up.output;
+  std::ifstream in(state_ + "/cluster.json");
+  const nlohmann::json c = nlohmann::json::parse(in);
+  ASSERT_EQ(c.value("remote", ""), "unix://" + state_ + "/redis.sock") << c.dump();
+  auto stub = v1::Inference::NewStub(grpc::CreateChannel(c["grpc"].get<std::string>(),
+                                                         grpc::InsecureChannelCredentials()));
+  std::set<std::string> replicas;
+  for (uint32_t p = 0; p < 3; ++p) {
+    const Reply first = Generate(*stub, p, 0);
+    ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+    EXPECT_EQ(first.cached, 0u);
+    // Publishing is asynchronous; a moment is plenty on loopback.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    for (uint32_t r = 1; r < 5; ++r) {
+      const Reply reply = Generate(*stub, p, r);
+      ASSERT_TRUE(reply.status.ok()) << reply.status.error_message();
+      replicas.insert(reply.replica);
+      // The 64 shared ids (4 blocks of 16), from the pool or from Redis.
+      EXPECT_EQ(reply.cached, 64u) << "prompt " << p << " request " << r << " on "
+                                   << reply.replica;
+    }
+  }
+  EXPECT_EQ(replicas.size(), 2u) << "round-robin used both replicas";
+  int redis_pid = 0;
+  std::ifstream state_sh(state_ + "/state.sh");
+  for (std::string line; std::getline(state_sh, line);) {
+    const size_t at = line.find("REDIS_PID=\"");
+    if (at != std::string::npos) redis_pid = std::stoi(line.substr(at + 11));
+  }
+  ASSERT_GT(redis_pid, 0);
+  EXPECT_TRUE(Alive(redis_pid));
+  const ShResult down = Sh(absl::StrCat(Cluster(), " down --state ", state_));
+  EXPECT_EQ(down.rc, 0) << down.output;
+  state_.clear();
+  EXPECT_FALSE(Alive(redis_pid));
 }
 
 // The HTTP front door (the replicas run the OpenAI-compatible API): completions are routed by

@@ -153,6 +153,42 @@ TEST(DeployConfigTest, ComposeRunsReplicasBehindHaproxyWithPrometheusAndGrafana)
             "haproxy" + stats);
 }
 
+// The value after `flag` in a list of arguments, or "" when absent.
+std::string ArgAfter(const YAML::Node& args, const std::string& flag) {
+  for (size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i].as<std::string>() == flag) return args[i + 1].as<std::string>();
+  }
+  return "";
+}
+
+// The replicas share one remote cache tier whose memory Redis/Valkey bounds by LRU, in
+// compose and in Kubernetes, at an address that service answers on.
+TEST(DeployConfigTest, ReplicasShareAnLruBoundedRemoteTier) {
+  const YAML::Node services = YAML::LoadFile(Path("deploy/compose.yaml"))["services"];
+  ASSERT_TRUE(services["kv-cache"].IsMap());
+  EXPECT_EQ(ArgAfter(services["prefixd"]["command"], "--kv-remote"), "redis://kv-cache:6379");
+  EXPECT_EQ(ArgAfter(services["kv-cache"]["command"], "--maxmemory-policy"), "allkeys-lru");
+  EXPECT_FALSE(ArgAfter(services["kv-cache"]["command"], "--maxmemory").empty());
+  EXPECT_EQ(services["kv-cache"]["expose"][0].as<std::string>(), "6379");
+
+  const YAML::Node dep = YAML::LoadFile(Path("deploy/k8s/deployment.yaml"));
+  const YAML::Node args = dep["spec"]["template"]["spec"]["containers"][0]["args"];
+  EXPECT_EQ(ArgAfter(args, "--kv-remote"), "redis://prefixd-kv-cache:6379");
+  bool service = false, lru = false;
+  for (const YAML::Node& d : YAML::LoadAllFromFile(Path("deploy/k8s/kv-cache.yaml"))) {
+    if (d["kind"].as<std::string>() == "Service") {
+      service = d["metadata"]["name"].as<std::string>() == "prefixd-kv-cache" &&
+                d["spec"]["ports"][0]["port"].as<int>() == 6379;
+    }
+    if (d["kind"].as<std::string>() == "Deployment") {
+      lru = ArgAfter(d["spec"]["template"]["spec"]["containers"][0]["args"],
+                     "--maxmemory-policy") == "allkeys-lru";
+    }
+  }
+  EXPECT_TRUE(service);
+  EXPECT_TRUE(lru);
+}
+
 // Requests split by front end (api="grpc"|"http") and status code, and a row of disk tier
 // panels after a row heading, whose bytes panel shows both the used and the cap series.
 TEST(DeployConfigTest, DashboardShowsRequestsByApiAndCodeAndADiskTierRow) {

@@ -51,6 +51,7 @@ struct CpuEngineOptions {
   int32_t threads = 2;
   DType dtype = DType::kF32;  // of the weights; K/V stay fp32
   DiskTierOptions disk_tier;  // off unless dir is set
+  RemoteTierOptions remote_tier;  // off unless url is set
   std::string manifest;       // empty: the model's own
 };
 
@@ -77,6 +78,7 @@ struct CpuEngine {
     e.max_batch_tokens = o.max_batch_tokens;
     e.enable_prefix_cache = o.prefix_cache;
     e.disk_tier = o.disk_tier;
+    e.remote_tier = o.remote_tier;
     if (!o.manifest.empty()) e.manifest_sha256 = o.manifest;
     auto made = Engine::Create(e);
     PREFIXD_CHECK_MSG(made.ok(), std::string(made.status().message()).c_str());

@@ -8,6 +8,7 @@
 #include "absl/time/time.h"
 #include "base/check.h"
 #include "cache/disk/disk_tier.h"
+#include "cache/remote/remote_tier.h"
 #include "cache/kv_cache.h"
 #include "engine/engine.h"
 
@@ -26,6 +27,10 @@ class EngineTestPeer {
   static bool FlushDiskTier(Engine& engine, absl::Time deadline) {
     PREFIXD_CHECK(engine.tier_ != nullptr);
     return engine.tier_->Flush(deadline);
+  }
+  static bool FlushRemoteTier(Engine& engine, absl::Time deadline) {
+    PREFIXD_CHECK(engine.remote_ != nullptr);
+    return engine.remote_->Flush(deadline);
   }
 };
 

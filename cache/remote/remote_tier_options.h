@@ -1,0 +1,45 @@
+// RemoteTierOptions: how a remote cache tier (cache/remote/remote_tier.h) is reached. Apart
+// from the tier so that whoever only configures one (EngineOptions) compiles none of its
+// threads, locks or hiredis.
+#ifndef PREFIXD_CACHE_REMOTE_REMOTE_TIER_OPTIONS_H_
+#define PREFIXD_CACHE_REMOTE_REMOTE_TIER_OPTIONS_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/time/time.h"
+
+namespace prefixd {
+
+struct RemoteTierOptions {
+  // redis://HOST:PORT[/DB] or unix:///path/to/redis.sock (a Redis or Valkey server); empty:
+  // no remote tier. A password never goes in the URL (it would show in `ps`): see `password`.
+  std::string url;
+  // Sent with AUTH after every connect when not empty (read from --kv-remote-password-file).
+  std::string password;
+  // Every key this tier reads or writes starts with it, so that one Redis can hold other
+  // data, or several fleets (each its own prefix).
+  std::string key_prefix = "prefixd:";
+  // Bound on one connect and on one command (a pipelined match, a GET, a SET). The engine
+  // thread waits at most this long for a tier that has stopped answering; then the tier is
+  // skipped until the backoff below has passed.
+  absl::Duration timeout = absl::Milliseconds(20);
+  // After a failure, the tier is not asked again for backoff_min, doubling per failure up to
+  // backoff_max; one success resets it.
+  absl::Duration backoff_min = absl::Milliseconds(100);
+  absl::Duration backoff_max = absl::Seconds(5);
+  // Blocks waiting to be published; more are dropped (counted). 64 blocks of full-size
+  // GPT-2 fp32 are ~75 MB.
+  int32_t max_queued_blocks = 64;
+  // A match asks about at most this many blocks past the local tiers (one pipelined round
+  // trip).
+  int32_t max_match_blocks = 256;
+  // Receives one line per fault (what failed and why); the caller rate-limits it. Unset: not
+  // logged (the fault is still counted).
+  std::function<void(const std::string&)> log;
+};
+
+}  // namespace prefixd
+
+#endif  // PREFIXD_CACHE_REMOTE_REMOTE_TIER_OPTIONS_H_
