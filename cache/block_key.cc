@@ -26,10 +26,19 @@ std::string CacheNamespace(std::string_view tenant, std::string_view salt) {
 }
 
 Digest CacheRootKey(std::string_view manifest, std::string_view cache_namespace) {
+  return CacheRootKey(manifest, cache_namespace, "");
+}
+
+Digest CacheRootKey(std::string_view manifest, std::string_view cache_namespace,
+                    std::string_view adapter_digest) {
   Sha256 h;
   h.Update("prefixd-v1");
   h.UpdateLengthPrefixed(manifest);
   h.UpdateLengthPrefixed(cache_namespace);
+  if (!adapter_digest.empty()) {
+    h.Update("A");  // the adapter field's type byte
+    h.UpdateLengthPrefixed(adapter_digest);
+  }
   return h.Final();
 }
 

@@ -17,7 +17,8 @@ const char kUsage[] =
     "  generate (\"text\" | --ids 1,2,3) [--max-tokens N] [--temperature T] [--top-k K]\n"
     "           [--top-p P] [--seed S] [--samples N] [--salt S] [--top-logprobs N]\n"
     "           [--presence-penalty F] [--frequency-penalty F] [--repetition-penalty F]\n"
-    "           [--min-p P] [--logit-bias ID:BIAS,...] [--prompt-logprobs N] [--json]\n"
+    "           [--min-p P] [--logit-bias ID:BIAS,...] [--prompt-logprobs N] [--adapter NAME]\n"
+    "           [--json]\n"
     "           (--prompt-logprobs N scores every prompt token, N top entries each, 0-20;\n"
     "            --max-tokens may then be 0)\n"
     "  tokenize \"text\" [--json]\n"
@@ -113,6 +114,7 @@ Setters ValueFlags(CliArgs& cli, std::optional<Command> command) {
     s["seed"] = SetParsed(&g.seed, "--seed", ParseNonNegativeU64);
     s["samples"] = SetU32(&g.samples, "--samples");
     s["salt"] = SetString(&g.salt);
+    s["adapter"] = SetString(&g.adapter);
     s["top-logprobs"] = SetU32(&g.top_logprobs, "--top-logprobs");
     s["presence-penalty"] =
         SetParsed(&g.presence_penalty, "--presence-penalty", ParseFiniteFloat);

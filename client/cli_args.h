@@ -29,6 +29,7 @@ struct GenerateArgs {
   std::optional<uint64_t> seed;
   uint32_t samples = 1;
   std::string salt;
+  std::string adapter;  // a LoRA adapter's name; empty: the base model
   uint32_t top_logprobs = 0;
   // Sampling controls; the server checks their ranges (proto/prefixd/v1/inference.proto).
   float presence_penalty = 0.0f;

@@ -14,6 +14,18 @@
 namespace prefixd {
 namespace {
 
+nlohmann::json AdaptersJson(const v1::ModelInfo& info) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const v1::AdapterInfo& a : info.adapters()) {
+    out.push_back({{"name", a.name()},
+                   {"adapter_sha256", a.adapter_sha256()},
+                   {"rank", a.rank()},
+                   {"lora_alpha", a.lora_alpha()},
+                   {"parent", a.parent()}});
+  }
+  return out;
+}
+
 const char* FinishName(v1::FinishReason r) {
   switch (r) {
     case v1::FINISH_REASON_LENGTH:
@@ -108,6 +120,7 @@ int RunGenerate(Connection& conn, const CliArgs& args, std::ostream& out, std::o
   if (g.seed.has_value()) req.set_seed(*g.seed);
   req.set_num_samples(g.samples);
   req.set_cache_salt(g.salt);
+  req.set_adapter(g.adapter);
   req.set_top_logprobs(g.top_logprobs);
   req.set_presence_penalty(g.presence_penalty);
   req.set_frequency_penalty(g.frequency_penalty);
@@ -215,7 +228,9 @@ int RunInfo(Connection& conn, const CliArgs& args, std::ostream& out, std::ostre
                            {"device", info.device()},
                            {"block_size", info.block_size()},
                            {"kv_pool_blocks", info.kv_pool_blocks()},
-                           {"kv_bytes_per_token", info.kv_bytes_per_token()}})
+                           {"kv_bytes_per_token", info.kv_bytes_per_token()},
+                           {"adapters", AdaptersJson(info)},
+                           {"max_adapters", info.max_adapters()}})
                .dump()
         << "\n";
     return 0;
@@ -231,6 +246,10 @@ int RunInfo(Connection& conn, const CliArgs& args, std::ostream& out, std::ostre
       info.model_name(), info.manifest_sha256(), info.n_layer(), info.n_head(), info.n_embd(),
       info.vocab_size(), info.context_length(), info.device(), info.dtype(), info.kv_pool_blocks(),
       info.block_size(), info.kv_pool_blocks() * info.block_size(), info.kv_bytes_per_token());
+  for (const v1::AdapterInfo& a : info.adapters()) {
+    out << absl::StrFormat("adapter          %s: rank %u, alpha %g, sha256 %s\n", a.name(),
+                           a.rank(), a.lora_alpha(), a.adapter_sha256());
+  }
   return 0;
 }
 

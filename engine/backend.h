@@ -20,6 +20,8 @@
 
 namespace prefixd {
 
+struct LoraAdapter;  // engine/lora_adapter.h
+
 // One sequence's part of a step: a prefill chunk or a single decode token.
 struct SequenceStep {
   // New tokens, at absolute positions [start_pos, start_pos + token_ids.size()).
@@ -34,6 +36,10 @@ struct SequenceStep {
   // Return the logits of every new token instead (prompt logprobs; only for a backend whose
   // computes_all_logits() is true). Each row is the same bits the last token's would be.
   bool want_all_logits = false;
+  // The LoRA adapter whose update this sequence's rows get (null: the base model); only for
+  // a backend whose applies_lora() is true. The caller keeps it alive through the call and
+  // has checked that it fits the model (CheckLoraAdapterFits).
+  const LoraAdapter* adapter = nullptr;
 };
 
 struct MemoryUsage {
@@ -85,6 +91,10 @@ class Backend {
   // Whether Forward honours SequenceStep::want_all_logits (needed for prompt logprobs; the
   // engine refuses such requests on a backend without it). Default: no.
   virtual bool computes_all_logits() const { return false; }
+  // Whether Forward honours SequenceStep::adapter, each row getting its own adapter's update
+  // whatever else shares the batch (the engine refuses adapters on a backend without it).
+  // Default: no; such a backend refuses a step with an adapter (UNIMPLEMENTED).
+  virtual bool applies_lora() const { return false; }
 
   // Executes the copies in order; later Forward() calls see their result. A copy names two
   // different blocks of the pool and at most block_size rows; otherwise InvalidArgument and

@@ -22,6 +22,7 @@
 #include "cache/remote/remote_tier.h"
 #include "cache/kv_cache.h"
 #include "engine/dtype.h"
+#include "engine/lora_adapter.h"
 #include "engine/request_stream.h"
 #include "engine/scheduler.h"
 #include "engine/score_store.h"
@@ -111,6 +112,7 @@ Engine::Engine(const EngineOptions& options, std::unique_ptr<DiskTier> tier,
   limits_.max_samples = options.max_samples;
   limits_.pool = options.backend->kv_pool();
   limits_.computes_all_logits = options.backend->computes_all_logits();
+  limits_.applies_lora = options.backend->applies_lora();
   PublishStats();
   thread_ = std::thread([this] { Loop(); });
 }
@@ -120,7 +122,8 @@ Engine::~Engine() { Shutdown(absl::ZeroDuration()); }
 absl::StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest request) {
   if (absl::Status valid = ValidateEngineRequest(request, limits_); !valid.ok()) return valid;
   auto state = std::make_unique<RequestState>();
-  state->root = CacheRootKey(options_.manifest_sha256, request.cache_namespace);
+  state->root = CacheRootKey(options_.manifest_sha256, request.cache_namespace,
+                             request.adapter != nullptr ? request.adapter->digest : "");
   state->usage.prompt_tokens = static_cast<uint32_t>(request.prompt.size());
   state->request = std::move(request);
   std::shared_ptr<Shared> shared = shared_;

@@ -4,6 +4,7 @@
 #define PREFIXD_ENGINE_REQUEST_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -11,6 +12,8 @@
 #include "absl/status/status.h"
 
 namespace prefixd {
+
+struct LoraAdapter;  // engine/lora_adapter.h
 
 // A bias added to one token's logit before sampling (OpenAI's `logit_bias`).
 struct TokenBias {
@@ -47,6 +50,11 @@ struct EngineRequest {
   // Opaque cache namespace, derived by the caller from the authenticated tenant and the
   // request's cache salt. Requests in different namespaces never share a block.
   std::string cache_namespace;
+  // The LoRA adapter to apply (null: the base model). Its digest enters the request's cache
+  // root key (cache/block_key.h), so it never shares a block with the base or another
+  // adapter. Held by the request until its stream ends, so unloading an adapter's name lets
+  // the requests in flight finish with it.
+  std::shared_ptr<const LoraAdapter> adapter;
   uint32_t max_new_tokens = 16;
   SamplingParams sampling;
   std::vector<uint32_t> stop_token_ids;

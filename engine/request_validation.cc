@@ -8,6 +8,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
+#include "engine/lora_adapter.h"
 #include "engine/sampler.h"
 
 namespace prefixd {
@@ -27,6 +28,16 @@ absl::Status ValidateEngineRequest(const EngineRequest& r, const RequestLimits& 
   using absl::StrFormat;
   const ModelConfig& config = limits.model_config;
   const uint32_t vocab = static_cast<uint32_t>(config.vocab_size);
+  if (r.adapter != nullptr) {
+    if (!limits.applies_lora) {
+      return absl::UnimplementedError(
+          "this server's backend cannot apply LoRA adapters (the CPU backend can): leave "
+          "adapter empty for the base model");
+    }
+    if (absl::Status fits = CheckLoraAdapterFits(*r.adapter, config); !fits.ok()) {
+      return FieldError("adapter", std::string(fits.message()));
+    }
+  }
   if (r.request_id.size() > kMaxRequestIdBytes) {
     return FieldError("request_id",
         StrFormat("request_id is %d bytes: use at most %d (or leave it empty for the server to "

@@ -28,6 +28,7 @@ struct RequestLimits {
   int32_t max_samples = 16;
   KvPoolShape pool;  // Backend::kv_pool(): a request must fit in it
   bool computes_all_logits = true;  // Backend::computes_all_logits(): prompt_logprobs allowed
+  bool applies_lora = true;         // Backend::applies_lora(): adapters allowed
 };
 
 // Blocks one sequence of `tokens` tokens occupies.
@@ -43,7 +44,8 @@ absl::Status FieldError(const std::string& field, const std::string& message);
 // The field a refusal names, or "" when it names none.
 std::string InvalidField(const absl::Status& status);
 
-// OK, or INVALID_ARGUMENT with a message that says what to change.
+// OK, or INVALID_ARGUMENT with a message that says what to change (UNIMPLEMENTED for an
+// adapter on a backend that cannot apply one).
 absl::Status ValidateEngineRequest(const EngineRequest& request, const RequestLimits& limits);
 
 }  // namespace prefixd

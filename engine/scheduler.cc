@@ -167,6 +167,7 @@ bool Scheduler::Step() {
     step.block_table = cache_->BlockTable(s.seq->cache_seq);
     step.want_all_logits = s.all_logits;
     step.want_logits = !s.all_logits && s.start + s.count == Len(*s.seq);
+    step.adapter = s.seq->request->request.adapter.get();
     steps.push_back(step);
   }
   logits_.clear();

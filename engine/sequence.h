@@ -73,7 +73,7 @@ struct RequestState {
   // is on (the one penalty that reads the prompt).
   absl::flat_hash_set<uint32_t> prompt_token_set;
   std::shared_ptr<RequestStream> stream;
-  Digest root;  // CacheRootKey(manifest, namespace)
+  Digest root;  // CacheRootKey(manifest, namespace, adapter digest)
   absl::Time submit_time;
   bool admitted_once = false;
   bool has_first_token = false;

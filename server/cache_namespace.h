@@ -2,6 +2,8 @@
 // alone: the authenticated tenant, then the request's cache_salt. Each field is
 // length-prefixed, so tenant "ab" + salt "c" and tenant "a" + salt "bc" differ, and no salt
 // can make one tenant's namespace equal another's: the salt only narrows within a tenant.
+// A LoRA adapter is not part of the namespace: its digest is a typed field of its own in the
+// root key (cache/block_key.h), so neither a tenant nor a salt can be spelled like it.
 #ifndef PREFIXD_SERVER_CACHE_NAMESPACE_H_
 #define PREFIXD_SERVER_CACHE_NAMESPACE_H_
 

@@ -27,4 +27,26 @@ std::vector<std::string> NormalizeFlagNames(const std::vector<std::string>& args
   return out;
 }
 
+std::vector<std::string> RepeatedFlagValues(const std::vector<std::string>& args,
+                                            const std::string& name) {
+  std::vector<std::string> out;
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--") break;
+    for (const std::string& dashes : {std::string("--"), std::string("-")}) {
+      const std::string flag = dashes + name;
+      if (a == flag && i + 1 < args.size()) {
+        out.push_back(args[++i]);
+        break;
+      }
+      if (a.size() > flag.size() && a.compare(0, flag.size(), flag) == 0 &&
+          a[flag.size()] == '=') {
+        out.push_back(a.substr(flag.size() + 1));
+        break;
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace prefixd

@@ -12,6 +12,13 @@ namespace prefixd {
 
 std::vector<std::string> NormalizeFlagNames(const std::vector<std::string>& args);
 
+// Every value of the flag `name` (its absl name, with underscores) in normalized `args`, in
+// order: "--name=v", "-name=v", or "--name v" / "-name v". absl keeps only the last value of
+// a repeated flag; this is how a repeatable one (--adapter) sees them all. Nothing after a
+// bare "--" counts.
+std::vector<std::string> RepeatedFlagValues(const std::vector<std::string>& args,
+                                            const std::string& name);
+
 }  // namespace prefixd
 
 #endif  // PREFIXD_SERVER_FLAG_NAMES_H_

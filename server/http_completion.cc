@@ -20,7 +20,10 @@ absl::StatusOr<std::unique_ptr<HttpCompletion>> HttpCompletion::Start(
     RequestPath& path, CompletionRequest request, const std::optional<std::string>& authorization) {
   std::unique_ptr<HttpCompletion> c(new HttpCompletion(path, std::move(request)));
   c->header_.created = absl::ToUnixSeconds(absl::Now());
-  c->header_.model = path.model().name;
+  // The name the client asked for: the base's, or its adapter's.
+  c->header_.model = c->request_.prompts.empty() || c->request_.prompts[0].adapter.empty()
+                         ? path.model().name
+                         : c->request_.prompts[0].adapter;
   for (GenerateCall& call : c->request_.prompts) {
     call.authorization = authorization;
     absl::StatusOr<StartedGenerate> started = path.StartGenerate(call);

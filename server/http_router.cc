@@ -44,6 +44,14 @@ HttpRouted HttpRouter::Route(const HttpRequestView& request) {
     s.SetPayload(kInvalidFieldPayload, absl::Cord("model"));
     return ErrorReply(s);
   }
+  if (path == "/v1/load_lora_adapter") {
+    if (request.method != "POST") return MethodNotAllowed("POST");
+    return LoadLoraAdapter(request);
+  }
+  if (path == "/v1/unload_lora_adapter") {
+    if (request.method != "POST") return MethodNotAllowed("POST");
+    return UnloadLoraAdapter(request);
+  }
   if (path == "/tokenize") {
     if (request.method != "POST") return MethodNotAllowed("POST");
     return Tokenize(request);
@@ -55,7 +63,7 @@ HttpRouted HttpRouter::Route(const HttpRequestView& request) {
   return ErrorReply(absl::NotFoundError(absl::StrCat(
       "no such endpoint: ", absl::string_view(path.data(), path.size()),
       " (prefixd serves POST /v1/completions, GET /v1/models, GET /health, POST /tokenize, "
-      "POST /detokenize)")));
+      "POST /detokenize, POST /v1/load_lora_adapter, POST /v1/unload_lora_adapter)")));
 }
 
 HttpRouted HttpRouter::Completions(const HttpRequestView& request) {
@@ -74,14 +82,48 @@ HttpRouted HttpRouter::Completions(const HttpRequestView& request) {
 HttpReply HttpRouter::Models(const HttpRequestView& request) {
   absl::StatusOr<ServedModel> model = path_.ModelInfo(request.authorization);
   if (!model.ok()) return ErrorReply(model.status());
-  nlohmann::json body{{"object", "list"},
-                      {"data",
-                       {{{"id", model->name},
-                         {"object", "model"},
-                         {"created", created_},
-                         {"owned_by", "prefixd"},
-                         {"max_model_len", model->config.n_positions}}}}};
+  nlohmann::json data = nlohmann::json::array();
+  data.push_back({{"id", model->name},
+                  {"object", "model"},
+                  {"created", created_},
+                  {"owned_by", "prefixd"},
+                  {"max_model_len", model->config.n_positions},
+                  {"manifest_sha256", model->manifest_sha256}});
+  // Each LoRA adapter as vLLM lists one: its own id, "parent" the base.
+  for (const AdapterInfo& a : model->adapters) {
+    data.push_back({{"id", a.name},
+                    {"object", "model"},
+                    {"created", created_},
+                    {"owned_by", "prefixd"},
+                    {"max_model_len", model->config.n_positions},
+                    {"parent", model->name},
+                    {"adapter_sha256", a.digest}});
+  }
+  nlohmann::json body{{"object", "list"}, {"data", std::move(data)}};
   return HttpReply{200, body.dump()};
+}
+
+HttpReply HttpRouter::LoadLoraAdapter(const HttpRequestView& request) {
+  absl::StatusOr<std::pair<std::string, std::string>> parsed =
+      ParseLoadLoraAdapterRequest(*request.body);
+  if (!parsed.ok()) return ErrorReply(parsed.status());
+  absl::StatusOr<AdapterInfo> info =
+      path_.LoadAdapter(request.authorization, parsed->first, parsed->second);
+  if (!info.ok()) return ErrorReply(info.status());
+  nlohmann::json body{{"lora_name", info->name},
+                      {"adapter_sha256", info->digest},
+                      {"rank", info->rank},
+                      {"parent", path_.model().name}};
+  return HttpReply{200, body.dump()};
+}
+
+HttpReply HttpRouter::UnloadLoraAdapter(const HttpRequestView& request) {
+  absl::StatusOr<std::string> name = ParseUnloadLoraAdapterRequest(*request.body);
+  if (!name.ok()) return ErrorReply(name.status());
+  if (absl::Status s = path_.UnloadAdapter(request.authorization, *name); !s.ok()) {
+    return ErrorReply(s);
+  }
+  return HttpReply{200, nlohmann::json({{"lora_name", *name}}).dump()};
 }
 
 HttpReply HttpRouter::Tokenize(const HttpRequestView& request) {

@@ -43,6 +43,8 @@ class HttpRouter {
  private:
   HttpRouted Completions(const HttpRequestView& request);
   HttpReply Models(const HttpRequestView& request);
+  HttpReply LoadLoraAdapter(const HttpRequestView& request);
+  HttpReply UnloadLoraAdapter(const HttpRequestView& request);
   HttpReply Tokenize(const HttpRequestView& request);
   HttpReply Detokenize(const HttpRequestView& request);
 

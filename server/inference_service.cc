@@ -33,6 +33,7 @@ GenerateCall ToGenerateCall(const v1::GenerateRequest& request) {
       break;
   }
   call.cache_salt = request.cache_salt();
+  call.adapter = request.adapter();
   call.max_new_tokens = request.max_new_tokens();
   call.temperature = request.temperature();
   call.top_k = request.top_k();
@@ -68,6 +69,15 @@ void ToProto(const ServedModel& model, v1::ModelInfo* out) {
   out->set_block_size(model.kv_pool.block_size);
   out->set_kv_pool_blocks(model.kv_pool.num_blocks);
   out->set_kv_bytes_per_token(model.kv_pool.bytes_per_token);
+  for (const AdapterInfo& a : model.adapters) {
+    v1::AdapterInfo* info = out->add_adapters();
+    info->set_name(a.name);
+    info->set_adapter_sha256(a.digest);
+    info->set_rank(a.rank);
+    info->set_lora_alpha(a.lora_alpha);
+    info->set_parent(model.name);
+  }
+  out->set_max_adapters(model.max_adapters);
 }
 
 void ToProto(const EngineStats& stats, v1::CacheStats* out) {
@@ -158,6 +168,32 @@ grpc::ServerUnaryReactor* InferenceService::GetCacheStats(grpc::CallbackServerCo
   absl::StatusOr<EngineStats> stats = path_->CacheStats(AuthorizationOf(*context));
   if (stats.ok()) ToProto(*stats, response);
   reactor->Finish(ToGrpcStatus(stats.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* InferenceService::LoadLoraAdapter(
+    grpc::CallbackServerContext* context, const v1::LoadLoraAdapterRequest* request,
+    v1::AdapterInfo* response) {
+  auto* reactor = context->DefaultReactor();
+  absl::StatusOr<AdapterInfo> info =
+      path_->LoadAdapter(AuthorizationOf(*context), request->lora_name(), request->lora_path());
+  if (info.ok()) {
+    response->set_name(info->name);
+    response->set_adapter_sha256(info->digest);
+    response->set_rank(info->rank);
+    response->set_lora_alpha(info->lora_alpha);
+    response->set_parent(path_->model().name);
+  }
+  reactor->Finish(ToGrpcStatus(info.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* InferenceService::UnloadLoraAdapter(
+    grpc::CallbackServerContext* context, const v1::UnloadLoraAdapterRequest* request,
+    v1::UnloadLoraAdapterResponse*) {
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(
+      ToGrpcStatus(path_->UnloadAdapter(AuthorizationOf(*context), request->lora_name())));
   return reactor;
 }
 

@@ -36,6 +36,12 @@ class InferenceService final : public v1::Inference::CallbackService {
   grpc::ServerUnaryReactor* GetCacheStats(grpc::CallbackServerContext* context,
                                           const v1::GetCacheStatsRequest* request,
                                           v1::CacheStats* response) override;
+  grpc::ServerUnaryReactor* LoadLoraAdapter(grpc::CallbackServerContext* context,
+                                            const v1::LoadLoraAdapterRequest* request,
+                                            v1::AdapterInfo* response) override;
+  grpc::ServerUnaryReactor* UnloadLoraAdapter(grpc::CallbackServerContext* context,
+                                              const v1::UnloadLoraAdapterRequest* request,
+                                              v1::UnloadLoraAdapterResponse* response) override;
 
   // Generate calls whose reactor exists (started, OnDone not yet run).
   void GenerateStarted();

@@ -67,6 +67,11 @@ ABSL_FLAG(std::string, reflection, "on", "gRPC server reflection: on | off");
 ABSL_FLAG(int32_t, max_connections, 0,
           "Open gRPC connections at once (more wait to be accepted); 0 = derived from the "
           "descriptor limit (RLIMIT_NOFILE, raised to its hard limit at start-up)");
+ABSL_FLAG(std::vector<std::string>, adapter, {},
+          "A LoRA adapter to serve, as NAME=DIR (a PEFT directory: adapter_config.json and "
+          "adapter_model.safetensors); repeatable. Requests name it in GenerateRequest.adapter "
+          "or HTTP `model`");
+ABSL_FLAG(int32_t, max_adapters, 8, "Most LoRA adapters loaded at once");
 ABSL_FLAG(absl::Duration, connection_idle_timeout, absl::Seconds(300),
           "Close a gRPC connection that has had no call for this long");
 
@@ -184,8 +189,16 @@ class SignalWatcher {
   bool reload_pending_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// Every --adapter value as given (absl's own flag keeps only the last one), set by main.
+std::vector<std::string>& AdapterFlagValues() {
+  static std::vector<std::string>* values = new std::vector<std::string>();
+  return *values;
+}
+
 ServerOptions OptionsFromFlags() {
   ServerOptions o;
+  o.adapters.adapters = AdapterFlagValues();
+  o.adapters.max_adapters = absl::GetFlag(FLAGS_max_adapters);
   o.model_dir = absl::GetFlag(FLAGS_model);
   o.device.device = absl::GetFlag(FLAGS_device);
   o.device.dtype = absl::GetFlag(FLAGS_dtype);
@@ -269,6 +282,7 @@ int main(int argc, char** argv) {
       "prefixd --model DIR [--listen 127.0.0.1:50051] [--metrics-listen 127.0.0.1:9464] "
       "[--device auto|cpu|cuda] [--dtype auto|f32|f16|bf16|int8] ... (see docs/SERVER.md)");
   std::vector<std::string> args = prefixd::NormalizeFlagNames({argv, argv + argc});
+  prefixd::AdapterFlagValues() = prefixd::RepeatedFlagValues(args, "adapter");
   std::vector<char*> cargs;
   for (std::string& a : args) cargs.push_back(a.data());
   std::vector<char*> positional =

@@ -224,11 +224,13 @@ ServerMetrics::ServerMetrics(MetricsSources sources)
                       .Add({}, kRemoteLoadBuckets);
   auto& memory = BuildGauge()
                      .Name("prefixd_memory_bytes")
-                     .Help("Bytes the backend holds: weights, kv_pool, workspace")
+                     .Help("Bytes the backend holds: weights, kv_pool, workspace; and the "
+                           "loaded LoRA adapters' tensors: adapters")
                      .Register(r);
   mem_weights_ = &memory.Add({{"kind", "weights"}});
   mem_kv_pool_ = &memory.Add({{"kind", "kv_pool"}});
   mem_workspace_ = &memory.Add({{"kind", "workspace"}});
+  mem_adapters_ = &memory.Add({{"kind", "adapters"}});
   // Make OK visible at 0 from the first scrape, so rate() works from the start.
   requests_->Add({{"api", "grpc"}, {"code", "OK"}});
   requests_->Add({{"api", "http"}, {"code", "OK"}});
@@ -285,6 +287,8 @@ void ServerMetrics::RefreshLocked() const {
     mem_kv_pool_->Set(static_cast<double>(m.kv_pool_bytes));
     mem_workspace_->Set(static_cast<double>(m.workspace_bytes));
   }
+  // Sum over loaded adapters of (in + out) x rank x 4 bytes per targeted module.
+  if (sources_.adapter_bytes) mem_adapters_->Set(static_cast<double>(sources_.adapter_bytes()));
 }
 
 std::vector<prometheus::MetricFamily> ServerMetrics::Collect() const {

@@ -31,6 +31,8 @@ struct MetricsSources {
   std::function<EngineStats()> stats;
   std::function<Engine::Latencies()> latencies;
   std::function<MemoryUsage()> memory;
+  // Host bytes of the loaded LoRA adapters (server/adapter_registry.h); unset: none.
+  std::function<int64_t()> adapter_bytes;
 };
 
 class ServerMetrics : public prometheus::Collectable {
@@ -85,6 +87,7 @@ class ServerMetrics : public prometheus::Collectable {
   prometheus::Gauge* mem_weights_;
   prometheus::Gauge* mem_kv_pool_;
   prometheus::Gauge* mem_workspace_;
+  prometheus::Gauge* mem_adapters_;
 };
 
 }  // namespace prefixd

@@ -273,11 +273,18 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(const std::string& body
                                        "`: see docs/SERVER.md for the fields prefixd accepts"));
     }
   }
-  if (absl::Status s = CheckModel(j, served_model); !s.ok()) return s;
+  // `model` names the base or a LoRA adapter; the request path resolves an adapter's name
+  // (NOT_FOUND, 404, for one that is not loaded).
+  std::string adapter;
+  if (auto m = j.find("model"); m != j.end() && !m->is_null()) {
+    if (!m->is_string()) return Invalid("model", "`model` must be a string");
+    if (m->get<std::string>() != served_model) adapter = m->get<std::string>();
+  }
   if (absl::Status s = CheckUnsupported(j); !s.ok()) return s;
 
   GenerateCall base;
   base.api = Api::kHttp;
+  base.adapter = adapter;
   // Numbers are range-checked here only as far as their type needs; the request path's
   // rules (engine/request_validation.h) decide the rest, with the same messages as gRPC.
   constexpr int64_t kU32 = std::numeric_limits<uint32_t>::max();
@@ -539,6 +546,8 @@ int HttpStatusFor(absl::StatusCode code) {
       return 403;
     case absl::StatusCode::kNotFound:
       return 404;
+    case absl::StatusCode::kAlreadyExists:  // an adapter name in use
+      return 409;
     case absl::StatusCode::kResourceExhausted:
       return 429;
     case absl::StatusCode::kCancelled:
@@ -561,6 +570,7 @@ std::string ErrorJson(const absl::Status& status) {
     case absl::StatusCode::kOutOfRange:
     case absl::StatusCode::kFailedPrecondition:
     case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kAlreadyExists:
       type = "invalid_request_error";
       break;
     case absl::StatusCode::kUnauthenticated:
@@ -588,7 +598,8 @@ std::string ErrorJson(const absl::Status& status) {
 absl::Status ToHttpFieldNames(const absl::Status& status) {
   static constexpr std::pair<const char*, const char*> kNames[] = {
       {"max_new_tokens", "max_tokens"}, {"num_samples", "n"}, {"top_logprobs", "logprobs"},
-      {"token_ids", "prompt"},          {"text", "prompt"},   {"--max-samples", "--max-samples"}};
+      {"token_ids", "prompt"},          {"text", "prompt"},   {"--max-samples", "--max-samples"},
+      {"adapter", "model"}};
   const std::string field = InvalidField(status);
   if (field.empty()) return status;
   std::string message(status.message());
@@ -606,6 +617,40 @@ absl::Status ToHttpFieldNames(const absl::Status& status) {
   absl::Status out(status.code(), message);
   out.SetPayload(kInvalidFieldPayload, absl::Cord(http_field));
   return out;
+}
+
+absl::StatusOr<std::pair<std::string, std::string>> ParseLoadLoraAdapterRequest(
+    const std::string& body) {
+  absl::StatusOr<json> parsed = ParseObject(body);
+  if (!parsed.ok()) return parsed.status();
+  for (const auto& [key, value] : parsed->items()) {
+    if (key != "lora_name" && key != "lora_path") {
+      return Invalid(key, absl::StrCat("unknown field `", absl::CHexEscape(key),
+                                       "` (expected lora_name and lora_path)"));
+    }
+  }
+  absl::StatusOr<std::optional<std::string>> name = GetString(*parsed, "lora_name");
+  if (!name.ok()) return name.status();
+  absl::StatusOr<std::optional<std::string>> path = GetString(*parsed, "lora_path");
+  if (!path.ok()) return path.status();
+  if (!name->has_value()) return Invalid("lora_name", "`lora_name` (a string) is required");
+  if (!path->has_value()) return Invalid("lora_path", "`lora_path` (a string) is required");
+  return std::make_pair(**name, **path);
+}
+
+absl::StatusOr<std::string> ParseUnloadLoraAdapterRequest(const std::string& body) {
+  absl::StatusOr<json> parsed = ParseObject(body);
+  if (!parsed.ok()) return parsed.status();
+  for (const auto& [key, value] : parsed->items()) {
+    if (key != "lora_name") {
+      return Invalid(key, absl::StrCat("unknown field `", absl::CHexEscape(key),
+                                       "` (expected lora_name)"));
+    }
+  }
+  absl::StatusOr<std::optional<std::string>> name = GetString(*parsed, "lora_name");
+  if (!name.ok()) return name.status();
+  if (!name->has_value()) return Invalid("lora_name", "`lora_name` (a string) is required");
+  return **name;
 }
 
 absl::StatusOr<std::string> ParseTokenizeRequest(const std::string& body,

@@ -39,8 +39,9 @@ struct CompletionRequest {
   bool echo = false;                 // each choice starts with the prompt (and its logprobs)
 };
 
-// POST /v1/completions. `served_model` is the only model name accepted (NOT_FOUND for
-// another). INVALID_ARGUMENT names the offending field (InvalidField) and what to change.
+// POST /v1/completions. `model` is `served_model` (or absent) for the base; any other name
+// is taken as a LoRA adapter's (GenerateCall::adapter), which the request path resolves.
+// INVALID_ARGUMENT names the offending field (InvalidField) and what to change.
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(const std::string& body,
                                                          const std::string& served_model);
 
@@ -92,6 +93,12 @@ std::string ErrorJson(const absl::Status& status);
 // The request path names fields as gRPC does; this maps them to the API's names (and says
 // so in the message): max_new_tokens → max_tokens, num_samples → n, ...
 absl::Status ToHttpFieldNames(const absl::Status& status);
+
+// vLLM's /v1/load_lora_adapter {"lora_name", "lora_path"} and /v1/unload_lora_adapter
+// {"lora_name"} bodies: (name, path), and the name.
+absl::StatusOr<std::pair<std::string, std::string>> ParseLoadLoraAdapterRequest(
+    const std::string& body);
+absl::StatusOr<std::string> ParseUnloadLoraAdapterRequest(const std::string& body);
 
 // vLLM's /tokenize and /detokenize bodies.
 absl::StatusOr<std::string> ParseTokenizeRequest(const std::string& body,

@@ -100,6 +100,21 @@ absl::StatusOr<EngineRequest> RequestPath::BuildEngineRequest(const GenerateCall
                        ? absl::StrCat("prefixd-", next_request_id_.fetch_add(1))
                        : call.request_id;
   req.cache_namespace = DeriveCacheNamespace(tenant, call.cache_salt);
+  if (!call.adapter.empty()) {
+    // The adapter is held by the request from here on (unloading its name lets it finish);
+    // its digest, not its name, keys the cache (cache/block_key.h).
+    if (options_.adapters == nullptr) {
+      absl::Status s = absl::NotFoundError(absl::StrCat(
+          "no adapter named `", call.adapter, "`: this server serves the base model `",
+          options_.model.name, "` and no adapter"));
+      s.SetPayload(kInvalidFieldPayload, absl::Cord("adapter"));
+      return s;
+    }
+    absl::StatusOr<std::shared_ptr<const LoraAdapter>> adapter =
+        options_.adapters->Find(call.adapter);
+    if (!adapter.ok()) return adapter.status();
+    req.adapter = *std::move(adapter);
+  }
   req.max_new_tokens = call.max_new_tokens;
   req.sampling.temperature = call.temperature;
   req.sampling.top_k = call.top_k;
@@ -186,7 +201,41 @@ absl::StatusOr<ServedModel> RequestPath::ModelInfo(
   if (absl::StatusOr<std::string> tenant = Authorize(authorization); !tenant.ok()) {
     return tenant.status();
   }
-  return options_.model;
+  ServedModel model = options_.model;
+  if (options_.adapters != nullptr) {
+    model.adapters = options_.adapters->List();
+    model.max_adapters = options_.adapters->max_adapters();
+  }
+  return model;
+}
+
+absl::StatusOr<AdapterInfo> RequestPath::LoadAdapter(
+    const std::optional<std::string>& authorization, const std::string& name,
+    const std::string& dir) {
+  absl::StatusOr<Caller> caller = Identify(authorization);
+  if (!caller.ok()) return caller.status();
+  if (!caller->admin) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "loading adapters changes what every tenant is served: tenant \"", caller->tenant,
+        "\" is not marked admin in the --auth-tokens file"));
+  }
+  if (options_.adapters == nullptr) {
+    return absl::FailedPreconditionError("this server has no adapter registry");
+  }
+  return options_.adapters->Load(name, dir);
+}
+
+absl::Status RequestPath::UnloadAdapter(const std::optional<std::string>& authorization,
+                                        const std::string& name) {
+  absl::StatusOr<Caller> caller = Identify(authorization);
+  if (!caller.ok()) return caller.status();
+  if (!caller->admin) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "unloading adapters changes what every tenant is served: tenant \"", caller->tenant,
+        "\" is not marked admin in the --auth-tokens file"));
+  }
+  if (options_.adapters == nullptr) return absl::NotFoundError("no adapter is loaded");
+  return options_.adapters->Unload(name);
 }
 
 absl::StatusOr<EngineStats> RequestPath::CacheStats(

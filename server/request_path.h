@@ -24,6 +24,7 @@
 #include "engine/engine.h"
 #include "engine/tokenizer.h"
 #include "server/auth.h"
+#include "server/adapter_registry.h"
 #include "server/api.h"
 
 namespace prefixd {
@@ -41,6 +42,7 @@ struct GenerateCall {
   std::string text;                 // kText
   std::vector<uint32_t> token_ids;  // kTokenIds
   std::string cache_salt;
+  std::string adapter;  // a LoRA adapter's name (server/adapter_registry.h); empty: the base
   uint32_t max_new_tokens = 0;
   float temperature = 0.0f;
   uint32_t top_k = 0;
@@ -81,6 +83,9 @@ struct ServedModel {
   std::string dtype;   // "f32" | "f16" | "bf16"
   std::string device;  // "cpu" | "cuda:0" | ...
   KvPoolShape kv_pool;  // Backend::kv_pool()
+  // The adapters loaded when ModelInfo was asked (they come and go at run time).
+  std::vector<AdapterInfo> adapters;
+  int32_t max_adapters = 0;
 };
 
 struct RequestPathOptions {
@@ -89,6 +94,8 @@ struct RequestPathOptions {
   std::shared_ptr<const Authenticator> auth;  // replaced by SetAuthenticator
   ServerMetrics* metrics = nullptr;      // not owned; may be null
   ServedModel model;
+  // The adapters requests may name; null: none can be (every name is NOT_FOUND).
+  std::shared_ptr<AdapterRegistry> adapters;
 };
 
 class RequestPath {
@@ -123,6 +130,14 @@ class RequestPath {
   absl::StatusOr<std::string> Detokenize(const std::optional<std::string>& authorization,
                                          const std::vector<uint32_t>& ids) const;
   absl::StatusOr<ServedModel> ModelInfo(const std::optional<std::string>& authorization) const;
+  // Loads a LoRA adapter under `name` from `dir` (a path on the server), or unloads one, at
+  // run time: PERMISSION_DENIED unless the caller is admin (every caller is without
+  // --auth-tokens); then AdapterRegistry's errors. Requests in flight on an unloaded adapter
+  // finish with it.
+  absl::StatusOr<AdapterInfo> LoadAdapter(const std::optional<std::string>& authorization,
+                                          const std::string& name, const std::string& dir);
+  absl::Status UnloadAdapter(const std::optional<std::string>& authorization,
+                             const std::string& name);
   // Pool-wide counters: PERMISSION_DENIED unless the caller is admin.
   absl::StatusOr<EngineStats> CacheStats(const std::optional<std::string>& authorization) const;
 
@@ -139,6 +154,7 @@ class RequestPath {
 
   const Tokenizer& tokenizer() const { return *options_.tokenizer; }
   const ServedModel& model() const { return options_.model; }
+  AdapterRegistry* adapters() const { return options_.adapters.get(); }
 
  private:
   friend class ServerTestPeer;  // tests/server/server_test_peer.h

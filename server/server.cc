@@ -180,6 +180,7 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
         StrCat("--max-connections must be 0 (derived from the descriptor limit) or positive, got ",
                o.max_connections));
   }
+  if (absl::Status s = ValidateAdapterOptions(o.adapters); !s.ok()) return s;
   if (o.connection_idle_timeout <= absl::ZeroDuration()) {
     return InvalidArgumentError(StrCat("--connection-idle-timeout must be positive, got ",
                                        absl::FormatDuration(o.connection_idle_timeout)));
@@ -204,6 +205,7 @@ struct Server::Parts {
   // so it is destroyed after the engine has stopped.
   std::unique_ptr<Executor> grpc_pumps = std::make_unique<Executor>(kGrpcPumpThreads);
   std::unique_ptr<Engine> engine;
+  std::shared_ptr<AdapterRegistry> adapters;
   std::shared_ptr<ServerMetrics> metrics;
   std::unique_ptr<RequestPath> path;
   std::unique_ptr<InferenceService> service;
@@ -393,12 +395,32 @@ absl::Status Server::Parts::Build() {
   if (auth->enabled()) {
     log(absl::StrCat("bearer tokens required (", auth->num_tokens(), " tokens)"));
   }
+  adapters = std::make_shared<AdapterRegistry>(
+      AdapterRegistryOptions{.base_name = model->name(),
+                             .base = config,
+                             .max_adapters = options.adapters.max_adapters,
+                             .backend_applies_lora = backend->applies_lora(),
+                             .backend_name = backend->device_name()});
+  for (const std::string& flag : options.adapters.adapters) {
+    absl::StatusOr<std::pair<std::string, std::string>> parsed = ParseAdapterFlag(flag);
+    if (!parsed.ok()) return parsed.status();
+    absl::StatusOr<AdapterInfo> a = adapters->Load(parsed->first, parsed->second);
+    if (!a.ok()) {
+      return absl::Status(a.status().code(),
+                          absl::StrCat("--adapter ", flag, ": ", a.status().message()));
+    }
+    log(absl::StrFormat("adapter %s: %s, rank %d, alpha %g, %d bytes, sha256 %s", a->name,
+                        a->dir, a->rank, a->lora_alpha, a->memory_bytes, a->digest));
+  }
 
   Engine* eng = engine.get();
   Backend* be = backend.get();
   metrics = std::make_shared<ServerMetrics>(MetricsSources{[eng] { return eng->Stats(); },
                                                            [eng] { return eng->DrainLatencies(); },
-                                                           [be] { return be->memory_usage(); }});
+                                                           [be] { return be->memory_usage(); },
+                                                           [reg = adapters.get()] {
+                                                             return reg->memory_bytes();
+                                                           }});
   if (absl::Status s = StartMetrics(); !s.ok()) return s;
 
   RequestPathOptions popt;
@@ -406,6 +428,7 @@ absl::Status Server::Parts::Build() {
   popt.tokenizer = &model->tokenizer();
   popt.auth = auth;
   popt.metrics = metrics.get();
+  popt.adapters = adapters;
   popt.model = ServedModel{.name = model->name(),
                            .manifest_sha256 = model->manifest_sha256(),
                            .config = config,

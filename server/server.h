@@ -25,6 +25,7 @@
 #include "engine/engine.h"
 #include "engine/model.h"
 #include "server/backend_factory.h"
+#include "server/adapter_registry.h"
 
 namespace prefixd {
 
@@ -40,6 +41,7 @@ class RequestPath;
 //   │  │                   PlanDevice, --threads by the CPU backend
 //   │  └─ kv_pool          KvPoolOptions (cache/kv_pool.h): --kv-cache-bytes, --block-size, by
 //   │                      the backend that allocates the pool
+//   ├─ adapters           AdapterOptions (server/adapter_registry.h): --adapter, --max-adapters
 //   └─ engine             EngineOptions (engine/engine_options.h): --max-batch-tokens,
 //      │                   --max-queue, --max-samples, --no-prefix-cache, by Engine::Create
 //      ├─ disk_tier        DiskTierOptions: --cache-dir, --cache-dir-bytes, by DiskTier::Open
@@ -54,6 +56,8 @@ struct ServerOptions {
   std::function<absl::StatusOr<std::unique_ptr<Backend>>(const Model&)> backend_factory;
   DeviceOptions device;
   EngineOptions engine;
+  // LoRA adapters served by name (--adapter, --max-adapters).
+  AdapterOptions adapters;
   // --kv-remote-password-file: the remote tier's password is this file's first line (read at
   // start-up into engine.remote_tier.password; never in the URL, which `ps` shows).
   std::string kv_remote_password_file;

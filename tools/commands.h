@@ -8,6 +8,7 @@
 namespace prefixd::tools {
 
 int RunRandomCommand(absl::Span<char* const> args);
+int RunRandomAdapterCommand(absl::Span<char* const> args);
 int RunInspectCommand(absl::Span<char* const> args);
 int RunTokenizeCommand(absl::Span<char* const> args);
 int RunDetokenizeCommand(absl::Span<char* const> args);

@@ -1,10 +1,14 @@
-// prefixd-model inspect DIR: validates a model directory and prints what it is.
+// prefixd-model inspect DIR: validates a model directory, or a LoRA adapter directory (one
+// holding adapter_config.json; with --base MODEL_DIR also checked against that model), and
+// prints what it is.
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 
 #include "absl/strings/str_format.h"
 #include "cache/kv_layout.h"
+#include "engine/lora_adapter.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -12,12 +16,58 @@
 #include "tools/commands.h"
 
 namespace prefixd::tools {
+namespace {
+
+int InspectAdapter(const std::string& dir, const std::optional<std::string>& base) {
+  absl::StatusOr<std::unique_ptr<LoraAdapter>> adapter = ParseLoraAdapter(dir);
+  if (!adapter.ok()) return ReportError(adapter.status());
+  const LoraAdapter& a = **adapter;
+  nlohmann::json out = {
+      {"kind", "lora_adapter"},
+      {"dir", a.dir},
+      {"adapter_sha256", a.digest},
+      {"rank", a.rank},
+      {"lora_alpha", a.lora_alpha},
+      {"use_rslora", a.use_rslora},
+      {"scaling", a.scaling},
+      {"target_modules", a.target_modules},
+      {"base_model_name_or_path", a.base_model_name_or_path},
+      {"layers", a.layers.size()},
+      {"parameters", a.num_parameters},
+      {"memory_bytes", a.memory_bytes()},
+  };
+  if (base) {
+    absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(*base);
+    if (!model.ok()) return ReportError(model.status());
+    if (absl::Status s = CheckLoraAdapterFits(a, (*model)->config()); !s.ok()) {
+      return ReportError(s);
+    }
+    out["base"] = {{"dir", (*model)->dir()}, {"manifest_sha256", (*model)->manifest_sha256()}};
+  }
+  std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}
+
+}  // namespace
 
 int RunInspectCommand(absl::Span<char* const> args) {
-  absl::StatusOr<ParsedCommandLine> parsed = ParseArgv(args, {});
+  static constexpr FlagSpec kFlags[] = {{"base"}};
+  absl::StatusOr<ParsedCommandLine> parsed = ParseArgv(args, kFlags);
   if (!parsed.ok()) return ReportError(parsed.status(), kExitUsage);
   if (parsed->positional.size() != 1) {
-    return ReportError(absl::InvalidArgumentError("usage: prefixd-model inspect DIR"), kExitUsage);
+    return ReportError(absl::InvalidArgumentError("usage: prefixd-model inspect DIR [--base DIR]"),
+                       kExitUsage);
+  }
+  std::error_code ec;
+  if (std::filesystem::exists(
+          std::filesystem::path(parsed->positional[0]) / std::string(kAdapterConfigFile), ec)) {
+    return InspectAdapter(parsed->positional[0], parsed->Flag("base"));
+  }
+  if (parsed->Has("base")) {
+    return ReportError(absl::InvalidArgumentError(absl::StrCat(
+                           "--base is for adapter directories; ", parsed->positional[0],
+                           " holds no ", std::string(kAdapterConfigFile))),
+                       kExitUsage);
   }
   absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(parsed->positional[0]);
   if (!model.ok()) return ReportError(model.status());

@@ -19,7 +19,10 @@ constexpr Command kCommands[] = {
     {"random", prefixd::tools::RunRandomCommand,
      "random --out DIR [--preset tiny|gpt2] [--layers L --heads H --embd E --vocab V "
      "--positions P] [--seed S] [--dtype f32|f16|bf16] [--tokenizer-dir DIR]"},
-    {"inspect", prefixd::tools::RunInspectCommand, "inspect DIR"},
+    {"random-adapter", prefixd::tools::RunRandomAdapterCommand,
+     "random-adapter --base DIR --out DIR [--rank R] [--alpha A] [--seed S] "
+     "[--targets c_attn,c_proj,c_fc] [--rslora]"},
+    {"inspect", prefixd::tools::RunInspectCommand, "inspect DIR [--base MODEL_DIR]"},
     {"tokenize", prefixd::tools::RunTokenizeCommand, "tokenize DIR (TEXT | --jsonl FILE|-)"},
     {"detokenize", prefixd::tools::RunDetokenizeCommand, "detokenize DIR IDS"},
     {"generate", prefixd::tools::RunGenerateCommand,

@@ -16,40 +16,16 @@
 #include "absl/strings/str_cat.h"
 #include "engine/safetensors.h"
 #include "nlohmann/json.hpp"
+#include "tools/counter_normals.h"
 
 namespace prefixd {
 namespace {
 
 namespace fs = std::filesystem;
 
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-uint64_t Fnv1a(std::string_view s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (char c : s) h = (h ^ static_cast<uint8_t>(c)) * 0x100000001b3ull;
-  return h;
-}
-
-// Uniform in (0, 1]: never 0, so log() below is finite.
-double Uniform(uint64_t bits) { return (static_cast<double>(bits >> 11) + 1.0) * 0x1.0p-53; }
-
-// Counter-based standard normals: element i of a tensor depends only on (key, i), so
-// tensors can be generated in any order and any chunking. Box-Muller turns the pair of
-// uniforms at counters 2j, 2j+1 into the normals of elements 2j and 2j+1.
-void FillNormal(uint64_t key, std::vector<float>* out) {
-  const size_t n = out->size();
-  for (size_t j = 0; 2 * j < n; ++j) {
-    const double r = std::sqrt(-2.0 * std::log(Uniform(SplitMix64(key + 2 * j))));
-    const double theta = 2.0 * M_PI * Uniform(SplitMix64(key + 2 * j + 1));
-    (*out)[2 * j] = static_cast<float>(r * std::cos(theta));
-    if (2 * j + 1 < n) (*out)[2 * j + 1] = static_cast<float>(r * std::sin(theta));
-  }
-}
+using internal::FillNormal;
+using internal::Fnv1a;
+using internal::SplitMix64;
 
 // The init of one tensor from standard normals z (see the header for why it is not GPT-2's).
 std::function<float(float)> InitFor(std::string_view name, int64_t e) {

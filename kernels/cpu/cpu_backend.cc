@@ -13,6 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "base/check.h"
 #include "cache/kv_layout.h"
+#include "engine/lora_adapter.h"
+#include "kernels/cpu/lora_ops.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/thread_pool.h"
@@ -63,6 +65,7 @@ class CpuBackend final : public Backend {
   // (tests/kernels/cpu_backend_test.cc pins the bits it names).
   std::string kv_numerics() const override { return std::string(kCpuKvNumerics); }
   bool computes_all_logits() const override { return true; }
+  bool applies_lora() const override { return true; }
   int64_t num_blocks() const override { return num_blocks_; }
   int32_t block_size() const override { return geometry_.block_size; }
   int64_t kv_bytes_per_token() const override {
@@ -81,6 +84,10 @@ class CpuBackend final : public Backend {
   static float* Reserve(Workspace& buffer, int64_t n);
   std::atomic<int64_t> workspace_bytes_{0};  // of the vectors below, kept by Forward
   void RunLayer(int32_t layer, int64_t rows);
+  // For every row with an adapter that changes `target` of `layer`:
+  // out[r] += its update of in[r] (lora_ops.h). Rows split over the pool, one row per task.
+  void AddLoraUpdates(int32_t layer, LoraTarget target, const float* in, int64_t ld_in,
+                      float* out, int64_t ld_out);
   // out[r] = LayerNormRow(x[r]) for r in [0, rows), or of x[x_rows[r]] when x_rows is given.
   void LayerNorm(const float* x, int64_t rows, const float* gamma, const float* beta, float* out,
                  const int64_t* x_rows = nullptr);
@@ -107,6 +114,11 @@ class CpuBackend final : public Backend {
   // Per-step rows (all new tokens of the batch, in step order) and scratch buffers.
   std::vector<int32_t> row_pos_;
   std::vector<const int32_t*> row_table_;
+  // Each row's adapter (null: the base), and the rows that have one, in order.
+  std::vector<const LoraAdapter*> row_adapter_;
+  std::vector<int64_t> lora_rows_;
+  int32_t lora_max_rank_ = 0;
+  std::vector<float> lora_scratch_;  // rows x kLoraChains x lora_max_rank_ (lora_ops.h)
   // Attention work units: consecutive rows of one step (consecutive positions, one table).
   struct QueryChunk {
     int64_t row;
@@ -250,6 +262,11 @@ absl::Status CpuBackend::Validate(absl::Span<const SequenceStep> steps) const {
             absl::StrCat("step ", s, " token id ", t, " >= vocab size ", config_.vocab_size));
       }
     }
+    if (step.adapter != nullptr) {
+      if (absl::Status fits = CheckLoraAdapterFits(*step.adapter, config_); !fits.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("step ", s, ": ", fits.message()));
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -271,6 +288,7 @@ void CpuBackend::RunLayer(int32_t layer, int64_t rows) {
 
   LayerNorm(x, rows, w.ln1_g.data(), w.ln1_b.data(), h);
   MatMul(h, rows, e, w.c_attn, w.c_attn_b.data(), qkv, 3 * e, &pool_);
+  AddLoraUpdates(layer, LoraTarget::kAttnCAttn, h, e, qkv, 3 * e);
   // K/V of every new token go to their rows first, so each query below reads all of its
   // keys, cached or new, the same way.
   for (int64_t r = 0; r < rows; ++r) {
@@ -293,11 +311,45 @@ void CpuBackend::RunLayer(int32_t layer, int64_t rows) {
   AttendBatch(attention_chunks_, kv_.get(), geometry_, layer,
               AttentionHeadsPerTask(geometry_.n_head, attention_chunks_, pool_.num_threads()),
               &pool_);
-  // The residual connections and gelu are applied by the products as they store.
+  // The residual connections and gelu are applied by the products as they store. An
+  // adapter's update of a projection is added to the residual after the product's own
+  // (x + y, then + the update: a fixed order for the row, whatever its batch mates).
   MatMul(att, rows, e, w.attn_proj, w.attn_proj_b.data(), x, e, &pool_, MatMulOutput::kAddTo);
+  AddLoraUpdates(layer, LoraTarget::kAttnCProj, att, e, x, e);
   LayerNorm(x, rows, w.ln2_g.data(), w.ln2_b.data(), h);
-  MatMul(h, rows, e, w.c_fc, w.c_fc_b.data(), fc, 4 * e, &pool_, MatMulOutput::kGelu);
+  if (lora_rows_.empty()) {
+    MatMul(h, rows, e, w.c_fc, w.c_fc_b.data(), fc, 4 * e, &pool_, MatMulOutput::kGelu);
+  } else {
+    // gelu must see the update, so it runs after it: the product stores, then gelu runs per
+    // row, which for a row without an adapter is the fused kGelu's bits (matmul.h).
+    MatMul(h, rows, e, w.c_fc, w.c_fc_b.data(), fc, 4 * e, &pool_, MatMulOutput::kStore);
+    // One round: each row's update (when it has one), then its gelu.
+    pool_.Run(rows, [&](int64_t r) {
+      float* row = fc + r * 4 * e;
+      if (const LoraAdapter* a = row_adapter_[r]; a != nullptr) {
+        if (const LoraModule* m = a->module(layer, LoraTarget::kMlpCFc); m != nullptr) {
+          AddLoraUpdateRow(*m, a->rank, a->scaling, h + r * e, row,
+                           lora_scratch_.data() + r * kLoraChains * lora_max_rank_);
+        }
+      }
+      GeluNewInPlace(row, 4 * e);
+    });
+  }
   MatMul(fc, rows, 4 * e, w.mlp_proj, w.mlp_proj_b.data(), x, e, &pool_, MatMulOutput::kAddTo);
+  AddLoraUpdates(layer, LoraTarget::kMlpCProj, fc, 4 * e, x, e);
+}
+
+void CpuBackend::AddLoraUpdates(int32_t layer, LoraTarget target, const float* in, int64_t ld_in,
+                                float* out, int64_t ld_out) {
+  if (lora_rows_.empty()) return;
+  pool_.Run(static_cast<int64_t>(lora_rows_.size()), [&](int64_t i) {
+    const int64_t r = lora_rows_[i];
+    const LoraAdapter& adapter = *row_adapter_[r];
+    const LoraModule* m = adapter.module(layer, target);
+    if (m == nullptr) return;
+    AddLoraUpdateRow(*m, adapter.rank, adapter.scaling, in + r * ld_in, out + r * ld_out,
+                     lora_scratch_.data() + r * kLoraChains * lora_max_rank_);
+  });
 }
 
 void CpuBackend::LayerNorm(const float* x, int64_t rows, const float* gamma, const float* beta,
@@ -323,6 +375,9 @@ absl::Status CpuBackend::Forward(absl::Span<const SequenceStep> steps, std::vect
   if (rows == 0) return absl::OkStatus();
   row_pos_.resize(rows);
   row_table_.resize(rows);
+  row_adapter_.resize(rows);
+  lora_rows_.clear();
+  lora_max_rank_ = 0;
   float* x = Reserve(x_, rows * e);
   Reserve(h_, rows * e);
   Reserve(qkv_, rows * 3 * e);
@@ -346,6 +401,11 @@ absl::Status CpuBackend::Forward(absl::Span<const SequenceStep> steps, std::vect
       const int32_t pos = step.start_pos + static_cast<int32_t>(i);
       row_pos_[r] = pos;
       row_table_[r] = step.block_table.data();
+      row_adapter_[r] = step.adapter;
+      if (step.adapter != nullptr) {
+        lora_rows_.push_back(r);
+        lora_max_rank_ = std::max(lora_max_rank_, step.adapter->rank);
+      }
       float* row = x + r * e;
       wte_t_.CopyColumn(step.token_ids[i], row);
       const float* pe = wpe_.data() + int64_t{pos} * e;
@@ -359,6 +419,10 @@ absl::Status CpuBackend::Forward(absl::Span<const SequenceStep> steps, std::vect
       logit_rows.push_back(r - 1);
     }
   }
+  // Scratch per row of the batch (not per adapter row): the fused c_fc pass indexes by row.
+  lora_scratch_.resize(lora_rows_.empty() ? 0
+                                          : static_cast<size_t>(rows) * kLoraChains *
+                                                static_cast<size_t>(lora_max_rank_));
   for (int32_t l = 0; l < config_.n_layer; ++l) RunLayer(l, rows);
   if (logit_rows.empty()) return absl::OkStatus();
 

@@ -511,6 +511,12 @@ absl::Status CudaBackend::ValidateSteps(absl::Span<const SequenceStep> steps) co
     const SequenceStep& s = steps[i];
     const int64_t n = static_cast<int64_t>(s.token_ids.size());
     if (n == 0) return absl::InvalidArgumentError(absl::StrFormat("step %d has no tokens", i));
+    if (s.adapter != nullptr) {
+      // The gathered low-rank product per adapter segment is not written yet; applies_lora()
+      // is false, so the engine refuses such requests before they get here.
+      return absl::UnimplementedError(
+          absl::StrFormat("step %d has a LoRA adapter: the CUDA backend cannot apply one", i));
+    }
     if (s.start_pos < 0 || s.start_pos + n > config_.n_positions) {
       return absl::InvalidArgumentError(
           absl::StrFormat("step %d: positions [%d, %d) outside the context of %d", i, s.start_pos,

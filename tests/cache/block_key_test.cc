@@ -25,6 +25,45 @@ TEST(BlockKeyTest, NamespaceLengthPrefixesTenantAndSalt) {
   EXPECT_NE(CacheRootKey("ab", "c"), CacheRootKey("a", "bc"));
 }
 
+TEST(BlockKeyTest, AdapterIsATypedLengthPrefixedFieldAfterTheNamespace) {
+  Sha256 h;
+  h.Update("prefixd-v1");
+  h.UpdateLengthPrefixed("manifest");
+  h.UpdateLengthPrefixed("ns");
+  h.Update("A");
+  h.UpdateLengthPrefixed("digest");
+  EXPECT_EQ(CacheRootKey("manifest", "ns", "digest"), h.Final());
+  // No adapter is the base, whose root is unchanged.
+  EXPECT_EQ(CacheRootKey("manifest", "ns", ""), CacheRootKey("manifest", "ns"));
+  EXPECT_NE(CacheRootKey("manifest", "ns", "digest"), CacheRootKey("manifest", "ns"));
+  EXPECT_NE(CacheRootKey("m", "ns", "d1"), CacheRootKey("m", "ns", "d2"));
+}
+
+// No string in one field can equal another's: a salt or tenant spelled like the adapter's
+// digest (vllm#44701's collision of a salt with an adapter name), a namespace that carries
+// the very bytes of the adapter field, or a manifest that swallows the namespace.
+TEST(BlockKeyTest, AdapterFieldCannotBeForgedByTenantSaltOrManifest) {
+  const std::string d = "3f2a9c";
+  const Digest adapter = CacheRootKey("m", CacheNamespace("tenant", ""), d);
+  EXPECT_NE(adapter, CacheRootKey("m", CacheNamespace("tenant", d)));
+  EXPECT_NE(adapter, CacheRootKey("m", CacheNamespace("tenant", d), ""));
+  EXPECT_NE(adapter, CacheRootKey("m", CacheNamespace(d, "")));
+  EXPECT_NE(adapter, CacheRootKey("m", CacheNamespace("tenant" + d, "")));
+  // The namespace field followed by the adapter field's bytes, all inside the namespace.
+  const std::string ns = CacheNamespace("tenant", "");
+  std::string forged = ns + "A";
+  const uint64_t n = d.size();
+  for (int i = 0; i < 8; ++i) forged.push_back(static_cast<char>(n >> (8 * i)));
+  forged += d;
+  EXPECT_NE(adapter, CacheRootKey("m", forged));
+  // The adapter field holding what would otherwise be the namespace.
+  EXPECT_NE(CacheRootKey("m", "", ns), CacheRootKey("m", ns));
+  // Manifest and adapter cannot trade bytes.
+  EXPECT_NE(CacheRootKey("m" + d, "ns", ""), CacheRootKey("m", "ns", d));
+  // Same adapter, other tenant: still apart.
+  EXPECT_NE(adapter, CacheRootKey("m", CacheNamespace("other", ""), d));
+}
+
 TEST(BlockKeyTest, ChainKeyIsParentThenLittleEndianTokens) {
   const Digest parent = Sha256Of("parent");
   const std::vector<uint32_t> tokens = {1, 0x01020304u, 50256};

@@ -37,6 +37,8 @@ TEST(CliArgsTest, GenerateWithTextAndEveryFlag) {
                                      "3",
                                      "--salt",
                                      "s1",
+                                     "--adapter",
+                                     "sql-lora",
                                      "--top-logprobs",
                                      "2",
                                      "--json"});
@@ -55,6 +57,7 @@ TEST(CliArgsTest, GenerateWithTextAndEveryFlag) {
   EXPECT_EQ(*g.seed, 123u);
   EXPECT_EQ(g.samples, 3u);
   EXPECT_EQ(g.salt, "s1");
+  EXPECT_EQ(g.adapter, "sql-lora");
   EXPECT_EQ(g.top_logprobs, 2u);
 }
 

@@ -7,6 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "engine/lora_adapter.h"
 
 namespace prefixd {
 namespace {
@@ -37,6 +38,41 @@ void ExpectInvalid(const absl::Status& s, const std::string& what) {
 }
 
 TEST(RequestValidationTest, AcceptsAValidRequest) { EXPECT_TRUE(Check(Valid()).ok()); }
+
+// An adapter changing c_attn of a 1-layer, 4-wide model.
+std::shared_ptr<const LoraAdapter> Adapter(int64_t width) {
+  auto a = std::make_shared<LoraAdapter>();
+  a->dir = "/adapters/x";
+  a->rank = 1;
+  a->target_modules = {"c_attn"};
+  a->layers.resize(1);
+  LoraModule& m = a->layers[0][static_cast<int>(LoraTarget::kAttnCAttn)];
+  m.in = width;
+  m.out = 3 * width;
+  m.a_t.assign(width, 0.0f);
+  m.b_t.assign(3 * width, 0.0f);
+  return a;
+}
+
+TEST(RequestValidationTest, AdapterMustFitTheModelAndTheBackend) {
+  RequestLimits l = Limits();
+  l.model_config.n_layer = 1;
+  l.model_config.n_embd = 4;
+  EngineRequest r = Valid();
+  r.adapter = Adapter(4);
+  EXPECT_TRUE(ValidateEngineRequest(r, l).ok());
+  r.adapter = Adapter(8);
+  const absl::Status other = ValidateEngineRequest(r, l);
+  ExpectInvalid(other, "another model");
+  EXPECT_EQ(InvalidField(other), "adapter");
+  r.adapter = Adapter(4);
+  l.applies_lora = false;
+  const absl::Status s = ValidateEngineRequest(r, l);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("cannot apply LoRA adapters"));
+  r.adapter = nullptr;
+  EXPECT_TRUE(ValidateEngineRequest(r, l).ok());
+}
 
 TEST(RequestValidationTest, RequestIdIsShortPrintableAscii) {
   EngineRequest r = Valid();

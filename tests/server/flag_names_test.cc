@@ -15,6 +15,14 @@ TEST(FlagNamesTest, DashesInNamesBecomeUnderscores) {
                           "my-cert.pem", "-max_queue=3"));
 }
 
+TEST(FlagNamesTest, RepeatedFlagValuesSeesEveryOccurrence) {
+  const std::vector<std::string> args = {"prefixd", "--adapter", "a=/x", "--max_adapters=2",
+                                         "-adapter=b=/y", "--adapter=c=/z", "--adapterx=q",
+                                         "--", "--adapter=d=/w"};
+  EXPECT_THAT(RepeatedFlagValues(args, "adapter"), ElementsAre("a=/x", "b=/y", "c=/z"));
+  EXPECT_THAT(RepeatedFlagValues({"prefixd", "--adapter"}, "adapter"), ElementsAre());
+}
+
 TEST(FlagNamesTest, LeavesPositionalsAndEverythingAfterDoubleDash) {
   EXPECT_THAT(NormalizeFlagNames({"bin-name", "pos-arg", "--", "--a-b"}),
               ElementsAre("bin-name", "pos-arg", "--", "--a-b"));

@@ -132,6 +132,20 @@ TEST(OpenAiApiTest, PromptForms) {
   EXPECT_EQ(r->prompts[0].max_new_tokens, 16u);
 }
 
+// `model` other than the served one names a LoRA adapter; the request path resolves it
+// (NOT_FOUND, 404, for one that is not loaded: http_api_test, server_lora_test).
+TEST(OpenAiApiTest, AnotherModelNameIsAnAdapterName) {
+  absl::StatusOr<CompletionRequest> r =
+      ParseCompletionRequest(R"({"model": "sql-lora", "prompt": ["a", "b"]})", "gpt2");
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->prompts.size(), 2u);
+  EXPECT_EQ(r->prompts[0].adapter, "sql-lora");
+  EXPECT_EQ(r->prompts[1].adapter, "sql-lora");
+  r = ParseCompletionRequest(R"({"model": "gpt2", "prompt": "a"})", "gpt2");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->prompts[0].adapter, "");
+}
+
 TEST(OpenAiApiTest, RefusalsNameTheField) {
   using C = absl::StatusCode;
   ExpectRefused({{"max_tokens", 4}}, C::kInvalidArgument, "prompt", "`prompt` is required");
@@ -140,8 +154,8 @@ TEST(OpenAiApiTest, RefusalsNameTheField) {
   ExpectRefused({{"prompt", json::array({json::object()})}}, C::kInvalidArgument, "prompt",
                 "token ids, strings, or arrays");
   ExpectRefused({{"prompt", 5}}, C::kInvalidArgument, "prompt", "must be a string");
-  ExpectRefused({{"prompt", "x"}, {"model", "gpt-4"}}, C::kNotFound, "model",
-                "The model `gpt-4` does not exist");
+  ExpectRefused({{"prompt", "x"}, {"model", 4}}, C::kInvalidArgument, "model",
+                "`model` must be a string");
   ExpectRefused({{"prompt", "x"}, {"max_tokens", "5"}}, C::kInvalidArgument, "max_tokens",
                 "must be an integer");
   ExpectRefused({{"prompt", "x"}, {"max_tokens", -1}}, C::kInvalidArgument, "max_tokens",

@@ -26,6 +26,9 @@ class ServerTestPeer {
     return server.request_path().accepted_generates();
   }
 
+  // The one request path (to start a call and act on the server while it runs).
+  static RequestPath& request_path(Server& server) { return server.request_path(); }
+
   // Holds every thread of the gRPC pump executor in a task until Release() (or destruction):
   // no Generate reactor can pump meanwhile, as if each one's pump were stuck.
   class PumpBlocker {

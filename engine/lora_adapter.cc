@@ -1,0 +1,366 @@
+#include "engine/lora_adapter.h"
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/escape.h"
+#include "base/file.h"
+#include "engine/dtype.h"
+#include "engine/safetensors.h"
+#include "engine/weights_scan.h"
+#include "nlohmann/json.hpp"
+
+namespace prefixd {
+namespace {
+
+// Debian's absl has its own string_view type; StrCat takes only that one.
+absl::string_view ToAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+// The largest rank accepted: far above any fine-tune's (PEFT's default is 8), low enough
+// that r · width cannot overflow anything.
+constexpr int64_t kMaxRank = 4096;
+
+constexpr std::string_view kTensorPrefix = "base_model.model.transformer.h.";
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// What a tensor name says, when it is one of an adapter's.
+struct TensorName {
+  int32_t layer = 0;
+  LoraTarget target = LoraTarget::kAttnCAttn;
+  bool is_a = true;
+};
+
+// "base_model.model.transformer.h.{i}.{attn.c_attn|attn.c_proj|mlp.c_fc|mlp.c_proj}
+// .lora_{A|B}.weight", or nullopt.
+std::optional<TensorName> ParseTensorName(std::string_view name) {
+  if (name.substr(0, kTensorPrefix.size()) != kTensorPrefix) return std::nullopt;
+  name.remove_prefix(kTensorPrefix.size());
+  const size_t dot = name.find('.');
+  if (dot == std::string_view::npos || dot == 0 || dot > 6) return std::nullopt;
+  const std::string_view digits = name.substr(0, dot);
+  if (digits.size() > 1 && digits[0] == '0') return std::nullopt;
+  int32_t layer = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return std::nullopt;
+    layer = layer * 10 + (c - '0');
+  }
+  name.remove_prefix(dot + 1);
+  for (int t = 0; t < kNumLoraTargets; ++t) {
+    const std::string_view path = LoraTargetPath(static_cast<LoraTarget>(t));
+    if (name.substr(0, path.size()) != path) continue;
+    const std::string_view rest = name.substr(path.size());
+    if (rest == ".lora_A.weight" || rest == ".lora_B.weight") {
+      return TensorName{layer, static_cast<LoraTarget>(t), rest == ".lora_A.weight"};
+    }
+  }
+  return std::nullopt;
+}
+
+// The module name PEFT's target_modules uses for a target ("c_proj" covers two).
+std::string_view TargetModuleName(LoraTarget t) {
+  switch (t) {
+    case LoraTarget::kAttnCAttn:
+      return "c_attn";
+    case LoraTarget::kMlpCFc:
+      return "c_fc";
+    case LoraTarget::kAttnCProj:
+    case LoraTarget::kMlpCProj:
+      return "c_proj";
+  }
+  return "";
+}
+
+std::string TensorNameOf(int32_t layer, LoraTarget t, bool is_a) {
+  return absl::StrCat(ToAbsl(kTensorPrefix), layer, ".", ToAbsl(LoraTargetPath(t)),
+                      is_a ? ".lora_A.weight" : ".lora_B.weight");
+}
+
+float ElementAsFloat(DType dtype, const std::byte* data, int64_t i) {
+  if (dtype == DType::kF32) {
+    float f;
+    std::memcpy(&f, data + 4 * i, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, data + 2 * i, 2);
+  return dtype == DType::kF16 ? HalfToFloat(h) : BF16ToFloat(h);
+}
+
+// A field that must be absent, null, false or empty: what changes the computation in a way
+// prefixd does not implement.
+bool IsUnset(const nlohmann::json& config, const char* key) {
+  auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return true;
+  if (it->is_boolean()) return !it->get<bool>();
+  if (it->is_array() || it->is_object() || it->is_string()) return it->empty();
+  return false;
+}
+
+struct ParsedConfig {
+  int32_t rank = 0;
+  float alpha = 0;
+  bool use_rslora = false;
+  std::vector<std::string> target_modules;
+  std::string base_model;
+};
+
+absl::StatusOr<ParsedConfig> ParseAdapterConfig(const std::string& text, const std::string& path) {
+  auto bad = [&](std::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", ToAbsl(what)));
+  };
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
+  ParsedConfig c;
+  auto peft = j.find("peft_type");
+  if (peft == j.end() || !peft->is_string()) {
+    return bad("missing \"peft_type\" (a LoRA adapter says \"LORA\")");
+  }
+  if (peft->get<std::string>() != "LORA") {
+    return bad(absl::StrCat("peft_type is \"", EscapeBytes(peft->get<std::string>()),
+                            "\"; only LoRA adapters (\"LORA\") are supported"));
+  }
+  auto r = j.find("r");
+  if (r == j.end() || !r->is_number_integer() || r->get<int64_t>() < 1 ||
+      r->get<int64_t>() > kMaxRank) {
+    return bad(absl::StrCat("\"r\" must be an integer in [1, ", kMaxRank, "]"));
+  }
+  c.rank = static_cast<int32_t>(r->get<int64_t>());
+  auto alpha = j.find("lora_alpha");
+  if (alpha == j.end() || !alpha->is_number() || !std::isfinite(alpha->get<double>()) ||
+      std::fabs(alpha->get<double>()) > 1e6) {
+    return bad("\"lora_alpha\" must be a finite number (|lora_alpha| <= 1e6)");
+  }
+  c.alpha = static_cast<float>(alpha->get<double>());
+  if (auto it = j.find("use_rslora"); it != j.end() && !it->is_null()) {
+    if (!it->is_boolean()) return bad("\"use_rslora\" must be true or false");
+    c.use_rslora = it->get<bool>();
+  }
+  auto targets = j.find("target_modules");
+  if (targets == j.end() || !targets->is_array() || targets->empty()) {
+    return bad(
+        "\"target_modules\" must be a non-empty list of module names among \"c_attn\", "
+        "\"c_proj\", \"c_fc\" (a regular expression is not supported)");
+  }
+  for (const nlohmann::json& t : *targets) {
+    const std::string name = t.is_string() ? t.get<std::string>() : t.dump();
+    if (name != "c_attn" && name != "c_proj" && name != "c_fc") {
+      return bad(absl::StrCat("target_modules names \"", EscapeBytes(name),
+                              "\"; GPT-2 adapters may target only \"c_attn\", \"c_proj\" and "
+                              "\"c_fc\""));
+    }
+    c.target_modules.push_back(name);
+  }
+  auto fifo = j.find("fan_in_fan_out");
+  if (fifo == j.end() || !fifo->is_boolean() || !fifo->get<bool>()) {
+    return bad(
+        "\"fan_in_fan_out\" must be true: GPT-2's layers are Conv1D ([in, out] weights), and "
+        "an adapter saved without it was made for another architecture");
+  }
+  if (auto it = j.find("bias"); it != j.end() && !it->is_null() &&
+                                (!it->is_string() || it->get<std::string>() != "none")) {
+    return bad(absl::StrCat("\"bias\" is ", it->dump(),
+                            "; only \"none\" is supported (adapters that train biases are not)"));
+  }
+  for (const char* key : {"modules_to_save", "use_dora", "rank_pattern", "alpha_pattern",
+                          "layers_to_transform", "layers_pattern", "megatron_config"}) {
+    if (!IsUnset(j, key)) {
+      return bad(absl::StrCat("\"", key, "\" is set (", j[key].dump(),
+                              "); prefixd serves plain LoRA only, without it"));
+    }
+  }
+  if (auto it = j.find("base_model_name_or_path"); it != j.end() && it->is_string()) {
+    c.base_model = it->get<std::string>();
+  }
+  return c;
+}
+
+}  // namespace
+
+std::string_view LoraTargetPath(LoraTarget target) {
+  switch (target) {
+    case LoraTarget::kAttnCAttn:
+      return "attn.c_attn";
+    case LoraTarget::kAttnCProj:
+      return "attn.c_proj";
+    case LoraTarget::kMlpCFc:
+      return "mlp.c_fc";
+    case LoraTarget::kMlpCProj:
+      return "mlp.c_proj";
+  }
+  return "";
+}
+
+std::string AdapterDigest(const Digest& config_sha256, const Digest& weights_sha256) {
+  Sha256 h;
+  h.UpdateLengthPrefixed(kAdapterConfigFile);
+  h.Update(config_sha256.data(), config_sha256.size());
+  h.UpdateLengthPrefixed(kAdapterWeightsFile);
+  h.Update(weights_sha256.data(), weights_sha256.size());
+  return DigestHex(h.Final());
+}
+
+absl::StatusOr<std::unique_ptr<LoraAdapter>> ParseLoraAdapter(const std::string& dir) {
+  const std::string config_path = absl::StrCat(dir, "/", ToAbsl(kAdapterConfigFile));
+  const std::string weights_path = absl::StrCat(dir, "/", ToAbsl(kAdapterWeightsFile));
+  absl::StatusOr<std::string> config_text = ReadWholeFile(config_path);
+  if (!config_text.ok()) {
+    if (config_text.status().code() != absl::StatusCode::kNotFound) return config_text.status();
+    return absl::NotFoundError(absl::StrCat(config_text.status().message(),
+                                            " (a LoRA adapter directory holds ",
+                                            ToAbsl(kAdapterConfigFile), " and ",
+                                            ToAbsl(kAdapterWeightsFile), ")"));
+  }
+  absl::StatusOr<ParsedConfig> config = ParseAdapterConfig(*config_text, config_path);
+  if (!config.ok()) return config.status();
+  absl::StatusOr<std::string> weights = ReadWholeFile(weights_path);
+  if (!weights.ok()) return weights.status();
+  const auto* bytes = reinterpret_cast<const std::byte*>(weights->data());
+  absl::StatusOr<SafetensorsFile> st = ParseSafetensors({bytes, weights->size()}, weights_path);
+  if (!st.ok()) return st.status();
+
+  auto adapter = std::make_unique<LoraAdapter>();
+  adapter->dir = dir;
+  adapter->rank = config->rank;
+  adapter->lora_alpha = config->alpha;
+  adapter->use_rslora = config->use_rslora;
+  adapter->scaling = config->use_rslora
+                         ? config->alpha / std::sqrt(static_cast<float>(config->rank))
+                         : config->alpha / static_cast<float>(config->rank);
+  adapter->target_modules = config->target_modules;
+  adapter->base_model_name_or_path = config->base_model;
+  const std::set<std::string> targets(config->target_modules.begin(),
+                                      config->target_modules.end());
+  const int64_t r = config->rank;
+
+  // Each (layer, target)'s A and B as found; pairs are checked after the loop.
+  struct Pair {
+    const SafetensorsEntry* a = nullptr;
+    const SafetensorsEntry* b = nullptr;
+  };
+  std::map<std::pair<int32_t, int>, Pair> pairs;
+  for (const SafetensorsEntry& e : st->tensors) {
+    const std::string quoted = absl::StrCat("tensor \"", EscapeBytes(e.name), "\"");
+    auto bad = [&](std::string_view what) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(weights_path, ": ", quoted, " ", ToAbsl(what)));
+    };
+    const std::optional<TensorName> n = ParseTensorName(e.name);
+    if (!n) {
+      return bad(absl::StrCat(
+          "is not part of a GPT-2 LoRA adapter (expected only ", ToAbsl(kTensorPrefix),
+          "{i}.{attn.c_attn|attn.c_proj|mlp.c_fc|mlp.c_proj}.lora_A.weight and .lora_B.weight; "
+          "modules_to_save, embeddings and biases are not supported)"));
+    }
+    if (!targets.contains(std::string(TargetModuleName(n->target)))) {
+      return bad(absl::StrCat("belongs to module \"", ToAbsl(TargetModuleName(n->target)),
+                              "\", which target_modules does not list"));
+    }
+    if (!e.float_dtype) {
+      return bad(absl::StrCat("has dtype ", EscapeBytes(e.dtype_name),
+                              "; adapter weights must be F32, F16 or BF16"));
+    }
+    if (e.shape.size() != 2 || (n->is_a ? e.shape[0] : e.shape[1]) != r ||
+        (n->is_a ? e.shape[1] : e.shape[0]) < 1) {
+      return bad(absl::StrCat("has shape ", ShapeString(e.shape), " but r = ", r,
+                              " implies ", n->is_a ? "[r, in] = [" : "[out, r] = [",
+                              n->is_a ? absl::StrCat(r, ", in]") : absl::StrCat("out, ", r, "]")));
+    }
+    const std::byte* data = bytes + st->data_start + e.begin;
+    if (const int64_t i = FirstNonFinite(e.dtype, {data, e.end - e.begin}); i >= 0) {
+      const float f = ElementAsFloat(e.dtype, data, i);
+      return bad(absl::StrCat("holds ", std::isnan(f) ? "NaN" : (f > 0 ? "+Inf" : "-Inf"),
+                              " at element ", i, ": the adapter is corrupt"));
+    }
+    Pair& p = pairs[{n->layer, static_cast<int>(n->target)}];
+    (n->is_a ? p.a : p.b) = &e;
+  }
+  if (pairs.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(weights_path, ": holds no lora_A/lora_B tensor"));
+  }
+  const int32_t n_layers = pairs.rbegin()->first.first + 1;
+  adapter->layers.resize(n_layers);
+  for (const auto& [key, p] : pairs) {
+    const LoraTarget t = static_cast<LoraTarget>(key.second);
+    if (p.a == nullptr || p.b == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          weights_path, ": missing tensor \"", TensorNameOf(key.first, t, p.a == nullptr),
+          "\" (its pair \"", TensorNameOf(key.first, t, p.a != nullptr), "\" is there)"));
+    }
+    LoraModule& m = adapter->layers[key.first][key.second];
+    m.in = p.a->shape[1];
+    m.out = p.b->shape[0];
+    m.a_t.resize(static_cast<size_t>(m.in * r));
+    m.b_t.resize(static_cast<size_t>(r * m.out));
+    const std::byte* a = bytes + st->data_start + p.a->begin;
+    const std::byte* b = bytes + st->data_start + p.b->begin;
+    for (int64_t j = 0; j < r; ++j) {
+      for (int64_t k = 0; k < m.in; ++k) m.a_t[k * r + j] = ElementAsFloat(p.a->dtype, a, j * m.in + k);
+    }
+    for (int64_t o = 0; o < m.out; ++o) {
+      for (int64_t j = 0; j < r; ++j) m.b_t[j * m.out + o] = ElementAsFloat(p.b->dtype, b, o * r + j);
+    }
+    adapter->num_parameters += (m.in + m.out) * r;
+  }
+  // Identity from the very bytes that were parsed.
+  adapter->digest = AdapterDigest(Sha256Of(*config_text), Sha256Of(*weights));
+  return adapter;
+}
+
+absl::Status CheckLoraAdapterFits(const LoraAdapter& adapter, const ModelConfig& base) {
+  const std::string weights_path = absl::StrCat(adapter.dir, "/", ToAbsl(kAdapterWeightsFile));
+  const int32_t layers = static_cast<int32_t>(adapter.layers.size());
+  if (layers > base.n_layer) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        weights_path, ": has tensors for layer ", layers - 1, " but the base model has ",
+        base.n_layer, " layers: the adapter was made for another model"));
+  }
+  const int64_t e = base.n_embd;
+  const std::array<std::pair<int64_t, int64_t>, kNumLoraTargets> widths = {
+      std::pair<int64_t, int64_t>{e, 3 * e}, {e, e}, {e, 4 * e}, {4 * e, e}};
+  const std::set<std::string> targets(adapter.target_modules.begin(),
+                                      adapter.target_modules.end());
+  for (int32_t i = 0; i < base.n_layer; ++i) {
+    for (int t = 0; t < kNumLoraTargets; ++t) {
+      const LoraTarget target = static_cast<LoraTarget>(t);
+      const LoraModule* m = adapter.module(i, target);
+      if (m == nullptr) {
+        if (!targets.contains(std::string(TargetModuleName(target)))) continue;
+        return absl::InvalidArgumentError(absl::StrCat(
+            weights_path, ": missing tensor \"", TensorNameOf(i, target, true),
+            "\" (target_modules lists \"", ToAbsl(TargetModuleName(target)),
+            "\", so every one of the base's ", base.n_layer, " layers needs it)"));
+      }
+      const auto [in, out] = widths[t];
+      if (m->in != in || m->out != out) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            weights_path, ": tensors \"", TensorNameOf(i, target, true), "\" and \".lora_B\" are ",
+            ShapeString({adapter.rank, m->in}), " and ", ShapeString({m->out, adapter.rank}),
+            " but the base model (n_embd ", e, ") needs ", ShapeString({adapter.rank, in}),
+            " and ", ShapeString({out, adapter.rank}), ": the adapter was made for another model"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const LoraAdapter>> LoadLoraAdapter(const std::string& dir,
+                                                                   const ModelConfig& base) {
+  absl::StatusOr<std::unique_ptr<LoraAdapter>> adapter = ParseLoraAdapter(dir);
+  if (!adapter.ok()) return adapter.status();
+  if (absl::Status s = CheckLoraAdapterFits(**adapter, base); !s.ok()) return s;
+  return std::shared_ptr<const LoraAdapter>(*std::move(adapter));
+}
+
+}  // namespace prefixd

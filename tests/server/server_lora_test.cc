@@ -1,0 +1,312 @@
+// LoRA adapters through the server (in-process, CPU backend, tiny model): --adapter at
+// start-up, choosing one by gRPC GenerateRequest.adapter and HTTP `model`, GetModelInfo and
+// /v1/models listing them with their digests, NOT_FOUND / 404 for an unknown name, cache hits
+// only within one adapter, and the start-up refusals, each naming the flag.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/http_client.h"
+#include "engine/lora_adapter.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "server/server.h"
+#include "tests/server/grpc_helpers.h"
+#include "tests/server/in_process_server.h"
+#include "tests/server/process.h"
+#include "tests/server/server_test_peer.h"
+#include "tools/random_adapter.h"
+#include "tools/random_model.h"
+
+namespace prefixd::testing {
+namespace {
+
+using bench::HttpFetch;
+using bench::HttpResponse;
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+class ServerLoraTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_dir_ = dir_.path() + "/tiny-model";
+    ASSERT_TRUE(WriteTinyModel(model_dir_).ok());
+    for (int i = 0; i < 2; ++i) {
+      RandomAdapterOptions o;
+      o.rank = 4 + 4 * i;
+      o.lora_alpha = 8;
+      o.b_std = 0.1f;
+      o.seed = 10 + i;
+      const std::string dir = dir_.path() + "/adapter-" + std::to_string(i);
+      ASSERT_TRUE(WriteRandomAdapter(dir, TinyModelConfig(), o).ok());
+      adapter_dirs_.push_back(dir);
+      auto loaded = ParseLoraAdapter(dir);
+      ASSERT_TRUE(loaded.ok()) << loaded.status();
+      digests_.push_back((*loaded)->digest);
+    }
+  }
+
+  ServerOptions Options() {
+    ServerOptions o = TestServerOptions(model_dir_, log_.Writer());
+    o.http_listen = "127.0.0.1:0";
+    o.adapters.adapters = {"sql=" + adapter_dirs_[0], "chat=" + adapter_dirs_[1]};
+    o.adapters.max_adapters = 4;
+    return o;
+  }
+
+  static v1::GenerateRequest Request(const std::string& adapter) {
+    v1::GenerateRequest r = IdsRequest(RandomIds(3, 40), 6);
+    r.set_top_logprobs(1);
+    r.set_adapter(adapter);
+    return r;
+  }
+
+  TempDir dir_;
+  std::string model_dir_;
+  std::vector<std::string> adapter_dirs_;
+  std::vector<std::string> digests_;
+  LogSink log_;
+};
+
+TEST_F(ServerLoraTest, ServesEachAdapterByNameUnderItsOwnCacheIdentity) {
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(Options());
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_THAT(log_.Text(), HasSubstr("adapter sql: " + adapter_dirs_[0] + ", rank 4"));
+  EXPECT_THAT(log_.Text(), HasSubstr("sha256 " + digests_[0]));
+  auto stub = v1::Inference::NewStub(InsecureChannel((*server)->grpc_address()));
+
+  // GetModelInfo: both adapters, by name, with their digests and the base as parent.
+  grpc::ClientContext ctx;
+  v1::ModelInfo info;
+  ASSERT_TRUE(stub->GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+  ASSERT_EQ(info.adapters_size(), 2);
+  EXPECT_EQ(info.max_adapters(), 4u);
+  EXPECT_EQ(info.adapters(0).name(), "chat");
+  EXPECT_EQ(info.adapters(0).adapter_sha256(), digests_[1]);
+  EXPECT_EQ(info.adapters(0).rank(), 8u);
+  EXPECT_EQ(info.adapters(1).name(), "sql");
+  EXPECT_EQ(info.adapters(1).adapter_sha256(), digests_[0]);
+  EXPECT_EQ(info.adapters(1).parent(), info.model_name());
+
+  const GenerateResult sql = Generate(*stub, Request("sql"));
+  ASSERT_TRUE(sql.status.ok()) << sql.status.error_message();
+  EXPECT_EQ(sql.usage.cached_prompt_tokens(), 0u);
+  const GenerateResult sql_again = Generate(*stub, Request("sql"));
+  EXPECT_EQ(sql_again.usage.cached_prompt_tokens(), 32u);  // 2 whole blocks of 16
+  EXPECT_EQ(sql_again.samples.at(0).logprobs, sql.samples.at(0).logprobs);
+  // Same prompt, another adapter or the base: no hit, other answers.
+  const GenerateResult chat = Generate(*stub, Request("chat"));
+  ASSERT_TRUE(chat.status.ok()) << chat.status.error_message();
+  EXPECT_EQ(chat.usage.cached_prompt_tokens(), 0u);
+  const GenerateResult base = Generate(*stub, Request(""));
+  ASSERT_TRUE(base.status.ok()) << base.status.error_message();
+  EXPECT_EQ(base.usage.cached_prompt_tokens(), 0u);
+  EXPECT_NE(base.samples.at(0).logprobs, sql.samples.at(0).logprobs);
+  EXPECT_NE(chat.samples.at(0).logprobs, sql.samples.at(0).logprobs);
+
+  const GenerateResult unknown = Generate(*stub, Request("nope"));
+  EXPECT_EQ(unknown.status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(unknown.status.error_message(), HasSubstr("no adapter named `nope`"));
+  EXPECT_THAT(unknown.status.error_message(), HasSubstr("chat, sql"));
+
+  // HTTP: /v1/models lists the base and each adapter with "parent" and its digest.
+  absl::StatusOr<HttpResponse> models = HttpFetch((*server)->http_port(), "GET", "/v1/models");
+  ASSERT_TRUE(models.ok()) << models.status();
+  const json m = json::parse(models->body);
+  ASSERT_EQ(m["data"].size(), 3u);
+  EXPECT_EQ(m["data"][0]["id"], info.model_name());
+  EXPECT_FALSE(m["data"][0].contains("parent"));
+  EXPECT_EQ(m["data"][2]["id"], "sql");
+  EXPECT_EQ(m["data"][2]["parent"], info.model_name());
+  EXPECT_EQ(m["data"][2]["adapter_sha256"], digests_[0]);
+  // `model: sql` is the adapter: the same tokens as over gRPC, and its cached prefix.
+  const std::vector<uint32_t> ids = RandomIds(3, 40);
+  absl::StatusOr<HttpResponse> r = HttpFetch(
+      (*server)->http_port(), "POST", "/v1/completions",
+      json({{"model", "sql"}, {"prompt", ids}, {"max_tokens", 6}, {"temperature", 0}}).dump());
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->status, 200) << r->body;
+  const json c = json::parse(r->body);
+  EXPECT_EQ(c["model"], "sql");
+  EXPECT_EQ(c["usage"]["prompt_tokens_details"]["cached_tokens"], 32);
+  EXPECT_EQ(c["choices"][0]["text"], sql.samples.at(0).text);
+  r = HttpFetch((*server)->http_port(), "POST", "/v1/completions",
+                json({{"model", "nope"}, {"prompt", ids}, {"max_tokens", 2}}).dump());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, 404) << r->body;
+  const json e = json::parse(r->body);
+  EXPECT_EQ(e["error"]["code"], "model_not_found");
+  EXPECT_EQ(e["error"]["param"], "model");
+}
+
+TEST_F(ServerLoraTest, LoadsAndUnloadsAtRunTimeOverHttpAndGrpc) {
+  ServerOptions o = Options();
+  o.metrics_listen = "127.0.0.1:0";
+  o.adapters.adapters = {"sql=" + adapter_dirs_[0]};
+  o.adapters.max_adapters = 2;
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(std::move(o));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int http = (*server)->http_port();
+  auto stub = v1::Inference::NewStub(InsecureChannel((*server)->grpc_address()));
+  auto post = [&](const std::string& path, const json& body) {
+    absl::StatusOr<HttpResponse> r = HttpFetch(http, "POST", path, body.dump());
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : HttpResponse{};
+  };
+
+  HttpResponse r = post("/v1/load_lora_adapter",
+                        {{"lora_name", "chat"}, {"lora_path", adapter_dirs_[1]}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(json::parse(r.body)["adapter_sha256"], digests_[1]);
+  EXPECT_EQ(Generate(*stub, Request("chat")).status.error_code(), grpc::StatusCode::OK);
+  // The name is taken; the registry is full; the body must name both fields.
+  r = post("/v1/load_lora_adapter", {{"lora_name", "chat"}, {"lora_path", adapter_dirs_[0]}});
+  EXPECT_EQ(r.status, 409) << r.body;
+  r = post("/v1/load_lora_adapter", {{"lora_name", "third"}, {"lora_path", adapter_dirs_[0]}});
+  EXPECT_EQ(r.status, 429) << r.body;
+  EXPECT_THAT(r.body, HasSubstr("--max-adapters 2"));
+  r = post("/v1/load_lora_adapter", {{"lora_name", "x"}});
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_THAT(r.body, HasSubstr("lora_path"));
+
+  absl::StatusOr<std::string> metrics = HttpGet((*server)->metrics_port(), "/metrics");
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  // (in + out) x rank x 4 bytes over c_attn, attn.c_proj, c_fc, mlp.c_proj of 2 layers:
+  // 1024 x 4 x 2 x 4 for rank 4 plus the same for rank 8.
+  EXPECT_EQ(MetricValue(*metrics, "prefixd_memory_bytes{kind=\"adapters\"}"),
+            1024.0 * 2 * 4 * (4 + 8));
+
+  r = post("/v1/unload_lora_adapter", {{"lora_name", "chat"}});
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Generate(*stub, Request("chat")).status.error_code(), grpc::StatusCode::NOT_FOUND);
+  r = post("/v1/unload_lora_adapter", {{"lora_name", "chat"}});
+  EXPECT_EQ(r.status, 404) << r.body;
+
+  // gRPC: the same, with the info of what was loaded.
+  grpc::ClientContext load_ctx;
+  v1::LoadLoraAdapterRequest load;
+  load.set_lora_name("chat2");
+  load.set_lora_path(adapter_dirs_[1]);
+  v1::AdapterInfo info;
+  ASSERT_TRUE(stub->LoadLoraAdapter(&load_ctx, load, &info).ok());
+  EXPECT_EQ(info.adapter_sha256(), digests_[1]);
+  EXPECT_EQ(info.rank(), 8u);
+  grpc::ClientContext unload_ctx;
+  v1::UnloadLoraAdapterRequest unload;
+  unload.set_lora_name("chat2");
+  v1::UnloadLoraAdapterResponse unloaded;
+  EXPECT_TRUE(stub->UnloadLoraAdapter(&unload_ctx, unload, &unloaded).ok());
+  grpc::ClientContext bad_ctx;
+  load.set_lora_path(dir_.path() + "/nothing-here");
+  load.set_lora_name("other");
+  const grpc::Status missing = stub->LoadLoraAdapter(&bad_ctx, load, &info);
+  EXPECT_EQ(missing.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(missing.error_message(), HasSubstr("nothing-here/adapter_config.json"));
+}
+
+// A request that started on an adapter finishes with it after its name is unloaded, with
+// the tokens it gets while the adapter is loaded.
+TEST_F(ServerLoraTest, UnloadingLetsRequestsInFlightFinish) {
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(Options());
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = v1::Inference::NewStub(InsecureChannel((*server)->grpc_address()));
+  v1::GenerateRequest req = Request("sql");
+  req.set_max_new_tokens(40);
+  req.set_ignore_eos(true);
+  const GenerateResult loaded = Generate(*stub, req);
+  ASSERT_TRUE(loaded.status.ok()) << loaded.status.error_message();
+
+  RequestPath& path = ServerTestPeer::request_path(**server);
+  GenerateCall call;
+  call.prompt_kind = GenerateCall::PromptKind::kTokenIds;
+  call.token_ids = RandomIds(3, 40);
+  call.max_new_tokens = 40;
+  call.ignore_eos = true;
+  call.adapter = "sql";
+  absl::StatusOr<StartedGenerate> started = path.StartGenerate(call);
+  ASSERT_TRUE(started.ok()) << started.status();
+  ASSERT_TRUE(path.UnloadAdapter(std::nullopt, "sql").ok());
+  std::vector<uint32_t> ids;
+  absl::Status done = absl::UnknownError("no kDone");
+  RequestEvent e;
+  while (started->stream->Wait(&e)) {
+    if (e.kind == RequestEvent::Kind::kToken) ids.push_back(e.token.token_id);
+    if (e.kind == RequestEvent::Kind::kDone) {
+      done = e.status;
+      break;
+    }
+  }
+  path.FinishGenerate(Api::kGrpc, done.code());
+  EXPECT_TRUE(done.ok()) << done;
+  EXPECT_EQ(ids, loaded.samples.at(0).token_ids);
+  // New requests no longer find it.
+  EXPECT_EQ(Generate(*stub, req).status.error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(ServerLoraTest, RunTimeLoadingNeedsTheAdminColumnWithAuthTokens) {
+  const std::string tokens = dir_.path() + "/tokens";
+  {
+    std::FILE* f = std::fopen(tokens.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("user-token alice\nadmin-token ops admin\n", f);
+    std::fclose(f);
+  }
+  ServerOptions o = Options();
+  o.auth_tokens_file = tokens;
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(std::move(o));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int http = (*server)->http_port();
+  const std::string body = json({{"lora_name", "new"}, {"lora_path", adapter_dirs_[1]}}).dump();
+  absl::StatusOr<HttpResponse> r = HttpFetch(http, "POST", "/v1/load_lora_adapter", body,
+                                             {{"Authorization", "Bearer user-token"}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->status, 403) << r->body;
+  EXPECT_THAT(r->body, HasSubstr("not marked admin"));
+  r = HttpFetch(http, "POST", "/v1/unload_lora_adapter", json({{"lora_name", "sql"}}).dump(),
+                {{"Authorization", "Bearer user-token"}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->status, 403) << r->body;
+  r = HttpFetch(http, "POST", "/v1/load_lora_adapter", body, {});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->status, 401) << r->body;
+  r = HttpFetch(http, "POST", "/v1/load_lora_adapter", body,
+                {{"Authorization", "Bearer admin-token"}});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->status, 200) << r->body;
+}
+
+TEST_F(ServerLoraTest, StartUpRefusesBadAdapterFlagsNamingThem) {
+  auto refused = [&](ServerOptions o, const std::string& what) {
+    absl::StatusOr<std::unique_ptr<Server>> s = Server::Start(std::move(o));
+    ASSERT_FALSE(s.ok()) << what;
+    EXPECT_THAT(std::string(s.status().message()), HasSubstr(what));
+  };
+  ServerOptions o = Options();
+  o.adapters.adapters = {"no-equals-sign"};
+  refused(o, "--adapter must be NAME=DIR");
+  o.adapters.adapters = {"bad name=" + adapter_dirs_[0]};
+  refused(o, "may hold only letters");
+  o.adapters.adapters = {"x=" + dir_.path() + "/missing"};
+  refused(o, "--adapter x=" + dir_.path() + "/missing: ");
+  o.adapters.adapters = {"tiny-model=" + adapter_dirs_[0]};
+  refused(o, "is the base model's name");
+  o.adapters.adapters = {"a=" + adapter_dirs_[0], "a=" + adapter_dirs_[1]};
+  refused(o, "already loaded");
+  o.adapters.adapters = {"a=" + adapter_dirs_[0], "b=" + adapter_dirs_[1]};
+  o.adapters.max_adapters = 1;
+  refused(o, "2 --adapter flags but --max-adapters is 1");
+  o.adapters.max_adapters = -1;
+  refused(o, "--max-adapters must be 0 to 1024");
+  // An adapter made for another model (a 3-layer one).
+  RandomAdapterOptions ao;
+  ModelConfig other = TinyModelConfig();
+  other.n_layer = 3;
+  ASSERT_TRUE(WriteRandomAdapter(dir_.path() + "/other", other, ao).ok());
+  o = Options();
+  o.adapters.adapters = {"other=" + dir_.path() + "/other"};
+  refused(o, "the adapter was made for another model");
+}
+
+}  // namespace
+}  // namespace prefixd::testing
