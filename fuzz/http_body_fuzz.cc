@@ -123,7 +123,10 @@ void CheckCompletion(const std::string& body, RequestPath& path, const RequestLi
     absl::StatusOr<EngineRequest> built = path.BuildEngineRequest(call, "tenant");
     absl::Status valid = built.ok() ? ValidateEngineRequest(*built, limits) : built.status();
     if (!valid.ok()) {
-      PREFIXD_CHECK(valid.code() == absl::StatusCode::kInvalidArgument);
+      // Another "model" than the base names a LoRA adapter; none is loaded here, so it is
+      // NOT_FOUND (404), and only then.
+      PREFIXD_CHECK(valid.code() == absl::StatusCode::kInvalidArgument ||
+                    (valid.code() == absl::StatusCode::kNotFound && !call.adapter.empty()));
       PREFIXD_CHECK(!valid.message().empty());
       // What the front end sends: the same refusal under the API's field names.
       const absl::Status http = ToHttpFieldNames(valid);
