@@ -29,8 +29,9 @@
 namespace prefixd {
 
 class DiskTier;
-class RemoteTier;
 class KvCache;
+class KvOffloader;
+class RemoteTier;
 class Scheduler;
 class ScoreStore;
 
@@ -75,12 +76,12 @@ class Engine {
  private:
   friend class EngineTestPeer;  // tests/engine/engine_test_peer.h
 
-  struct Shared;       // what caller threads and the engine thread exchange (engine.cc)
-  class DiskSpiller;   // the pool's eviction hook into the disk tier (engine.cc)
+  struct Shared;  // what caller threads and the engine thread exchange (engine.cc)
 
   Engine(const EngineOptions& options, std::unique_ptr<DiskTier> tier,
-         std::unique_ptr<DiskSpiller> spiller, std::unique_ptr<RemoteTier> remote,
-         std::unique_ptr<ScoreStore> scores, std::unique_ptr<KvCache> cache);
+         std::unique_ptr<RemoteTier> remote, std::unique_ptr<ScoreStore> scores,
+         std::unique_ptr<KvOffloader> offloader, std::unique_ptr<KvCache> cache,
+         std::shared_ptr<Shared> shared);
 
   // Runs `task` on the engine thread between two steps, or on the calling thread once the
   // engine thread has stopped; returns after it ran. The task may use the engine thread's
@@ -94,13 +95,15 @@ class Engine {
 
   const EngineOptions options_;
   RequestLimits limits_;
-  // The tier and the spill hook outlive the cache that calls it.
+  // The tiers outlive the offloader, whose loader thread reads them.
   std::unique_ptr<DiskTier> tier_;
-  std::unique_ptr<DiskSpiller> spiller_;
-  std::unique_ptr<RemoteTier> remote_;  // the scheduler publishes to it
+  std::unique_ptr<RemoteTier> remote_;
   // Score records of cached blocks (engine/score_store.h); the pool's eviction hook forgets
   // them, so it outlives the cache too.
   std::unique_ptr<ScoreStore> scores_;
+  // The tiers' side of the engine (engine/kv_offloader.h): the pool's eviction hook calls it,
+  // so it outlives the cache; the scheduler's loads are dropped before it goes.
+  std::unique_ptr<KvOffloader> offloader_;
   std::unique_ptr<KvCache> cache_;
   // Held by shared_ptr so a RequestStream that outlives the engine can still Cancel().
   std::shared_ptr<Shared> shared_;
