@@ -3,6 +3,7 @@
 // thread.
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -158,7 +159,8 @@ void Engine::RunBetweenSteps(std::function<void()> task) {
 }
 
 void Engine::Loop() {
-  bool stalled = false;  // the last step found nothing it could run
+  bool stalled = false;     // the last step found nothing it could run
+  bool drain_seen = false;  // this loop has seen the drain begin
   while (true) {
     std::vector<std::unique_ptr<RequestState>> incoming;
     std::vector<std::function<void()>> tasks;
@@ -166,10 +168,13 @@ void Engine::Loop() {
     absl::Time deadline;
     {
       absl::MutexLock lock(&shared_->mu);
-      // Only Shared's fields in the condition: absl may evaluate it on other threads.
+      // Only Shared's fields and copies in the condition: absl may evaluate it on other
+      // threads. A drain already seen is no news: a stalled loop (requests parked on their
+      // loads) waits for the wake instead of spinning through the grace.
       Shared* s = shared_.get();
-      auto ready = [s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
-        return !s->incoming.empty() || !s->tasks.empty() || s->wake || s->draining;
+      auto ready = [s, drain_seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
+        return !s->incoming.empty() || !s->tasks.empty() || s->wake ||
+               (s->draining && !drain_seen);
       };
       if (scheduler_->idle()) {
         shared_->mu.Await(absl::Condition(&ready));
@@ -183,6 +188,7 @@ void Engine::Loop() {
       shared_->wake = false;
       draining = shared_->draining;
       deadline = shared_->drain_deadline;
+      drain_seen = draining;
     }
     for (auto& r : incoming) scheduler_->Enqueue(std::move(r));
     for (auto& t : tasks) t();

@@ -3,8 +3,8 @@
 // RequestStream (engine/request_stream.h); no caller thread ever touches the pool.
 //
 // Threads: callers touch only the state shared under one mutex (new requests, tasks, drain)
-// and their streams; the KvCache, the Backend, the Scheduler and the disk tier's engine side
-// belong to the engine thread. Streams' notify callbacks run on the engine thread and may
+// and their streams; the KvCache, the Backend, the Scheduler and the KvOffloader (the tiers'
+// engine side, engine/kv_offloader.h) belong to the engine thread. Streams' notify callbacks run on the engine thread and may
 // only schedule work.
 #ifndef PREFIXD_ENGINE_ENGINE_H_
 #define PREFIXD_ENGINE_ENGINE_H_
