@@ -170,7 +170,7 @@ class KvOffloaderTest : public ::testing::Test {
 
   Digest Root() const { return CacheRootKey(TinyModel::Get().manifest_sha256(), kNamespace); }
 
-  std::unique_ptr<Client> Add(std::vector<uint32_t> prompt, uint32_t max_new) {
+  std::shared_ptr<Client> Add(std::vector<uint32_t> prompt, uint32_t max_new) {
     auto r = std::make_unique<RequestState>();
     r->request.prompt = std::move(prompt);
     r->request.max_new_tokens = max_new;
@@ -179,10 +179,10 @@ class KvOffloaderTest : public ::testing::Test {
     r->root = Root();
     r->usage.prompt_tokens = static_cast<uint32_t>(r->request.prompt.size());
     r->stream = std::make_shared<RequestStream>(nullptr);
-    auto client = std::make_unique<Client>();
+    auto client = std::make_shared<Client>();
     client->stream = r->stream;
     scheduler_->Enqueue(std::move(r));
-    clients_.push_back(client.get());
+    clients_.push_back(client);
     return client;
   }
 
@@ -191,7 +191,7 @@ class KvOffloaderTest : public ::testing::Test {
     scheduler_->Step();
     scheduler_->FlushEvents();
     cache_->CheckInvariants();
-    for (Client* c : clients_) c->Poll();
+    for (const auto& c : clients_) c->Poll();
   }
   // Steps until every request ended (waiting for loads when nothing else can run).
   void RunToEnd() {
@@ -208,7 +208,7 @@ class KvOffloaderTest : public ::testing::Test {
   // Runs `prompt` to its end; called first in a test, with nothing in the pool or the tier,
   // its answer is computed.
   RequestResult Computed(const std::vector<uint32_t>& prompt, uint32_t max_new) {
-    std::unique_ptr<Client> c = Add(prompt, max_new);
+    std::shared_ptr<Client> c = Add(prompt, max_new);
     RunToEnd();
     return c->result;
   }
@@ -222,7 +222,7 @@ class KvOffloaderTest : public ::testing::Test {
   std::unique_ptr<KvOffloader> offloader_;
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<Scheduler> scheduler_;
-  std::vector<Client*> clients_;
+  std::vector<std::shared_ptr<Client>> clients_;  // polled after every step
 };
 
 TEST_F(KvOffloaderTest, AParkedRequestDoesNotStallOtherRequestsDecodeSteps) {
@@ -234,11 +234,11 @@ TEST_F(KvOffloaderTest, AParkedRequestDoesNotStallOtherRequestsDecodeSteps) {
   ASSERT_EQ(tier_->Stats().blocks, 6);  // 100 prompt + 7 computed generated tokens
 
   gate_.Hold();
-  std::unique_ptr<Client> decoding = Add(RandomTokens(2, 20), 40);
+  std::shared_ptr<Client> decoding = Add(RandomTokens(2, 20), 40);
   Step();
   Step();
   ASSERT_EQ(decoding->tokens, 2);
-  std::unique_ptr<Client> again = Add(prompt, 8);
+  std::shared_ptr<Client> again = Add(prompt, 8);
   Step();  // matched in the tier: its load starts, the request is parked
   gate_.WaitArrived(1);
   for (int i = 0; i < 10; ++i) {
@@ -276,7 +276,7 @@ TEST_F(KvOffloaderTest, ALoadThatFailsMidwayComputesTheRest) {
   gate_.set_on_read([third](int n) {
     if (n == 2) ::unlink(third.c_str());  // during the second read: gone before the third
   });
-  std::unique_ptr<Client> again = Add(prompt, 4);
+  std::shared_ptr<Client> again = Add(prompt, 4);
   RunToEnd();
   ASSERT_TRUE(again->result.status.ok()) << again->result.status;
   EXPECT_EQ(again->result.usage.cached_prompt_tokens, 32u);
@@ -302,7 +302,7 @@ TEST_F(KvOffloaderTest, ACorruptBlockAndEveryOneAfterItAreComputed) {
     f.seekp(at);
     f.put(static_cast<char>(c ^ 0x10));
   }
-  std::unique_ptr<Client> again = Add(prompt, 4);
+  std::shared_ptr<Client> again = Add(prompt, 4);
   RunToEnd();
   ASSERT_TRUE(again->result.status.ok());
   EXPECT_EQ(again->result.usage.cached_prompt_tokens, 48u);
@@ -316,7 +316,7 @@ TEST_F(KvOffloaderTest, CancellingAParkedRequestReleasesEverything) {
   ASSERT_TRUE(Computed(prompt, 4).status.ok());
   SpillEverything();
   gate_.Hold();
-  std::unique_ptr<Client> parked = Add(prompt, 4);
+  std::shared_ptr<Client> parked = Add(prompt, 4);
   Step();
   gate_.WaitArrived(1);
   EXPECT_EQ(offloader_->disk_blocks_in_flight(), 6);
