@@ -177,7 +177,11 @@ void Engine::Loop() {
                (s->draining && !drain_seen);
       };
       if (scheduler_->idle()) {
-        shared_->mu.Await(absl::Condition(&ready));
+        // Idle and draining: the loop ends below, without waiting.
+        auto idle_ready = [s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
+          return !s->incoming.empty() || !s->tasks.empty() || s->wake || s->draining;
+        };
+        shared_->mu.Await(absl::Condition(&idle_ready));
       } else if (stalled) {
         // Requests wait but none can run: only news (a request, a cancel, shutdown) can
         // change that, so wait for it instead of spinning. The timeout is a safety net.
