@@ -64,7 +64,6 @@ class ServerMetrics : public prometheus::Collectable {
   // `adapter` label value (see above; RequestPath::AdapterLabel).
   void RecordRequest(Api api, absl::StatusCode code, std::string_view adapter);
 
-
   // Refreshes from the sources, then returns every family (the Exposer calls this per scrape).
   std::vector<prometheus::MetricFamily> Collect() const override;
 
@@ -85,7 +84,7 @@ class ServerMetrics : public prometheus::Collectable {
                                        uint64_t (*read)(const EngineStats&));
 
   // The series of one `adapter` label value. Invariant: every pointer is a metric of its
-  // family; removed together when the value is retired (RetireLocked).
+  // family; removed together when the value is retired (RefreshAdaptersLocked).
   struct AdapterSeries {
     prometheus::Counter* queried = nullptr;  // created on first use
     prometheus::Counter* hit = nullptr;
