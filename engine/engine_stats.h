@@ -3,6 +3,7 @@
 #define PREFIXD_ENGINE_ENGINE_STATS_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 

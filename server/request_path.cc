@@ -128,7 +128,7 @@ absl::StatusOr<EngineRequest> RequestPath::BuildEngineRequest(const GenerateCall
 
 absl::StatusOr<std::shared_ptr<const LoraAdapter>> RequestPath::ResolveAdapter(
     std::string_view name) const {
-  if (name.empty()) return nullptr;
+  if (name.empty()) return std::shared_ptr<const LoraAdapter>();
   if (options_.adapters == nullptr) {
     absl::Status s = absl::NotFoundError(absl::StrCat(
         "no adapter named `", EscapeBytes(name), "`: this server serves the base model `",
