@@ -137,6 +137,13 @@ Engine::Latencies Engine::DrainLatencies() {
   return out;
 }
 
+AdapterTokenCounts Engine::DrainAdapterTokens() {
+  absl::MutexLock lock(&stats_mu_);
+  AdapterTokenCounts out = std::move(adapter_tokens_);
+  adapter_tokens_.clear();
+  return out;
+}
+
 void Engine::RunBetweenSteps(std::function<void()> task) {
   absl::Notification done;
   bool posted = false;
@@ -246,6 +253,7 @@ void Engine::PublishStats() {
   if (remote_ != nullptr) stats_.remote = remote_->Stats();
   scheduler_->DrainLatencies(&latencies_.ttft, &latencies_.tpot, &latencies_.disk_load,
                              &latencies_.remote_load);
+  scheduler_->DrainAdapterTokens(&adapter_tokens_);
   for (std::vector<double>* v : {&latencies_.ttft, &latencies_.tpot, &latencies_.disk_load,
                                  &latencies_.remote_load}) {
     if (v->size() > kMaxPendingLatencies) {

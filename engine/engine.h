@@ -73,6 +73,11 @@ class Engine {
   static constexpr size_t kMaxPendingLatencies = size_t{1} << 20;
   Latencies DrainLatencies();
 
+  // Prompt tokens of first admissions by adapter name since the last call (engine_stats.h):
+  // for per-adapter counters. Pending entries are bounded by the distinct names admitted
+  // between two calls; each name is one the server loaded.
+  AdapterTokenCounts DrainAdapterTokens();
+
  private:
   friend class EngineTestPeer;  // tests/engine/engine_test_peer.h
 
@@ -114,6 +119,7 @@ class Engine {
   mutable absl::Mutex stats_mu_;
   EngineStats stats_ ABSL_GUARDED_BY(stats_mu_);
   Latencies latencies_ ABSL_GUARDED_BY(stats_mu_);
+  AdapterTokenCounts adapter_tokens_ ABSL_GUARDED_BY(stats_mu_);
 };
 
 }  // namespace prefixd

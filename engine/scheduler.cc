@@ -97,6 +97,15 @@ void Scheduler::DrainLatencies(std::vector<double>* ttft, std::vector<double>* t
   remote_load_.clear();
 }
 
+void Scheduler::DrainAdapterTokens(AdapterTokenCounts* out) {
+  for (const auto& [name, counts] : adapter_tokens_) {
+    PromptTokenCounts& o = (*out)[name];
+    o.queried_tokens += counts.queried_tokens;
+    o.hit_tokens += counts.hit_tokens;
+  }
+  adapter_tokens_.clear();
+}
+
 void Scheduler::SortRunning() {
   std::sort(running_.begin(), running_.end(), [](const Sequence* a, const Sequence* b) {
     if (a->admit_order != b->admit_order) return a->admit_order < b->admit_order;
@@ -290,6 +299,10 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
     if (!r->admitted_once) {
       r->admitted_once = true;
       r->usage.cached_prompt_tokens = static_cast<uint32_t>(admission.num_cached);
+      // Where the pool counts queried_tokens and hit_tokens (a first admission's Commit).
+      PromptTokenCounts& counts = adapter_tokens_[r->request.adapter_name];
+      counts.queried_tokens += static_cast<uint64_t>(seq->chain->size());
+      counts.hit_tokens += static_cast<uint64_t>(admission.num_cached);
     }
     it = waiting_.erase(it);
     running_.push_back(seq);  // the newest: running_ stays sorted
@@ -348,8 +361,11 @@ absl::Status Scheduler::RunTierWrites(const std::vector<Scheduled>& batch) {
       r->usage.cached_prompt_tokens += static_cast<uint32_t>(cached - pool_cached);
       // The tokens of the disk's blocks first, the rest the remote tier's.
       const int32_t disk_cached = std::min(cached, (w.first_block + written->disk_blocks) * bs);
-      counters_.disk_hit_tokens += static_cast<uint64_t>(disk_cached - pool_cached);
-      counters_.remote_hit_tokens += static_cast<uint64_t>(cached - disk_cached);
+      counters_.disk_hit_tokens += static_cast<uint64_t>(std::max(disk_cached - pool_cached, 0));
+      counters_.remote_hit_tokens +=
+          static_cast<uint64_t>(cached - std::max(disk_cached, pool_cached));
+      adapter_tokens_[r->request.adapter_name].hit_tokens +=
+          static_cast<uint64_t>(cached - pool_cached);
     }
   }
   return absl::OkStatus();

@@ -88,6 +88,8 @@ class Scheduler {
   // Latency observations (seconds) since the last call.
   void DrainLatencies(std::vector<double>* ttft, std::vector<double>* tpot,
                       std::vector<double>* disk_load, std::vector<double>* remote_load);
+  // Per-adapter prompt token counts since the last call, added into `out`.
+  void DrainAdapterTokens(AdapterTokenCounts* out);
 
  private:
   struct Scheduled {
@@ -151,6 +153,7 @@ class Scheduler {
   int64_t next_admit_order_ = 0;
   SchedulerCounters counters_;
   std::vector<double> ttft_, tpot_, disk_load_, remote_load_;
+  AdapterTokenCounts adapter_tokens_;  // since the last DrainAdapterTokens
   std::vector<float> logits_;
 };
 
