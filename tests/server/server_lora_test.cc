@@ -318,7 +318,7 @@ TEST_F(ServerLoraTest, MetricsCountEachAdapterUnderItsName) {
   absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(std::move(o));
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = v1::Inference::NewStub(InsecureChannel((*server)->grpc_address()));
-  const std::string base = (*server)->request_path().model().name;
+  const std::string base = ServerTestPeer::request_path(**server).model().name;
   ASSERT_FALSE(base.empty());
 
   // The same 40-token prompt: the first request of each identity computes it, each later one
@@ -362,7 +362,7 @@ TEST_F(ServerLoraTest, MetricsCountEachAdapterUnderItsName) {
   EXPECT_EQ(MetricValue(*text, "prefixd_requests_total"), 8);
 
   // Unloaded, with nothing new to count since the last scrape: its series are gone.
-  ASSERT_TRUE((*server)->request_path().UnloadAdapter(std::nullopt, "chat").ok());
+  ASSERT_TRUE(ServerTestPeer::request_path(**server).UnloadAdapter(std::nullopt, "chat").ok());
   text = HttpGet((*server)->metrics_port(), "/metrics");
   ASSERT_TRUE(text.ok()) << text.status();
   EXPECT_EQ(value(hit, "chat"), -1);
@@ -377,7 +377,7 @@ TEST_F(ServerLoraTest, TokenizeTakesAnAdapterName) {
   absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(Options());
   ASSERT_TRUE(server.ok()) << server.status();
   const int http = (*server)->http_port();
-  const std::string base = (*server)->request_path().model().name;
+  const std::string base = ServerTestPeer::request_path(**server).model().name;
   auto post = [&](const std::string& path, const json& body) {
     absl::StatusOr<HttpResponse> r = HttpFetch(http, "POST", path, body.dump());
     EXPECT_TRUE(r.ok()) << r.status();
