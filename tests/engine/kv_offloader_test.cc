@@ -96,6 +96,16 @@ class Wakes {
     auto reached = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return count_ >= n; };
     mu_.Await(absl::Condition(&reached));
   }
+  int count() {
+    absl::MutexLock lock(&mu_);
+    return count_;
+  }
+  // Waits up to `timeout` for the count to pass `seen`, as the engine waits on its wake.
+  void WaitPast(int seen, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto reached = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return count_ > seen; };
+    mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+  }
 
  private:
   absl::Mutex mu_;
@@ -186,16 +196,24 @@ class KvOffloaderTest : public ::testing::Test {
     return client;
   }
 
-  void Step() {
+  // One engine-loop turn; false when nothing could run (no batch was formed).
+  bool Step() {
     scheduler_->HandleCancellations();
-    scheduler_->Step();
+    const bool ran = scheduler_->Step();
     scheduler_->FlushEvents();
     cache_->CheckInvariants();
     for (const auto& c : clients_) c->Poll();
+    return ran;
   }
-  // Steps until every request ended (waiting for loads when nothing else can run).
+  // Steps until every request ended. When nothing can run (requests parked on their loads)
+  // it waits for the offloader's wake as the engine does, however slow the loader thread
+  // is on a loaded machine; a minute without the end fails.
   void RunToEnd() {
-    for (int i = 0; i < 10000 && !scheduler_->idle(); ++i) Step();
+    const absl::Time deadline = absl::Now() + absl::Minutes(1);
+    while (!scheduler_->idle() && absl::Now() < deadline) {
+      const int seen = wakes_.count();
+      if (!Step()) wakes_.WaitPast(seen, absl::Milliseconds(10));
+    }
     ASSERT_TRUE(scheduler_->idle());
   }
 
