@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -295,7 +296,8 @@ TEST_F(ClusterTest, HttpFrontDoorRoutesByPromptAndSurvivesADrain) {
   }
   // HAProxy's check of /health has taken it out of the ring.
   bool down = false;
-  for (int i = 0; i < 50 && !down; ++i) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (!down && absl::Now() < deadline) {
     const ShResult status = Sh(absl::StrCat(Cluster(), " status --state ", state_));
     down = status.output.find(absl::StrCat("r", victim, " ")) != std::string::npos &&
            status.output.find("DOWN") != std::string::npos;

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/server.h"
@@ -60,7 +61,9 @@ TEST_F(ServerRemoteTierTest, TwoServersShareAPromptThroughRedis) {
   ASSERT_TRUE(cold.status.ok()) << cold.status.error_message();
   EXPECT_EQ(cold.usage.cached_prompt_tokens(), 0u);
   // Publishing is asynchronous: wait until a's blocks are stored.
-  for (int i = 0; i < 200 && GetStats(*stub_a).remote_stores() < 4; ++i) {
+  // A loaded machine may take seconds; the deadline only bounds a broken publisher.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (GetStats(*stub_a).remote_stores() < 4 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(20));
   }
   ASSERT_GE(GetStats(*stub_a).remote_stores(), 4u);
