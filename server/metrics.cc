@@ -224,8 +224,9 @@ ServerMetrics::ServerMetrics(MetricsSources sources)
                       .Add({}, kRemoteLoadBuckets);
   auto& memory = BuildGauge()
                      .Name("prefixd_memory_bytes")
-                     .Help("Bytes the backend holds: weights, kv_pool, workspace; and the "
-                           "loaded LoRA adapters' tensors and the backend's copies of them: adapters")
+                     .Help(
+                         "Bytes the backend holds: weights, kv_pool, workspace; and the "
+                         "loaded LoRA adapters' tensors and device copies: adapters")
                      .Register(r);
   mem_weights_ = &memory.Add({{"kind", "weights"}});
   mem_kv_pool_ = &memory.Add({{"kind", "kv_pool"}});

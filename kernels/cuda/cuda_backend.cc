@@ -892,9 +892,8 @@ absl::Status CudaBackend::MakeAdaptersResident(absl::Span<const SequenceStep> st
     keep.insert(a->digest);
     if (!lora_lru_.Contains(a->digest)) {
       ++incoming;
-      incoming_bytes += cuda::PlanLoraArena(*a, config_.n_layer, elt,
-                                            sizeof(cuda::LoraModuleDevice))
-                            .bytes;
+      incoming_bytes +=
+          cuda::PlanLoraArena(*a, config_.n_layer, elt, sizeof(cuda::LoraModuleDevice)).bytes;
     }
   }
   // Every earlier pass ended with a stream synchronisation, so no kernel still reads a
@@ -929,9 +928,8 @@ absl::Status CudaBackend::UploadAdapter(const LoraAdapter& adapter) {
       cuda::PlanLoraArena(adapter, config_.n_layer, elt, sizeof(cuda::LoraModuleDevice));
   void* arena = nullptr;
   if (absl::Status s = cuda::DeviceAlloc(layout.bytes, &arena); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("LoRA adapter ", adapter.dir, " (",
-                                               layout.bytes, " bytes on the device): ",
-                                               s.message()));
+    return absl::Status(s.code(), absl::StrCat("LoRA adapter ", adapter.dir, " (", layout.bytes,
+                                               " bytes on the device): ", s.message()));
   }
   // Staged on the host in the arena's exact layout, then one copy.
   std::vector<char> staging(layout.bytes, 0);
@@ -944,25 +942,26 @@ absl::Status CudaBackend::UploadAdapter(const LoraAdapter& adapter) {
       std::memcpy(&staging[offset + 2 * i], &h, 2);
     }
   };
-  auto* table = reinterpret_cast<cuda::LoraModuleDevice*>(&staging[layout.table_offset]);
   const int64_t r = adapter.rank;
   for (int32_t l = 0; l < config_.n_layer; ++l) {
     for (int t = 0; t < kNumLoraTargets; ++t) {
       const LoraModule* m = adapter.module(l, static_cast<LoraTarget>(t));
       const int64_t i = int64_t{l} * kNumLoraTargets + t;
       if (m == nullptr) continue;
-      table[i].a = base + layout.a_offset[i];
-      table[i].b = base + layout.b_offset[i];
+      const cuda::LoraModuleDevice entry = {base + layout.a_offset[i], base + layout.b_offset[i]};
+      std::memcpy(&staging[layout.table_offset + i * sizeof(entry)], &entry, sizeof(entry));
       // A as [rank, in] (LoraModule holds it transposed, [in, rank]); B transposed as held.
       for (int64_t j = 0; j < r; ++j) {
-        for (int64_t k = 0; k < m->in; ++k) put(layout.a_offset[i], j * m->in + k, m->a_t[k * r + j]);
+        for (int64_t k = 0; k < m->in; ++k) {
+          put(layout.a_offset[i], j * m->in + k, m->a_t[k * r + j]);
+        }
       }
       for (int64_t e = 0; e < r * m->out; ++e) put(layout.b_offset[i], e, m->b_t[e]);
     }
   }
   auto copy = [&]() -> absl::Status {
-    PREFIXD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(arena, staging.data(), staging.size(),
-                                                 cudaMemcpyHostToDevice, stream_));
+    PREFIXD_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(arena, staging.data(), staging.size(), cudaMemcpyHostToDevice, stream_));
     // The staging buffer is pageable and freed on return.
     PREFIXD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     return absl::OkStatus();
@@ -971,9 +970,9 @@ absl::Status CudaBackend::UploadAdapter(const LoraAdapter& adapter) {
     cudaFree(arena);
     return s;
   }
-  device_adapters_[adapter.digest] = {arena, layout.bytes,
-                                      reinterpret_cast<const cuda::LoraModuleDevice*>(
-                                          base + layout.table_offset)};
+  device_adapters_[adapter.digest] = {
+      arena, layout.bytes,
+      reinterpret_cast<const cuda::LoraModuleDevice*>(base + layout.table_offset)};
   lora_lru_.Insert(adapter.digest, layout.bytes);
   adapter_bytes_.fetch_add(layout.bytes, std::memory_order_relaxed);
   return absl::OkStatus();
@@ -1074,8 +1073,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOpti
     return absl::InvalidArgumentError("max_step_tokens and max_logit_rows must be >= 1");
   }
   if (options.max_device_adapters < 0 || options.adapter_cache_bytes < 0) {
-    return absl::InvalidArgumentError(
-        "max_device_adapters and adapter_cache_bytes must be >= 0");
+    return absl::InvalidArgumentError("max_device_adapters and adapter_cache_bytes must be >= 0");
   }
   if (options.kv_cache_fraction <= 0 || options.kv_cache_fraction > 1) {
     return absl::InvalidArgumentError(absl::StrCat(

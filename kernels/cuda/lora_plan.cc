@@ -18,15 +18,15 @@ int64_t AlignUp(int64_t n) { return (n + kArenaAlign - 1) / kArenaAlign * kArena
 absl::Status CheckCudaLoraAdapter(const LoraAdapter& adapter, const ModelConfig& base) {
   if (absl::Status fits = CheckLoraAdapterFits(adapter, base); !fits.ok()) return fits;
   if (adapter.rank < 1 || adapter.rank > kCudaLoraMaxRank) {
-    return absl::UnimplementedError(absl::StrCat("LoRA adapter ", adapter.dir, " has rank ",
-                                                 adapter.rank, ": the CUDA backend applies ranks 1 to ",
-                                                 kCudaLoraMaxRank));
+    return absl::UnimplementedError(
+        absl::StrCat("LoRA adapter ", adapter.dir, " has rank ", adapter.rank,
+                     ": the CUDA backend applies ranks 1 to ", kCudaLoraMaxRank));
   }
   return absl::OkStatus();
 }
 
-LoraPassPlan PlanLoraPass(absl::Span<const SequenceStep> steps,
-                          absl::Span<const StepPiece> pieces, int32_t num_rows) {
+LoraPassPlan PlanLoraPass(absl::Span<const SequenceStep> steps, absl::Span<const StepPiece> pieces,
+                          int32_t num_rows) {
   LoraPassPlan plan;
   plan.row_slot.reserve(num_rows);
   // Slot of each digest seen in this pass.
@@ -35,7 +35,8 @@ LoraPassPlan PlanLoraPass(absl::Span<const SequenceStep> steps,
     const LoraAdapter* a = steps[piece.step].adapter;
     int32_t slot = -1;
     if (a != nullptr) {
-      auto [it, inserted] = slot_of.try_emplace(a->digest, static_cast<int32_t>(plan.adapters.size()));
+      auto [it, inserted] =
+          slot_of.try_emplace(a->digest, static_cast<int32_t>(plan.adapters.size()));
       if (inserted) {
         plan.adapters.push_back(a);
         plan.max_rank = std::max(plan.max_rank, a->rank);

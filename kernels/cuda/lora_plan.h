@@ -68,8 +68,8 @@ struct LoraPassPlan {
 
 // The plan of one pass of `pieces` over `steps` (kernels/cuda/step_plan.h), padded to
 // `num_rows` rows (at least the pieces' tokens; a graph batch pads to its bucket).
-LoraPassPlan PlanLoraPass(absl::Span<const SequenceStep> steps,
-                          absl::Span<const StepPiece> pieces, int32_t num_rows);
+LoraPassPlan PlanLoraPass(absl::Span<const SequenceStep> steps, absl::Span<const StepPiece> pieces,
+                          int32_t num_rows);
 
 // The adapters of a whole Forward(), once each by digest, in order of first use.
 std::vector<const LoraAdapter*> DistinctAdapters(absl::Span<const SequenceStep> steps);

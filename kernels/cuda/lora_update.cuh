@@ -16,6 +16,10 @@
 // pass), which is negligible at decode and at the ranks fine-tunes use; a tensor-core
 // segmented kernel (SGMV) for long adapter prefills is possible future work.
 //
+// The K/V of an adapter's rows depend on this arithmetic (cache blocks of an adapter are keyed
+// by its digest, and move between processes only under an equal kv_numerics()): a change to
+// it must change the backend's kv_numerics string, as for any other kernel.
+//
 // One block per row: its warps compute t (warp w takes j = w, w + warps, ...: a strided fp32
 // FMA chain over k per lane, then a warp sum), keep it in shared memory, then its threads
 // stride over o, each adding one fp32 FMA chain over j in order to y.
@@ -52,11 +56,11 @@ struct LoraRowDevice {
 struct LoraUpdateArgs {
   const LoraRowDevice* rows = nullptr;  // [num_rows] device
   int32_t num_rows = 0;
-  int32_t module = 0;        // layer * 4 + LoraTarget
-  const void* x = nullptr;   // [num_rows, ld_x] dtype: the product's input
+  int32_t module = 0;       // layer * 4 + LoraTarget
+  const void* x = nullptr;  // [num_rows, ld_x] dtype: the product's input
   int64_t ld_x = 0;
   int32_t in = 0;
-  float* y = nullptr;        // [num_rows, ld_y] fp32: the product's output
+  float* y = nullptr;  // [num_rows, ld_y] fp32: the product's output
   int64_t ld_y = 0;
   int32_t out = 0;
 };

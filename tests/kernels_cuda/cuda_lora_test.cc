@@ -141,13 +141,14 @@ TEST_P(CudaLoraKernelTest, EachRowGetsItsOwnAdaptersUpdate) {
     }
     ExpectClose(got, want, {1e-4, 1e-4}, "lora update in=" + std::to_string(in));
     for (int r : {0, 4}) {
-      EXPECT_TRUE(std::equal(got.begin() + r * out, got.begin() + (r + 1) * out,
-                             y0.begin() + r * out))
+      EXPECT_TRUE(
+          std::equal(got.begin() + r * out, got.begin() + (r + 1) * out, y0.begin() + r * out))
           << "row " << r << " must keep its bits";
     }
     // The update is not negligible, or the comparison would prove nothing.
     double moved = 0;
-    for (int o = 0; o < out; ++o) moved = std::max(moved, std::fabs(double{got[out + o]} - y0[out + o]));
+    for (int o = 0; o < out; ++o)
+      moved = std::max(moved, std::fabs(double{got[out + o]} - y0[out + o]));
     EXPECT_GT(moved, 0.1);
   }
 }
@@ -295,8 +296,7 @@ class CudaLoraBackendTest : public ::testing::TestWithParam<DType> {
     std::vector<Seq> seqs;
     const std::vector<int> prompts = {9, 21, 5, 33, 14};
     const std::vector<const LoraAdapter*> adapters = {nullptr, (*adapters_)[0].get(),
-                                                      (*adapters_)[1].get(),
-                                                      (*adapters_)[2].get(),
+                                                      (*adapters_)[1].get(), (*adapters_)[2].get(),
                                                       (*adapters_)[0].get()};
     for (size_t s = 0; s < prompts.size(); ++s) {
       Seq q;

@@ -62,18 +62,17 @@ TEST(LoraPlanTest, BaseAndThreeAdaptersGetOneSlotEachInOrderOfFirstUse) {
   const LoraAdapter a = Adapter("aa", 4), b = Adapter("bb", 8), c = Adapter("cc", 2, {"c_attn"});
   const std::vector<uint32_t> three(3), one(1), two(2);
   // base (3 rows), a (1), a (2), b (1), base (1), c (3), b (2)
-  const std::vector<SequenceStep> steps = {Step(three, nullptr), Step(one, &a), Step(two, &a),
-                                           Step(one, &b),        Step(one, nullptr),
-                                           Step(three, &c),      Step(two, &b)};
+  const std::vector<SequenceStep> steps = {
+      Step(three, nullptr), Step(one, &a),   Step(two, &a), Step(one, &b),
+      Step(one, nullptr),   Step(three, &c), Step(two, &b)};
   const auto passes = PlanPasses(steps, 64, 16);
   ASSERT_EQ(passes.size(), 1u);
   const LoraPassPlan plan = PlanLoraPass(steps, passes[0], 16);
   EXPECT_EQ(plan.adapters, (std::vector<const LoraAdapter*>{&a, &b, &c}));
-  EXPECT_EQ(plan.row_slot, (std::vector<int32_t>{-1, -1, -1, 0, 0, 0, 1, -1, 2, 2, 2, 1, 1, -1,
-                                                 -1, -1}));
+  EXPECT_EQ(plan.row_slot,
+            (std::vector<int32_t>{-1, -1, -1, 0, 0, 0, 1, -1, 2, 2, 2, 1, 1, -1, -1, -1}));
   // Consecutive rows of one adapter form one segment, even across steps.
-  EXPECT_EQ(plan.segments,
-            (std::vector<LoraSegment>{{3, 3, 0}, {6, 1, 1}, {8, 3, 2}, {11, 2, 1}}));
+  EXPECT_EQ(plan.segments, (std::vector<LoraSegment>{{3, 3, 0}, {6, 1, 1}, {8, 3, 2}, {11, 2, 1}}));
   EXPECT_EQ(plan.lora_rows, 9);
   EXPECT_EQ(plan.max_rank, 8);
   EXPECT_FALSE(plan.empty());
@@ -84,8 +83,7 @@ TEST(LoraPlanTest, AdaptersWithOneDigestShareASlotAndOthersDoNot) {
   // reloaded with other files has another digest, so another slot and other device weights.
   const LoraAdapter first = Adapter("d1", 4), again = Adapter("d1", 4), other = Adapter("d2", 4);
   const std::vector<uint32_t> one(1);
-  const std::vector<SequenceStep> steps = {Step(one, &first), Step(one, &again),
-                                           Step(one, &other)};
+  const std::vector<SequenceStep> steps = {Step(one, &first), Step(one, &again), Step(one, &other)};
   const LoraPassPlan plan = PlanLoraPass(steps, PlanPasses(steps, 8, 8)[0], 3);
   EXPECT_EQ(plan.adapters, (std::vector<const LoraAdapter*>{&first, &other}));
   EXPECT_EQ(plan.row_slot, (std::vector<int32_t>{0, 0, 1}));
