@@ -15,10 +15,19 @@
 //            second pass (measured, after an unmeasured first pass that fills the tier) reads
 //            them back. Throughput = generated tokens / wall s; hit rate = cached prompt tokens
 //            / prompt tokens.
+//  steps     Whether other requests keep decoding while blocks load from disk. --rounds x
+//            --requests prefixes of --step-prefix tokens (default 6 x 4 x 256) are written to
+//            the tier; a new engine on the directory runs one long decoding request, and each
+//            round first lets it decode 16 tokens alone, then submits --requests requests
+//            whose prefixes are on disk (+ 1 own token each) at once. The decoding request's
+//            time per token in the rounds' two halves (median, mean, max) and their ratio;
+//            and the time the rounds' block reads add up to, which reads on the engine thread
+//            would have added to its steps.
 //
 // Usage: disk_tier_bench [--model DIR] [--dir DIR] [--threads 2] [--prefix 960] [--reps 3]
 //          [--prompts 40] [--prompt-tokens 512] [--pool-prompts 4] [--concurrency 4]
-//          [--drop-caches] [--only restart|capacity]
+//          [--drop-caches] [--rounds 6] [--requests 4] [--step-prefix 256]
+//          [--only restart|capacity|steps]
 // Without --model a random GPT-2 is written to a temporary directory first. --dir is where
 // the tier's directories go (default: the temp dir); it decides which disk is measured.
 #include <unistd.h>
@@ -64,6 +73,9 @@ struct Flags {
   int concurrency = 4;
   bool drop_caches = false;
   std::string only;
+  int rounds = 6;
+  int requests = 4;
+  int step_prefix = 256;
 };
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
@@ -240,6 +252,152 @@ void RestartAndBlock(const Model& model, const Flags& f, const std::string& root
               1e3 * computed, computed / Mean(loads));
 }
 
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double Max(const std::vector<double>& v) {
+  return v.empty() ? 0 : *std::max_element(v.begin(), v.end());
+}
+
+// One long decoding request and the times its tokens arrived.
+class Decoder {
+ public:
+  Decoder(Engine& engine, std::vector<uint32_t> prompt, uint32_t max_new) {
+    EngineRequest d;
+    d.prompt = std::move(prompt);
+    d.max_new_tokens = max_new;
+    d.ignore_eos = true;
+    auto stream = engine.Submit(d);
+    if (!stream.ok()) Die("submit", stream.status());
+    stream_ = *std::move(stream);
+    reader_ = std::thread([this] {
+      RequestEvent e;
+      while (stream_->Wait(&e)) {
+        if (e.kind == RequestEvent::Kind::kToken) {
+          std::lock_guard<std::mutex> l(mu_);
+          times_.push_back(Clock::now());
+        } else if (e.kind == RequestEvent::Kind::kDone) {
+          break;
+        }
+      }
+    });
+  }
+  ~Decoder() {
+    stream_->Cancel();
+    reader_.join();
+  }
+  size_t tokens() {
+    std::lock_guard<std::mutex> l(mu_);
+    return times_.size();
+  }
+  void WaitFor(size_t n) {
+    while (tokens() < n) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  // The intervals between consecutive tokens whose second token arrived in (from, to].
+  std::vector<double> Intervals(Clock::time_point from, Clock::time_point to) {
+    std::lock_guard<std::mutex> l(mu_);
+    std::vector<double> out;
+    for (size_t i = 1; i < times_.size(); ++i) {
+      if (times_[i] > from && times_[i] <= to) out.push_back(Seconds(times_[i - 1], times_[i]));
+    }
+    return out;
+  }
+
+ private:
+  std::shared_ptr<RequestStream> stream_;
+  std::mutex mu_;
+  std::vector<Clock::time_point> times_;
+  std::thread reader_;
+};
+
+void Steps(const Model& model, const Flags& f, const std::string& root) {
+  const std::string dir = root + "/steps";
+  fs::remove_all(dir);
+  std::mt19937 rng(41);
+  const int n = f.rounds * f.requests;
+  std::vector<std::vector<uint32_t>> prefixes;
+  for (int i = 0; i < n; ++i) prefixes.push_back(RandomTokens(&rng, f.step_prefix));
+  uint64_t spilled = 0;
+  {
+    // A pool of two prompts: each prefix is evicted (spilled) as later ones come; shutdown
+    // writes the rest.
+    Served writer(model, f, int64_t{f.step_prefix + 32} * 2, dir);
+    for (const auto& p : prefixes) {
+      std::vector<uint32_t> prompt = p;
+      prompt.push_back(1);
+      Run(*writer.engine, prompt, 1);
+    }
+    writer.engine->Shutdown(absl::Seconds(60));
+    spilled = writer.engine->Stats().disk.spills;
+  }
+  // Room for every prompt and the decoder: loads never evict.
+  Served s(model, f, int64_t{n} * (f.step_prefix + 32) + 1024 + 64, dir);
+  const int64_t files = s.engine->Stats().disk.blocks;
+  Decoder decoder(*s.engine, RandomTokens(&rng, 32),
+                  static_cast<uint32_t>(model.config().n_positions - 40));
+  decoder.WaitFor(8);
+  std::vector<double> alone, loading, round_s, read_s;
+  uint64_t cached = 0;
+  size_t loading_tokens = 0;
+  for (int round = 0; round < f.rounds; ++round) {
+    // Without loads: the decoder alone for 16 tokens.
+    const Clock::time_point alone_from = Clock::now();
+    decoder.WaitFor(decoder.tokens() + 16);
+    const Clock::time_point alone_to = Clock::now();
+    for (double x : decoder.Intervals(alone_from, alone_to)) alone.push_back(x);
+    // With loads: `requests` requests whose prefixes are on disk (each + 1 own token), at
+    // once; the round ends when the last one has its token.
+    std::vector<std::thread> clients;
+    std::mutex cmu;
+    const Clock::time_point load_from = Clock::now();
+    for (int i = 0; i < f.requests; ++i) {
+      std::vector<uint32_t> p = prefixes[round * f.requests + i];
+      p.push_back(7 + static_cast<uint32_t>(i));
+      clients.emplace_back([&, p] {
+        const Outcome o = Run(*s.engine, p, 1);
+        std::lock_guard<std::mutex> l(cmu);
+        cached += o.cached;
+      });
+    }
+    for (std::thread& t : clients) t.join();
+    const Clock::time_point load_to = Clock::now();
+    round_s.push_back(Seconds(load_from, load_to));
+    const std::vector<double> during = decoder.Intervals(load_from, load_to);
+    loading_tokens += during.size();
+    for (double x : during) loading.push_back(x);
+    double read = 0;
+    for (double x : s.engine->DrainLatencies().disk_load) read += x;
+    read_s.push_back(read);
+  }
+  const EngineStats stats = s.engine->Stats();
+  std::printf(
+      "\n== steps: %d rounds; each: the decoder alone for 16 tokens, then %d requests whose "
+      "%d-token prefixes are on disk (%lld files, %llu spilled), page cache warm\n",
+      f.rounds, f.requests, f.step_prefix, static_cast<long long>(files),
+      static_cast<unsigned long long>(spilled));
+  std::printf("loaded: %llu prompt tokens from disk (%llu blocks read, %llu corrupt)\n",
+              static_cast<unsigned long long>(cached),
+              static_cast<unsigned long long>(stats.disk.loads),
+              static_cast<unsigned long long>(stats.disk.corrupt_blocks));
+  std::printf("decoder time per token without loads: median %.1f ms, mean %.1f ms, max %.1f ms "
+              "(%zu tokens)\n",
+              1e3 * Median(alone), 1e3 * Mean(alone), 1e3 * Max(alone), alone.size());
+  std::printf("decoder time per token while blocks load: median %.1f ms, mean %.1f ms, max %.1f "
+              "ms (%zu tokens)\n",
+              1e3 * Median(loading), 1e3 * Mean(loading), 1e3 * Max(loading), loading_tokens);
+  std::printf("ratio loading / without: median %.2fx, mean %.2fx\n",
+              Median(loading) / std::max(Median(alone), 1e-9),
+              Mean(loading) / std::max(Mean(alone), 1e-9));
+  std::printf("per round: %.3f s from submit to the last token; the blocks' reads (read + verify "
+              "+ write into the pool) add up to %.3f s, which a read on the engine thread would "
+              "have put into the decoder's steps\n",
+              Mean(round_s), Mean(read_s));
+  fs::remove_all(dir);
+}
+
 struct PassResult {
   double wall_s = 0;
   uint64_t generated = 0, prompt = 0, cached = 0;
@@ -318,7 +476,8 @@ int Main(int argc, char** argv) {
                                         {"reps"},          {"prompts"},
                                         {"prompt-tokens"}, {"pool-prompts"},
                                         {"concurrency"},   {"drop-caches", FlagKind::kSwitch},
-                                        {"only"}};
+                                        {"only"},          {"rounds"},
+                                        {"requests"},      {"step-prefix"}};
   absl::StatusOr<ParsedCommandLine> args =
       ParseArgv(absl::MakeConstSpan(argv + 1, static_cast<size_t>(argc - 1)), kFlags);
   if (!args.ok() || !args->positional.empty()) {
@@ -338,7 +497,10 @@ int Main(int argc, char** argv) {
                              {"prompts", &f.prompts},
                              {"prompt-tokens", &f.prompt_tokens},
                              {"pool-prompts", &f.pool_prompts},
-                             {"concurrency", &f.concurrency}}) {
+                             {"concurrency", &f.concurrency},
+                             {"rounds", &f.rounds},
+                             {"requests", &f.requests},
+                             {"step-prefix", &f.step_prefix}}) {
     const std::optional<std::string> v = args->Flag(name);
     if (!v.has_value()) continue;
     absl::StatusOr<int64_t> n = ParseInteger(*v, absl::StrCat("--", name), 0, 1 << 20);
@@ -348,8 +510,8 @@ int Main(int argc, char** argv) {
     }
     *field = static_cast<int>(*n);
   }
-  if (!f.only.empty() && f.only != "restart" && f.only != "capacity") {
-    std::fprintf(stderr, "--only takes restart or capacity, got %s\n", f.only.c_str());
+  if (!f.only.empty() && f.only != "restart" && f.only != "capacity" && f.only != "steps") {
+    std::fprintf(stderr, "--only takes restart, capacity or steps, got %s\n", f.only.c_str());
     return 2;
   }
   const std::string root = (fs::path(f.dir.empty() ? fs::temp_directory_path().string() : f.dir) /
@@ -370,8 +532,9 @@ int Main(int argc, char** argv) {
   std::printf("model %s (%d layers, %d wide, fp32), %d threads; tier directories under %s\n",
               (*model)->name().c_str(), (*model)->config().n_layer, (*model)->config().n_embd,
               f.threads, root.c_str());
-  if (f.only != "capacity") RestartAndBlock(**model, f, root);
-  if (f.only != "restart") Capacity(**model, f, root);
+  if (f.only.empty() || f.only == "restart") RestartAndBlock(**model, f, root);
+  if (f.only.empty() || f.only == "capacity") Capacity(**model, f, root);
+  if (f.only.empty() || f.only == "steps") Steps(**model, f, root);
   fs::remove_all(root);
   return 0;
 }

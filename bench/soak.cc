@@ -254,8 +254,25 @@ double SumSeries(const std::string& exposition, const std::string& prefix) {
   return sum;
 }
 
+// Every series of `name` whose labels include each of `labels` (k="v"), summed over the
+// others (such as `adapter`); -1 when none.
+double SumSeriesWith(const std::string& exposition, const std::string& name,
+                     std::initializer_list<std::string> labels) {
+  double sum = -1;
+  std::istringstream lines(exposition);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(name + " ", 0) != 0 && line.rfind(name + "{", 0) != 0) continue;
+    const std::string series = line.substr(0, line.rfind(' '));
+    bool match = true;
+    for (const std::string& l : labels) match = match && series.find(l) != std::string::npos;
+    if (!match) continue;
+    sum = (sum < 0 ? 0 : sum) + std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return sum;
+}
+
 double Series(const std::string& exposition, const std::string& name) {
-  return SumSeries(exposition, name + " ");
+  return SumSeriesWith(exposition, name, {});
 }
 
 // VmRSS of `pid` in kB; -1 when unreadable.
@@ -400,9 +417,9 @@ int Run() {
   check(counted == requests,
         absl::StrCat("prefixd_requests_total rose by ", counted, " (", requests, " calls)"));
   const auto server_code = [&](const char* code) {
-    const std::string series = absl::StrCat("prefixd_requests_total{api=\"grpc\",code=\"", code, "\"}");
-    const double b = SumSeries(before, series);
-    const double a = SumSeries(after, series);
+    const std::string code_label = absl::StrCat("code=\"", code, "\"");
+    const double b = SumSeriesWith(before, "prefixd_requests_total", {"api=\"grpc\"", code_label});
+    const double a = SumSeriesWith(after, "prefixd_requests_total", {"api=\"grpc\"", code_label});
     return (a < 0 ? 0 : a) - (b < 0 ? 0 : b);
   };
   const double server_ok = server_code("OK");

@@ -3,6 +3,7 @@
 // thread.
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -19,9 +20,10 @@
 #include "base/check.h"
 #include "cache/block_key.h"
 #include "cache/disk/disk_tier.h"
-#include "cache/remote/remote_tier.h"
 #include "cache/kv_cache.h"
+#include "cache/remote/remote_tier.h"
 #include "engine/dtype.h"
+#include "engine/kv_offloader.h"
 #include "engine/lora_adapter.h"
 #include "engine/request_stream.h"
 #include "engine/scheduler.h"
@@ -45,69 +47,26 @@ struct Engine::Shared {
   std::atomic<int64_t> scheduler_waiting{0};
 };
 
-// The pool's eviction hook with a disk tier: copies an evicted block's K/V out of the backend
-// (while its rows are still intact) and queues it for the tier's writer, with the block's
-// score record when it has one. Engine thread only.
-class Engine::DiskSpiller {
- public:
-  DiskSpiller(Backend* backend, DiskTier* tier) : backend_(backend), tier_(tier) {}
-
-  void Spill(const EvictedBlock& e, const BlockScores* scores) {
-    if (!tier_->WantsSpill(*e.key, {.scored = scores != nullptr, .deadline = wait_until_})) {
-      return;
-    }
-    BlockRecord r;
-    r.root = *e.root;
-    r.parent_key = *e.parent_key;
-    r.key = *e.key;
-    r.tokens.assign(e.tokens.begin(), e.tokens.end());
-    r.data.resize(static_cast<size_t>(backend_->KvBlockBytes()));
-    // A failed read is a backend failure that the next Forward reports; the block is simply
-    // not written.
-    if (!backend_->ReadKvBlock(e.block, absl::MakeSpan(r.data)).ok()) return;
-    if (scores != nullptr) r.scores = ToPositionScores(*scores);
-    tier_->Spill(std::move(r));
-  }
-  // Spills wait for room in the write queue until `t` (shutdown); by default they never wait.
-  void set_wait_until(absl::Time t) { wait_until_ = t; }
-
- private:
-  Backend* const backend_;
-  DiskTier* const tier_;
-  absl::Time wait_until_ = absl::InfinitePast();
-};
-
 Engine::Engine(const EngineOptions& options, std::unique_ptr<DiskTier> tier,
-               std::unique_ptr<DiskSpiller> spiller, std::unique_ptr<RemoteTier> remote,
-               std::unique_ptr<ScoreStore> scores, std::unique_ptr<KvCache> cache)
+               std::unique_ptr<RemoteTier> remote, std::unique_ptr<ScoreStore> scores,
+               std::unique_ptr<KvOffloader> offloader, std::unique_ptr<KvCache> cache,
+               std::shared_ptr<Shared> shared)
     : options_(options),
       tier_(std::move(tier)),
-      spiller_(std::move(spiller)),
       remote_(std::move(remote)),
       scores_(std::move(scores)),
+      offloader_(std::move(offloader)),
       cache_(std::move(cache)),
-      shared_(std::make_shared<Shared>()),
-      scheduler_(std::make_unique<Scheduler>(SchedulerOptions{.backend = options.backend,
-                                                              .cache = cache_.get(),
-                                                              .model_config = options.model_config,
-                                                              .max_batch_tokens =
-                                                                  options.max_batch_tokens,
-                                                              .clock = options_.clock,
-                                                              .disk_tier = tier_.get(),
-                                                              .remote_tier = remote_.get(),
-                                                              .wake =
-                                                                  // A fetch may end after
-                                                                  // the engine: it holds
-                                                                  // Shared too.
-                                                                  [s = shared_] {
-                                                                    absl::MutexLock l(&s->mu);
-                                                                    s->wake = true;
-                                                                  },
-                                                              // Records live only while
-                                                              // their blocks are indexed.
-                                                              .scores = options.enable_prefix_cache
-                                                                            ? scores_.get()
-                                                                            : nullptr})) {
+      shared_(std::move(shared)),
+      scheduler_(std::make_unique<Scheduler>(SchedulerOptions{
+          .backend = options.backend,
+          .cache = cache_.get(),
+          .model_config = options.model_config,
+          .max_batch_tokens = options.max_batch_tokens,
+          .clock = options_.clock,
+          .offloader = offloader_->has_tiers() ? offloader_.get() : nullptr,
+          // Records live only while their blocks are indexed.
+          .scores = options.enable_prefix_cache ? scores_.get() : nullptr})) {
   limits_.model_config = options.model_config;
   limits_.max_samples = options.max_samples;
   limits_.pool = options.backend->kv_pool();
@@ -178,6 +137,13 @@ Engine::Latencies Engine::DrainLatencies() {
   return out;
 }
 
+AdapterTokenCounts Engine::DrainAdapterTokens() {
+  absl::MutexLock lock(&stats_mu_);
+  AdapterTokenCounts out = std::move(adapter_tokens_);
+  adapter_tokens_.clear();
+  return out;
+}
+
 void Engine::RunBetweenSteps(std::function<void()> task) {
   absl::Notification done;
   bool posted = false;
@@ -200,7 +166,8 @@ void Engine::RunBetweenSteps(std::function<void()> task) {
 }
 
 void Engine::Loop() {
-  bool stalled = false;  // the last step found nothing it could run
+  bool stalled = false;     // the last step found nothing it could run
+  bool drain_seen = false;  // this loop has seen the drain begin
   while (true) {
     std::vector<std::unique_ptr<RequestState>> incoming;
     std::vector<std::function<void()>> tasks;
@@ -208,13 +175,20 @@ void Engine::Loop() {
     absl::Time deadline;
     {
       absl::MutexLock lock(&shared_->mu);
-      // Only Shared's fields in the condition: absl may evaluate it on other threads.
+      // Only Shared's fields and copies in the condition: absl may evaluate it on other
+      // threads. A drain already seen is no news: a stalled loop (requests parked on their
+      // loads) waits for the wake instead of spinning through the grace.
       Shared* s = shared_.get();
-      auto ready = [s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
-        return !s->incoming.empty() || !s->tasks.empty() || s->wake || s->draining;
+      auto ready = [s, drain_seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
+        return !s->incoming.empty() || !s->tasks.empty() || s->wake ||
+               (s->draining && !drain_seen);
       };
       if (scheduler_->idle()) {
-        shared_->mu.Await(absl::Condition(&ready));
+        // Idle and draining: the loop ends below, without waiting.
+        auto idle_ready = [s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
+          return !s->incoming.empty() || !s->tasks.empty() || s->wake || s->draining;
+        };
+        shared_->mu.Await(absl::Condition(&idle_ready));
       } else if (stalled) {
         // Requests wait but none can run: only news (a request, a cancel, shutdown) can
         // change that, so wait for it instead of spinning. The timeout is a safety net.
@@ -225,6 +199,7 @@ void Engine::Loop() {
       shared_->wake = false;
       draining = shared_->draining;
       deadline = shared_->drain_deadline;
+      drain_seen = draining;
     }
     for (auto& r : incoming) scheduler_->Enqueue(std::move(r));
     for (auto& t : tasks) t();
@@ -264,16 +239,9 @@ void Engine::Loop() {
   for (auto& t : tasks) t();
 }
 
-// Evicting every cached block runs the spill hook on each (least recently used first), which
-// now waits for room in the write queue.
 void Engine::SpillAtShutdown(absl::Time grace_deadline) {
-  const absl::Time end = std::min(grace_deadline, absl::Now() + kDiskTierShutdownSpill);
-  if (absl::Now() >= end) return;
-  if (remote_ != nullptr) remote_->Flush(end);  // blocks computed lately reach the fleet
-  if (tier_ == nullptr) return;
-  spiller_->set_wait_until(end);
-  cache_->Evict(cache_->num_blocks());
-  tier_->Flush(end);
+  offloader_->SpillAtShutdown(cache_.get(),
+                              std::min(grace_deadline, absl::Now() + kDiskTierShutdownSpill));
 }
 
 void Engine::PublishStats() {
@@ -285,6 +253,7 @@ void Engine::PublishStats() {
   if (remote_ != nullptr) stats_.remote = remote_->Stats();
   scheduler_->DrainLatencies(&latencies_.ttft, &latencies_.tpot, &latencies_.disk_load,
                              &latencies_.remote_load);
+  scheduler_->DrainAdapterTokens(&adapter_tokens_);
   for (std::vector<double>* v : {&latencies_.ttft, &latencies_.tpot, &latencies_.disk_load,
                                  &latencies_.remote_load}) {
     if (v->size() > kMaxPendingLatencies) {
@@ -338,7 +307,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   cache_options.pool = options.backend->kv_pool();
   cache_options.enable_prefix_cache = options.enable_prefix_cache;
   std::unique_ptr<DiskTier> tier;
-  std::unique_ptr<DiskSpiller> spiller;
   if (!options.disk_tier.dir.empty()) {
     if (!options.enable_prefix_cache) {
       return absl::InvalidArgumentError(
@@ -349,7 +317,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     absl::StatusOr<std::unique_ptr<DiskTier>> opened = DiskTier::Open(options.disk_tier, *layout);
     if (!opened.ok()) return opened.status();
     tier = *std::move(opened);
-    spiller = std::make_unique<DiskSpiller>(options.backend, tier.get());
   }
   std::unique_ptr<RemoteTier> remote;
   if (!options.remote_tier.url.empty()) {
@@ -364,19 +331,33 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     if (!opened.ok()) return opened.status();
     remote = *std::move(opened);
   }
-  // A block's score record leaves with the block (engine/score_store.h).
   auto scores = std::make_unique<ScoreStore>();
-  cache_options.on_evict = [s = spiller.get(), store = scores.get()](const EvictedBlock& e) {
-    if (s != nullptr) s->Spill(e, store->Find(*e.key));
+  // A load's part may end after the engine: the wake holds Shared too.
+  auto shared = std::make_shared<Shared>();
+  auto offloader = std::make_unique<KvOffloader>(KvOffloader::Options{
+      .backend = options.backend,
+      .disk = tier.get(),
+      .remote = remote.get(),
+      .scores = scores.get(),
+      .vocab_size = static_cast<uint32_t>(c.vocab_size),
+      .wake =
+          [s = shared] {
+            absl::MutexLock l(&s->mu);
+            s->wake = true;
+          }});
+  // A block's score record leaves with the block (engine/score_store.h), to the disk tier
+  // when it has one.
+  cache_options.on_evict = [o = offloader.get(), store = scores.get()](const EvictedBlock& e) {
+    o->Spill(e, store->Find(*e.key));
     store->Forget(*e.key);
   };
   absl::StatusOr<std::unique_ptr<KvCache>> cache = KvCache::Create(cache_options);
   if (!cache.ok()) return cache.status();
   EngineOptions resolved = options;
   if (!resolved.clock) resolved.clock = [] { return absl::Now(); };
-  return std::unique_ptr<Engine>(
-      new Engine(resolved, std::move(tier), std::move(spiller), std::move(remote),
-                 std::move(scores), *std::move(cache)));
+  return std::unique_ptr<Engine>(new Engine(resolved, std::move(tier), std::move(remote),
+                                            std::move(scores), std::move(offloader),
+                                            *std::move(cache), std::move(shared)));
 }
 
 }  // namespace prefixd

@@ -3,8 +3,8 @@
 // RequestStream (engine/request_stream.h); no caller thread ever touches the pool.
 //
 // Threads: callers touch only the state shared under one mutex (new requests, tasks, drain)
-// and their streams; the KvCache, the Backend, the Scheduler and the disk tier's engine side
-// belong to the engine thread. Streams' notify callbacks run on the engine thread and may
+// and their streams; the KvCache, the Backend, the Scheduler and the KvOffloader (the tiers'
+// engine side, engine/kv_offloader.h) belong to the engine thread. Streams' notify callbacks run on the engine thread and may
 // only schedule work.
 #ifndef PREFIXD_ENGINE_ENGINE_H_
 #define PREFIXD_ENGINE_ENGINE_H_
@@ -29,8 +29,9 @@
 namespace prefixd {
 
 class DiskTier;
-class RemoteTier;
 class KvCache;
+class KvOffloader;
+class RemoteTier;
 class Scheduler;
 class ScoreStore;
 
@@ -72,15 +73,20 @@ class Engine {
   static constexpr size_t kMaxPendingLatencies = size_t{1} << 20;
   Latencies DrainLatencies();
 
+  // Prompt tokens of first admissions by adapter name since the last call (engine_stats.h):
+  // for per-adapter counters. Pending entries are bounded by the distinct names admitted
+  // between two calls; each name is one the server loaded.
+  AdapterTokenCounts DrainAdapterTokens();
+
  private:
   friend class EngineTestPeer;  // tests/engine/engine_test_peer.h
 
-  struct Shared;       // what caller threads and the engine thread exchange (engine.cc)
-  class DiskSpiller;   // the pool's eviction hook into the disk tier (engine.cc)
+  struct Shared;  // what caller threads and the engine thread exchange (engine.cc)
 
   Engine(const EngineOptions& options, std::unique_ptr<DiskTier> tier,
-         std::unique_ptr<DiskSpiller> spiller, std::unique_ptr<RemoteTier> remote,
-         std::unique_ptr<ScoreStore> scores, std::unique_ptr<KvCache> cache);
+         std::unique_ptr<RemoteTier> remote, std::unique_ptr<ScoreStore> scores,
+         std::unique_ptr<KvOffloader> offloader, std::unique_ptr<KvCache> cache,
+         std::shared_ptr<Shared> shared);
 
   // Runs `task` on the engine thread between two steps, or on the calling thread once the
   // engine thread has stopped; returns after it ran. The task may use the engine thread's
@@ -94,13 +100,15 @@ class Engine {
 
   const EngineOptions options_;
   RequestLimits limits_;
-  // The tier and the spill hook outlive the cache that calls it.
+  // The tiers outlive the offloader, whose loader thread reads them.
   std::unique_ptr<DiskTier> tier_;
-  std::unique_ptr<DiskSpiller> spiller_;
-  std::unique_ptr<RemoteTier> remote_;  // the scheduler publishes to it
+  std::unique_ptr<RemoteTier> remote_;
   // Score records of cached blocks (engine/score_store.h); the pool's eviction hook forgets
   // them, so it outlives the cache too.
   std::unique_ptr<ScoreStore> scores_;
+  // The tiers' side of the engine (engine/kv_offloader.h): the pool's eviction hook calls it,
+  // so it outlives the cache; the scheduler's loads are dropped before it goes.
+  std::unique_ptr<KvOffloader> offloader_;
   std::unique_ptr<KvCache> cache_;
   // Held by shared_ptr so a RequestStream that outlives the engine can still Cancel().
   std::shared_ptr<Shared> shared_;
@@ -111,6 +119,7 @@ class Engine {
   mutable absl::Mutex stats_mu_;
   EngineStats stats_ ABSL_GUARDED_BY(stats_mu_);
   Latencies latencies_ ABSL_GUARDED_BY(stats_mu_);
+  AdapterTokenCounts adapter_tokens_ ABSL_GUARDED_BY(stats_mu_);
 };
 
 }  // namespace prefixd

@@ -3,6 +3,9 @@
 #define PREFIXD_ENGINE_ENGINE_STATS_H_
 
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
 
 #include "cache/disk/disk_tier_stats.h"
 #include "cache/kv_cache_stats.h"
@@ -35,6 +38,16 @@ struct EngineStats {
   DiskTierStats disk;      // all zero without a disk tier
   RemoteTierStats remote;  // all zero (configured false) without a remote tier
 };
+
+// The prompt tokens of first admissions of one adapter's requests (or the base's): what
+// KvCacheStats::queried_tokens and HitTokens() count pool-wide, counted at the same points.
+struct PromptTokenCounts {
+  uint64_t queried_tokens = 0;  // prompt lengths
+  uint64_t hit_tokens = 0;      // cached_prompt_tokens: pool, disk and remote tiers
+};
+// By EngineRequest::adapter_name ("" for requests on the base model). Summed over names it
+// equals the growth of queried_tokens and HitTokens() over the same period.
+using AdapterTokenCounts = std::map<std::string, PromptTokenCounts, std::less<>>;
 
 // = Σ cached_prompt_tokens of first admissions: prompt tokens served from the pool plus
 // those loaded from the disk and remote tiers.

@@ -55,6 +55,10 @@ struct EngineRequest {
   // adapter. Held by the request until its stream ends, so unloading an adapter's name lets
   // the requests in flight finish with it.
   std::shared_ptr<const LoraAdapter> adapter;
+  // The name the caller served the adapter under (empty for the base). The engine only
+  // counts the request's prompt tokens under it (Engine::DrainAdapterTokens); the digest,
+  // not the name, keys the cache.
+  std::string adapter_name;
   uint32_t max_new_tokens = 16;
   SamplingParams sampling;
   std::vector<uint32_t> stop_token_ids;

@@ -97,6 +97,15 @@ void Scheduler::DrainLatencies(std::vector<double>* ttft, std::vector<double>* t
   remote_load_.clear();
 }
 
+void Scheduler::DrainAdapterTokens(AdapterTokenCounts* out) {
+  for (const auto& [name, counts] : adapter_tokens_) {
+    PromptTokenCounts& o = (*out)[name];
+    o.queried_tokens += counts.queried_tokens;
+    o.hit_tokens += counts.hit_tokens;
+  }
+  adapter_tokens_.clear();
+}
+
 void Scheduler::SortRunning() {
   std::sort(running_.begin(), running_.end(), [](const Sequence* a, const Sequence* b) {
     if (a->admit_order != b->admit_order) return a->admit_order < b->admit_order;
@@ -147,14 +156,13 @@ bool Scheduler::Step() {
   }
   // After the copies: a block an earlier copy reads may have been evicted and handed to an
   // admission as a load destination since.
-  if (!pending_loads_.empty()) {
-    const absl::Status loaded = RunDiskLoads(&batch);
-    if (!loaded.ok()) {
-      FailRunning(loaded);
+  if (!pending_writes_.empty()) {
+    const absl::Status written = RunTierWrites(batch);
+    if (!written.ok()) {
+      FailRunning(written);
       Prune();
       return true;
     }
-    if (batch.empty()) return true;  // every admission went back to the queue
   }
   // Block tables are read only now: every reservation, admission and preemption of this step
   // has happened, and nothing changes the cache until Forward returns.
@@ -183,13 +191,17 @@ bool Scheduler::Step() {
   size_t row = 0;
   for (const Scheduled& s : batch) {
     cache_->MarkComputed(s.seq->cache_seq, s.start + s.count);
-    if (options_.remote_tier != nullptr) PublishComputed(s);
     if (!s.decode) counters_.prefill_tokens += s.count;
     const bool ends = s.start + s.count == Len(*s.seq);
     const size_t rows = s.all_logits ? static_cast<size_t>(s.count) : ends ? 1 : 0;
     PREFIXD_CHECK((row + rows) * vocab <= logits_.size());
     if (s.all_logits) {
       ScoreRows(s, absl::MakeConstSpan(logits_).subspan(row * vocab, rows * vocab));
+    }
+    // After ScoreRows: the blocks it recorded are published with their scores.
+    if (options_.offloader != nullptr) {
+      options_.offloader->PublishComputed(*s.seq->chain, cache_->BlockTable(s.seq->cache_seq),
+                                          s.start, s.count);
     }
     row += rows;
     if (!ends) continue;
@@ -215,22 +227,11 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
     ar.reserve_tokens = Len(*seq);  // the whole prompt: chunks never need blocks
     ar.readmission = r->admitted_once;
     const bool scoring = Scoring(seq);
-    int32_t scored_pool = 0;  // leading blocks with records in the store (all pool-indexed)
-    int32_t scored_disk = 0;  // blocks after them whose disk files carry score sections
-    if (scoring) {
-      scored_pool = ScoredPrefixBlocks(seq);
-      if (options_.disk_tier != nullptr) scored_disk = ScoredDiskMatch(seq, scored_pool);
-      if (scored_disk > 0) {
-        // The disk continues the scored prefix: share the pool's scored blocks whole and
-        // load the disk's; the last loaded block's last row is recomputed (RunDiskLoads).
-        ar.max_cached_tokens = scored_pool * bs;
-        ar.whole_blocks_only = true;
-      } else {
-        // Only blocks with score records, less the last one's last row: its logits score
-        // the first position after them, so it is recomputed (into a copy of the block).
-        ar.max_cached_tokens = scored_pool > 0 ? scored_pool * bs - 1 : 0;
-      }
-    }
+    // A scoring request takes only leading blocks with records in the store (all indexed),
+    // less the last one's last row: its logits score the first position after them, so it
+    // is recomputed (into a copy of the block).
+    const int32_t scored_pool = scoring ? ScoredPrefixBlocks(seq) : 0;
+    if (scoring) ar.max_cached_tokens = scored_pool > 0 ? scored_pool * bs - 1 : 0;
     absl::StatusOr<AdmissionPlan> plan = cache_->PlanAdmission(ar);
     // Another running sequence is computing blocks of this prefix: wait for them to be
     // indexed instead of computing them twice.
@@ -238,54 +239,28 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
       ++it;
       continue;
     }
-    int32_t disk_blocks = 0;
-    int32_t remote_blocks = 0;
-    int32_t pool_blocks = plan.ok() ? plan->matched_tokens / bs : 0;
-    if (plan.ok() && scored_disk > 0) {
-      pool_blocks = scored_pool;
-      if (plan->num_cached == scored_pool * bs) {
-        disk_blocks = scored_disk;
-      } else {
-        // The pool serves less than its records promised: score as without the disk.
-        ar.whole_blocks_only = false;
-        ar.max_cached_tokens = scored_pool > 0 ? scored_pool * bs - 1 : 0;
-        plan = cache_->PlanAdmission(ar);
-        if (plan.ok() && plan->pending_match_tokens > 0) {
-          ++it;
-          continue;
-        }
+    const int32_t pool_blocks = scoring ? scored_pool : plan.ok() ? plan->matched_tokens / bs : 0;
+    int32_t tier_blocks = 0;
+    if (plan.ok() && options_.offloader != nullptr) {
+      const KvOffloader::Continuation c =
+          options_.offloader->Continue(*seq->chain, pool_blocks, scoring, &seq->tiers);
+      if (c.parked) {
+        ++it;  // its blocks are being loaded
+        continue;
       }
-    } else if (plan.ok() && !scoring) {
-      // A scoring request continues only into disk files with score sections (above); the
-      // remote tier's records carry none.
-      if (options_.disk_tier != nullptr) disk_blocks = DiskMatch(seq, pool_blocks);
-      if (options_.remote_tier != nullptr) {
-        const int32_t from = pool_blocks + disk_blocks;
-        if (seq->remote_fetch == nullptr) {
-          const int32_t found = RemoteMatch(seq, from);
-          // Parked until its blocks are here, or until the fetch budget has room (a fetch
-          // is several times cheaper than computing the blocks: bench/remote_tier_bench).
-          if (found > 0 && !absl::IsUnavailable(StartRemoteFetch(seq, from, found))) {
-            ++it;
-            continue;
-          }
-        } else if (!seq->remote_fetch->done()) {
-          ++it;  // still parked
-          continue;
+      if (c.blocks > 0) {
+        // The loaded blocks fill whole blocks after the pool's whole blocks: no partial copy
+        // into the first of them, and a scoring request shares its scored blocks whole (the
+        // last loaded block's last row is recomputed instead).
+        AdmissionRequest whole = ar;
+        whole.whole_blocks_only = true;
+        if (scoring) whole.max_cached_tokens = scored_pool * bs;
+        absl::StatusOr<AdmissionPlan> p = cache_->PlanAdmission(whole);
+        if (p.ok() && p->pending_match_tokens == 0 && p->num_cached == pool_blocks * bs) {
+          plan = std::move(p);
+          tier_blocks = c.blocks;
         }
-        if (seq->remote_fetch != nullptr) {
-          // Fetched: what continues this admission's match (the pool may have gained or lost
-          // blocks meanwhile).
-          const int32_t got = static_cast<int32_t>(seq->remote_fetch->data.size());
-          const int32_t offset = from - seq->remote_fetch_from;
-          remote_blocks = offset >= 0 && offset < got ? got - offset : 0;
-        }
-      }
-      // The loads fill whole blocks after the pool's whole blocks: no partial copy into the
-      // first of them.
-      if (disk_blocks + remote_blocks > 0 && plan->matched_tokens % bs != 0) {
-        ar.whole_blocks_only = true;
-        plan = cache_->PlanAdmission(ar);
+        // Otherwise the pool serves less than its match promised: computed as without tiers.
       }
     }
     if (!plan.ok()) {
@@ -309,27 +284,25 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
     seq->admit_order = next_admit_order_++;
     seq->decoding = false;
     int32_t start = admission.num_cached;
-    if (disk_blocks + remote_blocks > 0) {
+    if (tier_blocks > 0) {
       PREFIXD_CHECK(admission.num_cached == pool_blocks * bs);
-      // Assumes every load succeeds; RunDiskLoads moves the start back if one does not. A
-      // scoring request recomputes the last loaded row: its logits score the next position.
-      start = scoring ? (pool_blocks + disk_blocks) * bs - 1
-                      : std::min((pool_blocks + disk_blocks + remote_blocks) * bs, Len(*seq) - 1);
-      DiskLoad load{seq, pool_blocks, disk_blocks + remote_blocks, disk_blocks,
-                    !r->admitted_once, scoring};
-      if (remote_blocks > 0) {
-        load.fetched = seq->remote_fetch;
-        load.fetched_offset = pool_blocks + disk_blocks - seq->remote_fetch_from;
-      }
-      pending_loads_.push_back(std::move(load));
+      const int32_t end = pool_blocks + tier_blocks;
+      // A scoring request recomputes the last loaded row: its logits score the next position.
+      start = scoring ? end * bs - 1 : std::min(end * bs, Len(*seq) - 1);
+      pending_writes_.push_back(
+          {seq, pool_blocks, tier_blocks, !r->admitted_once, scoring, seq->tiers.load});
     }
-    seq->remote_fetch.reset();  // taken (its budget returns once the load has run)
-    // With disk blocks after them, the pool's blocks are shared whole; their records score
-    // positions up to the last block's end, the disk's records the rest (RunDiskLoads).
-    if (scoring) TakeScores(seq, disk_blocks > 0 ? pool_blocks * bs - 1 : admission.num_cached);
+    seq->tiers.load.reset();  // taken (its budget returns once the write has run)
+    // With loaded blocks after them, the pool's blocks are shared whole; their records score
+    // positions up to the last block's end, the loaded blocks' records the rest.
+    if (scoring) TakeScores(seq, tier_blocks > 0 ? pool_blocks * bs - 1 : admission.num_cached);
     if (!r->admitted_once) {
       r->admitted_once = true;
       r->usage.cached_prompt_tokens = static_cast<uint32_t>(admission.num_cached);
+      // Where the pool counts queried_tokens and hit_tokens (a first admission's Commit).
+      PromptTokenCounts& counts = adapter_tokens_[r->request.adapter_name];
+      counts.queried_tokens += static_cast<uint64_t>(seq->chain->size());
+      counts.hit_tokens += static_cast<uint64_t>(admission.num_cached);
     }
     it = waiting_.erase(it);
     running_.push_back(seq);  // the newest: running_ stays sorted
@@ -339,182 +312,61 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
   }
 }
 
-int32_t Scheduler::DiskMatch(const Sequence* seq, int32_t pool_blocks) const {
-  const absl::Span<const Digest> keys = seq->chain->keys();
-  if (pool_blocks >= static_cast<int32_t>(keys.size())) return 0;
-  return static_cast<int32_t>(options_.disk_tier->MatchFrom(keys.subspan(pool_blocks)));
-}
-
-int32_t Scheduler::ScoredDiskMatch(const Sequence* seq, int32_t pool_blocks) const {
-  const absl::Span<const Digest> keys = seq->chain->keys();
-  if (pool_blocks >= static_cast<int32_t>(keys.size())) return 0;
-  return static_cast<int32_t>(options_.disk_tier->MatchScoredFrom(keys.subspan(pool_blocks)));
-}
-
-int32_t Scheduler::RemoteMatch(Sequence* seq, int32_t from) {
-  // A waiting request is planned again every step; one round trip per kRemoteMatchReuse is
-  // enough to see blocks another replica published meanwhile.
-  constexpr absl::Duration kRemoteMatchReuse = absl::Milliseconds(50);
-  const absl::Span<const Digest> keys = seq->chain->keys();
-  if (from >= static_cast<int32_t>(keys.size())) return 0;
-  const absl::Time now = absl::Now();
-  if (seq->remote_from != from || now - seq->remote_asked >= kRemoteMatchReuse) {
-    seq->remote_from = from;
-    seq->remote_asked = now;
-    seq->remote_blocks =
-        static_cast<int32_t>(options_.remote_tier->MatchFrom(keys.subspan(from)));
-  }
-  return seq->remote_blocks;
-}
-
-absl::Status Scheduler::StartRemoteFetch(Sequence* seq, int32_t from, int32_t count) {
-  count = std::min(count, options_.remote_tier->max_fetch_blocks());
-  const size_t bs = static_cast<size_t>(cache_->block_size());
-  const absl::Span<const Digest> keys = seq->chain->keys().subspan(from, count);
-  const absl::Span<const uint32_t> tokens = seq->chain->tokens().subspan(from * bs, count * bs);
-  absl::StatusOr<std::shared_ptr<const RemoteFetch>> f = options_.remote_tier->Fetch(
-      seq->chain->root(), std::vector<Digest>(keys.begin(), keys.end()),
-      std::vector<uint32_t>(tokens.begin(), tokens.end()), options_.wake);
-  if (!f.ok()) return f.status();
-  seq->remote_fetch = *std::move(f);
-  seq->remote_fetch_from = from;
-  return absl::OkStatus();
-}
-
-void Scheduler::PublishComputed(const Scheduled& s) {
+absl::Status Scheduler::RunTierWrites(const std::vector<Scheduled>& batch) {
   const int32_t bs = cache_->block_size();
-  const absl::Span<const Digest> keys = s.seq->chain->keys();
-  const int32_t end = s.start + s.count;
-  // The blocks whose last row this step computed: from the one `start` is in, to the last
-  // one `end` fills.
-  const int32_t last = std::min(end / bs, static_cast<int32_t>(keys.size()));
-  const absl::Span<const int32_t> table = cache_->BlockTable(s.seq->cache_seq);
-  for (int32_t b = s.start / bs; b < last; ++b) {
-    if (!options_.remote_tier->WantsPublish(keys[b])) continue;
-    BlockRecord record;
-    record.root = s.seq->chain->root();
-    record.parent_key = b == 0 ? record.root : keys[b - 1];
-    record.key = keys[b];
-    const absl::Span<const uint32_t> tokens = s.seq->chain->block(b);
-    record.tokens.assign(tokens.begin(), tokens.end());
-    record.data.resize(static_cast<size_t>(backend_->KvBlockBytes()));
-    // A failed read is a backend failure that the next Forward reports; the block is simply
-    // not published.
-    if (!backend_->ReadKvBlock(table[b], absl::MakeSpan(record.data)).ok()) return;
-    options_.remote_tier->Publish(std::move(record));
-  }
-}
-
-absl::Status Scheduler::RunDiskLoads(std::vector<Scheduled>* batch) {
-  const int32_t bs = cache_->block_size();
-  const uint32_t vocab = static_cast<uint32_t>(options_.model_config.vocab_size);
-  std::vector<DiskLoad> loads;
-  loads.swap(pending_loads_);
-  load_buffer_.resize(static_cast<size_t>(backend_->KvBlockBytes()));
-  for (const DiskLoad& load : loads) {
-    if (load.disk_count == 0) continue;
-    options_.disk_tier->Prefetch(
-        load.seq->chain->keys().subspan(load.first_block, load.disk_count));
-  }
-  for (DiskLoad& load : loads) {
-    Sequence* seq = load.seq;
+  std::vector<TierWrite> writes;
+  writes.swap(pending_writes_);
+  for (const TierWrite& w : writes) {
+    Sequence* seq = w.seq;
     RequestState* r = seq->request;
-    auto entry = std::find_if(batch->begin(), batch->end(),
+    auto entry = std::find_if(batch.begin(), batch.end(),
                               [seq](const Scheduled& s) { return s.seq == seq; });
-    PREFIXD_CHECK(entry != batch->end());
-    const absl::Span<const int32_t> table = cache_->BlockTable(seq->cache_seq);
-    const absl::Span<const Digest> keys = seq->chain->keys();
-    // The loaded blocks' score records (engine/score_store.h), if their files had them.
-    std::vector<std::optional<BlockScores>> records;
-    int32_t loaded = 0;
-    for (; loaded < load.count; ++loaded) {
-      const int32_t b = load.first_block + loaded;
-      const bool from_disk = loaded < load.disk_count;
-      const absl::Time t0 = absl::Now();
-      const BlockExpectation expect{
-          .root = seq->chain->root(), .key = keys[b], .tokens = seq->chain->block(b)};
-      // Absent (deleted for the cap, or evicted by Redis, since the match), corrupt or
-      // unreachable: compute from here on.
-      std::optional<BlockScores> record;
-      if (from_disk) {
-        std::vector<PositionScore> section;
-        if (!options_.disk_tier->Load(expect, absl::MakeSpan(load_buffer_), &section).ok()) break;
-        if (!section.empty()) record = FromPositionScores(expect.tokens, section, vocab);
-        // A scoring request matched files with scores only; one it cannot use is computed.
-        if (load.scoring && !record.has_value()) break;
-        if (absl::Status w = backend_->WriteKvBlock(table[b], load_buffer_); !w.ok()) return w;
-        disk_load_.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
-      } else {
-        // Fetched and verified already (Admit counted only blocks the fetch holds).
-        const size_t f = static_cast<size_t>(load.fetched_offset + loaded - load.disk_count);
-        PREFIXD_CHECK(load.fetched != nullptr && f < load.fetched->data.size());
-        if (absl::Status w = backend_->WriteKvBlock(table[b], load.fetched->data[f]); !w.ok()) {
-          return w;
-        }
-        remote_load_.push_back(load.fetched->seconds[f] + absl::ToDoubleSeconds(absl::Now() - t0));
-      }
-      records.push_back(std::move(record));
-    }
-    const int32_t pool_cached = load.first_block * bs;
-    if (load.scoring && loaded == 0 && load.first_block > 0) {
-      // The position after the pool's blocks is scored by the last row of a shared block,
-      // which only a copy of that block may recompute: back to the queue's front, to be
-      // admitted again without the file that failed (Load dropped it from the tier) and
-      // counted as if this admission had not happened.
-      cache_->Release(seq->cache_seq);
-      seq->cache_seq = -1;
-      seq->state = Sequence::State::kWaiting;
-      running_.erase(std::find(running_.begin(), running_.end(), seq));
-      waiting_.push_front(seq);
-      if (load.first_admission) r->admitted_once = false;
-      batch->erase(entry);
-      continue;
-    }
-    int32_t cached = pool_cached;
-    if (loaded > 0) {
-      // A scoring request recomputes the last loaded row, whose logits score the next
-      // position; the row's K/V is rewritten with the same bits into its private block.
-      cached = load.scoring ? (load.first_block + loaded) * bs - 1
-                            : std::min((load.first_block + loaded) * bs, Len(*seq) - 1);
-    }
-    if (cached > pool_cached) cache_->MarkComputed(seq->cache_seq, cached);
+    PREFIXD_CHECK(entry != batch.end());
+    absl::StatusOr<KvOffloader::Written> written = options_.offloader->Write(
+        *w.load, w.first_block, w.count, cache_->BlockTable(seq->cache_seq), &disk_load_,
+        &remote_load_);
+    if (!written.ok()) return written.status();
+    const int32_t pool_cached = w.first_block * bs;
+    const int32_t end = w.first_block + w.count;
+    const int32_t cached = w.scoring ? end * bs - 1 : std::min(end * bs, Len(*seq) - 1);
+    PREFIXD_CHECK(cached == entry->start);
+    cache_->MarkComputed(seq->cache_seq, cached);
     // Records come back with their blocks, once the pool indexes them (MarkComputed just did
     // for every block now full); a last block still private gets its own after the forward
-    // (ScoreRows, for a scoring request) or stays on disk only.
+    // (ScoreRows, for a scoring request) or stays in its tier only.
+    const absl::Span<const Digest> keys = seq->chain->keys();
     const int32_t full = cached / bs;
     if (options_.scores != nullptr) {
-      for (int32_t b = load.first_block; b < full; ++b) {
-        const std::optional<BlockScores>& record = records[b - load.first_block];
-        if (record.has_value()) {
-          options_.scores->Insert(keys[b], std::make_shared<const BlockScores>(*record));
-        }
+      for (int32_t b = w.first_block; b < full; ++b) {
+        const std::shared_ptr<const BlockScores>& record = written->records[b - w.first_block];
+        if (record != nullptr) options_.scores->Insert(keys[b], record);
       }
     }
-    if (load.scoring) {
+    if (w.scoring) {
       // The loaded blocks' records score their positions; position `cached` + 1 on, the rows.
-      for (int32_t i = 0; i < loaded; ++i) {
-        const int32_t b = load.first_block + i;
+      for (int32_t i = 0; i < w.count; ++i) {
+        const BlockScores& record = *written->records[i];
+        const int32_t b = w.first_block + i;
         for (int32_t j = 0; j < bs; ++j) {
           const int32_t p = b * bs + j;
           if (r->scored[p]) continue;
-          r->prompt_scores[p] = records[i]->positions[j];
+          r->prompt_scores[p] = record.positions[j];
           r->scored[p] = true;
           ++r->cached_scores;
         }
       }
       r->recorded_blocks = std::max(r->recorded_blocks, full);
     }
-    if (load.first_admission) {
+    if (w.first_admission) {
       r->usage.cached_prompt_tokens += static_cast<uint32_t>(cached - pool_cached);
       // The tokens of the disk's blocks first, the rest the remote tier's.
-      const int32_t disk_cached = std::min(cached, (load.first_block + load.disk_count) * bs);
+      const int32_t disk_cached = std::min(cached, (w.first_block + written->disk_blocks) * bs);
       counters_.disk_hit_tokens += static_cast<uint64_t>(std::max(disk_cached - pool_cached, 0));
-      counters_.remote_hit_tokens += static_cast<uint64_t>(cached - std::max(disk_cached, pool_cached));
+      counters_.remote_hit_tokens +=
+          static_cast<uint64_t>(cached - std::max(disk_cached, pool_cached));
+      adapter_tokens_[r->request.adapter_name].hit_tokens +=
+          static_cast<uint64_t>(cached - pool_cached);
     }
-    // Admit gave the entry the tokens left after a full load; from an earlier start, the
-    // same count is still within the prompt.
-    PREFIXD_CHECK(cached <= entry->start);
-    entry->start = cached;
   }
   return absl::OkStatus();
 }
@@ -555,7 +407,7 @@ void Scheduler::Preempt(Sequence* seq) {
 
 void Scheduler::FailRunning(const absl::Status& status) {
   pending_copies_.clear();
-  pending_loads_.clear();
+  pending_writes_.clear();
   if (IsFatalDeviceError(status) && fatal_error_.ok()) fatal_error_ = status;
   const absl::Status error =
       absl::InternalError(absl::StrCat("backend failure: ", status.message()));

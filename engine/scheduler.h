@@ -10,22 +10,22 @@
 //     max_batch_tokens, so a long prompt delays running decodes by at most one chunk;
 //  3. waiting requests are admitted in order while budget and blocks remain. One whose
 //     prefix another running sequence is computing right now waits for those blocks
-//     instead of computing them twice. With a disk tier, the prefix match continues into it
-//     after the pool's match ends, and with a remote tier into that after the disk's: the
-//     whole blocks they hold are admitted as blocks to load (for a request with prompt
-//     logprobs, only disk blocks whose files carry score sections, and no remote ones).
-//     Remote blocks are fetched first, off this thread: the request is parked (skipped by
-//     admission) until its fetch is done, while the others keep running; then it is
-//     admitted with the blocks fetched.
-// Then the copies cache/ asked for run, the tier blocks are written into the admitted
-// sequences' fresh blocks (disk blocks read synchronously, on this thread; a block that is
-// gone, fails verification or could not be fetched, and every one after it, are computed
-// instead), the backend runs the batch, computed rows are marked (full blocks become
-// shareable, and are published to the remote tier), and tokens are sampled and streamed.
+//     instead of computing them twice. With tiers behind the pool, the KvOffloader
+//     (engine/kv_offloader.h) continues the prefix match after the pool's whole blocks
+//     (disk, then remote; for a request with prompt logprobs only blocks that carry score
+//     sections) and loads what it finds off this thread: the request is parked (skipped
+//     by admission) until its load is done, while the others keep running; then it is
+//     admitted with the blocks that arrived (a block that was gone or failed verification,
+//     and every one after it, are computed).
+// Then the copies cache/ asked for run, the offloader writes the loaded blocks into the
+// admitted sequences' fresh blocks, the backend runs the batch, computed rows are marked
+// (full blocks become shareable, and the offloader publishes them to the remote tier), and
+// tokens are sampled and streamed.
 //
 // Invariants: every request in the scheduler ends with exactly one kDone; a finished or
 // preempted sequence holds no KvCache sequence; a backend error ends every request that was
-// running (INTERNAL, the backend's message) and leaves the pool consistent.
+// running (INTERNAL, the backend's message) and leaves the pool consistent; a parked
+// sequence holds no KvCache sequence (only its TierLoad).
 #ifndef PREFIXD_ENGINE_SCHEDULER_H_
 #define PREFIXD_ENGINE_SCHEDULER_H_
 
@@ -38,11 +38,10 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "cache/disk/disk_tier.h"
 #include "cache/kv_cache.h"
-#include "cache/remote/remote_tier.h"
 #include "engine/backend.h"
 #include "engine/engine_stats.h"
+#include "engine/kv_offloader.h"
 #include "engine/model_config.h"
 #include "engine/score_store.h"
 #include "engine/sequence.h"
@@ -55,10 +54,8 @@ struct SchedulerOptions {
   ModelConfig model_config;
   int32_t max_batch_tokens = 512;
   std::function<absl::Time()> clock;  // required
-  DiskTier* disk_tier = nullptr;      // not owned; null: no disk tier
-  RemoteTier* remote_tier = nullptr;  // not owned; null: no remote tier
-  // Called from another thread when a remote fetch is done: the engine wakes and steps.
-  std::function<void()> wake;
+  // Not owned; null: no tiers behind the pool. Outlives the scheduler.
+  KvOffloader* offloader = nullptr;
   // Not owned; null: no score records are kept (prompt logprobs are then always computed).
   ScoreStore* scores = nullptr;
 };
@@ -91,6 +88,8 @@ class Scheduler {
   // Latency observations (seconds) since the last call.
   void DrainLatencies(std::vector<double>* ttft, std::vector<double>* tpot,
                       std::vector<double>* disk_load, std::vector<double>* remote_load);
+  // Per-adapter prompt token counts since the last call, added into `out`.
+  void DrainAdapterTokens(AdapterTokenCounts* out);
 
  private:
   struct Scheduled {
@@ -101,40 +100,22 @@ class Scheduler {
     bool all_logits = false;  // a prompt chunk of a request with prompt_logprobs
   };
 
-  // Blocks an admission found in the tiers: blocks first_block .. first_block + count - 1
-  // of seq's chain, to be read into its (fresh) blocks before the step's Forward; the first
-  // disk_count of them from the disk tier, the rest from `fetched` (its blocks from
-  // fetched_offset on).
-  struct DiskLoad {
+  // Blocks an admission took from a finished TierLoad: blocks first_block .. first_block +
+  // count - 1 of seq's chain, written into its fresh blocks before the step's Forward.
+  struct TierWrite {
     Sequence* seq;
     int32_t first_block;
     int32_t count;
-    int32_t disk_count;
     bool first_admission;
-    bool scoring;  // files with score sections only; their records score the positions
-    std::shared_ptr<const RemoteFetch> fetched;
-    int32_t fetched_offset = 0;
+    bool scoring;  // the blocks' records score their positions
+    std::shared_ptr<TierLoad> load;
   };
 
   void Admit(std::vector<Scheduled>* batch, int32_t* budget);
-  // How many disk blocks continue `seq`'s match after the pool's first `pool_blocks` blocks;
-  // the scored one counts only files with score sections (a scoring request's).
-  int32_t DiskMatch(const Sequence* seq, int32_t pool_blocks) const;
-  int32_t ScoredDiskMatch(const Sequence* seq, int32_t pool_blocks) const;
-  // How many remote blocks continue `seq`'s match from block `from` on (reusing the
-  // sequence's latest answer when it is fresh).
-  int32_t RemoteMatch(Sequence* seq, int32_t from);
-  // Starts fetching `count` remote blocks of `seq` from block `from` on (at most the tier's
-  // fetch budget of them). OK: started; RESOURCE_EXHAUSTED: the budget is in use, ask again
-  // next step; UNAVAILABLE: the tier is down, compute instead.
-  absl::Status StartRemoteFetch(Sequence* seq, int32_t from, int32_t count);
-  // Publishes to the remote tier the full blocks that `s`'s computed rows completed.
-  void PublishComputed(const Scheduled& s);
-  // Reads the blocks of pending_loads_ into the pool, marks them computed, restores their
-  // score records, and moves each batch entry's start past what was loaded. A scoring
-  // admission that loaded nothing after shared pool blocks goes back to the queue (its
-  // entry leaves the batch). Non-OK only for a backend failure.
-  absl::Status RunDiskLoads(std::vector<Scheduled>* batch);
+  // Writes the blocks of pending_writes_ into the pool (KvOffloader::Write), marks them
+  // computed, restores their score records and counts the hits. Non-OK only for a backend
+  // failure.
+  absl::Status RunTierWrites(const std::vector<Scheduled>& batch);
   // Reserves rows up to `total_tokens` for `seq`, preempting the newest running sequences
   // while the pool is short. False if `seq` itself was preempted.
   bool ReserveOrPreempt(Sequence* seq, int32_t total_tokens);
@@ -168,11 +149,11 @@ class Scheduler {
   std::deque<Sequence*> waiting_;
   std::vector<Sequence*> running_;  // sorted by (admit_order, sample_index)
   std::vector<BlockCopy> pending_copies_;
-  std::vector<DiskLoad> pending_loads_;
-  std::vector<uint8_t> load_buffer_;  // one block's K/V bytes
+  std::vector<TierWrite> pending_writes_;
   int64_t next_admit_order_ = 0;
   SchedulerCounters counters_;
   std::vector<double> ttft_, tpot_, disk_load_, remote_load_;
+  AdapterTokenCounts adapter_tokens_;  // since the last DrainAdapterTokens
   std::vector<float> logits_;
 };
 

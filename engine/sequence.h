@@ -20,9 +20,9 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/time/time.h"
 #include "cache/kv_cache.h"
-#include "cache/remote/remote_tier.h"
 #include "cache/sha256.h"
 #include "cache/token_chain.h"
+#include "engine/kv_offloader.h"
 #include "engine/request.h"
 #include "engine/request_stream.h"
 
@@ -51,17 +51,10 @@ struct Sequence {
   // When this sample's latest token was emitted: the next one's time per output token is
   // measured from here (a preemption in between counts, as the client waited through it).
   absl::Time last_token_time;
-  // The remote tier's latest answer for this sequence: it holds remote_blocks blocks from
-  // block remote_from on, asked at remote_asked. A request waiting for room is planned again
-  // every step; within kRemoteMatchReuse the answer is reused instead of asked again.
-  int32_t remote_from = -1;
-  int32_t remote_blocks = 0;
-  absl::Time remote_asked;
-  // The remote blocks being fetched for this waiting sequence (off the engine thread), from
-  // block remote_fetch_from on. While the fetch runs the sequence is parked (not admitted);
-  // its admission then loads what was fetched.
-  std::shared_ptr<const RemoteFetch> remote_fetch;
-  int32_t remote_fetch_from = 0;
+  // The offloader's state (engine/kv_offloader.h): the load from the tiers this waiting
+  // sequence is parked on (its admission then takes what arrived), and the remote tier's
+  // latest match.
+  SequenceTiers tiers;
 };
 
 struct RequestState {

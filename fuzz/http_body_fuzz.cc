@@ -7,9 +7,10 @@
 // - every refusal is INVALID_ARGUMENT with a message, or NOT_FOUND naming `model`; its
 //   error body (ErrorJson) is JSON in OpenAI's shape and its HTTP status is 400 or 404;
 // - /tokenize and /detokenize agree with an oracle that reads the body with nlohmann's
-//   non-throwing parse: they accept exactly the objects with only their fields, the served
-//   model or none, and a string prompt (tokenize) or an array of uint32 ids (detokenize),
-//   and return that prompt or those ids;
+//   non-throwing parse: they accept exactly the objects with only their fields, a string or
+//   null model (or none), and a string prompt (tokenize) or an array of uint32 ids
+//   (detokenize), and return that prompt or those ids, and as adapter "" for the served
+//   model or none, else the model's name (which the request path resolves);
 // - an accepted completion has at least one prompt, each a text or ids, n ≥ 1, logprobs ≤ 5
 //   and usage only when streamed; each prompt then goes through the request path's
 //   translation and the engine's rules as generate_request_fuzz does, and what they accept
@@ -49,8 +50,11 @@ void CheckRefusal(const absl::Status& s) {
 }
 
 // The oracle's first steps: an object whose keys are all in `fields` and whose model, if
-// any, is the served one (null counts as absent).
-bool OracleObject(const json& j, std::initializer_list<const char*> fields) {
+// any, is a string (null counts as absent); `adapter` is "" for the served model or none,
+// else the model's name.
+bool OracleObject(const json& j, std::initializer_list<const char*> fields,
+                  std::string* adapter) {
+  adapter->clear();
   if (!j.is_object()) return false;
   for (const auto& [key, value] : j.items()) {
     bool known = false;
@@ -58,14 +62,16 @@ bool OracleObject(const json& j, std::initializer_list<const char*> fields) {
     if (!known) return false;
   }
   if (auto it = j.find("model"); it != j.end() && !it->is_null()) {
-    return it->is_string() && it->get<std::string>() == kModel;
+    if (!it->is_string()) return false;
+    if (it->get<std::string>() != kModel) *adapter = it->get<std::string>();
   }
   return true;
 }
 
 void CheckTokenize(const std::string& body, const json& oracle) {
-  const absl::StatusOr<std::string> got = ParseTokenizeRequest(body, kModel);
-  bool accept = OracleObject(oracle, {"model", "prompt", "add_special_tokens"});
+  const absl::StatusOr<TokenizeBody> got = ParseTokenizeRequest(body, kModel);
+  std::string adapter;
+  bool accept = OracleObject(oracle, {"model", "prompt", "add_special_tokens"}, &adapter);
   const json* prompt = nullptr;
   if (accept) {
     auto it = oracle.find("prompt");
@@ -77,12 +83,14 @@ void CheckTokenize(const std::string& body, const json& oracle) {
     return CheckRefusal(got.status());
   }
   PREFIXD_CHECK(accept);
-  PREFIXD_CHECK(*got == prompt->get<std::string>());
+  PREFIXD_CHECK(got->prompt == prompt->get<std::string>());
+  PREFIXD_CHECK(got->adapter == adapter);
 }
 
 void CheckDetokenize(const std::string& body, const json& oracle) {
-  const absl::StatusOr<std::vector<uint32_t>> got = ParseDetokenizeRequest(body, kModel);
-  bool accept = OracleObject(oracle, {"model", "tokens"});
+  const absl::StatusOr<DetokenizeBody> got = ParseDetokenizeRequest(body, kModel);
+  std::string adapter;
+  bool accept = OracleObject(oracle, {"model", "tokens"}, &adapter);
   std::vector<uint32_t> want;
   if (accept) {
     auto it = oracle.find("tokens");
@@ -100,7 +108,8 @@ void CheckDetokenize(const std::string& body, const json& oracle) {
     return CheckRefusal(got.status());
   }
   PREFIXD_CHECK(accept);
-  PREFIXD_CHECK(*got == want);
+  PREFIXD_CHECK(got->tokens == want);
+  PREFIXD_CHECK(got->adapter == adapter);
 }
 
 void CheckCompletion(const std::string& body, RequestPath& path, const RequestLimits& limits) {

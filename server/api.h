@@ -3,12 +3,18 @@
 #ifndef PREFIXD_SERVER_API_H_
 #define PREFIXD_SERVER_API_H_
 
+#include <string_view>
+
 namespace prefixd {
 
 // The `api` label of prefixd_requests_total.
 enum class Api { kGrpc, kHttp };
 
 inline const char* ApiName(Api api) { return api == Api::kGrpc ? "grpc" : "http"; }
+
+// The `adapter` label of a request that named no loaded adapter, or was refused before its
+// body was read (server/metrics.h). No adapter or model name is empty.
+inline constexpr std::string_view kUnresolvedAdapter = "";
 
 }  // namespace prefixd
 

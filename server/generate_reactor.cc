@@ -40,7 +40,8 @@ GenerateReactor::GenerateReactor(InferenceService* service, const v1::GenerateRe
 }
 
 void GenerateReactor::FinishCall(const grpc::Status& status) {
-  service_->path().FinishGenerate(Api::kGrpc, static_cast<absl::StatusCode>(status.error_code()));
+  service_->path().FinishGenerate(Api::kGrpc, adapter_label_,
+                                  static_cast<absl::StatusCode>(status.error_code()));
   Finish(status);  // `this` may be deleted from here on
 }
 
@@ -59,6 +60,7 @@ void GenerateReactor::Begin(grpc::CallbackServerContext* context) {
     return;
   }
   request_id_ = started->request_id;
+  adapter_label_ = started->adapter_label;
   top_logprobs_ = started->top_logprobs;
   {
     absl::MutexLock l(&mu_);

@@ -71,6 +71,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   // reported, and counted in the metrics, as DEADLINE_EXCEEDED rather than CANCELLED.
   std::chrono::system_clock::time_point deadline_ = std::chrono::system_clock::time_point::max();
   std::string request_id_;
+  std::string adapter_label_;  // StartedGenerate::adapter_label
   uint32_t top_logprobs_ = 0;
   std::shared_ptr<Link> link_;
   std::shared_ptr<RequestStream> stream_;  // set once in Begin, before any notify

@@ -69,7 +69,7 @@ bool HttpCompletion::CountFinished(std::string* error_events) {
     }
     if (g.counted) continue;
     g.counted = true;
-    path_.FinishGenerate(Api::kHttp, g.output->status().code());
+    path_.FinishGenerate(Api::kHttp, g.started.adapter_label, g.output->status().code());
     if (!g.output->status().ok()) {
       if (first_error_.ok()) first_error_ = g.output->status();
       if (error_events != nullptr) {
@@ -157,7 +157,7 @@ void HttpCompletion::Abandon() {
     if (g.counted) continue;
     g.counted = true;
     g.started.stream->Cancel();
-    path_.FinishGenerate(Api::kHttp, absl::StatusCode::kCancelled);
+    path_.FinishGenerate(Api::kHttp, g.started.adapter_label, absl::StatusCode::kCancelled);
   }
   finished_ = true;
 }

@@ -127,10 +127,11 @@ HttpReply HttpRouter::UnloadLoraAdapter(const HttpRequestView& request) {
 }
 
 HttpReply HttpRouter::Tokenize(const HttpRequestView& request) {
-  absl::StatusOr<std::string> text = ParseTokenizeRequest(*request.body, path_.model().name);
-  if (!text.ok()) return ErrorReply(text.status());
-  absl::StatusOr<std::vector<uint32_t>> ids = path_.Tokenize(request.authorization, *text);
-  if (!ids.ok()) return ErrorReply(ids.status());
+  absl::StatusOr<TokenizeBody> parsed = ParseTokenizeRequest(*request.body, path_.model().name);
+  if (!parsed.ok()) return ErrorReply(parsed.status());
+  absl::StatusOr<std::vector<uint32_t>> ids =
+      path_.Tokenize(request.authorization, parsed->prompt, parsed->adapter);
+  if (!ids.ok()) return ErrorReply(ToHttpFieldNames(ids.status()));
   nlohmann::json body{{"tokens", *ids},
                       {"count", ids->size()},
                       {"max_model_len", path_.model().config.n_positions}};
@@ -138,11 +139,12 @@ HttpReply HttpRouter::Tokenize(const HttpRequestView& request) {
 }
 
 HttpReply HttpRouter::Detokenize(const HttpRequestView& request) {
-  absl::StatusOr<std::vector<uint32_t>> ids =
+  absl::StatusOr<DetokenizeBody> parsed =
       ParseDetokenizeRequest(*request.body, path_.model().name);
-  if (!ids.ok()) return ErrorReply(ids.status());
-  absl::StatusOr<std::string> text = path_.Detokenize(request.authorization, *ids);
-  if (!text.ok()) return ErrorReply(text.status());
+  if (!parsed.ok()) return ErrorReply(parsed.status());
+  absl::StatusOr<std::string> text =
+      path_.Detokenize(request.authorization, parsed->tokens, parsed->adapter);
+  if (!text.ok()) return ErrorReply(ToHttpFieldNames(text.status()));
   nlohmann::json body{{"prompt", *text}};
   return HttpReply{200, body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)};
 }

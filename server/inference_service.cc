@@ -143,7 +143,7 @@ grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext
                                                      v1::TokenizeResponse* response) {
   auto* reactor = context->DefaultReactor();
   absl::StatusOr<std::vector<uint32_t>> ids =
-      path_->Tokenize(AuthorizationOf(*context), request->text());
+      path_->Tokenize(AuthorizationOf(*context), request->text(), request->adapter());
   if (ids.ok()) {
     for (uint32_t id : *ids) response->add_token_ids(id);
   }

@@ -31,7 +31,7 @@ class MalformedRequestInterceptor : public grpc::experimental::Interceptor {
                          ": it did not parse (a string field holds invalid UTF-8, or the "
                          "bytes are not that protobuf message)")));
         if (method_->name() == "Generate" && metrics_ != nullptr) {
-          metrics_->RecordRequest(Api::kGrpc, absl::StatusCode::kInvalidArgument);
+          metrics_->RecordRequest(Api::kGrpc, absl::StatusCode::kInvalidArgument, kUnresolvedAdapter);
         }
       }
     }

@@ -1,5 +1,6 @@
 #include "server/metrics.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "prometheus/text_serializer.h"
@@ -29,16 +30,20 @@ const prometheus::Histogram::BucketBoundaries kTpotBuckets = {0.001, 0.0025, 0.0
 ServerMetrics::ServerMetrics(MetricsSources sources)
     : sources_(std::move(sources)), registry_(std::make_shared<prometheus::Registry>()) {
   auto& r = *registry_;
-  // = sum of prompt lengths of requests at their first admission.
-  AddStatsCounter("prefixd_prefix_cache_queried_tokens_total",
-                  "Prompt tokens of admitted requests, looked up in the prefix cache",
-                  [](const EngineStats& s) { return s.cache.queried_tokens; });
+  // = sum of prompt lengths of requests at their first admission, by adapter (summed over
+  //   it: KvCacheStats::queried_tokens).
+  queried_tokens_ = &BuildCounter()
+                         .Name("prefixd_prefix_cache_queried_tokens_total")
+                         .Help("Prompt tokens of admitted requests, looked up in the prefix "
+                               "cache, by adapter (the base model's name for the base)")
+                         .Register(r);
   // = sum of cached_prompt_tokens = min(matched prefix, prompt length - 1) at first admission,
-  //   from either tier (pool + disk).
-  AddStatsCounter("prefixd_prefix_cache_hit_tokens_total",
-                  "Prompt tokens served from the prefix cache, RAM pool or disk tier "
-                  "(cached_prompt_tokens)",
-                  [](const EngineStats& s) { return HitTokens(s); });
+  //   from any tier (pool + disk + remote), by adapter (summed over it: HitTokens()).
+  hit_tokens_ = &BuildCounter()
+                     .Name("prefixd_prefix_cache_hit_tokens_total")
+                     .Help("Prompt tokens served from the prefix cache, RAM pool or disk or "
+                           "remote tier (cached_prompt_tokens), by adapter")
+                     .Register(r);
   // = the part of prefixd_prefix_cache_hit_tokens_total read back from the disk tier.
   AddStatsCounter("prefixd_disk_cache_hit_tokens_total",
                   "Prompt tokens served from the disk cache tier (part of the hit tokens)",
@@ -176,10 +181,11 @@ ServerMetrics::ServerMetrics(MetricsSources sources)
                   "Sequences preempted (blocks released, recomputed later)",
                   [](const EngineStats& s) { return s.scheduler.preemptions; });
   // = number of generate requests finished (gRPC Generate calls; HTTP completions, one per
-  //   prompt), by front end and status code (gRPC's name for it in both).
+  //   prompt), by front end, status code (gRPC's name for it in both) and adapter.
   requests_ = &BuildCounter()
                    .Name("prefixd_requests_total")
-                   .Help("Generate requests finished, by front end (api) and status code")
+                   .Help("Generate requests finished, by front end (api), status code and "
+                         "adapter (the base model's name for the base, \"\" if none resolved)")
                    .Register(r);
   running_ = &BuildGauge()
                   .Name("prefixd_running_requests")
@@ -232,9 +238,75 @@ ServerMetrics::ServerMetrics(MetricsSources sources)
   mem_kv_pool_ = &memory.Add({{"kind", "kv_pool"}});
   mem_workspace_ = &memory.Add({{"kind", "workspace"}});
   mem_adapters_ = &memory.Add({{"kind", "adapters"}});
-  // Make OK visible at 0 from the first scrape, so rate() works from the start.
-  requests_->Add({{"api", "grpc"}, {"code", "OK"}});
-  requests_->Add({{"api", "http"}, {"code", "OK"}});
+  // Make the base's series visible at 0 from the first scrape, so rate() works from the
+  // start (a loaded adapter's from the first scrape after its load).
+  absl::MutexLock lock(&mu_);
+  AdapterSeries& base = SeriesLocked(sources_.base_name);
+  TokenSeriesLocked(base, sources_.base_name);
+  RequestsLocked(base, sources_.base_name, Api::kGrpc, absl::StatusCode::kOk);
+  RequestsLocked(base, sources_.base_name, Api::kHttp, absl::StatusCode::kOk);
+}
+
+ServerMetrics::AdapterSeries& ServerMetrics::SeriesLocked(std::string_view adapter) const {
+  auto it = adapter_series_.find(adapter);
+  if (it == adapter_series_.end()) it = adapter_series_.emplace(std::string(adapter), AdapterSeries()).first;
+  return it->second;
+}
+
+prometheus::Counter& ServerMetrics::RequestsLocked(AdapterSeries& series,
+                                                   std::string_view adapter, Api api,
+                                                   absl::StatusCode code) const {
+  prometheus::Counter*& c = series.requests[{api, code}];
+  if (c == nullptr) {
+    c = &requests_->Add({{"api", ApiName(api)},
+                         {"code", absl::StatusCodeToString(code)},
+                         {"adapter", std::string(adapter)}});
+  }
+  return *c;
+}
+
+void ServerMetrics::TokenSeriesLocked(AdapterSeries& series, std::string_view adapter) const {
+  if (series.queried != nullptr) return;
+  series.queried = &queried_tokens_->Add({{"adapter", std::string(adapter)}});
+  series.hit = &hit_tokens_->Add({{"adapter", std::string(adapter)}});
+}
+
+void ServerMetrics::RefreshAdaptersLocked() const {
+  if (sources_.adapter_tokens) {
+    for (const auto& [name, counts] : sources_.adapter_tokens()) {
+      const std::string_view label = name.empty() ? std::string_view(sources_.base_name) : name;
+      AdapterSeries& series = SeriesLocked(label);
+      TokenSeriesLocked(series, label);
+      series.queried->Increment(static_cast<double>(counts.queried_tokens));
+      series.hit->Increment(static_cast<double>(counts.hit_tokens));
+      series.counted = true;
+    }
+  }
+  std::vector<std::string> loaded;
+  if (sources_.adapter_names) loaded = sources_.adapter_names();
+  for (const std::string& name : loaded) {
+    AdapterSeries& series = SeriesLocked(name);
+    TokenSeriesLocked(series, name);
+    RequestsLocked(series, name, Api::kGrpc, absl::StatusCode::kOk);
+    RequestsLocked(series, name, Api::kHttp, absl::StatusCode::kOk);
+  }
+  for (auto it = adapter_series_.begin(); it != adapter_series_.end();) {
+    AdapterSeries& series = it->second;
+    const bool stays = it->first == sources_.base_name || it->first == kUnresolvedAdapter ||
+                       std::find(loaded.begin(), loaded.end(), it->first) != loaded.end();
+    if (stays || series.counted) {
+      // A name just unloaded keeps its series while there is something new to export.
+      series.counted = false;
+      ++it;
+      continue;
+    }
+    if (series.queried != nullptr) {
+      queried_tokens_->Remove(series.queried);
+      hit_tokens_->Remove(series.hit);
+    }
+    for (const auto& [key, counter] : series.requests) requests_->Remove(counter);
+    it = adapter_series_.erase(it);
+  }
 }
 
 prometheus::Counter* ServerMetrics::AddStatsCounter(const std::string& name,
@@ -246,8 +318,11 @@ prometheus::Counter* ServerMetrics::AddStatsCounter(const std::string& name,
   return c;
 }
 
-void ServerMetrics::RecordRequest(Api api, absl::StatusCode code) {
-  requests_->Add({{"api", ApiName(api)}, {"code", absl::StatusCodeToString(code)}}).Increment();
+void ServerMetrics::RecordRequest(Api api, absl::StatusCode code, std::string_view adapter) {
+  absl::MutexLock lock(&mu_);
+  AdapterSeries& series = SeriesLocked(adapter);
+  RequestsLocked(series, adapter, api, code).Increment();
+  series.counted = true;
 }
 
 void ServerMetrics::RefreshLocked() const {
@@ -275,6 +350,7 @@ void ServerMetrics::RefreshLocked() const {
     disk_blocks_->Set(static_cast<double>(now.disk.blocks));
     remote_up_->Set(now.remote.up ? 1.0 : 0.0);
   }
+  RefreshAdaptersLocked();
   if (sources_.latencies) {
     const Engine::Latencies lat = sources_.latencies();
     for (double s : lat.ttft) ttft_->Observe(s);

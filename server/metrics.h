@@ -5,12 +5,25 @@
 //
 // Counters only ever increase: a delta is applied only when the engine's cumulative value
 // grew. Every metric and its formula are listed in docs/SERVER.md.
+//
+// The `adapter` label (prefixd_requests_total, prefixd_prefix_cache_{queried,hit}_tokens_total)
+// is the name a request was served under: the base model's name (MetricsSources::base_name;
+// no adapter may take it) for the base, a LoRA adapter's name for an adapter, and "" on
+// prefixd_requests_total for a refusal that named no loaded adapter (a client's unknown names
+// never become series). Summed over `adapter` each family is what it was without the label.
+// Series are bounded: those of the base, of "" and of the adapters loaded now stay; those of
+// a name no longer loaded are exported by the scrapes up to the first one with nothing new to
+// count for it, and removed by that one (its last values have been scraped by then). So
+// after a load/unload storm at most --max-adapters + 2 label values remain, and a name loaded
+// again starts new series from 0 (a counter reset to Prometheus).
 #ifndef PREFIXD_SERVER_METRICS_H_
 #define PREFIXD_SERVER_METRICS_H_
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -33,6 +46,13 @@ struct MetricsSources {
   std::function<MemoryUsage()> memory;
   // Host bytes of the loaded LoRA adapters (server/adapter_registry.h); unset: none.
   std::function<int64_t()> adapter_bytes;
+  // Prompt tokens of first admissions by adapter name since the last call
+  // (Engine::DrainAdapterTokens; "" = the base): the queried and hit token counters.
+  std::function<AdapterTokenCounts()> adapter_tokens;
+  // The names of the adapters loaded now (AdapterRegistry::List); unset: none.
+  std::function<std::vector<std::string>()> adapter_names;
+  // The `adapter` label of the base model's requests: the served model's name.
+  std::string base_name;
 };
 
 class ServerMetrics : public prometheus::Collectable {
@@ -40,8 +60,9 @@ class ServerMetrics : public prometheus::Collectable {
   explicit ServerMetrics(MetricsSources sources);
 
   // One finished generate request (a gRPC Generate call, an HTTP completion's prompt), by
-  // front end and status code (named as gRPC names it, whichever the front end).
-  void RecordRequest(Api api, absl::StatusCode code);
+  // front end, status code (named as gRPC names it, whichever the front end) and the
+  // `adapter` label value (see above; RequestPath::AdapterLabel).
+  void RecordRequest(Api api, absl::StatusCode code, std::string_view adapter);
 
   // Refreshes from the sources, then returns every family (the Exposer calls this per scrape).
   std::vector<prometheus::MetricFamily> Collect() const override;
@@ -62,6 +83,24 @@ class ServerMetrics : public prometheus::Collectable {
   prometheus::Counter* AddStatsCounter(const std::string& name, const std::string& help,
                                        uint64_t (*read)(const EngineStats&));
 
+  // The series of one `adapter` label value. Invariant: every pointer is a metric of its
+  // family; removed together when the value is retired (RefreshAdaptersLocked).
+  struct AdapterSeries {
+    prometheus::Counter* queried = nullptr;  // created on first use
+    prometheus::Counter* hit = nullptr;
+    std::map<std::pair<Api, absl::StatusCode>, prometheus::Counter*> requests;
+    bool counted = false;  // something was counted since the last refresh
+  };
+  AdapterSeries& SeriesLocked(std::string_view adapter) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  prometheus::Counter& RequestsLocked(AdapterSeries& series, std::string_view adapter, Api api,
+                                      absl::StatusCode code) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TokenSeriesLocked(AdapterSeries& series, std::string_view adapter) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies drained token counts, makes the loaded names' series visible at 0 and retires
+  // the values no longer loaded that had nothing new to count.
+  void RefreshAdaptersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   MetricsSources sources_;
   std::shared_ptr<prometheus::Registry> registry_;
   mutable absl::Mutex mu_;
@@ -74,6 +113,9 @@ class ServerMetrics : public prometheus::Collectable {
   prometheus::Gauge* pool_bytes_;
   prometheus::Gauge* bytes_per_token_;
   prometheus::Family<prometheus::Counter>* requests_;
+  prometheus::Family<prometheus::Counter>* queried_tokens_;
+  prometheus::Family<prometheus::Counter>* hit_tokens_;
+  mutable std::map<std::string, AdapterSeries, std::less<>> adapter_series_ ABSL_GUARDED_BY(mu_);
   prometheus::Gauge* running_;
   prometheus::Gauge* waiting_;
   prometheus::Histogram* ttft_;

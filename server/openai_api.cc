@@ -114,18 +114,14 @@ absl::StatusOr<std::vector<uint32_t>> TokenIdArray(const json& a, const char* fi
   return ids;
 }
 
-absl::Status CheckModel(const json& j, const std::string& served_model) {
+// `model`: absent, null or `served_model` is the base (""); any other name is taken as a
+// LoRA adapter's, which the request path resolves (NOT_FOUND for an unknown one).
+absl::StatusOr<std::string> ModelAdapter(const json& j, const std::string& served_model) {
   auto it = j.find("model");
-  if (it == j.end() || it->is_null()) return absl::OkStatus();
+  if (it == j.end() || it->is_null()) return std::string();
   if (!it->is_string()) return Invalid("model", "`model` must be a string");
-  if (it->get<std::string>() != served_model) {
-    absl::Status s = absl::NotFoundError(absl::StrCat("The model `", it->get<std::string>(),
-                                                      "` does not exist: this server serves `",
-                                                      served_model, "` (GET /v1/models)"));
-    s.SetPayload(kInvalidFieldPayload, absl::Cord("model"));
-    return s;
-  }
-  return absl::OkStatus();
+  if (it->get<std::string>() == served_model) return std::string();
+  return it->get<std::string>();
 }
 
 // The prompt(s): a string, an array of token ids, an array of strings, or an array of
@@ -275,16 +271,13 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(const std::string& body
   }
   // `model` names the base or a LoRA adapter; the request path resolves an adapter's name
   // (NOT_FOUND, 404, for one that is not loaded).
-  std::string adapter;
-  if (auto m = j.find("model"); m != j.end() && !m->is_null()) {
-    if (!m->is_string()) return Invalid("model", "`model` must be a string");
-    if (m->get<std::string>() != served_model) adapter = m->get<std::string>();
-  }
+  absl::StatusOr<std::string> adapter = ModelAdapter(j, served_model);
+  if (!adapter.ok()) return adapter.status();
   if (absl::Status s = CheckUnsupported(j); !s.ok()) return s;
 
   GenerateCall base;
   base.api = Api::kHttp;
-  base.adapter = adapter;
+  base.adapter = *std::move(adapter);
   // Numbers are range-checked here only as far as their type needs; the request path's
   // rules (engine/request_validation.h) decide the rest, with the same messages as gRPC.
   constexpr int64_t kU32 = std::numeric_limits<uint32_t>::max();
@@ -653,8 +646,8 @@ absl::StatusOr<std::string> ParseUnloadLoraAdapterRequest(const std::string& bod
   return **name;
 }
 
-absl::StatusOr<std::string> ParseTokenizeRequest(const std::string& body,
-                                                 const std::string& served_model) {
+absl::StatusOr<TokenizeBody> ParseTokenizeRequest(const std::string& body,
+                                                  const std::string& served_model) {
   absl::StatusOr<json> parsed = ParseObject(body);
   if (!parsed.ok()) return parsed.status();
   for (const auto& [key, value] : parsed->items()) {
@@ -662,15 +655,16 @@ absl::StatusOr<std::string> ParseTokenizeRequest(const std::string& body,
       return Invalid(key, absl::StrCat("unknown field `", absl::CHexEscape(key), "`"));
     }
   }
-  if (absl::Status s = CheckModel(*parsed, served_model); !s.ok()) return s;
+  absl::StatusOr<std::string> adapter = ModelAdapter(*parsed, served_model);
+  if (!adapter.ok()) return adapter.status();
   absl::StatusOr<std::optional<std::string>> prompt = GetString(*parsed, "prompt");
   if (!prompt.ok()) return prompt.status();
   if (!prompt->has_value()) return Invalid("prompt", "`prompt` (a string) is required");
-  return **prompt;
+  return TokenizeBody{**prompt, *std::move(adapter)};
 }
 
-absl::StatusOr<std::vector<uint32_t>> ParseDetokenizeRequest(const std::string& body,
-                                                             const std::string& served_model) {
+absl::StatusOr<DetokenizeBody> ParseDetokenizeRequest(const std::string& body,
+                                                      const std::string& served_model) {
   absl::StatusOr<json> parsed = ParseObject(body);
   if (!parsed.ok()) return parsed.status();
   for (const auto& [key, value] : parsed->items()) {
@@ -678,12 +672,15 @@ absl::StatusOr<std::vector<uint32_t>> ParseDetokenizeRequest(const std::string& 
       return Invalid(key, absl::StrCat("unknown field `", absl::CHexEscape(key), "`"));
     }
   }
-  if (absl::Status s = CheckModel(*parsed, served_model); !s.ok()) return s;
+  absl::StatusOr<std::string> adapter = ModelAdapter(*parsed, served_model);
+  if (!adapter.ok()) return adapter.status();
   auto it = parsed->find("tokens");
   if (it == parsed->end() || !it->is_array()) {
     return Invalid("tokens", "`tokens` (an array of token ids) is required");
   }
-  return TokenIdArray(*it, "tokens");
+  absl::StatusOr<std::vector<uint32_t>> ids = TokenIdArray(*it, "tokens");
+  if (!ids.ok()) return ids.status();
+  return DetokenizeBody{*std::move(ids), *std::move(adapter)};
 }
 
 }  // namespace prefixd

@@ -100,11 +100,21 @@ absl::StatusOr<std::pair<std::string, std::string>> ParseLoadLoraAdapterRequest(
     const std::string& body);
 absl::StatusOr<std::string> ParseUnloadLoraAdapterRequest(const std::string& body);
 
-// vLLM's /tokenize and /detokenize bodies.
-absl::StatusOr<std::string> ParseTokenizeRequest(const std::string& body,
-                                                 const std::string& served_model);
-absl::StatusOr<std::vector<uint32_t>> ParseDetokenizeRequest(const std::string& body,
-                                                             const std::string& served_model);
+// vLLM's /tokenize and /detokenize bodies. `model` is read as for completions: absent, null
+// or `served_model` is the base (adapter ""), any other name an adapter's, which the request
+// path resolves (an adapter shares the base's tokenizer; an unknown name is NOT_FOUND there).
+struct TokenizeBody {
+  std::string prompt;
+  std::string adapter;  // "" = the base
+};
+struct DetokenizeBody {
+  std::vector<uint32_t> tokens;
+  std::string adapter;  // "" = the base
+};
+absl::StatusOr<TokenizeBody> ParseTokenizeRequest(const std::string& body,
+                                                  const std::string& served_model);
+absl::StatusOr<DetokenizeBody> ParseDetokenizeRequest(const std::string& body,
+                                                      const std::string& served_model);
 
 }  // namespace prefixd
 

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/escape.h"
 #include "engine/request_validation.h"
 #include "server/cache_namespace.h"
 #include "server/metrics.h"
@@ -100,21 +101,12 @@ absl::StatusOr<EngineRequest> RequestPath::BuildEngineRequest(const GenerateCall
                        ? absl::StrCat("prefixd-", next_request_id_.fetch_add(1))
                        : call.request_id;
   req.cache_namespace = DeriveCacheNamespace(tenant, call.cache_salt);
-  if (!call.adapter.empty()) {
-    // The adapter is held by the request from here on (unloading its name lets it finish);
-    // its digest, not its name, keys the cache (cache/block_key.h).
-    if (options_.adapters == nullptr) {
-      absl::Status s = absl::NotFoundError(absl::StrCat(
-          "no adapter named `", call.adapter, "`: this server serves the base model `",
-          options_.model.name, "` and no adapter"));
-      s.SetPayload(kInvalidFieldPayload, absl::Cord("adapter"));
-      return s;
-    }
-    absl::StatusOr<std::shared_ptr<const LoraAdapter>> adapter =
-        options_.adapters->Find(call.adapter);
-    if (!adapter.ok()) return adapter.status();
-    req.adapter = *std::move(adapter);
-  }
+  // The adapter is held by the request from here on (unloading its name lets it finish);
+  // its digest, not its name, keys the cache (cache/block_key.h); the name labels its counts.
+  absl::StatusOr<std::shared_ptr<const LoraAdapter>> adapter = ResolveAdapter(call.adapter);
+  if (!adapter.ok()) return adapter.status();
+  req.adapter = *std::move(adapter);
+  if (req.adapter != nullptr) req.adapter_name = call.adapter;
   req.max_new_tokens = call.max_new_tokens;
   req.sampling.temperature = call.temperature;
   req.sampling.top_k = call.top_k;
@@ -134,18 +126,41 @@ absl::StatusOr<EngineRequest> RequestPath::BuildEngineRequest(const GenerateCall
   return req;
 }
 
+absl::StatusOr<std::shared_ptr<const LoraAdapter>> RequestPath::ResolveAdapter(
+    std::string_view name) const {
+  if (name.empty()) return std::shared_ptr<const LoraAdapter>();
+  if (options_.adapters == nullptr) {
+    absl::Status s = absl::NotFoundError(absl::StrCat(
+        "no adapter named `", EscapeBytes(name), "`: this server serves the base model `",
+        options_.model.name, "` and no adapter"));
+    s.SetPayload(kInvalidFieldPayload, absl::Cord("adapter"));
+    return s;
+  }
+  return options_.adapters->Find(name);
+}
+
+std::string RequestPath::AdapterLabel(std::string_view adapter) const {
+  if (adapter.empty()) return options_.model.name;
+  if (options_.adapters != nullptr && options_.adapters->Find(adapter).ok()) {
+    return std::string(adapter);
+  }
+  return std::string(kUnresolvedAdapter);
+}
+
 absl::StatusOr<StartedGenerate> RequestPath::StartGenerate(const GenerateCall& call) {
   absl::StatusOr<std::string> tenant = Authorize(call.authorization);
   if (!tenant.ok()) {
-    Count(call.api, tenant.status().code());
+    Count(call.api, tenant.status().code(), AdapterLabel(call.adapter));
     return tenant.status();
   }
   absl::StatusOr<EngineRequest> req = BuildEngineRequest(call, *tenant);
   if (!req.ok()) {
-    Count(call.api, req.status().code());
+    Count(call.api, req.status().code(), AdapterLabel(call.adapter));
     return req.status();
   }
   StartedGenerate started;
+  // Resolved: the name stays its label even if it is unloaded while the request runs.
+  started.adapter_label = call.adapter.empty() ? options_.model.name : call.adapter;
   started.request_id = req->request_id;
   started.num_samples = req->num_samples;
   started.top_logprobs = req->top_logprobs;
@@ -154,7 +169,7 @@ absl::StatusOr<StartedGenerate> RequestPath::StartGenerate(const GenerateCall& c
   // of rules, so nothing is checked twice with different words.
   absl::StatusOr<std::shared_ptr<RequestStream>> stream = options_.engine->Submit(*std::move(req));
   if (!stream.ok()) {
-    Count(call.api, stream.status().code());
+    Count(call.api, stream.status().code(), started.adapter_label);
     return stream.status();
   }
   started.stream = *std::move(stream);
@@ -162,25 +177,37 @@ absl::StatusOr<StartedGenerate> RequestPath::StartGenerate(const GenerateCall& c
   return started;
 }
 
-void RequestPath::FinishGenerate(Api api, absl::StatusCode code) { Count(api, code); }
+void RequestPath::FinishGenerate(Api api, std::string_view adapter_label,
+                                 absl::StatusCode code) {
+  Count(api, code, adapter_label);
+}
 
-void RequestPath::Count(Api api, absl::StatusCode code) {
-  if (options_.metrics != nullptr) options_.metrics->RecordRequest(api, code);
+void RequestPath::Count(Api api, absl::StatusCode code, std::string_view adapter_label) {
+  if (options_.metrics != nullptr) options_.metrics->RecordRequest(api, code, adapter_label);
 }
 
 absl::StatusOr<std::vector<uint32_t>> RequestPath::Tokenize(
-    const std::optional<std::string>& authorization, std::string_view text) const {
+    const std::optional<std::string>& authorization, std::string_view text,
+    std::string_view adapter) const {
   if (absl::StatusOr<std::string> tenant = Authorize(authorization); !tenant.ok()) {
     return tenant.status();
+  }
+  // An adapter changes weights only: its tokens are the base's.
+  if (absl::StatusOr<std::shared_ptr<const LoraAdapter>> a = ResolveAdapter(adapter); !a.ok()) {
+    return a.status();
   }
   if (absl::Status s = CheckTextBytes(text); !s.ok()) return s;
   return options_.tokenizer->Encode(text);
 }
 
 absl::StatusOr<std::string> RequestPath::Detokenize(
-    const std::optional<std::string>& authorization, const std::vector<uint32_t>& ids) const {
+    const std::optional<std::string>& authorization, const std::vector<uint32_t>& ids,
+    std::string_view adapter) const {
   if (absl::StatusOr<std::string> tenant = Authorize(authorization); !tenant.ok()) {
     return tenant.status();
+  }
+  if (absl::StatusOr<std::shared_ptr<const LoraAdapter>> a = ResolveAdapter(adapter); !a.ok()) {
+    return a.status();
   }
   const uint32_t vocab = static_cast<uint32_t>(options_.model.config.vocab_size);
   for (size_t i = 0; i < ids.size(); ++i) {

@@ -73,6 +73,8 @@ struct StartedGenerate {
   uint32_t top_logprobs = 0;
   std::vector<std::string> stop;
   std::shared_ptr<RequestStream> stream;
+  // Its `adapter` label (AdapterLabel), for FinishGenerate.
+  std::string adapter_label;
 };
 
 // What is served, fixed at start-up (GetModelInfo, and the HTTP API's model list).
@@ -117,18 +119,31 @@ class RequestPath {
   // must be ended with FinishGenerate exactly once.
   absl::StatusOr<StartedGenerate> StartGenerate(const GenerateCall& call);
   // A started generate call ended with `code` (OK after its last message, CANCELLED,
-  // DEADLINE_EXCEEDED, or the engine's error): counted in prefixd_requests_total.
-  void FinishGenerate(Api api, absl::StatusCode code);
+  // DEADLINE_EXCEEDED, or the engine's error): counted in prefixd_requests_total under
+  // `started.adapter_label`.
+  void FinishGenerate(Api api, std::string_view adapter_label, absl::StatusCode code);
   // A generate request the front end refused before it could become a GenerateCall
-  // (malformed JSON, an unknown field): counted like any other refusal.
-  void CountRefused(Api api, absl::StatusCode code) { Count(api, code); }
+  // (malformed JSON, an unknown field): counted like any other refusal, with no adapter.
+  void CountRefused(Api api, absl::StatusCode code) {
+    Count(api, code, kUnresolvedAdapter);
+  }
 
-  // Texts longer than max_text_bytes() are refused, as for a Generate prompt.
+  // The `adapter` label value of a call naming `adapter` (GenerateCall::adapter): the base
+  // model's name for "", the name itself while it is loaded, else "" (so a client's unknown
+  // names never become metric series).
+  std::string AdapterLabel(std::string_view adapter) const;
+
+  // `adapter` names a loaded adapter ("" the base), which shares the base's tokenizer: an
+  // unknown name is NOT_FOUND as for a generate request. Texts longer than max_text_bytes()
+  // are refused, as for a Generate prompt.
   absl::StatusOr<std::vector<uint32_t>> Tokenize(const std::optional<std::string>& authorization,
-                                                 std::string_view text) const;
-  // The text of `ids` (invalid UTF-8 as U+FFFD); INVALID_ARGUMENT for an id past the vocabulary.
+                                                 std::string_view text,
+                                                 std::string_view adapter = "") const;
+  // The text of `ids` (invalid UTF-8 as U+FFFD); INVALID_ARGUMENT for an id past the
+  // vocabulary, NOT_FOUND for an unknown `adapter` as Tokenize.
   absl::StatusOr<std::string> Detokenize(const std::optional<std::string>& authorization,
-                                         const std::vector<uint32_t>& ids) const;
+                                         const std::vector<uint32_t>& ids,
+                                         std::string_view adapter = "") const;
   absl::StatusOr<ServedModel> ModelInfo(const std::optional<std::string>& authorization) const;
   // Loads a LoRA adapter under `name` from `dir` (a path on the server), or unloads one, at
   // run time: PERMISSION_DENIED unless the caller is admin (every caller is without
@@ -161,7 +176,9 @@ class RequestPath {
   // Generate calls that passed every rule and were queued, since start-up.
   uint64_t accepted_generates() const { return accepted_generates_.load(); }
 
-  void Count(Api api, absl::StatusCode code);
+  void Count(Api api, absl::StatusCode code, std::string_view adapter_label);
+  // The adapter loaded under `name` (null for ""); NOT_FOUND (field "adapter") otherwise.
+  absl::StatusOr<std::shared_ptr<const LoraAdapter>> ResolveAdapter(std::string_view name) const;
   // Authorize's gate, returning the whole caller.
   absl::StatusOr<Caller> Identify(const std::optional<std::string>& authorization) const;
   // INVALID_ARGUMENT (field "text") for a text over max_text_bytes().

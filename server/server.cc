@@ -415,12 +415,20 @@ absl::Status Server::Parts::Build() {
 
   Engine* eng = engine.get();
   Backend* be = backend.get();
-  metrics = std::make_shared<ServerMetrics>(MetricsSources{[eng] { return eng->Stats(); },
-                                                           [eng] { return eng->DrainLatencies(); },
-                                                           [be] { return be->memory_usage(); },
-                                                           [reg = adapters.get()] {
-                                                             return reg->memory_bytes();
-                                                           }});
+  AdapterRegistry* reg = adapters.get();
+  metrics = std::make_shared<ServerMetrics>(MetricsSources{
+      .stats = [eng] { return eng->Stats(); },
+      .latencies = [eng] { return eng->DrainLatencies(); },
+      .memory = [be] { return be->memory_usage(); },
+      .adapter_bytes = [reg] { return reg->memory_bytes(); },
+      .adapter_tokens = [eng] { return eng->DrainAdapterTokens(); },
+      .adapter_names =
+          [reg] {
+            std::vector<std::string> names;
+            for (const AdapterInfo& a : reg->List()) names.push_back(a.name);
+            return names;
+          },
+      .base_name = model->name()});
   if (absl::Status s = StartMetrics(); !s.ok()) return s;
 
   RequestPathOptions popt;

@@ -188,6 +188,7 @@ DiskTier::DiskTier(const DiskTierOptions& options, const DiskLayout& layout, int
                                           std::string_view bytes) {
                                          return WriteFileAtomically(tmp, path, bytes, 0644);
                                        }),
+      read_hook_(options.read_hook),
       lock_fd_(lock_fd),
       cap_(cap) {
   stats_.cap_bytes = cap;
@@ -286,6 +287,7 @@ absl::Status DiskTier::Load(const BlockExpectation& expect, absl::Span<uint8_t> 
     absl::MutexLock lock(&mu_);
     if (!index_.Contains(expect.key)) return absl::NotFoundError("block not in the disk tier");
   }
+  if (read_hook_) read_hook_();
   const std::string path = PathOf(expect.key);
   const int err = ReadFileInto(path, &load_buffer_);
   if (err == ENOENT) {

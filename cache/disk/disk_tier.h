@@ -10,10 +10,11 @@
 // token.
 //
 // Threads: one writer thread takes spills from a bounded queue and writes them (temporary file,
-// then rename, so a reader sees a whole file or none). The engine thread is the only caller of
-// the other methods; it never waits for the disk except in Load, which reads one file, and in
-// WantsSpill/Flush when given a deadline (only at shutdown). When the queue is full a spill is
-// dropped and counted.
+// then rename, so a reader sees a whole file or none). Load and Prefetch are called from one
+// thread at a time (the engine's loader thread, engine/kv_offloader.h), the other methods
+// from the engine thread, which never waits for the disk except in WantsSpill/Flush when
+// given a deadline (only at shutdown); all of them share the index under one mutex. When the
+// queue is full a spill is dropped and counted.
 //
 // Invariants:
 //  1. The index (tier_index.h) lists exactly the block files this tier wrote or found at start,
@@ -132,6 +133,7 @@ class DiskTier {
   const int32_t max_queued_;
   const std::function<int64_t()> clock_;
   const std::function<int(const std::string&, const std::string&, std::string_view)> write_file_;
+  const std::function<void()> read_hook_;
   const int lock_fd_;
   const int64_t cap_;
 
@@ -143,7 +145,7 @@ class DiskTier {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   DiskTierStats stats_ ABSL_GUARDED_BY(mu_);
 
-  std::string load_buffer_;  // engine thread only: the file being verified
+  std::string load_buffer_;  // the loading thread's: the file being verified
   std::thread writer_;
 };
 

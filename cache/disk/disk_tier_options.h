@@ -28,6 +28,10 @@ struct DiskTierOptions {
   // that a slow or failing disk can be put under the tier.
   std::function<int(const std::string& tmp, const std::string& path, std::string_view bytes)>
       write_file;
+  // Runs before each Load reads its file, on the loading thread; unset in production. The
+  // seam to the read side, as write_file is to the write side: tests hold loads back with it
+  // to see what the engine does meanwhile.
+  std::function<void()> read_hook;
 };
 
 }  // namespace prefixd

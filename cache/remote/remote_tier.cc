@@ -149,11 +149,16 @@ class RedisConnection {
     if (redisAppendCommandArgv(ctx_, argc, argv, lens) != REDIS_OK) return Failed(IoError());
     return absl::OkStatus();
   }
-  absl::StatusOr<Reply> GetReply() {
+  // The next pipelined reply; `wrong_type_ok` as for Run.
+  absl::StatusOr<Reply> GetReply(bool wrong_type_ok = false) {
     void* raw = nullptr;
     if (redisGetReply(ctx_, &raw) != REDIS_OK || raw == nullptr) return Failed(IoError());
     Reply r(static_cast<redisReply*>(raw));
-    if (r->type == REDIS_REPLY_ERROR) return Failed(std::string(r->str, r->len));
+    if (r->type == REDIS_REPLY_ERROR) {
+      std::string text(r->str, r->len);
+      if (wrong_type_ok && absl::StartsWith(text, "WRONGTYPE")) return r;
+      return Failed(text);
+    }
     return r;
   }
 
@@ -254,7 +259,7 @@ void RemoteTier::CountError(uint64_t RemoteTierStats::*counter, const std::strin
   if (options_.log) options_.log(absl::StrCat("remote cache tier: ", what));
 }
 
-size_t RemoteTier::MatchFrom(absl::Span<const Digest> keys) {
+size_t RemoteTier::MatchFrom(absl::Span<const Digest> keys, const MatchOptions& match) {
   if (keys.empty() || !engine_conn_->ready()) return 0;
   RedisConnection& c = *engine_conn_;
   if (absl::Status s = c.Ensure(); !s.ok()) {
@@ -266,7 +271,8 @@ size_t RemoteTier::MatchFrom(absl::Span<const Digest> keys) {
   names.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     names.push_back(KeyOf(keys[i]));
-    const char* argv[] = {"EXISTS", names.back().data()};
+    // STRLEN tells a value with a score section by its size (0 for an absent key).
+    const char* argv[] = {match.scored_only ? "STRLEN" : "EXISTS", names.back().data()};
     const size_t lens[] = {6, names.back().size()};
     if (absl::Status s = c.Append(2, argv, lens); !s.ok()) {
       CountError(&RemoteTierStats::match_errors, std::string(s.message()));
@@ -276,12 +282,15 @@ size_t RemoteTier::MatchFrom(absl::Span<const Digest> keys) {
   size_t matched = 0;
   bool prefix = true;
   for (size_t i = 0; i < n; ++i) {  // every reply is read, so the pipeline ends empty
-    absl::StatusOr<Reply> r = c.GetReply();
+    // A value of another type under the key (STRLEN's WRONGTYPE) is no match.
+    absl::StatusOr<Reply> r = c.GetReply(/*wrong_type_ok=*/match.scored_only);
     if (!r.ok()) {
       CountError(&RemoteTierStats::match_errors, std::string(r.status().message()));
       return 0;
     }
-    prefix = prefix && (*r)->type == REDIS_REPLY_INTEGER && (*r)->integer == 1;
+    const long long want = match.scored_only ? layout_.scored_file_bytes() : 1;
+    prefix = prefix && (*r)->type == REDIS_REPLY_INTEGER && (*r)->integer == want &&
+             !(match.scored_only && layout_.score_top_k == 0);
     if (prefix) ++matched;
   }
   c.Succeeded();
@@ -355,13 +364,15 @@ void RemoteTier::FetcherLoop() {
       }
       c.Succeeded();
       if ((*r)->type == REDIS_REPLY_NIL) break;  // evicted since the match
+      std::vector<PositionScore> section;
       const BlockExpectation expect{
           .root = f.root, .key = f.keys[i],
           .tokens = absl::MakeConstSpan(f.tokens).subspan(i * bs, bs)};
       absl::StatusOr<absl::Span<const uint8_t>> data =
           (*r)->type != REDIS_REPLY_STRING
               ? absl::DataLossError("the remote value is not a string")
-              : DecodeBlockFile(std::string_view((*r)->str, (*r)->len), layout_, expect);
+              : DecodeBlockFile(std::string_view((*r)->str, (*r)->len), layout_, expect,
+                                &section);
       if (!data.ok()) {
         const char* del[] = {"DEL", name.data()};
         const size_t del_lens[] = {3, name.size()};
@@ -372,6 +383,7 @@ void RemoteTier::FetcherLoop() {
         break;
       }
       f.data.emplace_back(data->begin(), data->end());
+      f.scores.push_back(std::move(section));
       f.seconds.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
       ++loads;
     }
@@ -380,7 +392,7 @@ void RemoteTier::FetcherLoop() {
       stats_.loads += loads;
       stats_.corrupt_blocks += corrupt;
       if (loads > 0) stats_.up = true;
-      for (size_t i = 0; i < f.data.size(); ++i) RememberLocked(f.keys[i]);
+      for (size_t i = 0; i < f.data.size(); ++i) RememberLocked(f.keys[i], !f.scores[i].empty());
     }
     f.done_.store(true, std::memory_order_release);
     // This thread lets go first (outside mu_: the fetch's deleter takes it), so that whoever
@@ -391,9 +403,11 @@ void RemoteTier::FetcherLoop() {
   }
 }
 
-bool RemoteTier::WantsPublish(const Digest& key) {
+bool RemoteTier::WantsPublish(const Digest& key, const PublishIntent& publish) {
   absl::MutexLock lock(&mu_);
-  if (recent_.contains(key)) return false;
+  if (auto it = recent_.find(key); it != recent_.end() && (it->second || !publish.scored)) {
+    return false;
+  }
   if (stop_ || !publisher_conn_->ready() ||
       static_cast<int32_t>(queue_.size()) >= options_.max_queued_blocks) {
     ++stats_.stores_dropped;
@@ -406,12 +420,16 @@ void RemoteTier::Publish(BlockRecord record) {
   PREFIXD_CHECK(record.tokens.size() == layout_.block_size);
   PREFIXD_CHECK(static_cast<int64_t>(record.data.size()) == layout_.data_bytes());
   absl::MutexLock lock(&mu_);
-  RememberLocked(record.key);
+  RememberLocked(record.key, !record.scores.empty());
   queue_.push_back(std::move(record));
 }
 
-void RemoteTier::RememberLocked(const Digest& key) {
-  if (!recent_.insert(key).second) return;
+void RemoteTier::RememberLocked(const Digest& key, bool scored) {
+  auto [it, inserted] = recent_.try_emplace(key, scored);
+  if (!inserted) {
+    it->second = it->second || scored;
+    return;
+  }
   recent_order_.push_back(key);
   if (recent_order_.size() > kRecentKeys) {
     recent_.erase(recent_order_.front());

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -76,9 +77,10 @@ struct RemoteFetch {
 
   bool done() const { return done_.load(std::memory_order_acquire); }
   // After done(): the verified K/V of the first data.size() blocks (the fetch stops at the
-  // first block that is gone, fails verification or cannot be fetched), and how long each one
-  // took (GET + verify), in seconds.
+  // first block that is gone, fails verification or cannot be fetched), their score sections
+  // (empty for a value without one) and how long each one took (GET + verify), in seconds.
   std::vector<std::vector<uint8_t>> data;
+  std::vector<std::vector<PositionScore>> scores;
   std::vector<double> seconds;
 
   std::atomic<bool> done_{false};
@@ -98,9 +100,15 @@ class RemoteTier {
   RemoteTier& operator=(const RemoteTier&) = delete;
 
   // How many of `keys` (chain keys of consecutive blocks) the server holds, counted from the
-  // first to the first it does not hold, at most max_match_blocks. One pipelined round trip of
-  // EXISTS; 0 while the tier is down or backing off.
-  size_t MatchFrom(absl::Span<const Digest> keys);
+  // first to the first it does not hold, at most max_match_blocks; with `scored_only`, only
+  // values that carry a score section (told by their length, as the disk tier tells its
+  // files). One pipelined round trip (EXISTS, or STRLEN); 0 while the tier is down or backing
+  // off.
+  struct MatchOptions {
+    bool scored_only = false;
+  };
+  size_t MatchFrom(absl::Span<const Digest> keys, const MatchOptions& match);
+  size_t MatchFrom(absl::Span<const Digest> keys) { return MatchFrom(keys, MatchOptions{}); }
 
   // Starts fetching blocks `keys` (of root `root`, with their `tokens`) on the fetcher thread;
   // `on_done` runs there once the fetch is done (to wake the engine). The fetch's blocks count
@@ -115,10 +123,15 @@ class RemoteTier {
                                                            std::function<void()> on_done);
   int32_t max_fetch_blocks() const { return options_.max_fetch_blocks; }
 
-  // Whether a block should be built and queued for publishing now: false while the tier is
-  // down, when `key` was published or queued lately, or (counted as dropped) when the queue
-  // is full.
-  bool WantsPublish(const Digest& key);
+  // Whether a block (with a score section when `publish.scored`) should be built and queued
+  // for publishing now: false while the tier is down, when `key` was published, queued or
+  // fetched lately (unless only without scores, and this one has them), or (counted as
+  // dropped) when the queue is full.
+  struct PublishIntent {
+    bool scored = false;
+  };
+  bool WantsPublish(const Digest& key, const PublishIntent& publish);
+  bool WantsPublish(const Digest& key) { return WantsPublish(key, PublishIntent{}); }
   // Queues a block WantsPublish accepted (PREFIXD_CHECKs its sizes).
   void Publish(BlockRecord record);
   // Waits until the publish queue is empty (true) or `deadline` passes (false).
@@ -136,7 +149,7 @@ class RemoteTier {
   void PublisherLoop();
   void FetcherLoop();
   void CountError(uint64_t RemoteTierStats::*counter, const std::string& what);
-  void RememberLocked(const Digest& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RememberLocked(const Digest& key, bool scored) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const RemoteTierOptions options_;
   const RemoteEndpoint endpoint_;
@@ -149,9 +162,10 @@ class RemoteTier {
 
   mutable absl::Mutex mu_;
   std::deque<BlockRecord> queue_ ABSL_GUARDED_BY(mu_);
-  // Keys queued or published lately (bounded: the oldest are forgotten first), so that a
-  // prefix computed again is not sent again.
-  absl::flat_hash_set<Digest, DigestHash> recent_ ABSL_GUARDED_BY(mu_);
+  // Keys queued, published or fetched lately, each with whether its value carries scores
+  // (bounded: the oldest are forgotten first), so that a prefix computed again is not sent
+  // again.
+  absl::flat_hash_map<Digest, bool, DigestHash> recent_ ABSL_GUARDED_BY(mu_);
   std::deque<Digest> recent_order_ ABSL_GUARDED_BY(mu_);
   bool publishing_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

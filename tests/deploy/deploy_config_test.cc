@@ -219,10 +219,13 @@ TEST(DeployConfigTest, DashboardShowsRequestsByApiAndCodeAndADiskTierRow) {
 
 TEST(DeployConfigTest, DashboardShowsHitRatioAndLoadPerReplica) {
   const nlohmann::json dash = nlohmann::json::parse(ReadFile("deploy/grafana/dashboards/prefixd.json"));
-  bool hit_per_replica = false, load_per_replica = false;
+  bool hit_per_replica = false, load_per_replica = false, hit_per_adapter = false;
   for (const auto& panel : dash["panels"]) {
     for (const auto& target : panel.value("targets", nlohmann::json::array())) {
       const std::string expr = target.at("expr").get<std::string>();
+      // The labelled counters are summed (never read raw): a ratio per adapter sums by it.
+      hit_per_adapter |= expr.find("sum by (adapter) (rate(prefixd_prefix_cache_hit_tokens_total") !=
+                         std::string::npos;
       if (expr.find("by (instance)") == std::string::npos) continue;
       hit_per_replica |= expr.find("prefixd_prefix_cache_hit_tokens_total") != std::string::npos;
       load_per_replica |= expr.find("prefixd_running_requests") != std::string::npos;
@@ -230,6 +233,7 @@ TEST(DeployConfigTest, DashboardShowsHitRatioAndLoadPerReplica) {
   }
   EXPECT_TRUE(hit_per_replica);
   EXPECT_TRUE(load_per_replica);
+  EXPECT_TRUE(hit_per_adapter);
 }
 
 TEST(DeployConfigTest, KubernetesRunsHaproxyOverAHeadlessService) {

@@ -3,11 +3,13 @@
 // cold runs bit for bit (==), and cached_prompt_tokens says how much came from disk.
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "cache/block_key.h"
@@ -354,6 +356,55 @@ TEST(EngineDiskTierTest, ShutdownWithoutGraceWritesNothingMore) {
   engine.engine->Shutdown(absl::ZeroDuration());
   EXPECT_EQ(engine.engine->Stats().disk.spills, 0u);
   EXPECT_TRUE(BlockFiles(dir.path()).empty());
+}
+
+// A request parked on a disk load the disk holds back when the engine shuts down: it ends
+// with UNAVAILABLE at once, and the engine (its loader thread too) stops once the read
+// returns.
+TEST(EngineDiskTierTest, ShutdownWhileALoadIsInFlightEndsTheParkedRequest) {
+  testing::ScratchDir dir("engine_shutdown_loading");
+  const EngineRequest a = Request(15);
+  RunAndShutDown(dir.path(), a);
+  absl::Notification reached, release;
+  CpuEngineOptions o = WithTier(dir.path());
+  o.disk_tier.read_hook = [&] {
+    if (!reached.HasBeenNotified()) reached.Notify();
+    release.WaitForNotification();
+  };
+  auto engine = std::make_unique<CpuEngine>(o);
+  absl::StatusOr<std::shared_ptr<RequestStream>> stream = engine->engine->Submit(a);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  reached.WaitForNotification();
+  engine->engine->Shutdown(absl::ZeroDuration());
+  const RequestResult out = Collect(**stream);
+  EXPECT_EQ(out.status.code(), absl::StatusCode::kUnavailable) << out.status;
+  EXPECT_EQ(engine->engine->Stats().disk.loads, 0u);
+  release.Notify();
+  engine.reset();  // joins the loader thread, which ends after its read
+}
+
+// With a grace, the parked request is not cut short: its load ends, it is admitted with the
+// loaded blocks and answers as a cold run does.
+TEST(EngineDiskTierTest, ADrainWithGraceLetsAParkedRequestFinish) {
+  testing::ScratchDir dir("engine_drain_loading");
+  const EngineRequest a = Request(16);
+  RunAndShutDown(dir.path(), a);
+  absl::Notification reached, release;
+  CpuEngineOptions o = WithTier(dir.path());
+  o.disk_tier.read_hook = [&] {
+    if (!reached.HasBeenNotified()) reached.Notify();
+    release.WaitForNotification();
+  };
+  CpuEngine engine(o);
+  absl::StatusOr<std::shared_ptr<RequestStream>> stream = engine.engine->Submit(a);
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  reached.WaitForNotification();
+  engine.engine->BeginShutdown(kWait);
+  release.Notify();
+  const RequestResult out = Collect(**stream);
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(out.usage.cached_prompt_tokens, 96u);
+  EXPECT_EQ(out.samples[0], Cold(a).samples[0]);
 }
 
 }  // namespace

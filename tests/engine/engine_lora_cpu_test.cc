@@ -188,15 +188,40 @@ TEST_F(EngineLoraCpuTest, TheDiskTierKeepsAnAdaptersBlocksApart) {
     EXPECT_GT(first.engine->Stats().disk.blocks, 0u);
   }
   CpuEngine second(with_tier());
+  const auto named = [](EngineRequest r, const std::string& name) {
+    r.adapter_name = name;
+    return r;
+  };
   const RequestResult base = RunOne(*second.engine, Request(9, nullptr));
   EXPECT_EQ(base.usage.cached_prompt_tokens, 0u);
-  const RequestResult other = RunOne(*second.engine, Request(9, b));
+  const RequestResult other = RunOne(*second.engine, named(Request(9, b), "b"));
   EXPECT_EQ(other.usage.cached_prompt_tokens, 0u);
   EXPECT_EQ(second.engine->Stats().disk.loads, 0u);
-  const RequestResult own = RunOne(*second.engine, Request(9, a));
+  const RequestResult own = RunOne(*second.engine, named(Request(9, a), "a"));
   EXPECT_EQ(own.usage.cached_prompt_tokens, 96u);
   EXPECT_EQ(second.engine->Stats().scheduler.disk_hit_tokens, 96u);
   EXPECT_EQ(own.samples[0], Cold(Request(9, a)).samples[0]);
+  // Prompt tokens by adapter name, disk hits included; summed they are the engine's totals,
+  // and a drain takes them once.
+  const AdapterTokenCounts counts = second.engine->DrainAdapterTokens();
+  ASSERT_EQ(counts.size(), 3u);
+  EXPECT_EQ(counts.at("").queried_tokens, 100u);
+  EXPECT_EQ(counts.at("").hit_tokens, 0u);
+  EXPECT_EQ(counts.at("b").queried_tokens, 100u);
+  EXPECT_EQ(counts.at("b").hit_tokens, 0u);
+  EXPECT_EQ(counts.at("a").queried_tokens, 100u);
+  EXPECT_EQ(counts.at("a").hit_tokens, 96u);
+  const EngineStats stats = second.engine->Stats();
+  EXPECT_EQ(stats.cache.queried_tokens, 300u);
+  EXPECT_EQ(HitTokens(stats), 96u);
+  EXPECT_TRUE(second.engine->DrainAdapterTokens().empty());
+  // A pool hit counts under its name too.
+  EXPECT_EQ(RunOne(*second.engine, named(Request(9, a), "a")).usage.cached_prompt_tokens, 96u);
+  const AdapterTokenCounts later = second.engine->DrainAdapterTokens();
+  ASSERT_EQ(later.size(), 1u);
+  EXPECT_EQ(later.at("a").queried_tokens, 100u);
+  EXPECT_EQ(later.at("a").hit_tokens, 96u);
+  EXPECT_EQ(HitTokens(second.engine->Stats()), 192u);
 }
 
 }  // namespace

@@ -213,6 +213,53 @@ TEST_F(EngineRemoteTierTest, ARequestWaitingForItsBlocksIsParkedWhileOthersDecod
   EXPECT_EQ(other.samples[0], Cold(decoding).samples[0]);
 }
 
+// Prompt scores and tokens of `got` equal those of the same request run cold.
+void ExpectEqualsCold(const EngineRequest& r, const RequestResult& got) {
+  CpuEngine cold({.pool_blocks = 64, .prefix_cache = false});
+  const RequestResult want = RunOne(*cold.engine, r);
+  ASSERT_TRUE(want.status.ok() && got.status.ok()) << want.status << got.status;
+  ASSERT_EQ(got.prompt.size(), want.prompt.size());
+  for (size_t p = 0; p < want.prompt.size(); ++p) {
+    ASSERT_EQ(got.prompt[p], want.prompt[p]) << "position " << p;
+  }
+  ASSERT_EQ(got.samples.size(), want.samples.size());
+  for (size_t s = 0; s < want.samples.size(); ++s) EXPECT_EQ(got.samples[s], want.samples[s]);
+}
+
+// Score records travel with their blocks through Redis, as through the disk tier: values a
+// plain request published carry no scores, so another replica's scoring request computes
+// its prompt (and publishes the blocks again, with scores); a third replica's scoring
+// request then takes them (positions 1..95 from the records, 96 from the recomputed last
+// row), equal to a cold run, and a plain request takes the scored values too.
+TEST_F(EngineRemoteTierTest, ScoredValuesServeScoringRequestsOnOtherReplicas) {
+  const EngineRequest plain = Request(20);
+  EngineRequest scoring = plain;
+  scoring.prompt_logprobs = 5;
+  ASSERT_TRUE(RunAndPublish(redis_->url(), plain).status.ok());
+  {
+    CpuEngine second(WithRemote(redis_->url()));
+    const RequestResult got = RunOne(*second.engine, scoring);
+    ExpectEqualsCold(scoring, got);
+    EXPECT_EQ(got.usage.cached_prompt_tokens, 0u);
+    EXPECT_EQ(second.engine->Stats().remote.loads, 0u);
+    ASSERT_TRUE(EngineTestPeer::FlushRemoteTier(*second.engine, absl::Now() + kWait));
+  }
+  CpuEngine third(WithRemote(redis_->url()));
+  const RequestResult got = RunOne(*third.engine, scoring);
+  ExpectEqualsCold(scoring, got);
+  EXPECT_EQ(got.usage.cached_prompt_tokens, 95u);
+  EngineStats s = third.engine->Stats();
+  EXPECT_EQ(s.scheduler.prompt_logprob_tokens_cached, 95u);
+  EXPECT_EQ(s.scheduler.remote_hit_tokens, 95u);
+  EXPECT_EQ(s.remote.loads, 6u);
+  EXPECT_EQ(s.remote.corrupt_blocks, 0u);
+  CpuEngine fourth(WithRemote(redis_->url()));
+  const RequestResult again = RunOne(*fourth.engine, plain);
+  ASSERT_TRUE(again.status.ok()) << again.status;
+  EXPECT_EQ(again.usage.cached_prompt_tokens, 96u);
+  EXPECT_EQ(again.samples[0], Cold(plain).samples[0]);
+}
+
 class FullRedisEngineTest : public EngineRemoteTierTest {
  protected:
   FullRedisEngineTest() { extra_ = {"--maxmemory-policy", "noeviction"}; }

@@ -209,9 +209,9 @@ TEST(EngineScoringDiskTest, ADamagedScoreSectionDropsTheBlockWhichIsRecomputed) 
 }
 
 // The pool holds blocks 0..3 with records, the tier blocks 4 and 5, and block 4's file is
-// damaged: the admission that counted on it goes back to the queue and is admitted again on
-// the pool's records alone (positions 1..63), with the same scores as a cold run.
-TEST(EngineScoringDiskTest, AFailedLoadAfterPoolBlocksRequeuesTheScoringRequest) {
+// damaged: the load brings nothing, and the request is admitted on the pool's records alone
+// (positions 1..63), with the same scores as a cold run.
+TEST(EngineScoringDiskTest, AFailedLoadAfterPoolBlocksFallsBackToThePoolsRecords) {
   testing::ScratchDir dir("scoring_requeue");
   const EngineRequest r = Scoring(RandomTokens(6, 100));
   RunAndShutDown(dir.path(), r);

@@ -1,6 +1,9 @@
 #include "tests/server/grpc_helpers.h"
 
+#include <map>
 #include <random>
+#include <sstream>
+#include <string_view>
 
 #include "gtest/gtest.h"
 
@@ -62,15 +65,62 @@ std::vector<uint32_t> RandomIds(uint32_t seed, size_t n) {
   return ids;
 }
 
-double MetricValue(const std::string& exposition, const std::string& series) {
-  const std::string needle = series + " ";
-  for (size_t pos = 0; (pos = exposition.find(needle, pos)) != std::string::npos;
-       pos += needle.size()) {
-    if (pos == 0 || exposition[pos - 1] == '\n') {
-      return std::stod(exposition.substr(pos + needle.size()));
-    }
+namespace {
+
+// "name{k=\"v\",...}" into the name and its labels; false when malformed.
+bool ParseSeries(std::string_view text, std::string* name,
+                 std::map<std::string, std::string>* labels, size_t* end) {
+  const size_t brace = text.find_first_of("{ ");
+  *name = std::string(text.substr(0, brace));
+  labels->clear();
+  if (brace == std::string_view::npos || text[brace] == ' ') {
+    *end = brace == std::string_view::npos ? text.size() : brace;
+    return !name->empty();
   }
-  return -1;
+  size_t i = brace + 1;
+  while (i < text.size() && text[i] != '}') {
+    const size_t eq = text.find('=', i);
+    if (eq == std::string_view::npos || eq + 1 >= text.size() || text[eq + 1] != '"') return false;
+    std::string key(text.substr(i, eq - i));
+    std::string value;
+    size_t j = eq + 2;
+    for (; j < text.size() && text[j] != '"'; ++j) {
+      if (text[j] == '\\' && j + 1 < text.size()) ++j;
+      value += text[j];
+    }
+    if (j >= text.size()) return false;
+    (*labels)[std::move(key)] = std::move(value);
+    i = j + 1;
+    if (i < text.size() && text[i] == ',') ++i;
+  }
+  if (i >= text.size()) return false;
+  *end = i + 1;
+  return true;
+}
+
+}  // namespace
+
+double MetricValue(const std::string& exposition, const std::string& series) {
+  std::string want_name;
+  std::map<std::string, std::string> want;
+  size_t end = 0;
+  if (!ParseSeries(series, &want_name, &want, &end)) return -1;
+  double sum = -1;
+  std::istringstream lines(exposition);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    std::string name;
+    std::map<std::string, std::string> labels;
+    if (!ParseSeries(line, &name, &labels, &end) || name != want_name) continue;
+    bool match = true;
+    for (const auto& [key, value] : want) {
+      auto it = labels.find(key);
+      match = match && it != labels.end() && it->second == value;
+    }
+    if (!match) continue;
+    sum = (sum < 0 ? 0 : sum) + std::stod(line.substr(end));
+  }
+  return sum;
 }
 
 v1::CacheStats GetStats(v1::Inference::Stub& stub, const std::string& token) {

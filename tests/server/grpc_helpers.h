@@ -42,7 +42,9 @@ v1::GenerateRequest IdsRequest(const std::vector<uint32_t>& ids, uint32_t max_ne
 // `n` deterministic pseudo-random ids below 50000, different for each `seed`.
 std::vector<uint32_t> RandomIds(uint32_t seed, size_t n);
 
-// The value of the sample "series" (name with its labels) in a text exposition; -1 if absent.
+// The sum of the samples of a text exposition that have the name of `series` and every label
+// it gives (others, like `adapter`, are summed over): "prefixd_requests_total{code=\"OK\"}"
+// is every OK request, whatever its api and adapter. -1 if none matches.
 double MetricValue(const std::string& exposition, const std::string& series);
 
 v1::CacheStats GetStats(v1::Inference::Stub& stub, const std::string& token = "");

@@ -8,6 +8,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/server/grpc_helpers.h"
 #include "tests/server/process.h"
 
 namespace prefixd {
@@ -15,35 +16,53 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// A scripted engine: each test sets what Stats() and DrainLatencies() return next.
+// A scripted engine and adapter registry: each test sets what Stats(), DrainLatencies(),
+// DrainAdapterTokens() and the loaded names return next.
 struct FakeEngine {
   EngineStats stats;
   Engine::Latencies latencies;
+  AdapterTokenCounts tokens;
+  std::vector<std::string> loaded;
   MemoryUsage memory{1000, 2000, 300};
 
   MetricsSources Sources() {
-    return {[this] { return stats; },
-            [this] {
-              Engine::Latencies out = latencies;
-              latencies = {};
-              return out;
-            },
-            [this] { return memory; }};
+    return {.stats = [this] { return stats; },
+            .latencies =
+                [this] {
+                  Engine::Latencies out = latencies;
+                  latencies = {};
+                  return out;
+                },
+            .memory = [this] { return memory; },
+            .adapter_tokens =
+                [this] {
+                  AdapterTokenCounts out = tokens;
+                  tokens.clear();
+                  return out;
+                },
+            .adapter_names = [this] { return loaded; },
+            .base_name = "gpt2"};
   }
 };
 
-// The value of one sample line "name{labels} value" in the exposition.
+// The sum of the samples with that name and those labels (tests/server/grpc_helpers.h).
 double Value(const std::string& text, const std::string& series) {
-  const std::string needle = series + " ";
-  size_t pos = 0;
-  while ((pos = text.find(needle, pos)) != std::string::npos) {
-    if (pos == 0 || text[pos - 1] == '\n') {
-      return std::stod(text.substr(pos + needle.size()));
-    }
-    pos += needle.size();
+  const double v = testing::MetricValue(text, series);
+  if (v < 0) ADD_FAILURE() << "no series " << series << " in:\n" << text;
+  return v;
+}
+
+// The `adapter` label values of a family's series in the exposition.
+std::set<std::string> AdapterLabels(const std::string& text, const std::string& family) {
+  std::set<std::string> out;
+  static const std::regex kAdapter(R"re(adapter="([^"]*)")re");
+  std::istringstream lines(text);
+  std::smatch match;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(family + "{", 0) != 0) continue;
+    if (std::regex_search(line, match, kAdapter)) out.insert(match[1]);
   }
-  ADD_FAILURE() << "no series " << series << " in:\n" << text;
-  return -1;
+  return out;
 }
 
 // kind="adapters" is the registry's host tensors plus the backend's own copies (the CUDA
@@ -65,8 +84,7 @@ TEST(MetricsTest, AdapterBytesAddHostTensorsAndBackendCopies) {
 TEST(MetricsTest, CountersFollowEngineDeltasAndGaugesItsState) {
   FakeEngine fake;
   ServerMetrics m(fake.Sources());
-  fake.stats.cache.queried_tokens = 100;
-  fake.stats.cache.hit_tokens = 40;
+  fake.tokens[""] = {.queried_tokens = 100, .hit_tokens = 40};
   fake.stats.cache.blocks_total = 10;
   fake.stats.cache.blocks_free = 5;
   fake.stats.cache.blocks_active = 2;
@@ -82,8 +100,8 @@ TEST(MetricsTest, CountersFollowEngineDeltasAndGaugesItsState) {
   fake.stats.scheduler.running_requests = 2;
   fake.stats.scheduler.waiting_requests = 4;
   std::string text = m.ExpositionText();
-  EXPECT_EQ(Value(text, "prefixd_prefix_cache_queried_tokens_total"), 100);
-  EXPECT_EQ(Value(text, "prefixd_prefix_cache_hit_tokens_total"), 40);
+  EXPECT_EQ(Value(text, "prefixd_prefix_cache_queried_tokens_total{adapter=\"gpt2\"}"), 100);
+  EXPECT_EQ(Value(text, "prefixd_prefix_cache_hit_tokens_total{adapter=\"gpt2\"}"), 40);
   EXPECT_EQ(Value(text, "prefixd_kv_blocks{state=\"free\"}"), 5);
   EXPECT_EQ(Value(text, "prefixd_kv_blocks{state=\"active\"}"), 2);
   EXPECT_EQ(Value(text, "prefixd_kv_blocks{state=\"cached\"}"), 3);
@@ -103,20 +121,22 @@ TEST(MetricsTest, CountersFollowEngineDeltasAndGaugesItsState) {
   EXPECT_EQ(Value(text, "prefixd_memory_bytes{kind=\"workspace\"}"), 300);
 
   // The next scrape adds only what changed; gauges follow the current state.
-  fake.stats.cache.hit_tokens = 55;
+  fake.tokens[""] = {.queried_tokens = 0, .hit_tokens = 15};
   fake.stats.cache.blocks_active = 0;
+  fake.stats.cache.evictions = 4;
   text = m.ExpositionText();
   EXPECT_EQ(Value(text, "prefixd_prefix_cache_hit_tokens_total"), 55);
   EXPECT_EQ(Value(text, "prefixd_prefix_cache_queried_tokens_total"), 100);
+  EXPECT_EQ(Value(text, "prefixd_kv_evictions_total"), 4);
   EXPECT_EQ(Value(text, "prefixd_kv_blocks{state=\"active\"}"), 0);
 
   // A value that went backwards never makes a counter decrease (or double count later).
-  fake.stats.cache.hit_tokens = 50;
+  fake.stats.cache.evictions = 3;
   text = m.ExpositionText();
-  EXPECT_EQ(Value(text, "prefixd_prefix_cache_hit_tokens_total"), 55);
-  fake.stats.cache.hit_tokens = 60;
+  EXPECT_EQ(Value(text, "prefixd_kv_evictions_total"), 4);
+  fake.stats.cache.evictions = 6;
   text = m.ExpositionText();
-  EXPECT_EQ(Value(text, "prefixd_prefix_cache_hit_tokens_total"), 60);
+  EXPECT_EQ(Value(text, "prefixd_kv_evictions_total"), 6);
 }
 
 TEST(MetricsTest, HistogramsTakeEachDrainedLatencyOnce) {
@@ -137,16 +157,92 @@ TEST(MetricsTest, HistogramsTakeEachDrainedLatencyOnce) {
 TEST(MetricsTest, RequestsAreCountedByCode) {
   FakeEngine fake;
   ServerMetrics m(fake.Sources());
-  EXPECT_EQ(Value(m.ExpositionText(), "prefixd_requests_total{api=\"grpc\",code=\"OK\"}"), 0);
-  EXPECT_EQ(Value(m.ExpositionText(), "prefixd_requests_total{api=\"http\",code=\"OK\"}"), 0);
-  m.RecordRequest(Api::kGrpc, absl::StatusCode::kOk);
-  m.RecordRequest(Api::kGrpc, absl::StatusCode::kOk);
-  m.RecordRequest(Api::kGrpc, absl::StatusCode::kInvalidArgument);
-  m.RecordRequest(Api::kHttp, absl::StatusCode::kResourceExhausted);
+  const std::string first = m.ExpositionText();
+  EXPECT_THAT(first, HasSubstr("prefixd_requests_total{adapter=\"gpt2\",api=\"grpc\",code=\"OK\"} 0\n"));
+  EXPECT_THAT(first, HasSubstr("prefixd_requests_total{adapter=\"gpt2\",api=\"http\",code=\"OK\"} 0\n"));
+  m.RecordRequest(Api::kGrpc, absl::StatusCode::kOk, "gpt2");
+  m.RecordRequest(Api::kGrpc, absl::StatusCode::kOk, "gpt2");
+  m.RecordRequest(Api::kGrpc, absl::StatusCode::kInvalidArgument, "gpt2");
+  m.RecordRequest(Api::kHttp, absl::StatusCode::kResourceExhausted, "gpt2");
+  m.RecordRequest(Api::kHttp, absl::StatusCode::kNotFound, kUnresolvedAdapter);
   const std::string text = m.ExpositionText();
   EXPECT_EQ(Value(text, "prefixd_requests_total{api=\"grpc\",code=\"OK\"}"), 2);
   EXPECT_EQ(Value(text, "prefixd_requests_total{api=\"grpc\",code=\"INVALID_ARGUMENT\"}"), 1);
   EXPECT_EQ(Value(text, "prefixd_requests_total{api=\"http\",code=\"RESOURCE_EXHAUSTED\"}"), 1);
+  EXPECT_THAT(text, HasSubstr("prefixd_requests_total{adapter=\"\",api=\"http\",code=\"NOT_FOUND\"} 1\n"));
+}
+
+TEST(MetricsTest, CountsAreLabelledByAdapterAndSumToTheTotals) {
+  FakeEngine fake;
+  fake.loaded = {"fr", "de"};
+  ServerMetrics m(fake.Sources());
+  // Loaded adapters' series are there at 0 from the first scrape.
+  std::string text = m.ExpositionText();
+  EXPECT_EQ(AdapterLabels(text, "prefixd_prefix_cache_hit_tokens_total"),
+            (std::set<std::string>{"gpt2", "fr", "de"}));
+  EXPECT_EQ(Value(text, "prefixd_prefix_cache_hit_tokens_total{adapter=\"fr\"}"), 0);
+  EXPECT_EQ(Value(text, "prefixd_requests_total{adapter=\"de\",api=\"http\",code=\"OK\"}"), 0);
+
+  fake.tokens[""] = {.queried_tokens = 10, .hit_tokens = 0};
+  fake.tokens["fr"] = {.queried_tokens = 20, .hit_tokens = 12};
+  fake.tokens["de"] = {.queried_tokens = 7, .hit_tokens = 3};
+  m.RecordRequest(Api::kGrpc, absl::StatusCode::kOk, "fr");
+  m.RecordRequest(Api::kHttp, absl::StatusCode::kOk, "fr");
+  m.RecordRequest(Api::kHttp, absl::StatusCode::kOk, "gpt2");
+  text = m.ExpositionText();
+  EXPECT_EQ(Value(text, "prefixd_prefix_cache_queried_tokens_total{adapter=\"gpt2\"}"), 10);
+  EXPECT_EQ(Value(text, "prefixd_prefix_cache_hit_tokens_total{adapter=\"gpt2\"}"), 0);
+  EXPECT_EQ(Value(text, "prefixd_prefix_cache_queried_tokens_total{adapter=\"fr\"}"), 20);
+  EXPECT_EQ(Value(text, "prefixd_prefix_cache_hit_tokens_total{adapter=\"fr\"}"), 12);
+  EXPECT_EQ(Value(text, "prefixd_prefix_cache_hit_tokens_total{adapter=\"de\"}"), 3);
+  EXPECT_EQ(Value(text, "prefixd_prefix_cache_queried_tokens_total"), 37);
+  EXPECT_EQ(Value(text, "prefixd_prefix_cache_hit_tokens_total"), 15);
+  EXPECT_EQ(Value(text, "prefixd_requests_total{adapter=\"fr\"}"), 2);
+  EXPECT_EQ(Value(text, "prefixd_requests_total{code=\"OK\"}"), 3);
+
+  // Unloaded: its series are exported while there is something new (the counts of requests
+  // that held it), then removed by the first scrape with nothing new for it.
+  fake.loaded = {"de"};
+  fake.tokens["fr"] = {.queried_tokens = 5, .hit_tokens = 5};
+  m.RecordRequest(Api::kGrpc, absl::StatusCode::kCancelled, "fr");
+  text = m.ExpositionText();
+  EXPECT_EQ(Value(text, "prefixd_prefix_cache_hit_tokens_total{adapter=\"fr\"}"), 17);
+  EXPECT_EQ(Value(text, "prefixd_requests_total{adapter=\"fr\"}"), 3);
+  text = m.ExpositionText();
+  EXPECT_EQ(AdapterLabels(text, "prefixd_prefix_cache_hit_tokens_total"),
+            (std::set<std::string>{"gpt2", "de"}));
+  EXPECT_EQ(AdapterLabels(text, "prefixd_requests_total"), (std::set<std::string>{"gpt2", "de"}));
+  // Loaded again: new series from 0.
+  fake.loaded = {"de", "fr"};
+  text = m.ExpositionText();
+  EXPECT_EQ(Value(text, "prefixd_prefix_cache_hit_tokens_total{adapter=\"fr\"}"), 0);
+}
+
+// Loading and unloading names by the hundred leaves the series of the base, of "" and of
+// the names loaded now: never more than --max-adapters + 2 label values once scraped.
+TEST(MetricsTest, LoadUnloadStormLeavesBoundedSeries) {
+  constexpr int kMaxAdapters = 3;
+  FakeEngine fake;
+  ServerMetrics m(fake.Sources());
+  m.RecordRequest(Api::kHttp, absl::StatusCode::kNotFound, kUnresolvedAdapter);
+  for (int i = 0; i < 300; ++i) {
+    const std::string name = "storm-" + std::to_string(i);
+    fake.loaded.push_back(name);
+    if (fake.loaded.size() > kMaxAdapters) fake.loaded.erase(fake.loaded.begin());
+    fake.tokens[name] = {.queried_tokens = 4, .hit_tokens = 2};
+    m.RecordRequest(Api::kGrpc, absl::StatusCode::kOk, name);
+    const std::string text = m.ExpositionText();
+    EXPECT_LE(AdapterLabels(text, "prefixd_requests_total").size(), kMaxAdapters + 2u) << i;
+    EXPECT_LE(AdapterLabels(text, "prefixd_prefix_cache_hit_tokens_total").size(),
+              kMaxAdapters + 1u)
+        << i;
+  }
+  fake.loaded.clear();
+  m.ExpositionText();
+  const std::string text = m.ExpositionText();
+  EXPECT_EQ(AdapterLabels(text, "prefixd_requests_total"), (std::set<std::string>{"", "gpt2"}));
+  EXPECT_EQ(AdapterLabels(text, "prefixd_prefix_cache_hit_tokens_total"),
+            (std::set<std::string>{"gpt2"}));
 }
 
 // The README's metrics table is what dashboards and the deploy config test rely on: every
@@ -177,9 +273,11 @@ TEST(MetricsTest, ExpositionPassesPromtool) {
   if (access("/usr/bin/promtool", X_OK) != 0) GTEST_SKIP() << "promtool not installed";
   FakeEngine fake;
   ServerMetrics m(fake.Sources());
-  fake.stats.cache.hit_tokens = 3;
+  fake.loaded = {"fr"};
+  fake.tokens["fr"] = {.queried_tokens = 4, .hit_tokens = 3};
   fake.latencies.ttft = {0.1};
-  m.RecordRequest(Api::kHttp, absl::StatusCode::kUnavailable);
+  m.RecordRequest(Api::kHttp, absl::StatusCode::kUnavailable, "gpt2");
+  m.RecordRequest(Api::kHttp, absl::StatusCode::kNotFound, kUnresolvedAdapter);
   testing::TempDir dir;
   const std::string path = dir.path() + "/metrics.txt";
   std::ofstream(path) << m.ExpositionText();

@@ -298,12 +298,28 @@ TEST(OpenAiApiTest, ResponseAndChunkShapes) {
 }
 
 TEST(OpenAiApiTest, TokenizeBodies) {
-  EXPECT_EQ(*ParseTokenizeRequest(R"({"prompt": "Hello"})", "gpt2"), "Hello");
+  absl::StatusOr<TokenizeBody> t = ParseTokenizeRequest(R"({"prompt": "Hello"})", "gpt2");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->prompt, "Hello");
+  EXPECT_EQ(t->adapter, "");
+  t = ParseTokenizeRequest(R"({"prompt": "Hi", "model": "gpt2"})", "gpt2");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->adapter, "");
   EXPECT_EQ(ParseTokenizeRequest(R"({"text": "Hello"})", "gpt2").status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(*ParseDetokenizeRequest(R"({"tokens": [1, 2]})", "gpt2"), ElementsAre(1u, 2u));
-  EXPECT_EQ(ParseDetokenizeRequest(R"({"tokens": [1], "model": "x"})", "gpt2").status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(ParseTokenizeRequest(R"({"prompt": "Hi", "model": 3})", "gpt2").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<DetokenizeBody> d = ParseDetokenizeRequest(R"({"tokens": [1, 2]})", "gpt2");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_THAT(d->tokens, ElementsAre(1u, 2u));
+  EXPECT_EQ(d->adapter, "");
+  // Another name is an adapter's, which the request path resolves (or refuses, 404).
+  d = ParseDetokenizeRequest(R"({"tokens": [1], "model": "sql"})", "gpt2");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->adapter, "sql");
+  t = ParseTokenizeRequest(R"({"prompt": "Hi", "model": "sql"})", "gpt2");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->adapter, "sql");
 }
 
 }  // namespace

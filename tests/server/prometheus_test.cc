@@ -51,7 +51,7 @@ TEST(PrometheusTest, ScrapesCacheHitsAndPassesPromtool) {
   const bool arrived = PollUntil(
       [&] {
         absl::StatusOr<std::string> body =
-            HttpGet(prom_port, "/api/v1/query?query=prefixd_prefix_cache_hit_tokens_total");
+            HttpGet(prom_port, "/api/v1/query?query=sum(prefixd_prefix_cache_hit_tokens_total)");
         if (!body.ok()) return false;
         last_answer = *body;
         nlohmann::json j = nlohmann::json::parse(*body, nullptr, false);

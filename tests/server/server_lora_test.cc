@@ -237,7 +237,7 @@ TEST_F(ServerLoraTest, UnloadingLetsRequestsInFlightFinish) {
       break;
     }
   }
-  path.FinishGenerate(Api::kGrpc, done.code());
+  path.FinishGenerate(Api::kGrpc, started->adapter_label, done.code());
   EXPECT_TRUE(done.ok()) << done;
   EXPECT_EQ(ids, loaded.samples.at(0).token_ids);
   // New requests no longer find it.
@@ -306,6 +306,119 @@ TEST_F(ServerLoraTest, StartUpRefusesBadAdapterFlagsNamingThem) {
   o = Options();
   o.adapters.adapters = {"other=" + dir_.path() + "/other"};
   refused(o, "the adapter was made for another model");
+}
+
+// prefixd_requests_total and the hit/queried token counters by adapter, scraped from the
+// real /metrics endpoint: the base's requests under the base model's name, each adapter's
+// under its own, a refused unknown name under "" (never as itself); summed over `adapter`
+// they are GetCacheStats' totals. An unloaded adapter's series go at the next scrape.
+TEST_F(ServerLoraTest, MetricsCountEachAdapterUnderItsName) {
+  ServerOptions o = Options();
+  o.metrics_listen = "127.0.0.1:0";
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(std::move(o));
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = v1::Inference::NewStub(InsecureChannel((*server)->grpc_address()));
+  const std::string base = ServerTestPeer::request_path(**server).model().name;
+  ASSERT_FALSE(base.empty());
+
+  // The same 40-token prompt: the first request of each identity computes it, each later one
+  // hits its 2 whole blocks (32 tokens).
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(Generate(*stub, Request("")).status.ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(Generate(*stub, Request("sql")).status.ok());
+  ASSERT_TRUE(Generate(*stub, Request("chat")).status.ok());
+  absl::StatusOr<HttpResponse> r = HttpFetch(
+      (*server)->http_port(), "POST", "/v1/completions",
+      json({{"model", "chat"}, {"prompt", RandomIds(3, 40)}, {"max_tokens", 6}}).dump());
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["usage"]["prompt_tokens_details"]["cached_tokens"], 32);
+  EXPECT_EQ(Generate(*stub, Request("nope")).status.error_code(), grpc::StatusCode::NOT_FOUND);
+
+  absl::StatusOr<std::string> text = HttpGet((*server)->metrics_port(), "/metrics");
+  ASSERT_TRUE(text.ok()) << text.status();
+  const auto value = [&](const std::string& family, const std::string& adapter) {
+    return MetricValue(*text, family + "{adapter=\"" + adapter + "\"}");
+  };
+  const std::string queried = "prefixd_prefix_cache_queried_tokens_total";
+  const std::string hit = "prefixd_prefix_cache_hit_tokens_total";
+  EXPECT_EQ(value(queried, base), 80);
+  EXPECT_EQ(value(hit, base), 32);
+  EXPECT_EQ(value(queried, "sql"), 120);
+  EXPECT_EQ(value(hit, "sql"), 64);
+  EXPECT_EQ(value(queried, "chat"), 80);
+  EXPECT_EQ(value(hit, "chat"), 32);
+  EXPECT_EQ(value(hit, ""), -1);
+  EXPECT_EQ(value(hit, "nope"), -1);
+  const v1::CacheStats stats = GetStats(*stub);
+  EXPECT_EQ(MetricValue(*text, hit), stats.hit_tokens());
+  EXPECT_EQ(MetricValue(*text, queried), stats.queried_tokens());
+  EXPECT_THAT(*text, HasSubstr("prefixd_requests_total{adapter=\"" + base +
+                               "\",api=\"grpc\",code=\"OK\"} 2\n"));
+  EXPECT_THAT(*text, HasSubstr("prefixd_requests_total{adapter=\"sql\",api=\"grpc\",code=\"OK\"} 3\n"));
+  EXPECT_THAT(*text, HasSubstr("prefixd_requests_total{adapter=\"chat\",api=\"grpc\",code=\"OK\"} 1\n"));
+  EXPECT_THAT(*text, HasSubstr("prefixd_requests_total{adapter=\"chat\",api=\"http\",code=\"OK\"} 1\n"));
+  EXPECT_THAT(*text, HasSubstr("prefixd_requests_total{adapter=\"\",api=\"grpc\",code=\"NOT_FOUND\"} 1\n"));
+  EXPECT_EQ(MetricValue(*text, "prefixd_requests_total{adapter=\"nope\"}"), -1);
+  EXPECT_EQ(MetricValue(*text, "prefixd_requests_total"), 8);
+
+  // Unloaded, with nothing new to count since the last scrape: its series are gone.
+  ASSERT_TRUE(ServerTestPeer::request_path(**server).UnloadAdapter(std::nullopt, "chat").ok());
+  text = HttpGet((*server)->metrics_port(), "/metrics");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(value(hit, "chat"), -1);
+  EXPECT_EQ(MetricValue(*text, "prefixd_requests_total{adapter=\"chat\"}"), -1);
+  EXPECT_EQ(value(hit, "sql"), 64);
+}
+
+// An adapter shares the base's tokenizer: /tokenize, /detokenize and gRPC Tokenize take its
+// name (HTTP `model`, gRPC `adapter`) and answer as for the base; an unknown name is 404 /
+// NOT_FOUND, as for a completion.
+TEST_F(ServerLoraTest, TokenizeTakesAnAdapterName) {
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(Options());
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int http = (*server)->http_port();
+  const std::string base = ServerTestPeer::request_path(**server).model().name;
+  auto post = [&](const std::string& path, const json& body) {
+    absl::StatusOr<HttpResponse> r = HttpFetch(http, "POST", path, body.dump());
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : HttpResponse{};
+  };
+  HttpResponse want = post("/tokenize", {{"prompt", "Hello world"}});
+  ASSERT_EQ(want.status, 200) << want.body;
+  const json ids = json::parse(want.body)["tokens"];
+  ASSERT_FALSE(ids.empty());
+  for (const std::string model : {base, std::string("sql"), std::string("chat")}) {
+    HttpResponse t = post("/tokenize", {{"model", model}, {"prompt", "Hello world"}});
+    ASSERT_EQ(t.status, 200) << t.body;
+    EXPECT_EQ(json::parse(t.body)["tokens"], ids) << model;
+    HttpResponse d = post("/detokenize", {{"model", model}, {"tokens", ids}});
+    ASSERT_EQ(d.status, 200) << d.body;
+    EXPECT_EQ(json::parse(d.body)["prompt"], "Hello world") << model;
+  }
+  for (const char* path : {"/tokenize", "/detokenize"}) {
+    const HttpResponse e = std::string(path) == "/tokenize"
+                               ? post(path, {{"model", "nope"}, {"prompt", "x"}})
+                               : post(path, {{"model", "nope"}, {"tokens", json::array({1})}});
+    EXPECT_EQ(e.status, 404) << path << ": " << e.body;
+    const json j = json::parse(e.body);
+    EXPECT_EQ(j["error"]["code"], "model_not_found") << e.body;
+    EXPECT_EQ(j["error"]["param"], "model") << e.body;
+    EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr("no adapter named `nope`"));
+  }
+
+  auto stub = v1::Inference::NewStub(InsecureChannel((*server)->grpc_address()));
+  v1::TokenizeRequest req;
+  req.set_text("Hello world");
+  req.set_adapter("sql");
+  v1::TokenizeResponse resp;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub->Tokenize(&ctx, req, &resp).ok());
+  EXPECT_EQ(json(std::vector<uint32_t>(resp.token_ids().begin(), resp.token_ids().end())), ids);
+  req.set_adapter("nope");
+  grpc::ClientContext ctx2;
+  const grpc::Status s = stub->Tokenize(&ctx2, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(s.error_message(), HasSubstr("no adapter named `nope`"));
 }
 
 }  // namespace

@@ -19,6 +19,8 @@ namespace {
 
 using ::prefixd::testing::MakeChain;
 using ::prefixd::testing::RedisServer;
+using ::prefixd::testing::ScoredLayout;
+using ::prefixd::testing::WithScores;
 using ::prefixd::testing::SmallLayout;
 
 std::vector<Digest> KeysOf(const std::vector<BlockRecord>& chain) {
@@ -174,6 +176,47 @@ TEST_F(RemoteTierTest, PublishedBlocksComeBackBitForBitAndMatchAsAPrefix) {
   EXPECT_EQ(reader->Stats().corrupt_blocks, 0u);
   // A block published lately is not offered again.
   EXPECT_FALSE(writer->WantsPublish(chain[0].key));
+}
+
+// A value with a score section comes back with it; a scored match counts only such values
+// (and a key of another type is no match, not a fault); a block published without scores
+// is offered again with them, once.
+TEST_F(RemoteTierTest, ScoreSectionsTravelWithTheirBlocks) {
+  const DiskLayout layout = ScoredLayout();
+  std::unique_ptr<RemoteTier> writer = Open(TestOptions(), layout);
+  std::vector<BlockRecord> chain = MakeChain(layout, 21, 3);
+  chain[0] = WithScores(chain[0], layout);
+  chain[1] = WithScores(chain[1], layout);
+  // Block 2 without scores first; then with them.
+  PublishAll(*writer, chain);
+  EXPECT_FALSE(writer->WantsPublish(chain[2].key, {.scored = false}));
+  const BlockRecord scored2 = WithScores(chain[2], layout);
+  ASSERT_TRUE(writer->WantsPublish(chain[2].key, {.scored = true}));
+  writer->Publish(scored2);
+  ASSERT_TRUE(writer->Flush(absl::Now() + absl::Seconds(10)));
+  EXPECT_FALSE(writer->WantsPublish(chain[2].key, {.scored = true}));
+
+  std::unique_ptr<RemoteTier> reader = Open(TestOptions(), layout);
+  const std::vector<Digest> keys = KeysOf(chain);
+  EXPECT_EQ(reader->MatchFrom(keys, {.scored_only = true}), 3u);
+  std::shared_ptr<const RemoteFetch> f = FetchNow(*reader, {chain[0], chain[1], scored2});
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(f->data.size(), 3u);
+  ASSERT_EQ(f->scores.size(), 3u);
+  EXPECT_EQ(f->scores[0], chain[0].scores);
+  EXPECT_EQ(f->scores[1], chain[1].scores);
+  EXPECT_EQ(f->scores[2], scored2.scores);
+
+  // An unscored value ends a scored match but not a plain one.
+  PublishAll(*writer, {MakeChain(layout, 21, 4)[3]});
+  const std::vector<BlockRecord> longer = MakeChain(layout, 21, 4);
+  EXPECT_EQ(reader->MatchFrom(KeysOf(longer), {.scored_only = true}), 3u);
+  EXPECT_EQ(reader->MatchFrom(KeysOf(longer)), 4u);
+  ASSERT_EQ(redis_->Command({"DEL", reader->KeyOf(chain[1].key)}), "1");
+  ASSERT_EQ(redis_->Command({"RPUSH", reader->KeyOf(chain[1].key), "x"}), "1");
+  EXPECT_EQ(reader->MatchFrom(keys, {.scored_only = true}), 1u);
+  EXPECT_TRUE(reader->Stats().up);
+  EXPECT_EQ(reader->Stats().match_errors, 0u);
 }
 
 TEST_F(RemoteTierTest, AMatchAsksAtMostMaxMatchBlocks) {

@@ -1,0 +1,338 @@
+// The KvOffloader under a Scheduler driven step by step, on the CPU backend, a tiny random
+// GPT-2 and a real disk tier whose reads are held back through its read seam
+// (DiskTierOptions::read_hook): a request whose blocks are being read is parked while the
+// others decode one token per step; a load that loses a block midway computes the rest; a
+// parked request that is cancelled gives back everything it held. Answers equal the ones
+// computed without a tier, bit for bit (==).
+#include "engine/kv_offloader.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "base/check.h"
+#include "cache/block_key.h"
+#include "cache/disk/block_file.h"
+#include "cache/disk/disk_tier.h"
+#include "cache/kv_cache.h"
+#include "cache/token_chain.h"
+#include "engine/engine_options.h"
+#include "engine/request_stream.h"
+#include "engine/scheduler.h"
+#include "engine/score_store.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "tests/cache/disk/disk_test_util.h"
+#include "tests/engine/cpu_engine_fixture.h"
+#include "tests/engine/engine_test_util.h"
+
+namespace prefixd {
+namespace {
+
+constexpr int32_t kBlockSize = 16;
+constexpr int64_t kPoolBlocks = 32;
+constexpr char kNamespace[] = "tenant-a";
+
+std::vector<uint32_t> RandomTokens(uint32_t seed, int n) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<uint32_t> tok(0, 50255);
+  std::vector<uint32_t> out;
+  for (int i = 0; i < n; ++i) out.push_back(tok(rng));
+  return out;
+}
+
+// The disk tier's read seam: while held, every read waits; `arrived` counts the reads that
+// reached it, and `on_read` (set before loads start) runs before each one.
+class ReadGate {
+ public:
+  void Hold() {
+    absl::MutexLock lock(&mu_);
+    open_ = false;
+  }
+  void Open() {
+    absl::MutexLock lock(&mu_);
+    open_ = true;
+  }
+  void Pass() {
+    absl::MutexLock lock(&mu_);
+    ++arrived_;
+    const int n = arrived_;
+    mu_.Await(absl::Condition(&open_));
+    if (on_read_) on_read_(n);
+  }
+  void WaitArrived(int n) {
+    absl::MutexLock lock(&mu_);
+    auto reached = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return arrived_ >= n; };
+    mu_.Await(absl::Condition(&reached));
+  }
+  void set_on_read(std::function<void(int)> f) {
+    absl::MutexLock lock(&mu_);
+    on_read_ = std::move(f);
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool open_ ABSL_GUARDED_BY(mu_) = true;
+  int arrived_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<void(int)> on_read_ ABSL_GUARDED_BY(mu_);
+};
+
+// Counts the offloader's wake calls (a load's part done), so a test can wait for one.
+class Wakes {
+ public:
+  void Wake() {
+    absl::MutexLock lock(&mu_);
+    ++count_;
+  }
+  void WaitFor(int n) {
+    absl::MutexLock lock(&mu_);
+    auto reached = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return count_ >= n; };
+    mu_.Await(absl::Condition(&reached));
+  }
+
+ private:
+  absl::Mutex mu_;
+  int count_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// One request's stream and what it has produced so far.
+struct Client {
+  std::shared_ptr<RequestStream> stream;
+  RequestResult result;
+  int tokens = 0;
+  int events = 0;
+
+  void Poll() {
+    std::vector<RequestEvent> got;
+    stream->Poll(&got);
+    for (const RequestEvent& e : got) {
+      ++events;
+      if (e.kind == RequestEvent::Kind::kToken) ++tokens;
+      ApplyEvent(e, &result);
+    }
+  }
+};
+
+class KvOffloaderTest : public ::testing::Test {
+ protected:
+  KvOffloaderTest() : dir_("offloader") {
+    const Model& model = TinyModel::Get();
+    const ModelConfig& c = model.config();
+    CpuBackendOptions b;
+    b.model = &model;
+    b.kv_pool.budget_bytes =
+        kPoolBlocks * kBlockSize * KvBytesPerToken(c.n_layer, c.n_head, c.head_dim(), 4);
+    b.kv_pool.block_size = kBlockSize;
+    b.threads = 1;
+    backend_ = *CreateCpuBackend(b);
+    EngineOptions e;
+    e.backend = backend_.get();
+    e.model_config = c;
+    e.manifest_sha256 = model.manifest_sha256();
+    DiskTierOptions d;
+    d.dir = dir_.path();
+    d.max_bytes = int64_t{256} << 20;
+    d.read_hook = [this] { gate_.Pass(); };
+    absl::StatusOr<std::unique_ptr<DiskTier>> tier = DiskTier::Open(d, *EngineDiskLayout(e));
+    PREFIXD_CHECK(tier.ok());
+    tier_ = *std::move(tier);
+    offloader_ = std::make_unique<KvOffloader>(
+        KvOffloader::Options{.backend = backend_.get(),
+                             .disk = tier_.get(),
+                             .scores = &scores_,
+                             .vocab_size = static_cast<uint32_t>(c.vocab_size),
+                             .wake = [this] { wakes_.Wake(); }});
+    KvCacheOptions k;
+    k.pool = backend_->kv_pool();
+    k.on_evict = [this](const EvictedBlock& evicted) {
+      offloader_->Spill(evicted, scores_.Find(*evicted.key));
+      scores_.Forget(*evicted.key);
+    };
+    cache_ = *KvCache::Create(k);
+    scheduler_ = std::make_unique<Scheduler>(SchedulerOptions{
+        .backend = backend_.get(),
+        .cache = cache_.get(),
+        .model_config = c,
+        .max_batch_tokens = 256,
+        .clock = [] { return absl::Now(); },
+        .offloader = offloader_.get(),
+        .scores = &scores_});
+  }
+  // A read still held would keep the loader thread from stopping.
+  ~KvOffloaderTest() override { gate_.Open(); }
+
+  Digest Root() const { return CacheRootKey(TinyModel::Get().manifest_sha256(), kNamespace); }
+
+  std::shared_ptr<Client> Add(std::vector<uint32_t> prompt, uint32_t max_new) {
+    auto r = std::make_unique<RequestState>();
+    r->request.prompt = std::move(prompt);
+    r->request.max_new_tokens = max_new;
+    r->request.ignore_eos = true;
+    r->request.top_logprobs = 2;
+    r->root = Root();
+    r->usage.prompt_tokens = static_cast<uint32_t>(r->request.prompt.size());
+    r->stream = std::make_shared<RequestStream>(nullptr);
+    auto client = std::make_shared<Client>();
+    client->stream = r->stream;
+    scheduler_->Enqueue(std::move(r));
+    clients_.push_back(client);
+    return client;
+  }
+
+  void Step() {
+    scheduler_->HandleCancellations();
+    scheduler_->Step();
+    scheduler_->FlushEvents();
+    cache_->CheckInvariants();
+    for (const auto& c : clients_) c->Poll();
+  }
+  // Steps until every request ended (waiting for loads when nothing else can run).
+  void RunToEnd() {
+    for (int i = 0; i < 10000 && !scheduler_->idle(); ++i) Step();
+    ASSERT_TRUE(scheduler_->idle());
+  }
+
+  // Evicts every cached block into the tier and waits until the writer wrote them.
+  void SpillEverything() {
+    cache_->Evict(static_cast<int32_t>(cache_->num_blocks()));
+    ASSERT_TRUE(tier_->Flush(absl::Now() + absl::Seconds(30)));
+  }
+
+  // Runs `prompt` to its end; called first in a test, with nothing in the pool or the tier,
+  // its answer is computed.
+  RequestResult Computed(const std::vector<uint32_t>& prompt, uint32_t max_new) {
+    std::shared_ptr<Client> c = Add(prompt, max_new);
+    RunToEnd();
+    return c->result;
+  }
+
+  testing::ScratchDir dir_;
+  ReadGate gate_;
+  Wakes wakes_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<DiskTier> tier_;
+  ScoreStore scores_;
+  std::unique_ptr<KvOffloader> offloader_;
+  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::vector<std::shared_ptr<Client>> clients_;  // polled after every step
+};
+
+TEST_F(KvOffloaderTest, AParkedRequestDoesNotStallOtherRequestsDecodeSteps) {
+  const std::vector<uint32_t> prompt = RandomTokens(1, 100);
+  const RequestResult first = Computed(prompt, 8);
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  EXPECT_EQ(first.usage.cached_prompt_tokens, 0u);
+  SpillEverything();
+  ASSERT_EQ(tier_->Stats().blocks, 6);  // 100 prompt + 7 computed generated tokens
+
+  gate_.Hold();
+  std::shared_ptr<Client> decoding = Add(RandomTokens(2, 20), 40);
+  Step();
+  Step();
+  ASSERT_EQ(decoding->tokens, 2);
+  std::shared_ptr<Client> again = Add(prompt, 8);
+  Step();  // matched in the tier: its load starts, the request is parked
+  gate_.WaitArrived(1);
+  for (int i = 0; i < 10; ++i) {
+    const int before = decoding->tokens;
+    Step();
+    EXPECT_EQ(decoding->tokens, before + 1) << "step " << i;
+  }
+  EXPECT_EQ(again->events, 0) << "the parked request has not started";
+  EXPECT_EQ(scheduler_->counters().waiting_requests, 1u);
+  EXPECT_EQ(scheduler_->counters().running_requests, 1u);
+  EXPECT_EQ(tier_->Stats().loads, 0u);
+
+  gate_.Open();
+  wakes_.WaitFor(1);
+  RunToEnd();
+  ASSERT_TRUE(again->result.status.ok()) << again->result.status;
+  EXPECT_EQ(again->result.usage.cached_prompt_tokens, 96u);
+  EXPECT_EQ(scheduler_->counters().disk_hit_tokens, 96u);
+  EXPECT_EQ(tier_->Stats().loads, 6u);
+  EXPECT_EQ(again->result.samples[0], first.samples[0]);
+  ASSERT_TRUE(decoding->result.status.ok());
+  EXPECT_EQ(decoding->tokens, 40);
+  EXPECT_EQ(offloader_->disk_blocks_in_flight(), 0);
+}
+
+// The third block's file disappears while the load reads the blocks before it: two blocks
+// come from the tier, the other four are computed.
+TEST_F(KvOffloaderTest, ALoadThatFailsMidwayComputesTheRest) {
+  const std::vector<uint32_t> prompt = RandomTokens(3, 100);
+  const RequestResult first = Computed(prompt, 4);
+  ASSERT_TRUE(first.status.ok());
+  SpillEverything();
+  const TokenChain chain(Root(), kBlockSize, prompt);
+  const std::string third = tier_->PathOf(chain.keys()[2]);
+  gate_.set_on_read([third](int n) {
+    if (n == 2) ::unlink(third.c_str());  // during the second read: gone before the third
+  });
+  std::shared_ptr<Client> again = Add(prompt, 4);
+  RunToEnd();
+  ASSERT_TRUE(again->result.status.ok()) << again->result.status;
+  EXPECT_EQ(again->result.usage.cached_prompt_tokens, 32u);
+  EXPECT_EQ(scheduler_->counters().disk_hit_tokens, 32u);
+  EXPECT_EQ(tier_->Stats().loads, 2u);
+  EXPECT_EQ(again->result.samples[0], first.samples[0]);
+}
+
+// A damaged file in the middle: the blocks before it load, it is deleted and counted, and
+// it and the ones after it are computed.
+TEST_F(KvOffloaderTest, ACorruptBlockAndEveryOneAfterItAreComputed) {
+  const std::vector<uint32_t> prompt = RandomTokens(4, 100);
+  const RequestResult first = Computed(prompt, 4);
+  ASSERT_TRUE(first.status.ok());
+  SpillEverything();
+  const TokenChain chain(Root(), kBlockSize, prompt);
+  const std::string damaged = tier_->PathOf(chain.keys()[3]);
+  {
+    const int64_t at = kBlockFileHeaderBytes + kBlockSize * 4 + 100;  // in the K/V data
+    std::fstream f(damaged, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(at);
+    const char c = static_cast<char>(f.get());
+    f.seekp(at);
+    f.put(static_cast<char>(c ^ 0x10));
+  }
+  std::shared_ptr<Client> again = Add(prompt, 4);
+  RunToEnd();
+  ASSERT_TRUE(again->result.status.ok());
+  EXPECT_EQ(again->result.usage.cached_prompt_tokens, 48u);
+  EXPECT_EQ(tier_->Stats().loads, 3u);
+  EXPECT_EQ(tier_->Stats().corrupt_blocks, 1u);
+  EXPECT_EQ(again->result.samples[0], first.samples[0]);
+}
+
+TEST_F(KvOffloaderTest, CancellingAParkedRequestReleasesEverything) {
+  const std::vector<uint32_t> prompt = RandomTokens(5, 100);
+  ASSERT_TRUE(Computed(prompt, 4).status.ok());
+  SpillEverything();
+  gate_.Hold();
+  std::shared_ptr<Client> parked = Add(prompt, 4);
+  Step();
+  gate_.WaitArrived(1);
+  EXPECT_EQ(offloader_->disk_blocks_in_flight(), 6);
+  parked->stream->Cancel();
+  Step();
+  EXPECT_EQ(parked->result.status.code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(scheduler_->idle());
+  gate_.Open();
+  wakes_.WaitFor(1);
+  // The loader let go of the load before waking: nothing is held any more.
+  EXPECT_EQ(offloader_->disk_blocks_in_flight(), 0);
+  const KvCacheStats s = cache_->Stats();
+  EXPECT_EQ(s.blocks_active, 0);
+  EXPECT_EQ(s.num_sequences, 0);
+  cache_->CheckInvariants();
+}
+
+}  // namespace
+}  // namespace prefixd
