@@ -46,6 +46,9 @@ struct MemoryUsage {
   int64_t weights_bytes = 0;
   int64_t kv_pool_bytes = 0;
   int64_t workspace_bytes = 0;
+  // The backend's own copies of LoRA adapters (the CUDA backend's device copies); 0 for a
+  // backend that reads the engine's host tensors (the CPU backend).
+  int64_t adapter_bytes = 0;
 };
 
 // Events a backend counts over its life (each only grows), for logs and metrics.

@@ -230,8 +230,9 @@ ServerMetrics::ServerMetrics(MetricsSources sources)
                       .Add({}, kRemoteLoadBuckets);
   auto& memory = BuildGauge()
                      .Name("prefixd_memory_bytes")
-                     .Help("Bytes the backend holds: weights, kv_pool, workspace; and the "
-                           "loaded LoRA adapters' tensors: adapters")
+                     .Help(
+                         "Bytes the backend holds: weights, kv_pool, workspace; and the "
+                         "loaded LoRA adapters' tensors and device copies: adapters")
                      .Register(r);
   mem_weights_ = &memory.Add({{"kind", "weights"}});
   mem_kv_pool_ = &memory.Add({{"kind", "kv_pool"}});
@@ -357,14 +358,17 @@ void ServerMetrics::RefreshLocked() const {
     for (double s : lat.disk_load) disk_load_->Observe(s);
     for (double s : lat.remote_load) remote_load_->Observe(s);
   }
+  int64_t adapters = 0;
   if (sources_.memory) {
     const MemoryUsage m = sources_.memory();
     mem_weights_->Set(static_cast<double>(m.weights_bytes));
     mem_kv_pool_->Set(static_cast<double>(m.kv_pool_bytes));
     mem_workspace_->Set(static_cast<double>(m.workspace_bytes));
+    adapters += m.adapter_bytes;  // the backend's own copies (CUDA: on the device)
   }
-  // Sum over loaded adapters of (in + out) x rank x 4 bytes per targeted module.
-  if (sources_.adapter_bytes) mem_adapters_->Set(static_cast<double>(sources_.adapter_bytes()));
+  // Plus the sum over loaded adapters of (in + out) x rank x 4 bytes per targeted module.
+  if (sources_.adapter_bytes) adapters += sources_.adapter_bytes();
+  if (sources_.memory || sources_.adapter_bytes) mem_adapters_->Set(static_cast<double>(adapters));
 }
 
 std::vector<prometheus::MetricFamily> ServerMetrics::Collect() const {

@@ -10,11 +10,22 @@
 //     h = LN2(x += attn.c_proj.bias)                                    layernorm (fused)
 //     f[T,I] fp32 = h . c_fc;  u = gelu_new(f + c_fc.bias)              gelu
 //     x += u . mlp.c_proj                  (cuBLAS, beta = 1)
+//     (with adapters in the pass, each of the four products is followed by its rows' LoRA
+//      updates, y += scaling . (in . A^T) . B^T, before anything reads y: lora_update)
 //   y[R,E] = LN_f(x[rows] += last mlp.c_proj.bias); logits[R,V] = y . lm_head^T
 //
 // The residual stream stays fp32 whatever the dtype; GEMM inputs and the KV pool are in
 // the dtype. Host metadata (tokens, positions, slots, block tables, logit rows) is packed
-// into one pinned buffer and uploaded with one copy per pass.
+// into one pinned buffer and uploaded with one copy per pass; with adapters, the per-row
+// LoRA table (lora_update.cuh) is a second pinned buffer and copy.
+//
+// LoRA adapters: a Forward() first makes the device copy of each of its adapters resident
+// (UploadAdapter: A and B in the dtype, keyed by the adapter's digest, so a name reloaded
+// with other files gets other device weights), evicting least recently used copies that the
+// step does not use beyond max_device_adapters / adapter_cache_bytes (lora_plan.h). Decode
+// graphs are keyed by (bucket, attention splits, has adapters): the LoRA launches read their
+// rows' adapters from the table uploaded before each replay, so one graph serves every mix
+// of adapters and ranks.
 #include "kernels/cuda/cuda_backend.h"
 
 #include <cublas_v2.h>
@@ -27,14 +38,18 @@
 #include <map>
 #include <numeric>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/check.h"
 #include "cache/kv_layout.h"
+#include "engine/lora_adapter.h"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/block_copy.cuh"
 #include "kernels/cuda/cuda_check.h"
@@ -44,12 +59,17 @@
 #include "kernels/cuda/kv_pool_layout.h"
 #include "kernels/cuda/kv_write.cuh"
 #include "kernels/cuda/layernorm.cuh"
+#include "kernels/cuda/lora_plan.h"
+#include "kernels/cuda/lora_update.cuh"
 #include "kernels/cuda/step_plan.h"
 
 namespace prefixd {
 namespace {
 
 using cuda::StepPiece;
+
+static_assert(cuda::kCudaLoraMaxRank == cuda::kLoraUpdateMaxRank,
+              "lora_plan.h and lora_update.cuh must agree on the largest rank");
 
 // The largest decode batch replayed as a graph; bigger decode steps run eagerly (launch
 // overhead is negligible next to their work).
@@ -103,6 +123,9 @@ struct PassMeta {
   const int32_t* token_seq = nullptr;  // [num_tokens]
   const int32_t* rows = nullptr;       // [num_rows] token index of each logit row
   const int32_t* tables = nullptr;     // [num_seqs, max_blocks_per_seq]
+  // [num_tokens] each row's adapter (lora_update.cuh); null: no row has one, and the pass
+  // launches no LoRA kernel.
+  const cuda::LoraRowDevice* lora_rows = nullptr;
 };
 
 // One int32 buffer holds a pass's metadata, sections back to back so one copy uploads it:
@@ -125,7 +148,9 @@ struct MetaLayout {
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(const CudaBackendOptions& options)
-      : options_(options), config_(options.model->config()) {}
+      : options_(options),
+        config_(options.model->config()),
+        lora_lru_(options.max_device_adapters, options.adapter_cache_bytes) {}
   ~CudaBackend() override;
 
   absl::Status Init();
@@ -141,12 +166,17 @@ class CudaBackend final : public Backend {
     return KvBytesPerToken(config_.n_layer, config_.n_head, config_.head_dim(),
                            DTypeSize(options_.dtype));
   }
-  MemoryUsage memory_usage() const override { return usage_; }
+  MemoryUsage memory_usage() const override {
+    MemoryUsage u = usage_;  // written by Init only
+    u.adapter_bytes = adapter_bytes_.load(std::memory_order_relaxed);
+    return u;
+  }
   BackendCounters counters() const override {
     BackendCounters c;
     c.graph_fallbacks = graph_fallbacks_.load(std::memory_order_relaxed);
     return c;
   }
+  bool applies_lora() const override { return true; }
 
   absl::Status CopyBlocks(absl::Span<const BlockCopy> copies) override;
   absl::Status ReadKvBlock(int32_t block, absl::Span<uint8_t> out) override;
@@ -164,6 +194,17 @@ class CudaBackend final : public Backend {
                      int32_t token_cap, int32_t row_cap, int32_t num_tokens, int32_t num_rows);
   // Uploads the first `ints` ints of the pinned metadata.
   absl::Status UploadMeta(int64_t ints);
+  // Makes every adapter of `steps` resident on the device (evicting first, then uploading),
+  // and marks them used now. RESOURCE_EXHAUSTED (not fatal) when a copy does not fit.
+  absl::Status MakeAdaptersResident(absl::Span<const SequenceStep> steps);
+  absl::Status UploadAdapter(const LoraAdapter& adapter);
+  void FreeAdapter(const std::string& digest);
+  // Fills and uploads the first plan.row_slot.size() rows of the LoRA table and points
+  // meta->lora_rows at it; leaves it null for a plan without adapters.
+  absl::Status UploadLoraRows(const cuda::LoraPassPlan& plan, PassMeta* meta);
+  // After the product of `module` (layer * 4 + target) wrote y: its rows' LoRA updates.
+  absl::Status LoraUpdate(const PassMeta& m, int32_t layer, LoraTarget target, const void* x,
+                          int32_t in, float* y, int32_t out);
   // Enqueues the whole forward pass (no host synchronisation: capturable).
   absl::Status EnqueueForward(const PassMeta& meta);
   absl::Status Gemm(int32_t rows, int32_t k, int32_t n, const void* x, const void* w,
@@ -224,11 +265,25 @@ class CudaBackend final : public Backend {
   float* h_logits_ = nullptr;    // pinned [row_cap, V]
   int32_t* d_copies_ = nullptr;  // [kMaxCopiesPerLaunch, 3]
   int32_t* h_copies_ = nullptr;  // pinned twin
+  cuda::LoraRowDevice* d_lora_rows_ = nullptr;  // [token_cap] the pass's LoRA table
+  cuda::LoraRowDevice* h_lora_rows_ = nullptr;  // pinned twin
 
-  // (decode batch bucket, attention splits) -> graph, or null where capture failed and the
-  // shape runs eagerly. The captured launches depend on the batch size and the split count
-  // only; positions and tables are read from d_meta_.
-  std::map<std::pair<int32_t, int32_t>, cudaGraphExec_t> graphs_;
+  // Resident device copies of adapters, by digest: one allocation each (lora_plan.h's
+  // arena), freed on eviction. Engine thread only; adapter_bytes_ is their sum, for
+  // memory_usage() on any thread.
+  struct DeviceAdapter {
+    void* arena = nullptr;
+    int64_t bytes = 0;
+    const cuda::LoraModuleDevice* modules = nullptr;  // the arena's module table
+  };
+  absl::flat_hash_map<std::string, DeviceAdapter> device_adapters_;
+  cuda::LoraDeviceLru lora_lru_;
+  std::atomic<int64_t> adapter_bytes_{0};
+
+  // (decode batch bucket, attention splits, has adapters) -> graph, or null where capture
+  // failed and the shape runs eagerly. The captured launches depend on these only;
+  // positions, tables and the rows' adapters are read from d_meta_ and d_lora_rows_.
+  std::map<std::tuple<int32_t, int32_t, bool>, cudaGraphExec_t> graphs_;
   std::atomic<int64_t> graph_fallbacks_{0};
 };
 
@@ -242,6 +297,7 @@ CudaBackend::~CudaBackend() {
     if (exec != nullptr) cudaGraphExecDestroy(exec);
   }
   if (cublas_ != nullptr) cublasDestroy(cublas_);
+  for (auto& [digest, a] : device_adapters_) cudaFree(a.arena);
   for (void* p : device_allocs_) cudaFree(p);
   for (void* p : host_allocs_) cudaFreeHost(p);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
@@ -313,6 +369,8 @@ absl::Status CudaBackend::Init() {
       {reinterpret_cast<void**>(&d_meta_), meta_ints * 4},
       {reinterpret_cast<void**>(&d_copies_), int64_t{kMaxCopiesPerLaunch} * 3 * 4},
       {reinterpret_cast<void**>(&partials_), partial_floats_ * 4},
+      {reinterpret_cast<void**>(&d_lora_rows_),
+       T * static_cast<int64_t>(sizeof(cuda::LoraRowDevice))},
   };
   for (auto& b : buffers) {
     if (absl::Status s = Malloc(b.bytes, b.ptr); !s.ok()) return s;
@@ -321,7 +379,9 @@ absl::Status CudaBackend::Init() {
   for (auto [ptr, bytes] :
        {std::pair{reinterpret_cast<void**>(&h_meta_), meta_ints * 4},
         std::pair{reinterpret_cast<void**>(&h_logits_), R * V * 4},
-        std::pair{reinterpret_cast<void**>(&h_copies_), int64_t{kMaxCopiesPerLaunch} * 3 * 4}}) {
+        std::pair{reinterpret_cast<void**>(&h_copies_), int64_t{kMaxCopiesPerLaunch} * 3 * 4},
+        std::pair{reinterpret_cast<void**>(&h_lora_rows_),
+                  T * static_cast<int64_t>(sizeof(cuda::LoraRowDevice))}}) {
     if (absl::Status s = cuda::PinnedAlloc(bytes, ptr); !s.ok()) return s;
     host_allocs_.push_back(*ptr);
   }
@@ -332,7 +392,10 @@ absl::Status CudaBackend::Init() {
   cuda::KvPoolRequest request;
   request.budget_bytes = options_.kv_pool.budget_bytes;
   request.fraction = options_.kv_cache_fraction;
-  request.free_bytes = static_cast<int64_t>(free_bytes);
+  // The adapters' device copies are allocated on first use, after the pool: their cap stays
+  // out of what the pool may take.
+  request.free_bytes =
+      std::max<int64_t>(static_cast<int64_t>(free_bytes) - options_.adapter_cache_bytes, 0);
   request.block_bytes = layout_.block_elems() * elt;
   request.block_size = options_.kv_pool.block_size;
   absl::StatusOr<cuda::KvPoolPlan> plan = cuda::PlanKvPool(request);
@@ -452,6 +515,10 @@ absl::Status CudaBackend::EnqueueForward(const PassMeta& m) {
     if (absl::Status s = Gemm(T, E, 3 * E, h_, w.qkv_w, false, 0.0f, scratch_); !s.ok()) {
       return s;
     }
+    if (absl::Status s = LoraUpdate(m, l, LoraTarget::kAttnCAttn, h_, E, scratch_, 3 * E);
+        !s.ok()) {
+      return s;
+    }
     cuda::KvWriteArgs kvw;
     kvw.qkv = scratch_;
     kvw.bias = w.qkv_b;
@@ -478,6 +545,9 @@ absl::Status CudaBackend::EnqueueForward(const PassMeta& m) {
     // beta = 1: the projection lands on the residual stream directly; its bias is added by
     // the next LayerNorm (residual_bias), which reads the row anyway.
     if (absl::Status s = Gemm(T, E, E, h_, w.proj_w, false, 1.0f, x_); !s.ok()) return s;
+    if (absl::Status s = LoraUpdate(m, l, LoraTarget::kAttnCProj, h_, E, x_, E); !s.ok()) {
+      return s;
+    }
     cuda::LayerNormArgs ln2 = ln1;
     ln2.residual_bias = w.proj_b;
     ln2.gamma = w.ln2_g;
@@ -486,9 +556,17 @@ absl::Status CudaBackend::EnqueueForward(const PassMeta& m) {
     if (absl::Status s = Gemm(T, E, n_inner_, h_, w.fc_w, false, 0.0f, scratch_); !s.ok()) {
       return s;
     }
+    // Before gelu, which must see the update.
+    if (absl::Status s = LoraUpdate(m, l, LoraTarget::kMlpCFc, h_, E, scratch_, n_inner_);
+        !s.ok()) {
+      return s;
+    }
     PREFIXD_CUDA_RETURN_IF_ERROR(
         cuda::LaunchBiasGelu(dt, scratch_, w.fc_b, T, n_inner_, u_, stream_));
     if (absl::Status s = Gemm(T, n_inner_, E, u_, w.fc2_w, false, 1.0f, x_); !s.ok()) return s;
+    if (absl::Status s = LoraUpdate(m, l, LoraTarget::kMlpCProj, u_, n_inner_, x_, E); !s.ok()) {
+      return s;
+    }
   }
   if (m.num_rows == 0) return absl::OkStatus();
   cuda::LayerNormArgs lnf;
@@ -512,10 +590,11 @@ absl::Status CudaBackend::ValidateSteps(absl::Span<const SequenceStep> steps) co
     const int64_t n = static_cast<int64_t>(s.token_ids.size());
     if (n == 0) return absl::InvalidArgumentError(absl::StrFormat("step %d has no tokens", i));
     if (s.adapter != nullptr) {
-      // The gathered low-rank product per adapter segment is not written yet; applies_lora()
-      // is false, so the engine refuses such requests before they get here.
-      return absl::UnimplementedError(
-          absl::StrFormat("step %d has a LoRA adapter: the CUDA backend cannot apply one", i));
+      // INVALID_ARGUMENT for an adapter of another model, UNIMPLEMENTED for a rank the
+      // update kernel does not take; the code is kept, the message names the step.
+      if (absl::Status fits = cuda::CheckCudaLoraAdapter(*s.adapter, config_); !fits.ok()) {
+        return absl::Status(fits.code(), absl::StrFormat("step %d: %s", i, fits.message()));
+      }
     }
     if (s.start_pos < 0 || s.start_pos + n > config_.n_positions) {
       return absl::InvalidArgumentError(
@@ -621,6 +700,9 @@ absl::Status CudaBackend::RunEager(absl::Span<const SequenceStep> steps,
   const MetaLayout L(tokens, rows, tokens, max_blocks_per_seq_);
   const int64_t ints = L.tables + static_cast<int64_t>(pieces.size()) * max_blocks_per_seq_;
   if (absl::Status s = UploadMeta(ints); !s.ok()) return s;
+  if (absl::Status s = UploadLoraRows(cuda::PlanLoraPass(steps, pieces, tokens), &meta); !s.ok()) {
+    return s;
+  }
   if (absl::Status s = EnqueueForward(meta); !s.ok()) return s;
   // Only the rows with want_logits were computed, in piece order.
   std::vector<int32_t> append(rows);
@@ -645,7 +727,12 @@ absl::Status CudaBackend::RunGraph(absl::Span<const SequenceStep> steps,
   PassMeta meta = WriteMeta(steps, pieces, bucket, bucket, bucket, bucket);
   meta.attention_splits = cuda::AttentionSplits(bucket, config_.n_head, max_keys, num_sms_);
   const MetaLayout L(bucket, bucket, bucket, max_blocks_per_seq_);
-  const std::pair<int32_t, int32_t> key = {bucket, meta.attention_splits};
+  // The LoRA table goes up first: a replay reads it like d_meta_ (padding rows have none).
+  if (absl::Status s = UploadLoraRows(cuda::PlanLoraPass(steps, pieces, bucket), &meta); !s.ok()) {
+    return s;
+  }
+  const std::tuple<int32_t, int32_t, bool> key = {bucket, meta.attention_splits,
+                                                  meta.lora_rows != nullptr};
   // Every row's logits are computed; only rows up to the last wanted one travel to the host.
   std::vector<int32_t> append;
   for (int32_t i = 0; i < n; ++i) {
@@ -728,6 +815,7 @@ absl::Status CudaBackend::Forward(absl::Span<const SequenceStep> steps,
   if (cudaError_t e = cudaSetDevice(options_.device); e != cudaSuccess) {
     return Fail(cuda::CudaErrorStatus(e, "cudaSetDevice", __FILE__, __LINE__));
   }
+  if (absl::Status s = MakeAdaptersResident(steps); !s.ok()) return Fail(s);
   const bool all_decode = std::all_of(
       steps.begin(), steps.end(), [](const SequenceStep& s) { return s.token_ids.size() == 1; });
   // Graph batches are padded to a power of two (RunGraph), which must fit the token and row
@@ -748,6 +836,145 @@ absl::Status CudaBackend::Forward(absl::Span<const SequenceStep> steps,
       return Fail(s);
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::LoraUpdate(const PassMeta& m, int32_t layer, LoraTarget target,
+                                     const void* x, int32_t in, float* y, int32_t out) {
+  if (m.lora_rows == nullptr) return absl::OkStatus();
+  cuda::LoraUpdateArgs a;
+  a.rows = m.lora_rows;
+  a.num_rows = m.num_tokens;
+  a.module = layer * kNumLoraTargets + static_cast<int32_t>(target);
+  a.x = x;
+  a.ld_x = in;
+  a.in = in;
+  a.y = y;
+  a.ld_y = out;
+  a.out = out;
+  PREFIXD_CUDA_RETURN_IF_ERROR(cuda::LaunchLoraUpdate(options_.dtype, a, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::UploadLoraRows(const cuda::LoraPassPlan& plan, PassMeta* meta) {
+  meta->lora_rows = nullptr;
+  if (plan.empty()) return absl::OkStatus();
+  const int32_t n = static_cast<int32_t>(plan.row_slot.size());
+  PREFIXD_CHECK(n == meta->num_tokens && n <= token_cap_);
+  std::vector<cuda::LoraRowDevice> slots(plan.adapters.size());
+  for (size_t i = 0; i < plan.adapters.size(); ++i) {
+    const LoraAdapter& a = *plan.adapters[i];
+    // MakeAdaptersResident ran for every adapter of the Forward.
+    slots[i].modules = device_adapters_.at(a.digest).modules;
+    slots[i].rank = a.rank;
+    slots[i].scaling = a.scaling;
+  }
+  for (int32_t r = 0; r < n; ++r) {
+    const int32_t slot = plan.row_slot[r];
+    h_lora_rows_[r] = slot < 0 ? cuda::LoraRowDevice{} : slots[slot];
+  }
+  // The pinned table is free again once the pass's CopyLogitsOut has synchronised.
+  PREFIXD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_lora_rows_, h_lora_rows_,
+                                               n * sizeof(cuda::LoraRowDevice),
+                                               cudaMemcpyHostToDevice, stream_));
+  meta->lora_rows = d_lora_rows_;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::MakeAdaptersResident(absl::Span<const SequenceStep> steps) {
+  const std::vector<const LoraAdapter*> adapters = cuda::DistinctAdapters(steps);
+  if (adapters.empty()) return absl::OkStatus();
+  absl::flat_hash_set<std::string> keep;
+  int32_t incoming = 0;
+  int64_t incoming_bytes = 0;
+  const int64_t elt = DTypeSize(options_.dtype);
+  for (const LoraAdapter* a : adapters) {
+    keep.insert(a->digest);
+    if (!lora_lru_.Contains(a->digest)) {
+      ++incoming;
+      incoming_bytes +=
+          cuda::PlanLoraArena(*a, config_.n_layer, elt, sizeof(cuda::LoraModuleDevice)).bytes;
+    }
+  }
+  // Every earlier pass ended with a stream synchronisation, so no kernel still reads a
+  // victim's copy.
+  for (const std::string& digest : lora_lru_.Victims(incoming, incoming_bytes, keep)) {
+    FreeAdapter(digest);
+  }
+  for (const LoraAdapter* a : adapters) {
+    if (lora_lru_.Contains(a->digest)) {
+      lora_lru_.Touch(a->digest);
+    } else if (absl::Status s = UploadAdapter(*a); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+void CudaBackend::FreeAdapter(const std::string& digest) {
+  auto it = device_adapters_.find(digest);
+  if (it == device_adapters_.end()) return;
+  // A failure here would come back from the next checked call; the memory is gone either way.
+  cudaFree(it->second.arena);
+  adapter_bytes_.fetch_sub(it->second.bytes, std::memory_order_relaxed);
+  device_adapters_.erase(it);
+  lora_lru_.Erase(digest);
+}
+
+absl::Status CudaBackend::UploadAdapter(const LoraAdapter& adapter) {
+  const DType dt = options_.dtype;
+  const int64_t elt = DTypeSize(dt);
+  const cuda::LoraArenaLayout layout =
+      cuda::PlanLoraArena(adapter, config_.n_layer, elt, sizeof(cuda::LoraModuleDevice));
+  void* arena = nullptr;
+  if (absl::Status s = cuda::DeviceAlloc(layout.bytes, &arena); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("LoRA adapter ", adapter.dir, " (", layout.bytes,
+                                               " bytes on the device): ", s.message()));
+  }
+  // Staged on the host in the arena's exact layout, then one copy.
+  std::vector<char> staging(layout.bytes, 0);
+  char* base = static_cast<char*>(arena);
+  auto put = [&](int64_t offset, int64_t i, float v) {
+    if (dt == DType::kF32) {
+      std::memcpy(&staging[offset + 4 * i], &v, 4);
+    } else {
+      const uint16_t h = dt == DType::kF16 ? FloatToHalf(v) : FloatToBF16(v);
+      std::memcpy(&staging[offset + 2 * i], &h, 2);
+    }
+  };
+  const int64_t r = adapter.rank;
+  for (int32_t l = 0; l < config_.n_layer; ++l) {
+    for (int t = 0; t < kNumLoraTargets; ++t) {
+      const LoraModule* m = adapter.module(l, static_cast<LoraTarget>(t));
+      const int64_t i = int64_t{l} * kNumLoraTargets + t;
+      if (m == nullptr) continue;
+      const cuda::LoraModuleDevice entry = {base + layout.a_offset[i], base + layout.b_offset[i]};
+      std::memcpy(&staging[layout.table_offset + i * sizeof(entry)], &entry, sizeof(entry));
+      // A as [rank, in] (LoraModule holds it transposed, [in, rank]); B transposed as held.
+      for (int64_t j = 0; j < r; ++j) {
+        for (int64_t k = 0; k < m->in; ++k) {
+          put(layout.a_offset[i], j * m->in + k, m->a_t[k * r + j]);
+        }
+      }
+      for (int64_t e = 0; e < r * m->out; ++e) put(layout.b_offset[i], e, m->b_t[e]);
+    }
+  }
+  auto copy = [&]() -> absl::Status {
+    PREFIXD_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(arena, staging.data(), staging.size(), cudaMemcpyHostToDevice, stream_));
+    // The staging buffer is pageable and freed on return.
+    PREFIXD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  };
+  if (absl::Status s = copy(); !s.ok()) {
+    cudaFree(arena);
+    return s;
+  }
+  device_adapters_[adapter.digest] = {
+      arena, layout.bytes,
+      reinterpret_cast<const cuda::LoraModuleDevice*>(base + layout.table_offset)};
+  lora_lru_.Insert(adapter.digest, layout.bytes);
+  adapter_bytes_.fetch_add(layout.bytes, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
@@ -844,6 +1071,9 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOpti
   if (absl::Status s = ValidateKvPoolOptions(options.kv_pool); !s.ok()) return s;
   if (options.max_step_tokens < 1 || options.max_logit_rows < 1) {
     return absl::InvalidArgumentError("max_step_tokens and max_logit_rows must be >= 1");
+  }
+  if (options.max_device_adapters < 0 || options.adapter_cache_bytes < 0) {
+    return absl::InvalidArgumentError("max_device_adapters and adapter_cache_bytes must be >= 0");
   }
   if (options.kv_cache_fraction <= 0 || options.kv_cache_fraction > 1) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -8,10 +8,17 @@
 //    headroom left free on the device (kernels/cuda/kv_budget.h);
 //  - activation buffers for `max_step_tokens` tokens and `max_logit_rows` logit rows per
 //    internal pass (a larger Forward() is split into passes, chunks of one sequence in order);
-//  - one CUDA graph per decode batch-size bucket (1, 2, 4, ..., 256), captured on first use.
+//  - one CUDA graph per decode batch-size bucket (1, 2, 4, ..., 256), captured on first use
+//    (one more per bucket for decode batches with LoRA adapters).
 //    A bucket whose capture or instantiation fails while the device is healthy runs eagerly
 //    from then on, counted in counters().graph_fallbacks and logged; the step that tried it
 //    has already produced its logits eagerly.
+//
+// LoRA (applies_lora() is true): each row of a batch gets its own adapter's update after
+// each targeted product (kernels/cuda/lora_update.cuh), from device copies of the adapters
+// that are the one thing allocated after creation (bounded by max_device_adapters and
+// adapter_cache_bytes, reported in memory_usage().adapter_bytes). Compiled, not yet run on a
+// GPU (scripts/gpu-check runs its tests).
 //
 // Errors: invalid input (token out of vocab, position past the context, block table too short,
 // block id out of range) is INVALID_ARGUMENT and changes nothing. Any CUDA or cuBLAS failure
@@ -55,6 +62,12 @@ struct CudaBackendOptions {
   // Activation buffers are sized for this many tokens and logit rows per pass.
   int32_t max_step_tokens = 4096;
   int32_t max_logit_rows = 256;
+  // LoRA adapters' device copies (A and B in `dtype`, uploaded on first use, keyed by the
+  // adapter's digest): at most this many, and this many bytes, stay resident between steps,
+  // least recently used evicted first. A step's own adapters are always made resident, even
+  // beyond the caps. The byte cap is kept out of the KV pool's share of free memory.
+  int32_t max_device_adapters = 32;
+  int64_t adapter_cache_bytes = int64_t{256} << 20;
   // Fault injection: asked before each CUDA graph instantiation; true fails that
   // instantiation as cudaErrorNotSupported would, so that the eager fallback can be exercised
   // on a device where instantiation works. Unset: every instantiation is real.

@@ -65,6 +65,22 @@ std::set<std::string> AdapterLabels(const std::string& text, const std::string& 
   return out;
 }
 
+// kind="adapters" is the registry's host tensors plus the backend's own copies (the CUDA
+// backend's device copies, MemoryUsage::adapter_bytes).
+TEST(MetricsTest, AdapterBytesAddHostTensorsAndBackendCopies) {
+  MemoryUsage memory{1000, 2000, 300, 4096};
+  MetricsSources sources;
+  sources.memory = [&] { return memory; };
+  sources.adapter_bytes = [] { return int64_t{500}; };
+  ServerMetrics m(sources);
+  std::string text = m.ExpositionText();
+  EXPECT_EQ(Value(text, "prefixd_memory_bytes{kind=\"adapters\"}"), 4596);
+  EXPECT_EQ(Value(text, "prefixd_memory_bytes{kind=\"workspace\"}"), 300);
+  memory.adapter_bytes = 0;  // evicted from the device
+  text = m.ExpositionText();
+  EXPECT_EQ(Value(text, "prefixd_memory_bytes{kind=\"adapters\"}"), 500);
+}
+
 TEST(MetricsTest, CountersFollowEngineDeltasAndGaugesItsState) {
   FakeEngine fake;
   ServerMetrics m(fake.Sources());
