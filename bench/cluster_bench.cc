@@ -508,16 +508,38 @@ int Run(const Options& o) {
       }
       max_fail_after_kill = std::max(max_fail_after_kill, r.end_s - kill_s);
     }
-    // Requests for the killed replica's prompts, started after the kill: who served them.
+    // Requests for the killed replica's prompts, started after the kill: who served them,
+    // how long their first token took and how much of their prompts came from a cache (the
+    // pool of the replica that took them over, or the shared tier).
+    struct Moved {
+      uint32_t ok = 0;
+      double ttft_sum = 0;
+      uint64_t prompt_tokens = 0, cached = 0;
+      void Add(const Record& r) {
+        if (r.code != grpc::StatusCode::OK || r.first_s < 0) return;
+        ++ok;
+        ttft_sum += r.first_s - r.start_s;
+        prompt_tokens += r.prompt_tokens;
+        cached += r.cached_tokens;
+      }
+      nlohmann::json Json() const {
+        return {{"requests_ok", ok},
+                {"mean_ttft_s", ok ? ttft_sum / ok : 0.0},
+                {"hit_ratio", prompt_tokens ? static_cast<double>(cached) / prompt_tokens : 0.0}};
+      }
+    };
     std::map<std::string, uint32_t> moved, after_restart;
+    Moved moved_figures, after_restart_figures;
     for (const Record& r : records) {
       auto h = home.find(r.prompt);
       const bool killed_home = h != home.end() && h->second == kill_name;
       if (killed_home && r.start_s > kill_s && (restarted_s < 0 || r.start_s < restarted_s)) {
         moved[r.code == grpc::StatusCode::OK ? r.replica : "failed"]++;
+        moved_figures.Add(r);
       }
       if (killed_home && restarted_s >= 0 && r.start_s > restarted_s) {
         after_restart[r.code == grpc::StatusCode::OK ? r.replica : "failed"]++;
+        after_restart_figures.Add(r);
       }
     }
     out["failover"] = {
@@ -531,8 +553,10 @@ int Run(const Options& o) {
         {"failed_codes", failed_codes},
         {"max_s_from_kill_to_failure", max_fail_after_kill},
         {"killed_home_prompts_after_kill_served_by", moved},
+        {"killed_home_prompts_after_kill", moved_figures.Json()},
         {"restarted_at_s", restarted_s},
-        {"killed_home_prompts_after_restart_served_by", after_restart}};
+        {"killed_home_prompts_after_restart_served_by", after_restart},
+        {"killed_home_prompts_after_restart", after_restart_figures.Json()}};
   }
   std::cout << out.dump() << "\n";
 

@@ -21,7 +21,7 @@ const char kUsage[] =
     "           [--json]\n"
     "           (--prompt-logprobs N scores every prompt token, N top entries each, 0-20;\n"
     "            --max-tokens may then be 0)\n"
-    "  tokenize \"text\" [--json]\n"
+    "  tokenize \"text\" [--adapter NAME] [--json]\n"
     "  info [--json]\n"
     "  stats [--json]\n"
     "  health              (exit 0 when the server reports SERVING)\n"
@@ -125,6 +125,8 @@ Setters ValueFlags(CliArgs& cli, std::optional<Command> command) {
     s["min-p"] = SetParsed(&g.min_p, "--min-p", ParseFiniteFloat);
     s["logit-bias"] = SetParsed(&g.logit_bias, "--logit-bias", ParseLogitBias);
     s["prompt-logprobs"] = SetParsed(&g.prompt_logprobs, "--prompt-logprobs", ParseNonNegativeU32);
+  } else if (command == Command::kTokenize) {
+    s["adapter"] = SetString(&cli.tokenize_adapter);
   } else if (command == Command::kBench) {
     s["prefix-tokens"] = SetU32(&b.prefix_tokens, "--prefix-tokens");
     s["suffix-tokens"] = SetU32(&b.suffix_tokens, "--suffix-tokens");

@@ -58,6 +58,7 @@ struct CliArgs {
   Command command = Command::kHelp;
   GenerateArgs generate;
   std::string tokenize_text;
+  std::string tokenize_adapter;  // the adapter the ids are for (the base's tokenizer; an unknown name is NOT_FOUND)
   BenchArgs bench;
 };
 

@@ -192,6 +192,7 @@ int RunGenerate(Connection& conn, const CliArgs& args, std::ostream& out, std::o
 int RunTokenize(Connection& conn, const CliArgs& args, std::ostream& out, std::ostream& err) {
   v1::TokenizeRequest req;
   req.set_text(args.tokenize_text);
+  req.set_adapter(args.tokenize_adapter);
   v1::TokenizeResponse resp;
   auto ctx = conn.NewContext();
   grpc::Status status = conn.stub().Tokenize(ctx.get(), req, &resp);

@@ -111,6 +111,9 @@ TEST(CliArgsTest, DefaultsAndIds) {
 
 TEST(CliArgsTest, OtherCommands) {
   EXPECT_EQ(Parse({"tokenize", "a b"})->tokenize_text, "a b");
+  EXPECT_EQ(Parse({"tokenize", "a b"})->tokenize_adapter, "");
+  EXPECT_EQ(Parse({"tokenize", "a b", "--adapter", "legal"})->tokenize_adapter, "legal");
+  EXPECT_THAT(Error({"info", "--adapter", "legal"}), HasSubstr("--adapter"));
   EXPECT_EQ(Parse({"info"})->command, Command::kInfo);
   EXPECT_TRUE(Parse({"stats", "--json"})->json);
   absl::StatusOr<CliArgs> b =

@@ -13,7 +13,14 @@ using ::testing::HasSubstr;
 class PrefixctlTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const absl::Status s = suite_.Start({"--kv-cache-bytes=4194304"});
+    ASSERT_TRUE(suite_.Prepare().ok());
+    // One LoRA adapter, written by the project's tool, for --adapter.
+    const std::string adapter = suite_.dir() + "/adapter-a";
+    const CommandResult w =
+        RunCommand({BuiltBinary("tools/prefixd-model"), "random-adapter", "--base",
+                    suite_.model_dir(), "--out", adapter, "--rank", "4", "--seed", "7"});
+    ASSERT_EQ(w.exit_code, 0) << w.output;
+    const absl::Status s = suite_.Start({"--kv-cache-bytes=4194304", "--adapter=a=" + adapter});
     ASSERT_TRUE(s.ok()) << s;
   }
   static void TearDownTestSuite() { suite_.Stop(); }
@@ -60,6 +67,32 @@ TEST_F(PrefixctlTest, GenerateStreamsTextWithUsage) {
       {"generate", "Once upon a time", "--max-tokens", "4", "--seed", "1", "--temperature", "0.8"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("[prompt_tokens=4 cached_prompt_tokens="));
+}
+
+TEST_F(PrefixctlTest, AdapterFlagsReachTheServer) {
+  // The adapter shares the base's tokenizer: the same ids; an unknown name is NOT_FOUND.
+  CommandResult t = Ctl({"tokenize", "Hello world", "--adapter", "a"});
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  EXPECT_EQ(t.output, "15496,995\n");
+  CommandResult unknown = Ctl({"tokenize", "Hello world", "--adapter", "nope"});
+  EXPECT_EQ(unknown.exit_code, 1) << unknown.output;
+  EXPECT_THAT(unknown.output, HasSubstr("NOT_FOUND"));
+  EXPECT_THAT(unknown.output, HasSubstr("nope"));
+  // generate --adapter runs the adapter: other log-probabilities than the base's.
+  const std::vector<std::string> g = {"generate", "--ids", "5,6,7,8", "--max-tokens", "2",
+                                      "--json"};
+  std::vector<std::string> with_adapter = g;
+  with_adapter.insert(with_adapter.end(), {"--adapter", "a"});
+  CommandResult base = Ctl(g), adapted = Ctl(with_adapter);
+  ASSERT_EQ(base.exit_code, 0) << base.output;
+  ASSERT_EQ(adapted.exit_code, 0) << adapted.output;
+  const nlohmann::json b = nlohmann::json::parse(base.output);
+  const nlohmann::json a = nlohmann::json::parse(adapted.output);
+  EXPECT_NE(a["samples"][0]["logprobs"], b["samples"][0]["logprobs"]);
+  EXPECT_EQ(a["usage"]["cached_prompt_tokens"], 0) << "no block of the base is the adapter's";
+  CommandResult bad = Ctl({"generate", "--ids", "5,6", "--adapter", "nope"});
+  EXPECT_EQ(bad.exit_code, 1) << bad.output;
+  EXPECT_THAT(bad.output, HasSubstr("NOT_FOUND"));
 }
 
 TEST_F(PrefixctlTest, TokenizeInfoStats) {
