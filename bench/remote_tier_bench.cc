@@ -3,10 +3,11 @@
 //
 //  block  The cost of one 16-token block from the remote tier versus computing it. An engine
 //         computes a --prefix-token prompt (default 512) + 16 own tokens and publishes its
-//         blocks; a second engine (another replica: its own empty pool) runs the same prefix
-//         with new own tokens. Per block: the remote fetch (GET + verify, off the engine
-//         thread) + the copy into the pool, versus a cold engine's prefill time per 16 tokens;
-//         and the two time-to-first-tokens.
+//         blocks; a second engine (another replica: its own empty pool), after fetching
+//         another prefix first (a running replica), runs the same prefix with new own tokens.
+//         Per block: the remote fetch (GET + verify, off the engine thread) + the copy into
+//         the pool, versus a cold engine's prefill time per 16 tokens; the two
+//         time-to-first-tokens; and the first fetch's cost per block on the fresh replica.
 //  steps  Whether other requests keep decoding while blocks are fetched. One request decodes
 //         a long answer; meanwhile --requests requests whose --prefix tokens are in Redis (each
 //         + 1 own token) arrive, then as many whose prefixes are not (computed). The decoding
@@ -150,13 +151,15 @@ double Median(std::vector<double> v) {
 void Block(const Model& model, const Flags& f, const std::string& url) {
   const int64_t pool_tokens = f.prefix + 16 + 64;
   std::mt19937 rng(21);
-  std::vector<double> cold, warm, fetches;
+  std::vector<double> cold, warm, fetches, first_fetches;
   uint64_t cached = 0;
   for (int rep = 0; rep < f.reps; ++rep) {
     const std::vector<uint32_t> prefix = RandomTokens(&rng, f.prefix);
+    const std::vector<uint32_t> earlier = RandomTokens(&rng, f.prefix);
     {
       Served publisher(model, f, pool_tokens, url);
       Run(*publisher.engine, Concat(prefix, RandomTokens(&rng, 16)), 1);
+      Run(*publisher.engine, Concat(earlier, RandomTokens(&rng, 16)), 1);
     }  // shut down with a grace: its blocks are published
     const std::vector<uint32_t> prompt = Concat(prefix, RandomTokens(&rng, 16));
     {
@@ -164,6 +167,9 @@ void Block(const Model& model, const Flags& f, const std::string& url) {
       cold.push_back(Run(*cold_engine.engine, prompt, 1).ttft_s);
     }
     Served replica(model, f, pool_tokens, url);
+    // A running replica: it has fetched another prefix before (its tier's buffers are warm).
+    Run(*replica.engine, Concat(earlier, RandomTokens(&rng, 16)), 1);
+    for (double x : replica.engine->DrainLatencies().remote_load) first_fetches.push_back(x);
     const Outcome o = Run(*replica.engine, prompt, 1);
     warm.push_back(o.ttft_s);
     cached = o.cached;
@@ -173,10 +179,11 @@ void Block(const Model& model, const Flags& f, const std::string& url) {
   std::printf(
       "block: prompt %d tokens, %llu from the remote tier; TTFT cold %.1f ms, from Redis "
       "%.1f ms (%.2fx); per 16-token block: fetched + verified + copied %.2f ms (%zu blocks), "
-      "computed %.2f ms (%.1fx)\n",
+      "computed %.2f ms (%.1fx); a fresh replica's first fetch %.2f ms per block\n",
       f.prefix + 16, static_cast<unsigned long long>(cached), Mean(cold) * 1e3, Mean(warm) * 1e3,
       Mean(cold) / std::max(Mean(warm), 1e-9), Mean(fetches) * 1e3, fetches.size(),
-      per_block_compute * 1e3, per_block_compute / std::max(Mean(fetches), 1e-9));
+      per_block_compute * 1e3, per_block_compute / std::max(Mean(fetches), 1e-9),
+      Mean(first_fetches) * 1e3);
 }
 
 void Steps(const Model& model, const Flags& f, const std::string& url) {

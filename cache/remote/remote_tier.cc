@@ -113,6 +113,9 @@ class RedisConnection {
     if (ctx_ == nullptr) return Failed("cannot allocate a connection");
     if (ctx_->err != 0) return Failed(absl::StrCat("connect: ", ctx_->errstr));
     if (redisSetTimeout(ctx_, tv) != REDIS_OK) return Failed("cannot set the socket timeout");
+    // Keep the read buffer between replies: by default hiredis frees it once it holds more
+    // than 16 KiB unused, and the next 1.2 MB GET grows a new one through fresh pages.
+    ctx_->reader->maxbuf = 0;
     if (!options_.password.empty()) {
       const char* argv[] = {"AUTH", options_.password.data()};
       const size_t lens[] = {4, options_.password.size()};
@@ -315,10 +318,18 @@ absl::StatusOr<std::shared_ptr<const RemoteFetch>> RemoteTier::Fetch(
   // The budget comes back when the last holder (the request, or the fetcher) lets go. The
   // tier outlives every fetch: the engine's scheduler holds them and goes first, and the
   // fetcher thread drops its own before the tier's members go.
+  // Its block buffers are kept for the next fetches (at most the budget's worth): a fresh
+  // 1.2 MB buffer costs its page faults on every use, more than the GET and the SHA-256
+  // together on a virtual machine (docs/BENCHMARKS.md, "Remote cache tier").
   std::shared_ptr<RemoteFetch> f(new RemoteFetch, [this, n](RemoteFetch* done) {
+    std::vector<std::vector<uint8_t>> buffers = std::move(done->data);
     delete done;
     absl::MutexLock l(&mu_);
     fetch_blocks_in_flight_ -= n;
+    for (std::vector<uint8_t>& b : buffers) {
+      if (static_cast<int32_t>(spare_buffers_.size()) >= options_.max_fetch_blocks) break;
+      spare_buffers_.push_back(std::move(b));
+    }
   });
   f->root = root;
   f->keys = std::move(keys);
@@ -382,7 +393,16 @@ void RemoteTier::FetcherLoop() {
         ++corrupt;
         break;
       }
-      f.data.emplace_back(data->begin(), data->end());
+      std::vector<uint8_t> buffer;
+      {
+        absl::MutexLock lock(&mu_);
+        if (!spare_buffers_.empty()) {
+          buffer = std::move(spare_buffers_.back());
+          spare_buffers_.pop_back();
+        }
+      }
+      buffer.assign(data->begin(), data->end());  // no allocation when it held a block
+      f.data.push_back(std::move(buffer));
       f.scores.push_back(std::move(section));
       f.seconds.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
       ++loads;

@@ -176,6 +176,8 @@ class RemoteTier {
   };
   std::deque<PendingFetch> fetches_ ABSL_GUARDED_BY(mu_);
   int64_t fetch_blocks_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Block buffers of finished fetches, reused by the fetcher (at most max_fetch_blocks).
+  std::vector<std::vector<uint8_t>> spare_buffers_ ABSL_GUARDED_BY(mu_);
   std::thread publisher_;
   std::thread fetcher_;
 };
