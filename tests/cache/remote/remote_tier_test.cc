@@ -178,6 +178,26 @@ TEST_F(RemoteTierTest, PublishedBlocksComeBackBitForBitAndMatchAsAPrefix) {
   EXPECT_FALSE(writer->WantsPublish(chain[0].key));
 }
 
+// The fetcher reuses the buffers of fetches that ended: each fetch still holds its own
+// blocks' bytes, not a previous fetch's.
+TEST_F(RemoteTierTest, ReusedBuffersHoldEachFetchsOwnBytes) {
+  std::unique_ptr<RemoteTier> tier = Open();
+  const std::vector<BlockRecord> chain = MakeChain(SmallLayout(), 3, 4);
+  PublishAll(*tier, chain);
+  for (int round = 0; round < 3; ++round) {
+    for (size_t first = 0; first < chain.size(); ++first) {
+      std::vector<BlockRecord> part(chain.begin() + first, chain.end());
+      std::shared_ptr<const RemoteFetch> f = FetchNow(*tier, part);
+      ASSERT_NE(f, nullptr);
+      ASSERT_EQ(f->data.size(), part.size());
+      for (size_t i = 0; i < part.size(); ++i) {
+        EXPECT_EQ(f->data[i], part[i].data) << "round " << round << " block " << first + i;
+      }
+    }  // each fetch ends here: its buffers serve the next
+  }
+  EXPECT_EQ(tier->Stats().corrupt_blocks, 0u);
+}
+
 // A value with a score section comes back with it; a scored match counts only such values
 // (and a key of another type is no match, not a fault); a block published without scores
 // is offered again with them, once.
