@@ -58,7 +58,8 @@ struct CliArgs {
   Command command = Command::kHelp;
   GenerateArgs generate;
   std::string tokenize_text;
-  std::string tokenize_adapter;  // the adapter the ids are for (the base's tokenizer; an unknown name is NOT_FOUND)
+  // The adapter the ids are for: it shares the base's tokenizer; an unknown name is NOT_FOUND.
+  std::string tokenize_adapter;
   BenchArgs bench;
 };
 

@@ -78,18 +78,24 @@ TEST_F(PrefixctlTest, AdapterFlagsReachTheServer) {
   EXPECT_EQ(unknown.exit_code, 1) << unknown.output;
   EXPECT_THAT(unknown.output, HasSubstr("NOT_FOUND"));
   EXPECT_THAT(unknown.output, HasSubstr("nope"));
-  // generate --adapter runs the adapter: other log-probabilities than the base's.
-  const std::vector<std::string> g = {"generate", "--ids", "5,6,7,8", "--max-tokens", "2",
-                                      "--json"};
+  // generate --adapter runs the adapter: other log-probabilities than the base's, and its
+  // own cache. The prompt (20 ids) fills one 16-token block, which the base caches first.
+  const std::vector<std::string> g = {
+      "generate", "--ids", "5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24",
+      "--max-tokens", "2", "--json"};
   std::vector<std::string> with_adapter = g;
   with_adapter.insert(with_adapter.end(), {"--adapter", "a"});
-  CommandResult base = Ctl(g), adapted = Ctl(with_adapter);
+  CommandResult base = Ctl(g), adapted = Ctl(with_adapter), again = Ctl(with_adapter);
   ASSERT_EQ(base.exit_code, 0) << base.output;
   ASSERT_EQ(adapted.exit_code, 0) << adapted.output;
+  ASSERT_EQ(again.exit_code, 0) << again.output;
   const nlohmann::json b = nlohmann::json::parse(base.output);
   const nlohmann::json a = nlohmann::json::parse(adapted.output);
+  const nlohmann::json a2 = nlohmann::json::parse(again.output);
   EXPECT_NE(a["samples"][0]["logprobs"], b["samples"][0]["logprobs"]);
   EXPECT_EQ(a["usage"]["cached_prompt_tokens"], 0) << "no block of the base is the adapter's";
+  EXPECT_EQ(a2["usage"]["cached_prompt_tokens"], 16) << "the adapter's own block is";
+  EXPECT_EQ(a2["samples"][0]["logprobs"], a["samples"][0]["logprobs"]);
   CommandResult bad = Ctl({"generate", "--ids", "5,6", "--adapter", "nope"});
   EXPECT_EQ(bad.exit_code, 1) << bad.output;
   EXPECT_THAT(bad.output, HasSubstr("NOT_FOUND"));
