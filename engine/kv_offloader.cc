@@ -32,7 +32,8 @@ KvOffloader::~KvOffloader() {
 }
 
 KvOffloader::Continuation KvOffloader::Continue(const TokenChain& chain, int32_t from,
-                                                bool scoring, SequenceTiers* tiers) {
+                                                bool scoring, absl::Time match_deadline,
+                                                SequenceTiers* tiers) {
   const absl::Span<const Digest> keys = chain.keys();
   if (!has_tiers() || from >= static_cast<int32_t>(keys.size())) return {};
   if (TierLoad* load = tiers->load.get(); load != nullptr) {
@@ -48,7 +49,13 @@ KvOffloader::Continuation KvOffloader::Continue(const TokenChain& chain, int32_t
       disk_ == nullptr ? 0
       : scoring        ? static_cast<int32_t>(disk_->MatchScoredFrom(keys.subspan(from)))
                        : static_cast<int32_t>(disk_->MatchFrom(keys.subspan(from)));
-  const int32_t remote = remote_ == nullptr ? 0 : RemoteMatch(chain, from + on_disk, scoring, tiers);
+  int32_t remote = 0;
+  if (remote_ != nullptr) {
+    const std::optional<int32_t> r =
+        MatchRemote(chain, from + on_disk, scoring, match_deadline, tiers);
+    if (!r.has_value()) return {.parked = true};  // the answer wakes the engine
+    remote = *r;
+  }
   if (on_disk + remote == 0) return {};
   const absl::Status started = StartLoad(chain, from, on_disk, remote, scoring, tiers);
   // Parked until its blocks are here, or until a budget has room (reading a block is several
@@ -57,22 +64,39 @@ KvOffloader::Continuation KvOffloader::Continue(const TokenChain& chain, int32_t
   return {};
 }
 
-int32_t KvOffloader::RemoteMatch(const TokenChain& chain, int32_t from, bool scoring,
-                                 SequenceTiers* tiers) {
+std::optional<int32_t> KvOffloader::MatchRemote(const TokenChain& chain, int32_t from,
+                                                bool scoring, absl::Time match_deadline,
+                                                SequenceTiers* tiers) {
   // A waiting request is planned again every step; one round trip per kRemoteMatchReuse is
   // enough to see blocks another replica published meanwhile.
   constexpr absl::Duration kRemoteMatchReuse = absl::Milliseconds(50);
   const absl::Span<const Digest> keys = chain.keys();
   if (from >= static_cast<int32_t>(keys.size())) return 0;
-  const absl::Time now = absl::Now();
-  if (tiers->remote_from != from || tiers->remote_scored != scoring ||
-      now - tiers->remote_asked >= kRemoteMatchReuse) {
-    tiers->remote_from = from;
-    tiers->remote_scored = scoring;
-    tiers->remote_asked = now;
-    tiers->remote_blocks =
-        static_cast<int32_t>(remote_->MatchFrom(keys.subspan(from), {.scored_only = scoring}));
+  // The answer in flight, waited for until the step's deadline.
+  auto answered = [&]() {
+    const RemoteMatch& m = *tiers->match;
+    if (!m.done()) {
+      const absl::Duration left = match_deadline - absl::Now();
+      if (left <= absl::ZeroDuration() || !m.WaitFor(left)) return false;
+    }
+    tiers->remote_blocks = static_cast<int32_t>(m.blocks);
+    tiers->remote_answered = absl::Now();
+    tiers->match.reset();
+    return true;
+  };
+  if (tiers->match != nullptr && !answered()) return std::nullopt;
+  // Fresh from its answer (not its question), so that a slow tier's answers are used.
+  if (tiers->remote_from == from && tiers->remote_scored == scoring &&
+      absl::Now() - tiers->remote_answered < kRemoteMatchReuse) {
+    return tiers->remote_blocks;
   }
+  absl::StatusOr<std::shared_ptr<const RemoteMatch>> m =
+      remote_->StartMatch(keys.subspan(from), {.scored_only = scoring}, options_.wake);
+  if (!m.ok()) return 0;  // down or backing off: computed
+  tiers->match = *std::move(m);
+  tiers->remote_from = from;
+  tiers->remote_scored = scoring;
+  if (!answered()) return std::nullopt;
   return tiers->remote_blocks;
 }
 

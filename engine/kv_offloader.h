@@ -5,6 +5,10 @@
 //  - Match. After the pool's match for a waiting sequence, the offloader continues it into
 //    the disk tier, then into the remote tier, whole blocks only. A request that scores its
 //    prompt (prompt logprobs) takes only blocks that carry score sections, in either tier.
+//    The remote tier answers on its matcher thread: the engine waits for the answer at most
+//    until the step's match deadline (kMatchWait past the step's start, over all sequences),
+//    then leaves the sequence parked and steps on; the answer wakes it. A slow or hung Redis
+//    so costs the engine at most kMatchWait a step, whatever the tier's command timeout.
 //  - Load. The blocks found are read off the engine thread: disk files (read + verify) on
 //    the offloader's loader thread, remote values on the remote tier's fetcher thread. The
 //    sequence is parked (the Scheduler skips it) while the others keep stepping; when both
@@ -40,6 +44,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -102,12 +107,14 @@ struct TierLoad {
 struct SequenceTiers {
   std::shared_ptr<TierLoad> load;
   // The remote tier's latest answer: remote_blocks blocks from block remote_from on
-  // (scored ones only when remote_scored), asked at remote_asked. A sequence waiting for room
-  // is planned again every step; within a short while the answer is reused.
+  // (scored ones only when remote_scored), answered at remote_answered. A sequence waiting
+  // for room is planned again every step; within a short while the answer is reused.
   int32_t remote_from = -1;
   int32_t remote_blocks = 0;
   bool remote_scored = false;
-  absl::Time remote_asked;
+  absl::Time remote_answered = absl::InfinitePast();
+  // The match in flight (for remote_from and remote_scored), or null.
+  std::shared_ptr<const RemoteMatch> match;
 };
 
 class KvOffloader {
@@ -120,8 +127,8 @@ class KvOffloader {
     // scored is published).
     ScoreStore* scores = nullptr;
     uint32_t vocab_size = 0;
-    // Called from the loader or fetcher thread when a load's part is done: the engine wakes
-    // and steps.
+    // Called from the loader, fetcher or matcher thread when a load's part or a match is
+    // done: the engine wakes and steps.
     std::function<void()> wake;
     // Disk blocks being read (or read and not yet written) at once, over all sequences.
     int32_t max_disk_load_blocks = 128;
@@ -133,6 +140,10 @@ class KvOffloader {
   ~KvOffloader();
   KvOffloader(const KvOffloader&) = delete;
   KvOffloader& operator=(const KvOffloader&) = delete;
+
+  // How long one step's admissions may wait for the remote tier's match answers, in all:
+  // a few of Redis's round trips on a local network.
+  static constexpr absl::Duration kMatchWait = absl::Milliseconds(1);
 
   bool has_tiers() const { return disk_ != nullptr || remote_ != nullptr; }
   // Disk blocks loading or loaded and not yet let go of (their bytes are in memory).
@@ -148,9 +159,11 @@ class KvOffloader {
   };
   // With no load yet, matches the tiers and starts one when they hold blocks (parked).
   // With a finished load, the blocks it holds from `from` on (0 when the pool's blocks no
-  // longer reach the load's first block). `scoring`: score-carrying blocks only.
+  // longer reach the load's first block). `scoring`: score-carrying blocks only. The remote
+  // tier's answer is waited for until `match_deadline` (the step's start + kMatchWait);
+  // parked while it has not come.
   Continuation Continue(const TokenChain& chain, int32_t from, bool scoring,
-                        SequenceTiers* tiers);
+                        absl::Time match_deadline, SequenceTiers* tiers);
 
   // After the admission committed: writes `count` blocks of `load` from block `first_block`
   // of the chain on into `table` (the sequence's block table). Per block its score record
@@ -185,7 +198,9 @@ class KvOffloader {
   // nothing can be loaded (compute).
   absl::Status StartLoad(const TokenChain& chain, int32_t from, int32_t disk_blocks,
                          int32_t remote_blocks, bool scoring, SequenceTiers* tiers);
-  int32_t RemoteMatch(const TokenChain& chain, int32_t from, bool scoring, SequenceTiers* tiers);
+  // The remote tier's blocks from block `from` on, or nullopt while its answer has not come.
+  std::optional<int32_t> MatchRemote(const TokenChain& chain, int32_t from, bool scoring,
+                                     absl::Time match_deadline, SequenceTiers* tiers);
   // Builds load->blocks once the load is done.
   void Resolve(const TokenChain& chain, TierLoad* load) const;
   void LoaderLoop();

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "base/check.h"
 #include "engine/sampler.h"
 #include "engine/score_store.h"
@@ -219,6 +220,9 @@ bool Scheduler::Step() {
 
 void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
   const int32_t bs = cache_->block_size();
+  // The remote tier's match answers are waited for this long in all, then the sequences
+  // whose answer has not come stay parked until it wakes the engine.
+  const absl::Time match_deadline = absl::Now() + KvOffloader::kMatchWait;
   for (auto it = waiting_.begin(); it != waiting_.end() && *budget > 0;) {
     Sequence* seq = *it;
     RequestState* r = seq->request;
@@ -243,7 +247,8 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
     int32_t tier_blocks = 0;
     if (plan.ok() && options_.offloader != nullptr) {
       const KvOffloader::Continuation c =
-          options_.offloader->Continue(*seq->chain, pool_blocks, scoring, &seq->tiers);
+          options_.offloader->Continue(*seq->chain, pool_blocks, scoring, match_deadline,
+                                       &seq->tiers);
       if (c.parked) {
         ++it;  // its blocks are being loaded
         continue;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <iterator>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -230,12 +231,13 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Open(const RemoteTierOpt
 RemoteTier::RemoteTier(const RemoteTierOptions& options, const RemoteEndpoint& endpoint,
                        const DiskLayout& layout)
     : options_(options), endpoint_(endpoint), layout_(layout), layout_id_(layout.Id()) {
-  engine_conn_ = std::make_unique<RedisConnection>(endpoint_, options_);
+  matcher_conn_ = std::make_unique<RedisConnection>(endpoint_, options_);
   publisher_conn_ = std::make_unique<RedisConnection>(endpoint_, options_);
   fetcher_conn_ = std::make_unique<RedisConnection>(endpoint_, options_);
   stats_.configured = true;
   publisher_ = std::thread([this] { PublisherLoop(); });
   fetcher_ = std::thread([this] { FetcherLoop(); });
+  matcher_ = std::thread([this] { MatcherLoop(); });
 }
 
 RemoteTier::~RemoteTier() {
@@ -247,6 +249,7 @@ RemoteTier::~RemoteTier() {
   }
   publisher_.join();
   fetcher_.join();  // it ends the fetches still queued (nothing fetched) first
+  matcher_.join();  // likewise the matches (answered 0)
 }
 
 std::string RemoteTier::KeyOf(const Digest& key) const {
@@ -262,44 +265,105 @@ void RemoteTier::CountError(uint64_t RemoteTierStats::*counter, const std::strin
   if (options_.log) options_.log(absl::StrCat("remote cache tier: ", what));
 }
 
+absl::StatusOr<std::shared_ptr<const RemoteMatch>> RemoteTier::StartMatch(
+    absl::Span<const Digest> keys, const MatchOptions& match, std::function<void()> on_done) {
+  PREFIXD_CHECK(!keys.empty());
+  if (!matcher_conn_->ready()) return absl::UnavailableError("the remote tier is backing off");
+  auto m = std::make_shared<RemoteMatch>();
+  const size_t n = std::min(keys.size(), static_cast<size_t>(options_.max_match_blocks));
+  m->keys.assign(keys.begin(), keys.begin() + n);
+  m->scored_only = match.scored_only;
+  absl::MutexLock lock(&mu_);
+  if (stop_) return absl::UnavailableError("the remote tier is shutting down");
+  matches_.push_back({m, std::move(on_done)});
+  return m;
+}
+
 size_t RemoteTier::MatchFrom(absl::Span<const Digest> keys, const MatchOptions& match) {
-  if (keys.empty() || !engine_conn_->ready()) return 0;
-  RedisConnection& c = *engine_conn_;
+  if (keys.empty()) return 0;
+  absl::StatusOr<std::shared_ptr<const RemoteMatch>> m = StartMatch(keys, match, nullptr);
+  if (!m.ok()) return 0;
+  (*m)->done_.WaitForNotification();
+  return (*m)->blocks;
+}
+
+void RemoteTier::MatcherLoop() {
+  while (true) {
+    std::vector<PendingMatch> batch;
+    bool stopping;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !matches_.empty() || stop_;
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (matches_.empty()) return;  // stop_, nothing left
+      // Every match queued meanwhile goes in the same round trip.
+      batch.assign(std::make_move_iterator(matches_.begin()),
+                   std::make_move_iterator(matches_.end()));
+      matches_.clear();
+      stopping = stop_;
+    }
+    std::vector<std::shared_ptr<RemoteMatch>> matches;
+    for (PendingMatch& p : batch) matches.push_back(p.match);
+    if (!stopping) AnswerMatches(matches);  // while stopping, each is answered 0 at once
+    std::vector<std::function<void()>> wakes;
+    for (PendingMatch& p : batch) {
+      p.match->done_.Notify();
+      wakes.push_back(std::move(p.on_done));
+    }
+    // This thread lets go first, so that whoever a wake reaches holds the only reference.
+    batch.clear();
+    matches.clear();
+    for (std::function<void()>& wake : wakes) {
+      if (wake) wake();
+    }
+  }
+}
+
+void RemoteTier::AnswerMatches(absl::Span<const std::shared_ptr<RemoteMatch>> matches) {
+  RedisConnection& c = *matcher_conn_;
+  if (!c.ready()) return;  // backing off since StartMatch: answered 0
   if (absl::Status s = c.Ensure(); !s.ok()) {
     CountError(&RemoteTierStats::connect_errors, std::string(s.message()));
-    return 0;
+    return;
   }
-  const size_t n = std::min(keys.size(), static_cast<size_t>(options_.max_match_blocks));
-  std::vector<std::string> names;
-  names.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    names.push_back(KeyOf(keys[i]));
-    // STRLEN tells a value with a score section by its size (0 for an absent key).
-    const char* argv[] = {match.scored_only ? "STRLEN" : "EXISTS", names.back().data()};
-    const size_t lens[] = {6, names.back().size()};
-    if (absl::Status s = c.Append(2, argv, lens); !s.ok()) {
-      CountError(&RemoteTierStats::match_errors, std::string(s.message()));
-      return 0;
+  for (const std::shared_ptr<RemoteMatch>& m : matches) {
+    for (const Digest& key : m->keys) {
+      const std::string name = KeyOf(key);
+      // STRLEN tells a value with a score section by its size (0 for an absent key).
+      const char* argv[] = {m->scored_only ? "STRLEN" : "EXISTS", name.data()};
+      const size_t lens[] = {6, name.size()};
+      if (absl::Status s = c.Append(2, argv, lens); !s.ok()) {
+        CountError(&RemoteTierStats::match_errors, std::string(s.message()));
+        return;
+      }
     }
   }
-  size_t matched = 0;
-  bool prefix = true;
-  for (size_t i = 0; i < n; ++i) {  // every reply is read, so the pipeline ends empty
-    // A value of another type under the key (STRLEN's WRONGTYPE) is no match.
-    absl::StatusOr<Reply> r = c.GetReply(/*wrong_type_ok=*/match.scored_only);
-    if (!r.ok()) {
-      CountError(&RemoteTierStats::match_errors, std::string(r.status().message()));
-      return 0;
+  // Every reply is read, so that the pipeline ends empty; a failure closes the connection,
+  // and the matches not yet answered stay at 0.
+  std::vector<size_t> answers;
+  for (const std::shared_ptr<RemoteMatch>& m : matches) {
+    size_t matched = 0;
+    bool prefix = true;
+    for (size_t i = 0; i < m->keys.size(); ++i) {
+      // A value of another type under the key (STRLEN's WRONGTYPE) is no match.
+      absl::StatusOr<Reply> r = c.GetReply(/*wrong_type_ok=*/m->scored_only);
+      if (!r.ok()) {
+        CountError(&RemoteTierStats::match_errors, std::string(r.status().message()));
+        return;
+      }
+      const long long want = m->scored_only ? layout_.scored_file_bytes() : 1;
+      prefix = prefix && (*r)->type == REDIS_REPLY_INTEGER && (*r)->integer == want &&
+               !(m->scored_only && layout_.score_top_k == 0);
+      if (prefix) ++matched;
     }
-    const long long want = match.scored_only ? layout_.scored_file_bytes() : 1;
-    prefix = prefix && (*r)->type == REDIS_REPLY_INTEGER && (*r)->integer == want &&
-             !(match.scored_only && layout_.score_top_k == 0);
-    if (prefix) ++matched;
+    answers.push_back(matched);
   }
   c.Succeeded();
+  for (size_t i = 0; i < matches.size(); ++i) matches[i]->blocks = answers[i];
   absl::MutexLock lock(&mu_);
   stats_.up = true;
-  return matched;
 }
 
 absl::StatusOr<std::shared_ptr<const RemoteFetch>> RemoteTier::Fetch(

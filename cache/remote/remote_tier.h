@@ -19,10 +19,11 @@
 // backoff has passed (doubling from backoff_min to backoff_max, reset by one success).
 // Connecting again happens on the next use after the backoff.
 //
-// Threads: the engine thread is the only caller of MatchFrom, Fetch and WantsPublish/Publish.
-// MatchFrom uses a connection of the engine thread's own; a
-// fetcher thread runs Fetches (GET and verify, off the engine thread) on a second, and a
-// publisher thread takes blocks from a bounded queue and SETs them on a third.
+// Threads: the engine thread is the only caller of StartMatch, Fetch and
+// WantsPublish/Publish, and it never waits on the server: a matcher thread answers matches
+// (pipelined EXISTS) on a connection of its own, a fetcher thread runs Fetches (GET and
+// verify) on a second, and a publisher thread takes blocks from a bounded queue and SETs
+// them on a third.
 #ifndef PREFIXD_CACHE_REMOTE_REMOTE_TIER_H_
 #define PREFIXD_CACHE_REMOTE_REMOTE_TIER_H_
 
@@ -41,6 +42,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "cache/digest_hash.h"
 #include "cache/disk/block_file.h"
@@ -86,6 +89,25 @@ struct RemoteFetch {
   std::atomic<bool> done_{false};
 };
 
+// One match (RemoteTier::StartMatch), answered on the matcher thread. The engine thread
+// polls done() or waits a bounded while (WaitFor); after it, blocks is the matcher's answer
+// and no longer changes.
+struct RemoteMatch {
+  std::vector<Digest> keys;  // chain keys of consecutive blocks, at most max_match_blocks
+  bool scored_only = false;
+
+  bool done() const { return done_.HasBeenNotified(); }
+  // True once done, waiting at most `timeout`.
+  bool WaitFor(absl::Duration timeout) const {
+    return done_.WaitForNotificationWithTimeout(timeout);
+  }
+  // After done(): how many of keys the server holds, from the first to the first it does
+  // not hold (0 when the tier failed or was stopping).
+  size_t blocks = 0;
+
+  absl::Notification done_;
+};
+
 class RemoteTier {
  public:
   // Checks the options (INVALID_ARGUMENT naming the option) and starts the publisher. Does
@@ -99,14 +121,21 @@ class RemoteTier {
   RemoteTier(const RemoteTier&) = delete;
   RemoteTier& operator=(const RemoteTier&) = delete;
 
-  // How many of `keys` (chain keys of consecutive blocks) the server holds, counted from the
-  // first to the first it does not hold, at most max_match_blocks; with `scored_only`, only
-  // values that carry a score section (told by their length, as the disk tier tells its
-  // files). One pipelined round trip (EXISTS, or STRLEN); 0 while the tier is down or backing
-  // off.
+  // Asks, on the matcher thread, how many of `keys` (chain keys of consecutive blocks) the
+  // server holds, counted from the first to the first it does not hold, at most
+  // max_match_blocks; with `scored_only`, only values that carry a score section (told by
+  // their length, as the disk tier tells its files). The matches queued when the matcher
+  // turns to them go in one pipelined round trip (EXISTS, or STRLEN); `on_done` runs on the
+  // matcher thread once this one is answered (to wake the engine). Starts nothing and
+  // returns UNAVAILABLE while the tier is down or backing off (the caller computes).
   struct MatchOptions {
     bool scored_only = false;
   };
+  absl::StatusOr<std::shared_ptr<const RemoteMatch>> StartMatch(absl::Span<const Digest> keys,
+                                                                const MatchOptions& match,
+                                                                std::function<void()> on_done);
+  // StartMatch and wait for its answer (0 when it could not start), for callers that may
+  // block: tests and tools. The engine thread uses StartMatch.
   size_t MatchFrom(absl::Span<const Digest> keys, const MatchOptions& match);
   size_t MatchFrom(absl::Span<const Digest> keys) { return MatchFrom(keys, MatchOptions{}); }
 
@@ -148,6 +177,9 @@ class RemoteTier {
              const DiskLayout& layout);
   void PublisherLoop();
   void FetcherLoop();
+  void MatcherLoop();
+  // Answers `matches` in one pipelined round trip on the matcher's connection.
+  void AnswerMatches(absl::Span<const std::shared_ptr<RemoteMatch>> matches);
   void CountError(uint64_t RemoteTierStats::*counter, const std::string& what);
   void RememberLocked(const Digest& key, bool scored) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -156,7 +188,7 @@ class RemoteTier {
   const DiskLayout layout_;
   const std::string layout_id_;
 
-  std::unique_ptr<RedisConnection> engine_conn_;     // engine thread only
+  std::unique_ptr<RedisConnection> matcher_conn_;    // matcher thread only
   std::unique_ptr<RedisConnection> publisher_conn_;  // publisher thread only
   std::unique_ptr<RedisConnection> fetcher_conn_;    // fetcher thread only
 
@@ -175,11 +207,17 @@ class RemoteTier {
     std::function<void()> on_done;
   };
   std::deque<PendingFetch> fetches_ ABSL_GUARDED_BY(mu_);
+  struct PendingMatch {
+    std::shared_ptr<RemoteMatch> match;
+    std::function<void()> on_done;
+  };
+  std::deque<PendingMatch> matches_ ABSL_GUARDED_BY(mu_);
   int64_t fetch_blocks_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   // Block buffers of finished fetches, reused by the fetcher (at most max_fetch_blocks).
   std::vector<std::vector<uint8_t>> spare_buffers_ ABSL_GUARDED_BY(mu_);
   std::thread publisher_;
   std::thread fetcher_;
+  std::thread matcher_;
 };
 
 }  // namespace prefixd

@@ -213,6 +213,50 @@ TEST_F(EngineRemoteTierTest, ARequestWaitingForItsBlocksIsParkedWhileOthersDecod
   EXPECT_EQ(other.samples[0], Cold(decoding).samples[0]);
 }
 
+// The remote tier's match is answered off the engine thread: while Redis hangs (its timeout
+// far away), a new request waits, parked, and the request already running decodes on; when
+// Redis answers again, the new one is admitted with its blocks from Redis.
+TEST_F(EngineRemoteTierTest, AHungRedisNeverStallsTheEngine) {
+  const EngineRequest a = Request(14);
+  ASSERT_TRUE(RunAndPublish(redis_->url(), a).status.ok());
+  CpuEngineOptions o = WithRemote(redis_->url());
+  o.remote_tier.timeout = kMaxRemoteTierTimeout;
+  CpuEngine engine(o);
+  EngineRequest decoding = Request(15);
+  decoding.max_new_tokens = 150;
+  absl::StatusOr<std::shared_ptr<RequestStream>> d = engine.engine->Submit(decoding);
+  ASSERT_TRUE(d.ok()) << d.status();
+  const absl::Time deadline = absl::Now() + kWait;
+  while (engine.engine->Stats().scheduler.generated_tokens == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  redis_->Pause();
+  absl::StatusOr<std::shared_ptr<RequestStream>> w = engine.engine->Submit(a);
+  ASSERT_TRUE(w.ok()) << w.status();
+  while (engine.engine->Stats().scheduler.waiting_requests == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  const uint64_t generated = engine.engine->Stats().scheduler.generated_tokens;
+  while (engine.engine->Stats().scheduler.generated_tokens < generated + 20 &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_GE(engine.engine->Stats().scheduler.generated_tokens, generated + 20);
+  std::vector<RequestEvent> events;
+  (*w)->Poll(&events);
+  EXPECT_TRUE(events.empty()) << "the new request waits for the match";
+  EXPECT_EQ(engine.engine->Stats().scheduler.waiting_requests, 1u);
+  redis_->Resume();
+  const RequestResult warm = Collect(**w);
+  ASSERT_TRUE(warm.status.ok()) << warm.status;
+  EXPECT_EQ(warm.usage.cached_prompt_tokens, 96u);
+  EXPECT_EQ(warm.samples[0], Cold(a).samples[0]);
+  EXPECT_EQ(engine.engine->Stats().remote.match_errors, 0u);
+  const RequestResult other = Collect(**d);
+  ASSERT_TRUE(other.status.ok()) << other.status;
+  EXPECT_EQ(other.samples[0], Cold(decoding).samples[0]);
+}
+
 // Prompt scores and tokens of `got` equal those of the same request run cold.
 void ExpectEqualsCold(const EngineRequest& r, const RequestResult& got) {
   CpuEngine cold({.pool_blocks = 64, .prefix_cache = false});

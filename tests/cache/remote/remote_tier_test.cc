@@ -4,6 +4,7 @@
 // password costs counted errors and never a wrong block.
 #include "cache/remote/remote_tier.h"
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -369,6 +370,40 @@ TEST_F(RemoteTierTest, AHungServerCostsOneTimeoutThenIsSkipped) {
   for (int i = 0; i < 5; ++i) EXPECT_EQ(tier->MatchFrom(KeysOf(chain)), 0u);
   EXPECT_EQ(tier->Stats().match_errors, 1u);  // skipped while backing off
   redis_->Resume();
+}
+
+// A match is answered on the matcher thread: StartMatch returns at once while the server
+// hangs, and the answer (with every match queued meanwhile, in one round trip) comes, and
+// wakes its caller, once the server answers again.
+TEST_F(RemoteTierTest, AMatchIsAnsweredOffTheCallersThread) {
+  std::unique_ptr<RemoteTier> writer = Open();
+  const std::vector<BlockRecord> chain = MakeChain(SmallLayout(), 8, 3);
+  PublishAll(*writer, {chain[0], chain[1]});
+  RemoteTierOptions o = TestOptions();
+  o.timeout = kMaxRemoteTierTimeout;  // not reached: the server resumes first
+  std::unique_ptr<RemoteTier> tier = Open(o);
+  const std::vector<Digest> keys = KeysOf(chain);
+  ASSERT_EQ(tier->MatchFrom(keys), 2u);  // connected
+  redis_->Pause();
+  std::atomic<int> woken{0};
+  absl::StatusOr<std::shared_ptr<const RemoteMatch>> all =
+      tier->StartMatch(keys, {}, [&woken] { ++woken; });
+  ASSERT_TRUE(all.ok()) << all.status();
+  absl::StatusOr<std::shared_ptr<const RemoteMatch>> tail =
+      tier->StartMatch(absl::MakeConstSpan(keys).subspan(1), {}, [&woken] { ++woken; });
+  ASSERT_TRUE(tail.ok()) << tail.status();
+  EXPECT_FALSE((*all)->WaitFor(absl::Milliseconds(50)));
+  EXPECT_FALSE((*tail)->done());
+  EXPECT_EQ(woken.load(), 0);
+  redis_->Resume();
+  ASSERT_TRUE((*all)->WaitFor(absl::Seconds(30)));
+  ASSERT_TRUE((*tail)->WaitFor(absl::Seconds(30)));
+  EXPECT_EQ((*all)->blocks, 2u);
+  EXPECT_EQ((*tail)->blocks, 1u);
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (woken.load() < 2 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(woken.load(), 2);
+  EXPECT_EQ(tier->Stats().match_errors, 0u);
 }
 
 TEST_F(RemoteTierTest, UnixSocketsWork) {
