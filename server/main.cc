@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/flag_names.h"
+#include "cache/remote/remote_tier_options.h"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, model, "",
@@ -54,7 +55,7 @@ ABSL_FLAG(std::string, kv_remote, "",
 ABSL_FLAG(std::string, kv_remote_password_file, "",
           "File whose first line is the Redis password (AUTH); never put it in --kv-remote");
 ABSL_FLAG(std::string, kv_remote_prefix, "prefixd:", "Prefix of every key in the remote tier");
-ABSL_FLAG(absl::Duration, kv_remote_timeout, absl::Milliseconds(20),
+ABSL_FLAG(absl::Duration, kv_remote_timeout, prefixd::kDefaultRemoteTierTimeout,
           "Bound on each remote-tier connect and command; a tier past it is skipped with backoff");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(30),
           "On SIGTERM/SIGINT, how long running and queued requests may continue");

@@ -12,7 +12,13 @@
 
 namespace prefixd {
 
-// The engine thread waits up to the timeout on every match: longer would stall every step.
+// No engine thread waits on a command (each runs on a tier thread), so the timeout bounds
+// only how long the requests that wait for one answer wait. 250 ms by default: a local Redis
+// answers in well under a millisecond, but a host busy enough to delay Redis's turn on a CPU
+// by 20 ms (a replica's 2 vCPUs shared with Redis, docs/BENCHMARKS.md) made a 20 ms timeout
+// fire hundreds of times a run, and each one backs the tier off and computes prefixes it
+// holds.
+inline constexpr absl::Duration kDefaultRemoteTierTimeout = absl::Milliseconds(250);
 inline constexpr absl::Duration kMaxRemoteTierTimeout = absl::Seconds(10);
 
 // url, key_prefix and timeout are prefixd flags (--kv-remote, --kv-remote-prefix,
@@ -26,10 +32,10 @@ struct RemoteTierOptions {
   // Every key this tier reads or writes starts with it, so that one Redis can hold other
   // data, or several fleets (each its own prefix).
   std::string key_prefix = "prefixd:";
-  // Bound on one connect and on one command (a pipelined match, a GET, a SET). The engine
-  // thread waits at most this long for a tier that has stopped answering; then the tier is
-  // skipped until the backoff below has passed.
-  absl::Duration timeout = absl::Milliseconds(20);
+  // Bound on one connect and on one command (a pipelined match, a GET, a SET), on the tier's
+  // threads. A request waiting for an answer waits at most this long for a tier that has
+  // stopped answering (then computes); the tier is skipped until the backoff below has passed.
+  absl::Duration timeout = kDefaultRemoteTierTimeout;
   // After a failure, the tier is not asked again for backoff_min, doubling per failure up to
   // backoff_max; one success resets it.
   absl::Duration backoff_min = absl::Milliseconds(100);
