@@ -66,6 +66,20 @@ std::vector<std::string> Keys(const RedisServer& redis) {
   return absl::StrSplit(all, '\n');
 }
 
+// While `parked` waits (it has emitted nothing and is the one waiting request), the engine
+// generates 20 more tokens for the others.
+void ExpectOthersDecodeWhileParked(Engine& engine, RequestStream& parked, absl::Time deadline) {
+  const uint64_t generated = engine.Stats().scheduler.generated_tokens;
+  while (engine.Stats().scheduler.generated_tokens < generated + 20 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_GE(engine.Stats().scheduler.generated_tokens, generated + 20);
+  std::vector<RequestEvent> events;
+  parked.Poll(&events);
+  EXPECT_TRUE(events.empty()) << "the parked request has not started";
+  EXPECT_EQ(engine.Stats().scheduler.waiting_requests, 1u);
+}
+
 class EngineRemoteTierTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -193,16 +207,7 @@ TEST_F(EngineRemoteTierTest, ARequestWaitingForItsBlocksIsParkedWhileOthersDecod
   while (gets.load() == 0 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
   ASSERT_EQ(gets.load(), 1) << "the fetch started";
   // The fetch is stuck; the other request decodes on.
-  const uint64_t generated = engine.engine->Stats().scheduler.generated_tokens;
-  while (engine.engine->Stats().scheduler.generated_tokens < generated + 20 &&
-         absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  EXPECT_GE(engine.engine->Stats().scheduler.generated_tokens, generated + 20);
-  std::vector<RequestEvent> events;
-  (*w)->Poll(&events);
-  EXPECT_TRUE(events.empty()) << "the parked request has not started";
-  EXPECT_EQ(engine.engine->Stats().scheduler.waiting_requests, 1u);
+  ExpectOthersDecodeWhileParked(*engine.engine, **w, deadline);
   release.Notify();
   const RequestResult warm = Collect(**w);
   ASSERT_TRUE(warm.status.ok()) << warm.status;
@@ -236,16 +241,7 @@ TEST_F(EngineRemoteTierTest, AHungRedisNeverStallsTheEngine) {
   while (engine.engine->Stats().scheduler.waiting_requests == 0 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(1));
   }
-  const uint64_t generated = engine.engine->Stats().scheduler.generated_tokens;
-  while (engine.engine->Stats().scheduler.generated_tokens < generated + 20 &&
-         absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  EXPECT_GE(engine.engine->Stats().scheduler.generated_tokens, generated + 20);
-  std::vector<RequestEvent> events;
-  (*w)->Poll(&events);
-  EXPECT_TRUE(events.empty()) << "the new request waits for the match";
-  EXPECT_EQ(engine.engine->Stats().scheduler.waiting_requests, 1u);
+  ExpectOthersDecodeWhileParked(*engine.engine, **w, deadline);
   redis_->Resume();
   const RequestResult warm = Collect(**w);
   ASSERT_TRUE(warm.status.ok()) << warm.status;
