@@ -304,9 +304,7 @@ void RemoteTier::MatcherLoop() {
       matches_.clear();
       stopping = stop_;
     }
-    std::vector<std::shared_ptr<RemoteMatch>> matches;
-    for (PendingMatch& p : batch) matches.push_back(p.match);
-    if (!stopping) AnswerMatches(matches);  // while stopping, each is answered 0 at once
+    if (!stopping) AnswerMatches(batch);  // while stopping, each is answered 0 at once
     std::vector<std::function<void()>> wakes;
     for (PendingMatch& p : batch) {
       p.match->done_.Notify();
@@ -314,21 +312,21 @@ void RemoteTier::MatcherLoop() {
     }
     // This thread lets go first, so that whoever a wake reaches holds the only reference.
     batch.clear();
-    matches.clear();
     for (std::function<void()>& wake : wakes) {
       if (wake) wake();
     }
   }
 }
 
-void RemoteTier::AnswerMatches(absl::Span<const std::shared_ptr<RemoteMatch>> matches) {
+void RemoteTier::AnswerMatches(absl::Span<const PendingMatch> batch) {
   RedisConnection& c = *matcher_conn_;
   if (!c.ready()) return;  // backing off since StartMatch: answered 0
   if (absl::Status s = c.Ensure(); !s.ok()) {
     CountError(&RemoteTierStats::connect_errors, std::string(s.message()));
     return;
   }
-  for (const std::shared_ptr<RemoteMatch>& m : matches) {
+  for (const PendingMatch& p : batch) {
+    const RemoteMatch* m = p.match.get();
     for (const Digest& key : m->keys) {
       const std::string name = KeyOf(key);
       // STRLEN tells a value with a score section by its size (0 for an absent key).
@@ -342,8 +340,8 @@ void RemoteTier::AnswerMatches(absl::Span<const std::shared_ptr<RemoteMatch>> ma
   }
   // Every reply is read, so that the pipeline ends empty; a failure closes the connection,
   // and the matches not yet answered stay at 0.
-  std::vector<size_t> answers;
-  for (const std::shared_ptr<RemoteMatch>& m : matches) {
+  for (const PendingMatch& p : batch) {
+    RemoteMatch* m = p.match.get();
     size_t matched = 0;
     bool prefix = true;
     for (size_t i = 0; i < m->keys.size(); ++i) {
@@ -358,10 +356,9 @@ void RemoteTier::AnswerMatches(absl::Span<const std::shared_ptr<RemoteMatch>> ma
                !(m->scored_only && layout_.score_top_k == 0);
       if (prefix) ++matched;
     }
-    answers.push_back(matched);
+    m->blocks = matched;
   }
   c.Succeeded();
-  for (size_t i = 0; i < matches.size(); ++i) matches[i]->blocks = answers[i];
   absl::MutexLock lock(&mu_);
   stats_.up = true;
 }

@@ -110,7 +110,7 @@ struct RemoteMatch {
 
 class RemoteTier {
  public:
-  // Checks the options (INVALID_ARGUMENT naming the option) and starts the publisher. Does
+  // Checks the options (INVALID_ARGUMENT naming the option) and starts its threads. Does
   // not need the server to be up: a tier that cannot connect is down, counted, and tried
   // again after the backoff.
   static absl::StatusOr<std::unique_ptr<RemoteTier>> Open(const RemoteTierOptions& options,
@@ -178,8 +178,9 @@ class RemoteTier {
   void PublisherLoop();
   void FetcherLoop();
   void MatcherLoop();
-  // Answers `matches` in one pipelined round trip on the matcher's connection.
-  void AnswerMatches(absl::Span<const std::shared_ptr<RemoteMatch>> matches);
+  struct PendingMatch;
+  // Answers the matches of `batch` in one pipelined round trip on the matcher's connection.
+  void AnswerMatches(absl::Span<const PendingMatch> batch);
   void CountError(uint64_t RemoteTierStats::*counter, const std::string& what);
   void RememberLocked(const Digest& key, bool scored) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
