@@ -276,7 +276,7 @@ void KvOffloader::PublishComputed(const TokenChain& chain, absl::Span<const int3
     record.key = keys[b];
     const absl::Span<const uint32_t> tokens = chain.block(b);
     record.tokens.assign(tokens.begin(), tokens.end());
-    record.data.resize(static_cast<size_t>(backend_->KvBlockBytes()));
+    record.data = remote_->PublishBuffer();  // KvBlockBytes() long: the layout's data_bytes
     // A failed read is a backend failure that the next Forward reports; the block is simply
     // not published.
     if (!backend_->ReadKvBlock(table[b], absl::MakeSpan(record.data)).ok()) return;
