@@ -212,7 +212,7 @@ class RedisConnection {
   // system calls, and Redis is woken as often to refill the socket. This reads up to
   // kReadBytes at a time and feeds them to hiredis's reader (the protocol stays hiredis's):
   // a GET of a block costs the client about 40 % less CPU, and Redis about 25 % less
-  // (docs/BENCHMARKS.md, "Remote cache tier").
+  // (docs/BENCHMARKS.md, "With the shared Redis tier").
   absl::Status ReadReply(void** reply) {
     if (ctx_ == nullptr) return absl::UnavailableError("not connected");
     int sent = 0;
