@@ -2,6 +2,7 @@
 
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace prefixd::cuda {
 namespace {
@@ -162,18 +163,17 @@ cudaError_t LaunchPagedAttention(DType dtype, const AttentionArgs& a, cudaStream
     return cudaErrorInvalidValue;
   }
   const dim3 grid(a.num_tokens, a.layout.n_head, a.num_splits);
-  PREFIXD_DISPATCH_DTYPE(dtype, PagedAttentionKernel<T><<<grid, kWarps * 32, 0, stream>>>(
-                                    a.qkv, static_cast<const T*>(a.kv_pool), a.layout, a.layer,
-                                    a.positions, a.token_seq, a.block_tables, a.max_blocks_per_seq,
-                                    a.partials, static_cast<T*>(a.out)));
+  PREFIXD_DISPATCH_DTYPE(
+      dtype, Launch(PagedAttentionKernel<T>, grid, kWarps * 32, 0, stream, a.qkv,
+                    static_cast<const T*>(a.kv_pool), a.layout, a.layer, a.positions, a.token_seq,
+                    a.block_tables, a.max_blocks_per_seq, a.partials, static_cast<T*>(a.out)));
   if (a.num_splits == 1) return cudaGetLastError();
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   // One warp per (token, head) suffices to merge: head_dim <= 128 values, <= 16 splits.
   const int threads = 32;
-  PREFIXD_DISPATCH_DTYPE(
-      dtype,
-      MergeSplitsKernel<T><<<dim3(a.num_tokens, a.layout.n_head), threads, 0, stream>>>(
-          a.partials, a.layout.n_head, a.layout.head_dim, a.num_splits, static_cast<T*>(a.out)));
+  PREFIXD_DISPATCH_DTYPE(dtype, Launch(MergeSplitsKernel<T>, dim3(a.num_tokens, a.layout.n_head),
+                                       threads, 0, stream, a.partials, a.layout.n_head,
+                                       a.layout.head_dim, a.num_splits, static_cast<T*>(a.out)));
   return cudaGetLastError();
 }
 

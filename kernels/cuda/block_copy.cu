@@ -1,5 +1,6 @@
 #include "kernels/cuda/block_copy.cuh"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace prefixd::cuda {
 namespace {
@@ -28,11 +29,11 @@ cudaError_t LaunchBlockCopy(DType dtype, const int32_t* copies, int32_t num_copi
   const dim3 grid(num_copies, layout.n_layer * 2 * layout.n_head);
   constexpr int kThreads = 128;  // a head's block is 16 x 64 elements: 8 passes
   if (DTypeSize(dtype) == 4) {
-    BlockCopyKernel<uint32_t>
-        <<<grid, kThreads, 0, stream>>>(copies, layout, static_cast<uint32_t*>(kv_pool));
+    Launch(BlockCopyKernel<uint32_t>, grid, kThreads, 0, stream, copies, layout,
+           static_cast<uint32_t*>(kv_pool));
   } else {
-    BlockCopyKernel<uint16_t>
-        <<<grid, kThreads, 0, stream>>>(copies, layout, static_cast<uint16_t*>(kv_pool));
+    Launch(BlockCopyKernel<uint16_t>, grid, kThreads, 0, stream, copies, layout,
+           static_cast<uint16_t*>(kv_pool));
   }
   return cudaGetLastError();
 }

@@ -1,5 +1,6 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/embedding.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace prefixd::cuda {
 namespace {
@@ -26,9 +27,9 @@ cudaError_t LaunchEmbedding(DType dtype, const void* wte, const void* wpe, const
   if (num_tokens == 0) return cudaSuccess;
   // One block per token; 256 threads cover GPT-2's 768..1600 widths in 3..7 coalesced passes.
   constexpr int kThreads = 256;
-  PREFIXD_DISPATCH_DTYPE(dtype, EmbeddingKernel<T><<<num_tokens, kThreads, 0, stream>>>(
-                                    static_cast<const T*>(wte), static_cast<const T*>(wpe),
-                                    token_ids, positions, n_embd, x));
+  PREFIXD_DISPATCH_DTYPE(
+      dtype, Launch(EmbeddingKernel<T>, num_tokens, kThreads, 0, stream, static_cast<const T*>(wte),
+                    static_cast<const T*>(wpe), token_ids, positions, n_embd, x));
   return cudaGetLastError();
 }
 

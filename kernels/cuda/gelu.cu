@@ -1,5 +1,6 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gelu.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace prefixd::cuda {
 namespace {
@@ -29,9 +30,9 @@ cudaError_t LaunchBiasGelu(DType dtype, const float* fc, const void* bias, int32
   // keeps the grid size independent of the batch so it never overflows.
   const int64_t want = (total + kThreads - 1) / kThreads;
   const int blocks = static_cast<int>(want < 4096 ? want : 4096);
-  PREFIXD_DISPATCH_DTYPE(dtype,
-                         BiasGeluKernel<T><<<blocks, kThreads, 0, stream>>>(
-                             fc, static_cast<const T*>(bias), total, width, static_cast<T*>(out)));
+  PREFIXD_DISPATCH_DTYPE(
+      dtype, Launch(BiasGeluKernel<T>, blocks, kThreads, 0, stream, fc, static_cast<const T*>(bias),
+                    total, width, static_cast<T*>(out)));
   return cudaGetLastError();
 }
 

@@ -1,5 +1,6 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kv_write.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace prefixd::cuda {
 namespace {
@@ -32,9 +33,9 @@ __global__ void KvWriteKernel(float* __restrict__ qkv, const T* __restrict__ bia
 cudaError_t LaunchKvWrite(DType dtype, const KvWriteArgs& a, cudaStream_t stream) {
   if (a.num_tokens == 0) return cudaSuccess;
   constexpr int kThreads = 256;  // 3 * 768 / 256 = 9 coalesced passes per token for GPT-2
-  PREFIXD_DISPATCH_DTYPE(dtype, KvWriteKernel<T><<<a.num_tokens, kThreads, 0, stream>>>(
-                                    a.qkv, static_cast<const T*>(a.bias), a.slots,
-                                    static_cast<T*>(a.kv_pool), a.layout, a.layer));
+  PREFIXD_DISPATCH_DTYPE(dtype, Launch(KvWriteKernel<T>, a.num_tokens, kThreads, 0, stream, a.qkv,
+                                       static_cast<const T*>(a.bias), a.slots,
+                                       static_cast<T*>(a.kv_pool), a.layout, a.layer));
   return cudaGetLastError();
 }
 

@@ -1,4 +1,5 @@
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/layernorm.cuh"
 
 namespace prefixd::cuda {
@@ -47,10 +48,10 @@ cudaError_t LaunchLayerNorm(DType dtype, const LayerNormArgs& a, cudaStream_t st
   // One block per row: a row (768..1600 floats) is too small to split across blocks, and
   // 256 threads keep the two block reductions short.
   constexpr int kThreads = 256;
-  PREFIXD_DISPATCH_DTYPE(dtype, LayerNormKernel<T><<<a.num_rows, kThreads, 0, stream>>>(
-                                    a.x, a.row_index, static_cast<const T*>(a.residual_bias),
-                                    static_cast<const T*>(a.gamma), static_cast<const T*>(a.beta),
-                                    static_cast<T*>(a.out), a.n_embd, a.eps));
+  PREFIXD_DISPATCH_DTYPE(
+      dtype, Launch(LayerNormKernel<T>, a.num_rows, kThreads, 0, stream, a.x, a.row_index,
+                    static_cast<const T*>(a.residual_bias), static_cast<const T*>(a.gamma),
+                    static_cast<const T*>(a.beta), static_cast<T*>(a.out), a.n_embd, a.eps));
   return cudaGetLastError();
 }
 

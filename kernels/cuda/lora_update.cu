@@ -1,4 +1,5 @@
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/lora_update.cuh"
 
 namespace prefixd::cuda {
@@ -46,9 +47,9 @@ __global__ void __launch_bounds__(kThreads)
 
 cudaError_t LaunchLoraUpdate(DType dtype, const LoraUpdateArgs& args, cudaStream_t stream) {
   if (args.num_rows == 0) return cudaSuccess;
-  PREFIXD_DISPATCH_DTYPE(dtype, LoraUpdateKernel<T><<<args.num_rows, kThreads, 0, stream>>>(
-                                    args.rows, args.module, static_cast<const T*>(args.x),
-                                    args.ld_x, args.in, args.y, args.ld_y, args.out));
+  PREFIXD_DISPATCH_DTYPE(dtype, Launch(LoraUpdateKernel<T>, args.num_rows, kThreads, 0, stream,
+                                       args.rows, args.module, static_cast<const T*>(args.x),
+                                       args.ld_x, args.in, args.y, args.ld_y, args.out));
   return cudaGetLastError();
 }
 

@@ -15,6 +15,9 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gelu.cuh"
 #include "tests/kernels_cuda/cuda_test_util.h"
+#ifdef PREFIXD_CUDA_INTERPRET
+#include "kernels/cuda/interpret/interpret.h"
+#endif
 
 namespace prefixd {
 namespace {
@@ -57,8 +60,18 @@ TEST(CudaErrorsTest, OrdinaryErrorsAreNotFatal) {
 }
 
 TEST(CudaErrorsTest, MissingDeviceIsUnavailable) {
+#ifdef PREFIXD_CUDA_INTERPRET
+  // The interpreter's device answers like a machine without a driver for this test.
+  cuda_interpret::SimulateMissingDriver(true);
+  struct Restore {
+    ~Restore() { cuda_interpret::SimulateMissingDriver(false); }
+  } restore;
+#endif
   const absl::Status s = CudaDeviceAvailable();
   if (s.ok()) GTEST_SKIP() << "a CUDA device is present";
+#ifdef PREFIXD_CUDA_INTERPRET
+  EXPECT_NE(s.message().find("cudaErrorInsufficientDriver"), absl::string_view::npos) << s;
+#endif
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_FALSE(s.message().empty());
   EXPECT_EQ(CudaDeviceAvailable(4096).code(), absl::StatusCode::kUnavailable);
