@@ -177,6 +177,7 @@ class CudaBackend final : public Backend {
     return c;
   }
   bool applies_lora() const override { return true; }
+  bool computes_all_logits() const override { return true; }
 
   absl::Status CopyBlocks(absl::Span<const BlockCopy> copies) override;
   absl::Status ReadKvBlock(int32_t block, absl::Span<uint8_t> out) override;
@@ -260,11 +261,11 @@ class CudaBackend final : public Backend {
   int32_t num_sms_ = 0;
   float* partials_ = nullptr;  // AttentionPartialFloats of a split pass (bounded in Init)
   int64_t partial_floats_ = 0;
-  int32_t* d_meta_ = nullptr;    // MetaLayout ints
-  int32_t* h_meta_ = nullptr;    // pinned twin of d_meta_
-  float* h_logits_ = nullptr;    // pinned [row_cap, V]
-  int32_t* d_copies_ = nullptr;  // [kMaxCopiesPerLaunch, 3]
-  int32_t* h_copies_ = nullptr;  // pinned twin
+  int32_t* d_meta_ = nullptr;                   // MetaLayout ints
+  int32_t* h_meta_ = nullptr;                   // pinned twin of d_meta_
+  float* h_logits_ = nullptr;                   // pinned [row_cap, V]
+  int32_t* d_copies_ = nullptr;                 // [kMaxCopiesPerLaunch, 3]
+  int32_t* h_copies_ = nullptr;                 // pinned twin
   cuda::LoraRowDevice* d_lora_rows_ = nullptr;  // [token_cap] the pass's LoRA table
   cuda::LoraRowDevice* h_lora_rows_ = nullptr;  // pinned twin
 
@@ -638,6 +639,7 @@ PassMeta CudaBackend::WriteMeta(absl::Span<const SequenceStep> steps,
       h_meta_[L.positions + t] = pos;
       h_meta_[L.slots + t] = s.block_table[pos / bs] * bs + pos % bs;
       h_meta_[L.token_seq + t] = static_cast<int32_t>(p);
+      if (piece.all_logits) h_meta_[L.rows + r++] = t;
     }
     if (piece.logits) h_meta_[L.rows + r++] = t - 1;
     const int32_t blocks = (s.start_pos + piece.begin + piece.length + bs - 1) / bs;
@@ -692,7 +694,7 @@ absl::Status CudaBackend::RunEager(absl::Span<const SequenceStep> steps,
   int32_t tokens = 0, rows = 0, max_keys = 0;
   for (const StepPiece& p : pieces) {
     tokens += p.length;
-    rows += p.logits ? 1 : 0;
+    rows += p.all_logits ? p.length : p.logits ? 1 : 0;
     max_keys = std::max(max_keys, steps[p.step].start_pos + p.begin + p.length);
   }
   PassMeta meta = WriteMeta(steps, pieces, tokens, rows, tokens, rows);
@@ -704,7 +706,7 @@ absl::Status CudaBackend::RunEager(absl::Span<const SequenceStep> steps,
     return s;
   }
   if (absl::Status s = EnqueueForward(meta); !s.ok()) return s;
-  // Only the rows with want_logits were computed, in piece order.
+  // Only the wanted rows were computed, in piece order (every token of an all_logits piece).
   std::vector<int32_t> append(rows);
   std::iota(append.begin(), append.end(), 0);
   return CopyLogitsOut(rows, append, logits);
@@ -736,7 +738,7 @@ absl::Status CudaBackend::RunGraph(absl::Span<const SequenceStep> steps,
   // Every row's logits are computed; only rows up to the last wanted one travel to the host.
   std::vector<int32_t> append;
   for (int32_t i = 0; i < n; ++i) {
-    if (steps[i].want_logits) append.push_back(i);
+    if (steps[i].want_logits || steps[i].want_all_logits) append.push_back(i);
   }
   const int32_t copy_rows = append.empty() ? 0 : append.back() + 1;
   auto it = graphs_.find(key);
@@ -1076,8 +1078,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOpti
     return absl::InvalidArgumentError("max_device_adapters and adapter_cache_bytes must be >= 0");
   }
   if (options.kv_cache_fraction <= 0 || options.kv_cache_fraction > 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "kv_cache_fraction must be in (0, 1], got ", options.kv_cache_fraction));
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_cache_fraction must be in (0, 1], got ", options.kv_cache_fraction));
   }
   if (c.n_head < 1 || c.n_embd % c.n_head != 0 || c.head_dim() > cuda::kMaxAttentionHeadDim) {
     return absl::InvalidArgumentError(

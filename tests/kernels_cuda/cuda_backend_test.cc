@@ -255,6 +255,57 @@ TEST_P(CudaBackendTest, ChunkedAndCachedMatchOneShot) {
   ExpectRowsClose(cached, one_shot, tol, "cached");
 }
 
+// Prompt logprobs (want_all_logits): one row per token, each within the tolerance of the CPU
+// backend's, in a batch beside an ordinary step; a backend whose passes hold 4 logit rows
+// cuts the step and agrees; row 6 agrees with the last-token row of the first 7 tokens run
+// alone; a decode step with want_all_logits (the graph path) gives its one row.
+TEST_P(CudaBackendTest, AllLogitsRowsMatchCpuAndTheirPrefixesLastRows) {
+  auto gpu = Cuda();
+  CudaBackendOptions four_rows = Options();
+  four_rows.max_logit_rows = 4;
+  auto small = Create(four_rows);
+  auto cpu = Cpu();
+  ASSERT_TRUE(gpu && small && cpu);
+  const double tol = RelTolerance(GetParam());
+  const std::vector<uint32_t> prompt = RandomTokens(19), other = RandomTokens(8);
+  const std::vector<int32_t> prompt_table = {3, 9}, other_table = {5};
+  std::vector<SequenceStep> steps(2);
+  steps[0].token_ids = prompt;
+  steps[0].block_table = prompt_table;
+  steps[0].want_all_logits = true;
+  steps[1].token_ids = other;
+  steps[1].block_table = other_table;
+  steps[1].want_logits = true;
+  std::vector<float> g, s, c;
+  ASSERT_TRUE(gpu->Forward(steps, &g).ok());
+  ASSERT_TRUE(small->Forward(steps, &s).ok());
+  ASSERT_TRUE(cpu->Forward(steps, &c).ok());
+  ASSERT_EQ(g.size(), 20 * static_cast<size_t>(vocab_));
+  ExpectRowsClose(g, c, tol, "every row vs cpu");
+  ExpectRowsClose(s, g, tol, "4-row passes vs one pass");
+
+  SequenceStep prefix;
+  prefix.token_ids = absl::MakeConstSpan(prompt).first(7);
+  const std::vector<int32_t> prefix_table = {12};
+  prefix.block_table = prefix_table;
+  prefix.want_logits = true;
+  std::vector<float> last;
+  ASSERT_TRUE(gpu->Forward({&prefix, 1}, &last).ok());
+  ExpectRowsClose(std::vector<float>(g.begin() + 6 * vocab_, g.begin() + 7 * vocab_), last, tol,
+                  "row 6 vs the 7-token prefix alone");
+
+  SequenceStep decode;
+  const std::vector<uint32_t> next = RandomTokens(1);
+  decode.token_ids = next;
+  decode.start_pos = 19;
+  decode.block_table = prompt_table;
+  decode.want_all_logits = true;
+  std::vector<float> gd, cd;
+  ASSERT_TRUE(gpu->Forward({&decode, 1}, &gd).ok());
+  ASSERT_TRUE(cpu->Forward({&decode, 1}, &cd).ok());
+  ExpectRowsClose(gd, cd, tol, "decode row vs cpu");
+}
+
 // Decode through graphs (bucket 4 with one padded row) and eagerly, a backend whose passes
 // hold only 8 tokens, and one whose cap of 3 is not a power of two (graph batches padded to 4
 // would overflow its buffers, so 3 decode rows must go eagerly): all within tolerance.

@@ -48,11 +48,27 @@ TEST(StepPlanTest, StepsWithoutTokensGetNoPiece) {
   EXPECT_TRUE(PlanPasses({}, 4, 4).empty());
 }
 
+// Prompt logprobs: every token of a want_all_logits step is a logit row, so the row cap cuts
+// the step (3 + 2) and the next step's one row shares the second pass.
+TEST(StepPlanTest, AllLogitsStepsHaveARowPerTokenWithinTheRowCap) {
+  const std::vector<uint32_t> a(5), b(3);
+  SequenceStep all = Step(a, false);
+  all.want_all_logits = true;
+  const std::vector<SequenceStep> steps = {all, Step(b, true)};
+  EXPECT_EQ(PlanPasses(steps, 100, 3),
+            (Passes{{{0, 0, 3, false, true}}, {{0, 3, 2, false, true}, {1, 0, 3, true}}}));
+  // The token cap cuts it too, as any prefill.
+  EXPECT_EQ(PlanPasses({all}, 2, 8),
+            (Passes{{{0, 0, 2, false, true}}, {{0, 2, 2, false, true}}, {{0, 4, 1, false, true}}}));
+}
+
 TEST(StepPlanTest, PiecesCoverEveryTokenOnceWithinCaps) {
   std::vector<std::vector<uint32_t>> tokens;
   std::vector<SequenceStep> steps;
   for (int n : {1, 17, 3, 64, 1, 1, 40}) tokens.emplace_back(n);
   for (size_t i = 0; i < tokens.size(); ++i) steps.push_back(Step(tokens[i], i % 2 == 0));
+  steps[3].want_all_logits = true;  // 64 rows, whatever the caps
+  steps[3].want_logits = false;
   for (int token_cap : {1, 5, 16, 200}) {
     for (int row_cap : {1, 2, 8}) {
       std::vector<int> covered(steps.size(), 0);
@@ -67,9 +83,10 @@ TEST(StepPlanTest, PiecesCoverEveryTokenOnceWithinCaps) {
           covered[p.step] += p.length;
           EXPECT_EQ(p.logits, steps[p.step].want_logits &&
                                   covered[p.step] == static_cast<int>(tokens[p.step].size()));
+          EXPECT_EQ(p.all_logits, steps[p.step].want_all_logits);
           t += p.length;
-          r += p.logits;
-          logits += p.logits;
+          r += p.all_logits ? p.length : p.logits;
+          logits += p.all_logits ? p.length : p.logits;
         }
         EXPECT_LE(t, token_cap);
         EXPECT_LE(r, row_cap);
@@ -77,7 +94,7 @@ TEST(StepPlanTest, PiecesCoverEveryTokenOnceWithinCaps) {
       for (size_t i = 0; i < steps.size(); ++i) {
         EXPECT_EQ(covered[i], static_cast<int>(tokens[i].size()));
       }
-      EXPECT_EQ(logits, 4);
+      EXPECT_EQ(logits, 4 + 64);
     }
   }
 }
