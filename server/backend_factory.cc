@@ -101,6 +101,17 @@ absl::Status CudaUsable() {
 #endif
 }
 
+absl::Status CudaUsableForAuto() {
+#ifdef PREFIXD_HAVE_CUDA
+  if (CudaDeviceIsInterpreted()) {
+    return absl::UnavailableError(
+        "the CUDA device of this build is interpreted on the CPU (a test build: "
+        "PREFIXD_CUDA_INTERPRET); --device=cuda runs on it");
+  }
+#endif
+  return CudaUsable();
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(
     const Model& model, const DeviceOptions& device, const DevicePlan& plan,
     const std::function<void(std::string_view)>& log) {

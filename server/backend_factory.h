@@ -57,6 +57,9 @@ absl::StatusOr<DevicePlan> PlanDevice(std::string_view device, std::string_view 
 // a context on device 0, so a device that is listed but unusable (exclusive-process and held
 // by another process, a MIG GPU without an instance) is UNAVAILABLE and auto runs on the CPU.
 absl::Status CudaUsable();
+// CudaUsable() for --device auto: also UNAVAILABLE where the device is the interpreter of an
+// interpret build, which serves --device cuda only (it is a test device, not a fast one).
+absl::Status CudaUsableForAuto();
 
 // The backend of a `prefixd` run: what the --device ... flags choose (ServerOptions::device).
 struct DeviceOptions {

@@ -313,8 +313,9 @@ absl::Status Server::Parts::Build() {
   DevicePlan plan;
   if (!options.backend_factory) {
     const std::string& device = options.device.device;
-    const absl::Status cuda_usable =
-        device == "auto" || device == "cuda" ? CudaUsable() : absl::UnavailableError("not probed");
+    const absl::Status cuda_usable = device == "cuda"   ? CudaUsable()
+                                     : device == "auto" ? CudaUsableForAuto()
+                                                        : absl::UnavailableError("not probed");
     absl::StatusOr<DevicePlan> p = PlanDevice(device, options.device.dtype, cuda_usable);
     if (!p.ok()) return p.status();
     plan = *std::move(p);

@@ -155,7 +155,10 @@ class CudaBackend final : public Backend {
 
   absl::Status Init();
 
-  std::string device_name() const override { return absl::StrCat("cuda:", options_.device); }
+  std::string device_name() const override {
+    return absl::StrCat("cuda:", options_.device,
+                        CudaDeviceIsInterpreted() ? " (interpreted on the CPU)" : "");
+  }
   // cuBLAS picks its algorithms by architecture and version, so K/V bits are only known to
   // repeat on the same pair.
   std::string kv_numerics() const override { return kv_numerics_; }
@@ -338,7 +341,8 @@ absl::Status CudaBackend::Init() {
   PREFIXD_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, options_.device));
   PREFIXD_CUBLAS_RETURN_IF_ERROR(cublasGetVersion(cublas_, &cublas_version));
-  kv_numerics_ = absl::StrCat("cuda r1 sm_", cc_major, cc_minor, " cublas ", cublas_version);
+  kv_numerics_ = absl::StrCat("cuda r1 sm_", cc_major, cc_minor, " cublas ", cublas_version,
+                              CudaDeviceIsInterpreted() ? " interpreted" : "");
 
   n_inner_ = static_cast<int32_t>(options_.model->Get("h.0.mlp.c_fc.weight").shape[1]);
   const int32_t bs = options_.kv_pool.block_size;

@@ -82,6 +82,11 @@ struct CudaBackendOptions {
 // was and, where a driver is present, no last error behind.
 absl::Status CudaDeviceAvailable(int device = 0);
 
+// True in an interpret build (PREFIXD_CUDA_INTERPRET): the device is kernels/cuda/interpret
+// running on the CPU. Its backend names itself so (device_name(), kv_numerics()), and the
+// server's --device auto does not pick it.
+bool CudaDeviceIsInterpreted();
+
 // UNAVAILABLE when no usable device, INVALID_ARGUMENT for bad options (the KV pool's from
 // ValidateKvPoolOptions, naming the flags) or an unsupported model shape (head_dim > 128),
 // RESOURCE_EXHAUSTED when the weights, the buffers (device or pinned host memory) or the KV

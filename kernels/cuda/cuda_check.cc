@@ -110,6 +110,14 @@ absl::Status DeviceProbeStatus(const DeviceProbe& p) {
 
 namespace prefixd {
 
+bool CudaDeviceIsInterpreted() {
+#ifdef PREFIXD_CUDA_INTERPRET
+  return true;
+#else
+  return false;
+#endif
+}
+
 // Declared in kernels/cuda/cuda_backend.h (which includes no CUDA header); defined here,
 // beside DeviceProbeStatus.
 absl::Status CudaDeviceAvailable(int device) {

@@ -18,7 +18,9 @@ inline void Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shar
   ::prefixd::cuda_interpret::Launch(kernel, grid, block, shared_bytes, stream,
                                     std::forward<Args>(args)...);
 #else
-  kernel<<<grid, block, shared_bytes, stream> > >(std::forward<Args>(args)...);
+  // clang-format off
+  kernel<<<grid, block, shared_bytes, stream>>>(std::forward<Args>(args)...);
+  // clang-format on
 #endif
 }
 
