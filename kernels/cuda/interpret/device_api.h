@@ -66,18 +66,22 @@ inline void __syncwarp(unsigned int mask = 0xffffffffu) {
   prefixd::cuda_interpret::WarpExchange(mask, 0, 0);
 }
 
-// `width` as CUDA's: lanes are grouped in segments of `width` (a power of two <= 32).
+// `width` as CUDA's: lanes are grouped in segments of `width` (a power of two <= 32), and
+// lane arguments are taken as PTX shfl takes them (the low 5 bits; an index modulo width by
+// its bit mask, so -1 names the segment's last lane).
 template <typename T>
 T __shfl_xor_sync(unsigned int mask, T v, int lane_mask, int width = 32) {
   const int lane = prefixd::cuda_interpret::LaneId();
-  int src = lane ^ lane_mask;
-  if (src / width != lane / width) src = lane;  // outside the segment: own value
+  int src = lane ^ (lane_mask & 31);
+  // A later segment gives the caller's own value; an earlier one is read (CUDA's butterfly).
+  if (src >= (lane / width + 1) * width) src = lane;
   return prefixd::cuda_interpret::Shuffle(mask, v, src);
 }
 template <typename T>
 T __shfl_sync(unsigned int mask, T v, int src_lane, int width = 32) {
   const int lane = prefixd::cuda_interpret::LaneId();
-  return prefixd::cuda_interpret::Shuffle(mask, v, (lane / width) * width + src_lane % width);
+  return prefixd::cuda_interpret::Shuffle(mask, v,
+                                          (lane / width) * width + (src_lane & (width - 1)));
 }
 template <typename T>
 T __shfl_down_sync(unsigned int mask, T v, unsigned int delta, int width = 32) {

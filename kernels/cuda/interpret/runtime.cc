@@ -12,6 +12,7 @@
 #include <new>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -28,6 +29,7 @@ struct CUstream_st {
   bool capturing = false;
   bool invalidated = false;
   cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  std::thread::id capture_thread;  // the thread that began the capture
   std::vector<prefixd::cuda_interpret::StreamWork> captured;
 };
 struct CUgraph_st {
@@ -78,7 +80,8 @@ struct State {
   std::mutex mu;
   std::map<uintptr_t, Allocation> allocations;  // by base address
   size_t device_bytes = 0;
-  std::set<CUstream_st*> global_captures;  // streams capturing in global mode
+  // Streams capturing in global or thread-local mode (relaxed captures prohibit nothing).
+  std::set<CUstream_st*> captures;
   std::string last_failure;
 };
 State& S() {
@@ -97,15 +100,24 @@ void RecordFailure(const std::string& message) {
   S().last_failure = message;
 }
 
-// Refuses `call` while a stream captures in global mode (the calls CUDA calls "potentially
-// unsafe" then), invalidating those captures as CUDA does.
-bool RefusedDuringCapture(const char* call) {
+// Refuses `call` where CUDA prohibits it during a capture, invalidating the captures that
+// prohibit it, as CUDA does: an unsafe call (`unsafe`: cudaMalloc, a synchronous copy...) is
+// refused while any stream captures in global mode or this thread captures in thread-local
+// mode; work on the legacy default stream (`unsafe` false) only during a global capture.
+bool RefusedDuringCapture(const char* call, bool unsafe = true) {
   std::lock_guard<std::mutex> lock(S().mu);
-  if (S().global_captures.empty()) return false;
-  for (CUstream_st* s : S().global_captures) s->invalidated = true;
+  bool refused = false;
+  for (CUstream_st* s : S().captures) {
+    if (s->mode == cudaStreamCaptureModeGlobal ||
+        (unsafe && s->capture_thread == std::this_thread::get_id())) {
+      s->invalidated = true;
+      refused = true;
+    }
+  }
+  if (!refused) return false;
   S().last_failure = absl::StrFormat(
-      "%s while a stream is being captured in global mode: refused, and the capture is "
-      "invalidated",
+      "%s while a stream is being captured in global mode, or in thread-local mode by this "
+      "thread: refused, and the capture is invalidated",
       call);
   return true;
 }
@@ -260,7 +272,7 @@ cudaError_t Enqueue(cudaStream_t stream, StreamWork work) {
       stream->captured.push_back(std::move(work));
       return cudaSuccess;
     }
-  } else if (RefusedDuringCapture("work on the legacy default stream")) {
+  } else if (RefusedDuringCapture("work on the legacy default stream", /*unsafe=*/false)) {
     return cudaErrorStreamCaptureImplicit;
   }
   work();
@@ -519,7 +531,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   if (stream == nullptr) return SetError(cudaErrorInvalidResourceHandle);
   {
     std::lock_guard<std::mutex> lock(S().mu);
-    S().global_captures.erase(stream);
+    S().captures.erase(stream);
   }
   delete stream;
   return cudaSuccess;
@@ -545,7 +557,8 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mo
   stream->invalidated = false;
   stream->mode = mode;
   stream->captured.clear();
-  if (mode == cudaStreamCaptureModeGlobal) S().global_captures.insert(stream);
+  stream->capture_thread = std::this_thread::get_id();
+  if (mode != cudaStreamCaptureModeRelaxed) S().captures.insert(stream);
   return cudaSuccess;
 }
 
@@ -554,7 +567,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
   std::lock_guard<std::mutex> lock(S().mu);
   if (!stream->capturing) return SetError(cudaErrorIllegalState);
   stream->capturing = false;
-  S().global_captures.erase(stream);
+  S().captures.erase(stream);
   std::vector<ci::StreamWork> work = std::move(stream->captured);
   stream->captured.clear();
   if (stream->invalidated) {

@@ -18,6 +18,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
+
 namespace prefixd::cuda_interpret {
 namespace {
 
@@ -43,6 +47,7 @@ class StackPool {
                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
       if (base == MAP_FAILED) throw std::bad_alloc();
       mprotect(base, Page(), PROT_NONE);  // the guard page below the stack
+      mapped_.push_back(base);
     }
     ctx::stack_context sc;
     sc.sp = static_cast<char*>(base) + Page() + kStackBytes;  // stacks grow down
@@ -52,6 +57,18 @@ class StackPool {
   void Give(const ctx::stack_context& sc) {
     free_.push_back(static_cast<char*>(sc.sp) - kStackBytes - Page());
   }
+  // Clears AddressSanitizer's shadow of every stack, before the suspended threads of a failed
+  // block are unwound. ASan does not know these stacks, so the throw that unwinds a fiber
+  // cannot unpoison what lies below it (it warns that it ignores __asan_handle_no_return),
+  // and its own sigaltstack call in that frame then meets stale scope poison from frames the
+  // fiber left: a false stack-use-after-scope that would kill the process in place of the
+  // sticky launch failure. Only stack-bug detection in the dying threads is given up.
+  void UnpoisonAll() {
+#if defined(__SANITIZE_ADDRESS__)
+    for (void* base : mapped_)
+      ASAN_UNPOISON_MEMORY_REGION(static_cast<char*>(base) + Page(), kStackBytes);
+#endif
+  }
 
  private:
   static size_t Page() {
@@ -59,6 +76,7 @@ class StackPool {
     return page;
   }
   std::vector<void*> free_;
+  std::vector<void*> mapped_;  // every stack, free or in use
 };
 
 thread_local StackPool stack_pool;
@@ -255,6 +273,7 @@ std::string RunGrid(dim3 grid, dim3 block, const std::function<void()>& body) {
           }
         }
         // A failed block's suspended threads are unwound when their fibers are destroyed.
+        if (!b.error.empty()) stack_pool.UnpoisonAll();
         b.threads.clear();
         current_block = outer_block;
         current_thread = outer_thread;
