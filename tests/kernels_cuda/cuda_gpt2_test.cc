@@ -31,7 +31,7 @@ class CudaGpt2Test : public ::testing::TestWithParam<DType> {
  protected:
   static void SetUpTestSuite() {
     if (!CudaDeviceAvailable().ok()) return;
-    dir_ = new std::string(::testing::TempDir() + "/prefixd_cuda_gpt2_test_model");
+    dir_ = new std::string(cuda_test::UniqueTempDir("prefixd_cuda_gpt2_test_model"));
     RandomModelOptions o;
     o.out_dir = *dir_;
     o.config = Gpt2ModelConfig();

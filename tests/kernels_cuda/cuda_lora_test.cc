@@ -163,7 +163,7 @@ class CudaLoraBackendTest : public ::testing::TestWithParam<DType> {
  protected:
   static void SetUpTestSuite() {
     if (!CudaDeviceAvailable().ok()) return;
-    root_ = new std::string(::testing::TempDir() + "/prefixd_cuda_lora_test");
+    root_ = new std::string(cuda_test::UniqueTempDir("prefixd_cuda_lora_test"));
     RandomModelOptions o;
     o.out_dir = *root_ + "/model";
     o.config = TinyModelConfig();

@@ -4,6 +4,7 @@
 #define PREFIXD_TESTS_KERNELS_CUDA_CUDA_TEST_UTIL_H_
 
 #include <cuda_runtime.h>
+#include <stdlib.h>
 
 #include <cmath>
 #include <cstdint>
@@ -29,6 +30,14 @@ namespace prefixd::cuda_test {
 
 #define PREFIXD_ASSERT_CUDA(stmt) \
   ASSERT_EQ((stmt), cudaSuccess) << cudaGetErrorString(cudaGetLastError())
+
+// A new directory under gtest's temporary directory, unique to this process: ctest runs each
+// test case of a binary as a process of its own, in parallel, so a fixed name would be
+// written and removed by several at once. Empty if it cannot be made.
+inline std::string UniqueTempDir(const std::string& stem) {
+  std::string path = ::testing::TempDir() + "/" + stem + "-XXXXXX";
+  return mkdtemp(path.data()) != nullptr ? path : std::string();
+}
 
 // |gpu - ref| <= abs + rel * |ref|, elementwise; NaN anywhere fails.
 struct Tolerance {
