@@ -117,7 +117,7 @@ bool CpuHasAvxVnni();
 // because L1 tracks few misses at once: with only the next chunk requested, and only into L1,
 // the stream stalls on those few; asked a chunk earlier into L2, whose miss queue is longer,
 // the chunk is already there when its L1 prefetches come (which panels: PrefetchFarChunk;
-// figures: docs/BENCHMARKS.md, "CPU backend"). Each stream is Bresenham's line:
+// figures: bench/cpu_backend_bench in docs/BENCHMARKS.md). Each stream is Bresenham's line:
 // `lines` prefetches per `steps`.
 class PrefetchSpread {
  public:

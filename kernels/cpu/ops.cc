@@ -203,7 +203,7 @@ inline void PrefetchLines(const void* p, int64_t bytes) {
 // one kL2SegmentsAhead on into L2 only: the L1 tracks few misses at once, so L1 prefetches
 // alone leave the stream waiting on those few, while L2's longer miss queue keeps three
 // segments in flight and the L1 prefetch then finds its lines there (bench/attention_bench;
-// figures in docs/BENCHMARKS.md, "Attention").
+// figures in docs/BENCHMARKS.md).
 // Longer runs (more heads per call) let the hardware prefetchers stream too. Prefetching reads
 // nothing into the arithmetic.
 template <typename F>

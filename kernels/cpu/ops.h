@@ -89,7 +89,7 @@ int64_t AttendChunksScratch(absl::Span<const AttentionChunk> chunks, int32_t num
 // The heads per task AttendBatch should use: 1 when chunks share K/V blocks (each task then
 // reads a shared block once for all its chunks); else as many as leave every thread of the
 // pool 4 tasks, so that one task reads each block's heads as one run (bench/attention_bench
-// compares the splits; docs/BENCHMARKS.md, "Attention").
+// compares the splits; figures in docs/BENCHMARKS.md).
 int32_t AttentionHeadsPerTask(int32_t n_head, absl::Span<const AttentionChunk> chunks, int threads);
 
 // Attention of one layer for every chunk (q and out at head 0 of their rows) and every head,
