@@ -102,7 +102,7 @@ class Backend {
   // Executes the copies in order; later Forward() calls see their result. A copy names two
   // different blocks of the pool and at most block_size rows; otherwise InvalidArgument and
   // nothing is copied.
-  virtual absl::Status CopyBlocks(absl::Span<const BlockCopy> copies) = 0;
+  absl::Status CopyBlocks(absl::Span<const BlockCopy> copies);
 
   // One block's K/V as host bytes, for the disk tier: every row of every layer, laid out
   // [n_layer][2 (K, V)][n_head][block_size][head_dim] elements, exactly KvBlockBytes() of
@@ -112,17 +112,44 @@ class Backend {
   // read. INVALID_ARGUMENT for a block outside the pool or a span of another size (nothing is
   // copied).
   int64_t KvBlockBytes() const { return int64_t{block_size()} * kv_bytes_per_token(); }
-  virtual absl::Status ReadKvBlock(int32_t block, absl::Span<uint8_t> out) = 0;
-  virtual absl::Status WriteKvBlock(int32_t block, absl::Span<const uint8_t> data) = 0;
+  absl::Status ReadKvBlock(int32_t block, absl::Span<uint8_t> out);
+  absl::Status WriteKvBlock(int32_t block, absl::Span<const uint8_t> data);
 
   // Runs one step over `steps` (prefill chunks and decode tokens mixed, each sequence at most
-  // once, each step with at least one token; otherwise InvalidArgument). Writes K/V of every new token into its row, and appends to `logits` one row of
+  // once). Writes K/V of every new token into its row, and appends to `logits` one row of
   // vocab_size floats per step with want_logits (one per new token with want_all_logits), in
-  // step order. Each logit depends only on
-  // the model and the sequence's tokens, never on the rest of the batch (the CPU backend is
-  // bit-exact in this; CUDA within a stated tolerance).
-  virtual absl::Status Forward(absl::Span<const SequenceStep> steps,
-                               std::vector<float>* logits) = 0;
+  // step order. Each logit depends only on the model and the sequence's tokens, never on the
+  // rest of the batch (the CPU backend is bit-exact in this; CUDA within a stated tolerance).
+  // INVALID_ARGUMENT, with nothing changed, for a step without tokens, positions outside the
+  // context, a token outside the vocabulary, a block table too short or naming a block
+  // outside the pool, or an adapter made for another model (UNIMPLEMENTED for an adapter this
+  // backend cannot apply): CheckSteps.
+  absl::Status Forward(absl::Span<const SequenceStep> steps, std::vector<float>* logits);
+
+  // The contract of Forward's arguments, checked once here for every backend (Forward calls
+  // it before the backend's own RunForward).
+  absl::Status CheckSteps(absl::Span<const SequenceStep> steps) const;
+
+ protected:
+  // What CheckSteps needs of the model: positions [0, context) and ids [0, vocab_size).
+  struct StepLimits {
+    int32_t context = 0;
+    int32_t vocab_size = 0;
+  };
+  virtual StepLimits step_limits() const = 0;
+  // Whether this backend can apply `adapter` to a step's rows. Default: UNIMPLEMENTED, for a
+  // backend whose applies_lora() is false.
+  virtual absl::Status CheckAdapter(const LoraAdapter& adapter) const;
+
+  // The backends' own work, called only with arguments the public calls above have checked.
+  virtual absl::Status RunForward(absl::Span<const SequenceStep> steps,
+                                  std::vector<float>* logits) = 0;
+  virtual absl::Status RunCopyBlocks(absl::Span<const BlockCopy> copies) = 0;
+  virtual absl::Status RunReadKvBlock(int32_t block, absl::Span<uint8_t> out) = 0;
+  virtual absl::Status RunWriteKvBlock(int32_t block, absl::Span<const uint8_t> data) = 0;
+
+ private:
+  absl::Status CheckBlockBytes(int32_t block, size_t size) const;
 };
 
 }  // namespace prefixd

@@ -72,15 +72,16 @@ class CpuBackend final : public Backend {
     return KvBytesPerToken(config_.n_layer, config_.n_head, config_.head_dim(), 4);
   }
   MemoryUsage memory_usage() const override;
-  absl::Status CopyBlocks(absl::Span<const BlockCopy> copies) override;
-  absl::Status ReadKvBlock(int32_t block, absl::Span<uint8_t> out) override;
-  absl::Status WriteKvBlock(int32_t block, absl::Span<const uint8_t> data) override;
-  absl::Status Forward(absl::Span<const SequenceStep> steps, std::vector<float>* logits) override;
 
+ protected:
+  StepLimits step_limits() const override { return {config_.n_positions, config_.vocab_size}; }
+  absl::Status CheckAdapter(const LoraAdapter& adapter) const override;
+  absl::Status RunCopyBlocks(absl::Span<const BlockCopy> copies) override;
+  absl::Status RunReadKvBlock(int32_t block, absl::Span<uint8_t> out) override;
+  absl::Status RunWriteKvBlock(int32_t block, absl::Span<const uint8_t> data) override;
+  absl::Status RunForward(absl::Span<const SequenceStep> steps, std::vector<float>* logits) override;
 
  private:
-  absl::Status Validate(absl::Span<const SequenceStep> steps) const;
-  absl::Status CheckBlockBytes(int32_t block, size_t size) const;
   static float* Reserve(Workspace& buffer, int64_t n);
   std::atomic<int64_t> workspace_bytes_{0};  // of the vectors below, kept by Forward
   void RunLayer(int32_t layer, int64_t rows);
@@ -193,80 +194,26 @@ MemoryUsage CpuBackend::memory_usage() const {
   return u;
 }
 
-absl::Status CpuBackend::CopyBlocks(absl::Span<const BlockCopy> copies) {
-  for (const BlockCopy& c : copies) {
-    if (c.src < 0 || c.src >= num_blocks_ || c.dst < 0 || c.dst >= num_blocks_ || c.src == c.dst ||
-        c.num_rows < 0 || c.num_rows > geometry_.block_size) {
-      return absl::InvalidArgumentError(absl::StrCat("bad block copy ", c.src, " -> ", c.dst, " (",
-                                                     c.num_rows, " rows) in a pool of ",
-                                                     num_blocks_, " blocks"));
-    }
-  }
+absl::Status CpuBackend::RunCopyBlocks(absl::Span<const BlockCopy> copies) {
   for (const BlockCopy& c : copies) CopyKvRows(kv_.get(), geometry_, c.src, c.dst, c.num_rows);
-  return absl::OkStatus();
-}
-
-absl::Status CpuBackend::CheckBlockBytes(int32_t block, size_t size) const {
-  if (block < 0 || block >= num_blocks_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV block ", block, " is outside the pool of ", num_blocks_, " blocks"));
-  }
-  if (static_cast<int64_t>(size) != KvBlockBytes()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a KV block is ", KvBlockBytes(), " bytes, not ", size));
-  }
   return absl::OkStatus();
 }
 
 // A block is one contiguous range of the pool in exactly the byte layout the interface
 // promises ([n_layer][2][n_head][block_size][head_dim] floats).
-absl::Status CpuBackend::ReadKvBlock(int32_t block, absl::Span<uint8_t> out) {
-  if (absl::Status s = CheckBlockBytes(block, out.size()); !s.ok()) return s;
+absl::Status CpuBackend::RunReadKvBlock(int32_t block, absl::Span<uint8_t> out) {
   std::memcpy(out.data(), kv_.get() + geometry_.Offset(block, 0, 0, 0, 0), out.size());
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::WriteKvBlock(int32_t block, absl::Span<const uint8_t> data) {
-  if (absl::Status s = CheckBlockBytes(block, data.size()); !s.ok()) return s;
+absl::Status CpuBackend::RunWriteKvBlock(int32_t block, absl::Span<const uint8_t> data) {
   std::memcpy(kv_.get() + geometry_.Offset(block, 0, 0, 0, 0), data.data(), data.size());
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::Validate(absl::Span<const SequenceStep> steps) const {
-  for (size_t s = 0; s < steps.size(); ++s) {
-    const SequenceStep& step = steps[s];
-    const int64_t end = int64_t{step.start_pos} + static_cast<int64_t>(step.token_ids.size());
-    if (step.token_ids.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("step ", s, " has no tokens"));
-    }
-    if (step.start_pos < 0 || end > config_.n_positions) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("step ", s, " covers positions [", step.start_pos, ", ", end,
-                       ") outside the model's context of ", config_.n_positions));
-    }
-    const int64_t blocks_needed = (end + geometry_.block_size - 1) / geometry_.block_size;
-    if (static_cast<int64_t>(step.block_table.size()) < blocks_needed) {
-      return absl::InvalidArgumentError(absl::StrCat("step ", s, " needs ", blocks_needed,
-                                                     " blocks, its table has ",
-                                                     step.block_table.size()));
-    }
-    for (int64_t b = 0; b < blocks_needed; ++b) {
-      if (step.block_table[b] < 0 || step.block_table[b] >= num_blocks_) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "step ", s, " block id ", step.block_table[b], " outside [0, ", num_blocks_, ")"));
-      }
-    }
-    for (uint32_t t : step.token_ids) {
-      if (t >= static_cast<uint32_t>(config_.vocab_size)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("step ", s, " token id ", t, " >= vocab size ", config_.vocab_size));
-      }
-    }
-    if (step.adapter != nullptr) {
-      if (absl::Status fits = CheckLoraAdapterFits(*step.adapter, config_); !fits.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("step ", s, ": ", fits.message()));
-      }
-    }
+absl::Status CpuBackend::CheckAdapter(const LoraAdapter& adapter) const {
+  if (absl::Status fits = CheckLoraAdapterFits(adapter, config_); !fits.ok()) {
+    return absl::InvalidArgumentError(fits.message());
   }
   return absl::OkStatus();
 }
@@ -367,8 +314,8 @@ void CpuBackend::LayerNorm(const float* x, int64_t rows, const float* gamma, con
   }
 }
 
-absl::Status CpuBackend::Forward(absl::Span<const SequenceStep> steps, std::vector<float>* logits) {
-  if (absl::Status s = Validate(steps); !s.ok()) return s;
+absl::Status CpuBackend::RunForward(absl::Span<const SequenceStep> steps,
+                                   std::vector<float>* logits) {
   const int64_t e = config_.n_embd;
   int64_t rows = 0;
   for (const SequenceStep& step : steps) rows += static_cast<int64_t>(step.token_ids.size());

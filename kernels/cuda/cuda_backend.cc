@@ -182,17 +182,22 @@ class CudaBackend final : public Backend {
   bool applies_lora() const override { return true; }
   bool computes_all_logits() const override { return true; }
 
-  absl::Status CopyBlocks(absl::Span<const BlockCopy> copies) override;
-  absl::Status ReadKvBlock(int32_t block, absl::Span<uint8_t> out) override;
-  absl::Status WriteKvBlock(int32_t block, absl::Span<const uint8_t> data) override;
-  absl::Status Forward(absl::Span<const SequenceStep> steps, std::vector<float>* logits) override;
+ protected:
+  StepLimits step_limits() const override { return {config_.n_positions, config_.vocab_size}; }
+  // INVALID_ARGUMENT for an adapter of another model, UNIMPLEMENTED for a rank the update
+  // kernel does not take.
+  absl::Status CheckAdapter(const LoraAdapter& adapter) const override {
+    return cuda::CheckCudaLoraAdapter(adapter, config_);
+  }
+  absl::Status RunCopyBlocks(absl::Span<const BlockCopy> copies) override;
+  absl::Status RunReadKvBlock(int32_t block, absl::Span<uint8_t> out) override;
+  absl::Status RunWriteKvBlock(int32_t block, absl::Span<const uint8_t> data) override;
+  absl::Status RunForward(absl::Span<const SequenceStep> steps, std::vector<float>* logits) override;
 
  private:
   absl::Status Malloc(size_t bytes, void** ptr);
   absl::Status UploadWeights();
   absl::Status UploadTensor(std::string_view name, const void** out, char** arena);
-  absl::Status ValidateSteps(absl::Span<const SequenceStep> steps) const;
-  absl::Status CheckBlockBytes(int32_t block, size_t size) const;
   // Fills the pinned metadata for `pieces` with the given caps and returns device pointers.
   PassMeta WriteMeta(absl::Span<const SequenceStep> steps, absl::Span<const StepPiece> pieces,
                      int32_t token_cap, int32_t row_cap, int32_t num_tokens, int32_t num_rows);
@@ -588,45 +593,6 @@ absl::Status CudaBackend::EnqueueForward(const PassMeta& m) {
   return Gemm(m.num_rows, E, config_.vocab_size, final_h_, lm_head_, true, 0.0f, d_logits_);
 }
 
-absl::Status CudaBackend::ValidateSteps(absl::Span<const SequenceStep> steps) const {
-  const int32_t bs = options_.kv_pool.block_size;
-  for (size_t i = 0; i < steps.size(); ++i) {
-    const SequenceStep& s = steps[i];
-    const int64_t n = static_cast<int64_t>(s.token_ids.size());
-    if (n == 0) return absl::InvalidArgumentError(absl::StrFormat("step %d has no tokens", i));
-    if (s.adapter != nullptr) {
-      // INVALID_ARGUMENT for an adapter of another model, UNIMPLEMENTED for a rank the
-      // update kernel does not take; the code is kept, the message names the step.
-      if (absl::Status fits = cuda::CheckCudaLoraAdapter(*s.adapter, config_); !fits.ok()) {
-        return absl::Status(fits.code(), absl::StrFormat("step %d: %s", i, fits.message()));
-      }
-    }
-    if (s.start_pos < 0 || s.start_pos + n > config_.n_positions) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("step %d: positions [%d, %d) outside the context of %d", i, s.start_pos,
-                          s.start_pos + n, config_.n_positions));
-    }
-    for (uint32_t t : s.token_ids) {
-      if (t >= static_cast<uint32_t>(config_.vocab_size)) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("step %d: token %d outside the vocabulary", i, t));
-      }
-    }
-    const int64_t blocks = (s.start_pos + n + bs - 1) / bs;
-    if (static_cast<int64_t>(s.block_table.size()) < blocks) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "step %d: block table has %d blocks, needs %d", i, s.block_table.size(), blocks));
-    }
-    for (int64_t b = 0; b < blocks; ++b) {
-      if (s.block_table[b] < 0 || s.block_table[b] >= num_blocks_) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("step %d: block id %d out of range", i, s.block_table[b]));
-      }
-    }
-  }
-  return absl::OkStatus();
-}
-
 PassMeta CudaBackend::WriteMeta(absl::Span<const SequenceStep> steps,
                                 absl::Span<const StepPiece> pieces, int32_t token_cap,
                                 int32_t row_cap, int32_t num_tokens, int32_t num_rows) {
@@ -813,11 +779,9 @@ absl::Status CudaBackend::CaptureGraph(const PassMeta& meta, cudaGraphExec_t* ex
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Forward(absl::Span<const SequenceStep> steps,
-                                  std::vector<float>* logits) {
+absl::Status CudaBackend::RunForward(absl::Span<const SequenceStep> steps,
+                                     std::vector<float>* logits) {
   if (!broken_.ok()) return broken_;
-  if (absl::Status s = ValidateSteps(steps); !s.ok()) return s;
-  if (steps.empty()) return absl::OkStatus();
   if (cudaError_t e = cudaSetDevice(options_.device); e != cudaSuccess) {
     return Fail(cuda::CudaErrorStatus(e, "cudaSetDevice", __FILE__, __LINE__));
   }
@@ -984,15 +948,8 @@ absl::Status CudaBackend::UploadAdapter(const LoraAdapter& adapter) {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::CopyBlocks(absl::Span<const BlockCopy> copies) {
+absl::Status CudaBackend::RunCopyBlocks(absl::Span<const BlockCopy> copies) {
   if (!broken_.ok()) return broken_;
-  for (const BlockCopy& c : copies) {
-    if (c.src < 0 || c.src >= num_blocks_ || c.dst < 0 || c.dst >= num_blocks_ || c.src == c.dst ||
-        c.num_rows < 0 || c.num_rows > options_.kv_pool.block_size) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("bad block copy %d -> %d (%d rows)", c.src, c.dst, c.num_rows));
-    }
-  }
   auto run = [&]() -> absl::Status {
     PREFIXD_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
     // One launch runs its copies in parallel; the contract runs them in order, so a copy
@@ -1019,25 +976,12 @@ absl::Status CudaBackend::CopyBlocks(absl::Span<const BlockCopy> copies) {
   return s.ok() ? s : Fail(s);
 }
 
-absl::Status CudaBackend::CheckBlockBytes(int32_t block, size_t size) const {
-  if (block < 0 || block >= num_blocks_) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("KV block %d is outside the pool of %d blocks", block, num_blocks_));
-  }
-  if (static_cast<int64_t>(size) != KvBlockBytes()) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("a KV block is %d bytes, not %d", KvBlockBytes(), size));
-  }
-  return absl::OkStatus();
-}
-
 // A block is one contiguous range of the pool (kv_pool_layout.h), already in the byte layout
 // the interface promises. The copies run on stream_, so they are ordered after every copy and
 // Forward enqueued before; the host buffer is pageable, hence the synchronisation before
 // returning (the caller may reuse or free it at once).
-absl::Status CudaBackend::ReadKvBlock(int32_t block, absl::Span<uint8_t> out) {
+absl::Status CudaBackend::RunReadKvBlock(int32_t block, absl::Span<uint8_t> out) {
   if (!broken_.ok()) return broken_;
-  if (absl::Status s = CheckBlockBytes(block, out.size()); !s.ok()) return s;
   auto run = [&]() -> absl::Status {
     PREFIXD_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
     const char* src = static_cast<const char*>(kv_pool_) + int64_t{block} * KvBlockBytes();
@@ -1050,9 +994,8 @@ absl::Status CudaBackend::ReadKvBlock(int32_t block, absl::Span<uint8_t> out) {
   return s.ok() ? s : Fail(s);
 }
 
-absl::Status CudaBackend::WriteKvBlock(int32_t block, absl::Span<const uint8_t> data) {
+absl::Status CudaBackend::RunWriteKvBlock(int32_t block, absl::Span<const uint8_t> data) {
   if (!broken_.ok()) return broken_;
-  if (absl::Status s = CheckBlockBytes(block, data.size()); !s.ok()) return s;
   auto run = [&]() -> absl::Status {
     PREFIXD_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
     char* dst = static_cast<char*>(kv_pool_) + int64_t{block} * KvBlockBytes();

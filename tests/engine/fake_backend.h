@@ -61,7 +61,8 @@ class FakeBackend final : public Backend {
   int64_t kv_bytes_per_token() const override { return 8; }
   MemoryUsage memory_usage() const override { return {}; }
 
-  absl::Status CopyBlocks(absl::Span<const BlockCopy> copies) override {
+  // Every copy, read, write and step reaches the Run* calls below only through Backend's checks.
+  absl::Status RunCopyBlocks(absl::Span<const BlockCopy> copies) override {
     for (const BlockCopy& c : copies) {
       for (int32_t r = 0; r < c.num_rows; ++r) {
         rows_[Index(c.dst, r)] = rows_[Index(c.src, r)];
@@ -72,14 +73,18 @@ class FakeBackend final : public Backend {
 
   // A row here is a (hash, position) pair, more than kv_bytes_per_token() holds: the disk
   // tier is tested on the CPU backend instead.
-  absl::Status ReadKvBlock(int32_t, absl::Span<uint8_t>) override {
+  absl::Status RunReadKvBlock(int32_t, absl::Span<uint8_t>) override {
     return absl::UnimplementedError("fake backend: no KV bytes");
   }
-  absl::Status WriteKvBlock(int32_t, absl::Span<const uint8_t>) override {
+  absl::Status RunWriteKvBlock(int32_t, absl::Span<const uint8_t>) override {
     return absl::UnimplementedError("fake backend: no KV bytes");
   }
 
-  absl::Status Forward(absl::Span<const SequenceStep> steps, std::vector<float>* logits) override {
+  // Positions are not bounded by a model here: the engine's own context checks are tested
+  // with the CPU backend.
+  StepLimits step_limits() const override { return {1 << 30, vocab_}; }
+  absl::Status RunForward(absl::Span<const SequenceStep> steps,
+                          std::vector<float>* logits) override {
     const int64_t call = forward_calls_.fetch_add(1);
     if (call == hook_call_ && hook_) hook_();
     if (call == pause_call_ && gate_ != nullptr) {
