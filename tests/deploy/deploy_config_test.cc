@@ -1,5 +1,5 @@
 // The deployment files parse, and every metric a dashboard panel or the docs refer to is one
-// the server exports (the README's metrics table, which server tests check against /metrics).
+// the server exports (docs/SERVER.md's metrics table, which server tests check against /metrics).
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -26,10 +26,10 @@ std::string ReadFile(const std::string& rel) {
   return ss.str();
 }
 
-// Metric names in the README's metrics table: rows that start with "| `prefixd_...".
+// Metric names in docs/SERVER.md's metrics table: rows that start with "| `prefixd_...".
 std::set<std::string> DocumentedMetrics() {
   std::set<std::string> names;
-  std::istringstream in(ReadFile("README.md"));
+  std::istringstream in(ReadFile("docs/SERVER.md"));
   static const std::regex kRow(R"(^\| `(prefixd_[a-z0-9_]+)[`{])");
   std::string line;
   std::smatch m;
@@ -68,7 +68,7 @@ TEST(DeployConfigTest, ReadmeListsTheMetricsTheIssueRequires) {
         "prefixd_preemptions_total", "prefixd_requests_total", "prefixd_running_requests",
         "prefixd_waiting_requests", "prefixd_time_to_first_token_seconds",
         "prefixd_time_per_output_token_seconds", "prefixd_memory_bytes"}) {
-    EXPECT_TRUE(documented.count(name)) << name << " missing from the README's metrics table";
+    EXPECT_TRUE(documented.count(name)) << name << " missing from docs/SERVER.md's metrics table";
   }
 }
 

@@ -30,18 +30,6 @@
 namespace prefixd {
 namespace {
 
-double RelTolerance(DType t) {
-  switch (t) {
-    case DType::kF32:
-      return 1e-3;
-    case DType::kF16:
-      return 3e-2;  // provisional
-    case DType::kBF16:
-      return 6e-2;  // provisional
-  }
-  return 0;
-}
-
 // max |a - b| / max |b| over one row; NaN gives infinity.
 double RowError(const float* a, const float* b, int64_t n) {
   double diff = 0, scale = 0;
@@ -58,16 +46,9 @@ class CudaBackendTest : public ::testing::TestWithParam<DType> {
  protected:
   static void SetUpTestSuite() {
     if (!CudaDeviceAvailable().ok()) return;
-    dir_ = new std::string(cuda_test::UniqueTempDir("prefixd_cuda_backend_test_model"));
-    RandomModelOptions o;
-    o.out_dir = *dir_;
-    o.config = TinyModelConfig();
-    o.seed = 7;
-    o.dtype = DType::kF32;
-    ASSERT_TRUE(WriteRandomModel(o).ok());
-    auto model = Model::Load(*dir_);
-    ASSERT_TRUE(model.ok()) << model.status();
-    model_ = model->release();
+    dir_ = new std::string;
+    model_ = cuda_test::WriteAndLoadRandomModel(TinyModelConfig(), 7,
+                                                "prefixd_cuda_backend_test_model", dir_);
   }
   static void TearDownTestSuite() {
     delete model_;
@@ -160,7 +141,7 @@ TEST_P(CudaBackendTest, MatchesCpuBackendOnPrefillAndDecode) {
     seqs.push_back(RandomTokens(lengths[s]));
     tables.push_back(Table(3 + static_cast<int>(s), 5, 12));  // 12 blocks: up to 192 tokens
   }
-  const double tol = RelTolerance(GetParam());
+  const double tol = cuda_test::LogitTolerance(GetParam());
   double worst = 0;
   for (int step = 0; step < 9; ++step) {
     std::vector<SequenceStep> steps(seqs.size());
@@ -206,7 +187,7 @@ TEST_P(CudaBackendTest, GreedyTokenEqualWhereMarginIsClear) {
     std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
     const double scale =
         std::max(std::fabs(sorted[0]), std::fabs(*std::min_element(c.begin(), c.end())));
-    if (sorted[0] - sorted[1] <= 2 * RelTolerance(GetParam()) * scale) continue;
+    if (sorted[0] - sorted[1] <= 2 * cuda_test::LogitTolerance(GetParam()) * scale) continue;
     ++compared;
     EXPECT_EQ(std::max_element(g.begin(), g.end()) - g.begin(),
               std::max_element(c.begin(), c.end()) - c.begin())
@@ -221,7 +202,7 @@ TEST_P(CudaBackendTest, ChunkedAndCachedMatchOneShot) {
   auto gpu = Cuda();
   ASSERT_TRUE(gpu);
   const std::vector<uint32_t> tokens = RandomTokens(45);
-  const double tol = RelTolerance(GetParam());
+  const double tol = cuda_test::LogitTolerance(GetParam());
   auto run = [&](const std::vector<int32_t>& table, std::vector<int> cuts) {
     std::vector<float> last;
     int begin = 0;
@@ -266,7 +247,7 @@ TEST_P(CudaBackendTest, AllLogitsRowsMatchCpuAndTheirPrefixesLastRows) {
   auto small = Create(four_rows);
   auto cpu = Cpu();
   ASSERT_TRUE(gpu && small && cpu);
-  const double tol = RelTolerance(GetParam());
+  const double tol = cuda_test::LogitTolerance(GetParam());
   const std::vector<uint32_t> prompt = RandomTokens(19), other = RandomTokens(8);
   const std::vector<int32_t> prompt_table = {3, 9}, other_table = {5};
   std::vector<SequenceStep> steps(2);
@@ -315,7 +296,7 @@ TEST_P(CudaBackendTest, GraphEagerAndSplitPassesAgree) {
   auto small = Cuda(true, 8);
   auto odd = Cuda(true, 3);
   ASSERT_TRUE(graphs && eager && small && odd);
-  const double tol = RelTolerance(GetParam());
+  const double tol = cuda_test::LogitTolerance(GetParam());
   std::vector<std::vector<uint32_t>> seqs = {RandomTokens(9), RandomTokens(30), RandomTokens(2)};
   std::vector<std::vector<int32_t>> tables = {Table(40, 3, 4), Table(41, 3, 4), Table(42, 3, 4)};
   for (int step = 0; step < 4; ++step) {
@@ -350,7 +331,7 @@ TEST_P(CudaBackendTest, FailedGraphInstantiationFallsBackToEager) {
   auto eager = Cuda(false);
   auto graphs = Cuda(true);
   ASSERT_TRUE(fallback && eager && graphs);
-  const double tol = RelTolerance(GetParam());
+  const double tol = cuda_test::LogitTolerance(GetParam());
   std::vector<std::vector<uint32_t>> seqs = {RandomTokens(5), RandomTokens(12), RandomTokens(3)};
   std::vector<std::vector<int32_t>> tables = {Table(10, 3, 2), Table(11, 3, 2), Table(12, 3, 2)};
   for (int step = 0; step < 5; ++step) {
@@ -488,7 +469,8 @@ TEST_P(CudaBackendTest, KvBlocksRoundTripThroughHostBytes) {
     return logits;
   };
   const std::vector<float> from_original = decode(original);
-  ExpectRowsClose(decode(copies), from_original, RelTolerance(GetParam()), "copied_blocks");
+  ExpectRowsClose(decode(copies), from_original, cuda_test::LogitTolerance(GetParam()),
+                  "copied_blocks");
   // Bad block ids and sizes change nothing and leave the backend usable.
   std::vector<uint8_t> host(bytes);
   EXPECT_EQ(gpu->ReadKvBlock(-1, absl::MakeSpan(host)).code(), absl::StatusCode::kInvalidArgument);
@@ -496,7 +478,8 @@ TEST_P(CudaBackendTest, KvBlocksRoundTripThroughHostBytes) {
             absl::StatusCode::kInvalidArgument);
   host.pop_back();
   EXPECT_EQ(gpu->ReadKvBlock(0, absl::MakeSpan(host)).code(), absl::StatusCode::kInvalidArgument);
-  ExpectRowsClose(decode(original), from_original, RelTolerance(GetParam()), "after_errors");
+  ExpectRowsClose(decode(original), from_original, cuda_test::LogitTolerance(GetParam()),
+                  "after_errors");
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDTypes, CudaBackendTest,

@@ -14,8 +14,6 @@
 #include <string>
 #include <vector>
 
-#include "engine/model.h"
-#include "engine/tokenizer.h"  // Model's destructor needs the complete type
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -25,22 +23,13 @@
 namespace prefixd {
 namespace {
 
-double RelTolerance(DType t) { return t == DType::kF32 ? 1e-3 : t == DType::kF16 ? 3e-2 : 6e-2; }
-
 class CudaGpt2Test : public ::testing::TestWithParam<DType> {
  protected:
   static void SetUpTestSuite() {
     if (!CudaDeviceAvailable().ok()) return;
-    dir_ = new std::string(cuda_test::UniqueTempDir("prefixd_cuda_gpt2_test_model"));
-    RandomModelOptions o;
-    o.out_dir = *dir_;
-    o.config = Gpt2ModelConfig();
-    o.seed = 11;
-    o.dtype = DType::kF32;
-    ASSERT_TRUE(WriteRandomModel(o).ok());
-    auto model = Model::Load(*dir_);
-    ASSERT_TRUE(model.ok()) << model.status();
-    model_ = model->release();
+    dir_ = new std::string;
+    model_ = cuda_test::WriteAndLoadRandomModel(Gpt2ModelConfig(), 11,
+                                                "prefixd_cuda_gpt2_test_model", dir_);
   }
   static void TearDownTestSuite() {
     delete model_;
@@ -84,7 +73,7 @@ TEST_P(CudaGpt2Test, PrefillAndDecodeMatchTheCpuBackend) {
   std::vector<uint32_t> tokens(12);
   for (uint32_t& t : tokens) t = rng() % vocab;
   const std::vector<int32_t> table = {2, 7};
-  const double tol = RelTolerance(GetParam());
+  const double tol = cuda_test::LogitTolerance(GetParam());
   int compared = 0;
   for (int step = 0; step < 5; ++step) {
     SequenceStep s;

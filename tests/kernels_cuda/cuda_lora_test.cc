@@ -40,19 +40,7 @@ using cuda_test::ExpectClose;
 using cuda_test::RandomVector;
 using cuda_test::Round;
 
-double RelTolerance(DType t) {
-  switch (t) {
-    case DType::kF32:
-      return 1e-3;
-    case DType::kF16:
-      return 3e-2;  // provisional (cuda_backend_test.cc)
-    case DType::kBF16:
-      return 6e-2;  // provisional
-    case DType::kI8:
-      break;
-  }
-  return 0;
-}
+using cuda_test::LogitTolerance;
 
 // max |a - b| / max |b| over one row; NaN gives infinity.
 double RowError(const float* a, const float* b, int64_t n) {
@@ -333,7 +321,7 @@ TEST_P(CudaLoraBackendTest, BatchOfBaseAndThreeAdaptersEqualsEachAlone) {
   const int decode_steps = 4;
   const std::vector<Seq> seqs = MixedBatch(decode_steps);
   const auto together = Run(*batched, seqs, decode_steps, vocab_);
-  const double tol = RelTolerance(GetParam());
+  const double tol = LogitTolerance(GetParam());
   for (size_t s = 0; s < seqs.size(); ++s) {
     const auto single = Run(*alone, {seqs[s]}, decode_steps, vocab_);
     Seq base = seqs[s];
@@ -362,7 +350,7 @@ TEST_P(CudaLoraBackendTest, MatchesCpuBackendWithAdapters) {
   const std::vector<Seq> seqs = MixedBatch(decode_steps);
   const auto g = Run(*gpu, seqs, decode_steps, vocab_);
   const auto c = Run(*cpu, seqs, decode_steps, vocab_);
-  const double tol = RelTolerance(GetParam());
+  const double tol = LogitTolerance(GetParam());
   double worst = 0;
   for (int step = 0; step <= decode_steps; ++step) {
     for (size_t s = 0; s < seqs.size(); ++s) {
@@ -383,7 +371,7 @@ TEST_P(CudaLoraBackendTest, DecodeGraphsFollowChangingMixesOfAdapters) {
   auto graphs = Cuda(true);
   auto eager = Cuda(false);
   ASSERT_TRUE(graphs && eager);
-  const double tol = RelTolerance(GetParam());
+  const double tol = LogitTolerance(GetParam());
   const std::vector<const LoraAdapter*> choices = {nullptr, (*adapters_)[0].get(),
                                                    (*adapters_)[1].get(), (*adapters_)[2].get()};
   std::vector<std::vector<uint32_t>> tokens = {RandomTokens(6), RandomTokens(11), RandomTokens(3)};
@@ -459,7 +447,7 @@ TEST_P(CudaLoraBackendTest, DeviceCopiesAreKeyedByDigestBoundedAndReported) {
     std::vector<float> out;
     ASSERT_TRUE(gpu->Forward(steps, &out).ok());
     EXPECT_EQ(gpu->memory_usage().adapter_bytes, bytes(a) + bytes(b));
-    EXPECT_LE(RowError(out.data(), with_a.data(), vocab_), RelTolerance(GetParam()));
+    EXPECT_LE(RowError(out.data(), with_a.data(), vocab_), LogitTolerance(GetParam()));
   }
   // The same directory rewritten with other weights, loaded again: another digest.
   const std::string dir = *root_ + "/reloaded";
@@ -477,7 +465,7 @@ TEST_P(CudaLoraBackendTest, DeviceCopiesAreKeyedByDigestBoundedAndReported) {
   ASSERT_EQ(v1->dir, v2->dir);
   const std::vector<float> l1 = logits(*gpu, v1.get());
   const std::vector<float> l2 = logits(*gpu, v2.get());
-  const double tol = RelTolerance(GetParam());
+  const double tol = LogitTolerance(GetParam());
   EXPECT_GT(RowError(l2.data(), l1.data(), vocab_), 4 * tol) << "v2 ran with v1's weights";
   EXPECT_LE(RowError(l2.data(), logits(*fresh, v2.get()).data(), vocab_), tol);
   EXPECT_EQ(gpu->memory_usage().adapter_bytes, bytes(*v2));

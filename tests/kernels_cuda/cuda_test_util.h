@@ -14,8 +14,11 @@
 #include <vector>
 
 #include "engine/dtype.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"  // Model's destructor needs the complete type
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "tools/random_model.h"
 
 namespace prefixd::cuda_test {
 
@@ -37,6 +40,46 @@ namespace prefixd::cuda_test {
 inline std::string UniqueTempDir(const std::string& stem) {
   std::string path = ::testing::TempDir() + "/" + stem + "-XXXXXX";
   return mkdtemp(path.data()) != nullptr ? path : std::string();
+}
+
+// A random model in the real GPT-2 layout (`config`, `seed`), written into a new directory of
+// this process (*dir, for the suite to remove) and loaded; null after a failure, which is
+// reported. For the backend tests' SetUpTestSuite.
+inline Model* WriteAndLoadRandomModel(const ModelConfig& config, uint64_t seed,
+                                      const std::string& stem, std::string* dir) {
+  *dir = UniqueTempDir(stem);
+  RandomModelOptions o;
+  o.out_dir = *dir;
+  o.config = config;
+  o.seed = seed;
+  o.dtype = DType::kF32;
+  if (absl::Status s = WriteRandomModel(o); !s.ok()) {
+    ADD_FAILURE() << s;
+    return nullptr;
+  }
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Load(*dir);
+  if (!model.ok()) {
+    ADD_FAILURE() << model.status();
+    return nullptr;
+  }
+  return model->release();
+}
+
+// The backend tests' bound on a logits row: max |cuda - cpu| over the row relative to the
+// row's largest |logit|. f32 1e-3; f16 3e-2 and bf16 6e-2, provisional until measured on a GPU
+// (the interpreter measures about 1e-3 and 1e-2 on a full-size GPT-2: cuda_gpt2_test).
+inline double LogitTolerance(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return 1e-3;
+    case DType::kF16:
+      return 3e-2;
+    case DType::kBF16:
+      return 6e-2;
+    case DType::kI8:
+      break;
+  }
+  return 0;
 }
 
 // |gpu - ref| <= abs + rel * |ref|, elementwise; NaN anywhere fails.
