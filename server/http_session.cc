@@ -265,9 +265,18 @@ class Session : public std::enable_shared_from_this<Session> {
                      });
   }
 
-  // While a completion runs nothing is read from the client, so a closed connection would go
-  // unnoticed until a write fails; waiting for readability sees the FIN or RST at once.
+  // While a completion runs nothing is parsed, so a closed connection would go unnoticed until
+  // a write fails; waiting for readability sees the FIN or RST at once. What a client sends
+  // meanwhile is a pipelined request (RFC 9112 9.3): it is moved into buffer_, where the
+  // next ReadHeader parses it once this response is written, and the wait goes on. Past
+  // kMaxPipelinedBytes the session stops reading (the kernel's window pushes back on the
+  // client) and pins itself until the completion ends, since no handler holds it then: a
+  // disconnect is then noticed at the next write.
+  static constexpr size_t kMaxPipelinedBytes = 64 * 1024;
+
   void WatchDisconnect() {
+    if (watching_) return;  // a wait from an earlier completion is still armed
+    watching_ = true;
     stream_.socket().async_wait(
         tcp::socket::wait_read,
         net::bind_executor(
@@ -276,15 +285,21 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void OnReadable(beast::error_code ec) {
+    watching_ = false;
     if (completion_ == nullptr) return;
     if (ec) return ClientGone();
-    char byte;
-    const ssize_t n = ::recv(stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (buffer_.size() >= kMaxPipelinedBytes) {
+      pinned_ = shared_from_this();
+      return;
+    }
+    const size_t room = kMaxPipelinedBytes - buffer_.size();
+    const ssize_t n = ::recv(stream_.socket().native_handle(), buffer_.prepare(room).data(), room,
+                             MSG_DONTWAIT);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
       return ClientGone();
     }
-    // n > 0: the client sent more (a pipelined request); it stays buffered for the next read.
-    if (n < 0) WatchDisconnect();
+    if (n > 0) buffer_.commit(static_cast<size_t>(n));
+    WatchDisconnect();
   }
 
   // The client went away: cancel what still runs (the engine frees its blocks at its next
@@ -302,6 +317,8 @@ class Session : public std::enable_shared_from_this<Session> {
     headers_sent_ = false;
     write_in_flight_ = false;
     context_.counts->CompletionEnded();
+    // Every caller holds its own reference, so this is never the last one.
+    pinned_.reset();
   }
 
   void Close() {
@@ -320,6 +337,8 @@ class Session : public std::enable_shared_from_this<Session> {
   std::unique_ptr<HttpCompletion> completion_;
   bool headers_sent_ = false;
   bool write_in_flight_ = false;
+  bool watching_ = false;            // a readability wait is armed
+  std::shared_ptr<Session> pinned_;  // set while reading is paused under a completion
 };
 
 }  // namespace

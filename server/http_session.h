@@ -7,7 +7,8 @@
 // (server/generate_output.h) into the next write.
 // Disconnects: while a completion runs, the connection is watched for readability, so a
 // client that goes away is noticed (and its requests cancelled, their blocks released) even
-// while no token is being written to it.
+// while no token is being written to it. Bytes that arrive meanwhile are a pipelined request:
+// they are buffered (64 KiB at most) and answered after the completion, in order.
 // Faults: a handler that throws answers 500, logs a line and closes the connection; nothing
 // a client sends raises through an I/O thread.
 #ifndef PREFIXD_SERVER_HTTP_SESSION_H_

@@ -1,0 +1,267 @@
+// One HTTP/1.1 connection's framing (server/http_session.cc), spoken over raw sockets to
+// prefixd::Server in-process: pipelined requests behind a running completion, and framing a
+// server must refuse. The engine runs the gated fake backend, so a completion is held in
+// flight for as long as a test needs.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "server/server.h"
+#include "tests/engine/fake_backend.h"
+#include "tests/server/grpc_helpers.h"
+#include "tests/server/in_process_server.h"
+#include "tests/server/process.h"
+
+namespace prefixd::testing {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+// A blocking client socket connected to 127.0.0.1:port.
+class RawConnection {
+ public:
+  explicit RawConnection(int port) {
+    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  }
+  ~RawConnection() { close(fd_); }
+  RawConnection(const RawConnection&) = delete;
+  RawConnection& operator=(const RawConnection&) = delete;
+
+  bool connected() const { return connected_; }
+
+  bool Send(const std::string& bytes) {
+    size_t sent = 0;
+    while (sent < bytes.size()) {
+      const ssize_t n = send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      sent += static_cast<size_t>(n);
+    }
+    return true;
+  }
+
+  // Everything the server sends until it closes the connection; *reset is set when it ended
+  // with a reset (or another error) instead of an orderly close.
+  std::string ReadToEnd(bool* reset) {
+    std::string out;
+    char buf[16384];
+    *reset = false;
+    for (;;) {
+      const ssize_t n = recv(fd_, buf, sizeof(buf), 0);
+      if (n == 0) break;
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        *reset = true;
+        break;
+      }
+      out.append(buf, static_cast<size_t>(n));
+    }
+    return out;
+  }
+
+  // Bytes the server's end of this connection has received and its session not yet read;
+  // nullopt once the server has closed its end. Found among this process's descriptors (the
+  // server runs in-process): the socket whose peer is this one's local address.
+  std::optional<int> ServerSideUnreadBytes() const {
+    sockaddr_in mine{}, peer{};
+    socklen_t len = sizeof(mine);
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&mine), &len);
+    len = sizeof(peer);
+    getpeername(fd_, reinterpret_cast<sockaddr*>(&peer), &len);
+    for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+      const int fd = std::atoi(entry.path().filename().c_str());
+      struct stat st{};
+      if (fd == fd_ || fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+      sockaddr_in local{}, remote{};
+      socklen_t l1 = sizeof(local), l2 = sizeof(remote);
+      if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &l1) != 0 ||
+          getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &l2) != 0 ||
+          local.sin_family != AF_INET || remote.sin_port != mine.sin_port ||
+          local.sin_port != peer.sin_port) {
+        continue;
+      }
+      int unread = 0;
+      if (ioctl(fd, FIONREAD, &unread) != 0) return std::nullopt;
+      return unread;
+    }
+    return std::nullopt;
+  }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+};
+
+class HttpSessionTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    model_dir_ = dir_->path() + "/tiny-model";
+    ASSERT_TRUE(WriteTinyModel(model_dir_).ok());
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  void StartServer() {
+    ServerOptions o = TestServerOptions(model_dir_);
+    o.metrics_listen = "127.0.0.1:0";
+    o.http_listen = "127.0.0.1:0";
+    o.backend_factory = [this](const Model& m) -> absl::StatusOr<std::unique_ptr<Backend>> {
+      auto b = std::make_unique<FakeBackend>(64, 16, m.config().vocab_size);
+      b->set_gate(&gate_, 0);
+      backend_ = b.get();
+      return std::unique_ptr<Backend>(std::move(b));
+    };
+    absl::StatusOr<std::unique_ptr<Server>> s = Server::Start(std::move(o));
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+  }
+  void TearDown() override {
+    if (!gate_.HasBeenNotified()) gate_.Notify();
+    server_.reset();
+  }
+  // A counter's value, 0 before its first count; -1 when /metrics does not answer.
+  double Count(const std::string& series) {
+    absl::StatusOr<std::string> text = HttpGet(server_->metrics_port(), "/metrics");
+    return text.ok() ? std::max(0.0, MetricValue(*text, series)) : -1;
+  }
+
+  static std::string Completion(bool stream) {
+    const std::string body = json{{"prompt", json::array({1, 2, 3, 4})},
+                                  {"max_tokens", 4},
+                                  {"ignore_eos", true},
+                                  {"stream", stream}}
+                                 .dump();
+    return absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
+                        "Content-Type: application/json\r\nContent-Length: ", body.size(),
+                        "\r\n\r\n", body);
+  }
+
+  static inline TempDir* dir_ = nullptr;
+  static inline std::string model_dir_;
+  absl::Notification gate_;
+  FakeBackend* backend_ = nullptr;
+  std::unique_ptr<Server> server_;
+};
+
+// (streamed, sent in the same write as the completion)
+class PipeliningTest : public HttpSessionTest,
+                       public ::testing::WithParamInterface<std::tuple<bool, bool>> {};
+
+// A request that follows a completion on the same connection (RFC 9112 9.3 pipelining) is
+// answered after it, in order; it neither cancels the completion nor resets the connection.
+// Sent in one write with the completion, the completion fits the session's first 512-byte
+// read and the rest of the second request stays in the socket, as when it comes later.
+TEST_P(PipeliningTest, ARequestBehindACompletionIsAnsweredAfterIt) {
+  const auto [stream, one_write] = GetParam();
+  StartServer();
+  const std::string first = Completion(stream);
+  const std::string second = absl::StrCat("GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: ",
+                                          std::string(600, 'p'), "\r\nConnection: close\r\n\r\n");
+  ASSERT_LT(first.size(), 512u);
+  RawConnection c(server_->http_port());
+  ASSERT_TRUE(c.connected());
+  if (one_write) {
+    ASSERT_TRUE(c.Send(first + second));
+    ASSERT_TRUE(backend_->entered().WaitForNotificationWithTimeout(absl::Seconds(30)));
+  } else {
+    ASSERT_TRUE(c.Send(first));
+    ASSERT_TRUE(backend_->entered().WaitForNotificationWithTimeout(absl::Seconds(30)));
+    ASSERT_TRUE(c.Send(second));
+  }
+  // The engine is held in its first step. Once the session has taken in the second request
+  // (or, unfixed, dropped the connection), let the completion run.
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        const std::optional<int> unread = c.ServerSideUnreadBytes();
+        return !unread.has_value() || *unread == 0;
+      },
+      absl::Seconds(30)));
+  gate_.Notify();
+
+  bool reset = false;
+  const std::string got = c.ReadToEnd(&reset);
+  EXPECT_FALSE(reset) << "the connection was reset";
+  EXPECT_THAT(got, StartsWith("HTTP/1.1 200 OK\r\n"));
+  const size_t second_head = got.find("HTTP/1.1", 1);
+  ASSERT_NE(second_head, std::string::npos) << "no answer to the pipelined request:\n" << got;
+  const std::string answer1 = got.substr(0, second_head);
+  const std::string answer2 = got.substr(second_head);
+  if (stream) {
+    EXPECT_THAT(answer1, HasSubstr("data: [DONE]"));
+    EXPECT_THAT(answer1, HasSubstr("\r\n0\r\n\r\n")) << "the last chunk";
+  } else {
+    EXPECT_THAT(answer1, HasSubstr("\"finish_reason\":\"length\""));
+  }
+  EXPECT_THAT(answer2, StartsWith("HTTP/1.1 200 OK\r\n"));
+  EXPECT_THAT(answer2, HasSubstr("\"status\""));
+  EXPECT_EQ(Count("prefixd_requests_total{api=\"http\",code=\"CANCELLED\"}"), 0);
+  EXPECT_EQ(Count("prefixd_requests_total{api=\"http\",code=\"OK\"}"), 1);
+}
+
+// A pipelined request larger than the session takes in while a completion runs (64 KiB)
+// waits partly in the socket, and is answered whole after the completion.
+TEST_F(HttpSessionTest, ALargePipelinedRequestWaitsAndIsAnsweredAfterTheCompletion) {
+  StartServer();
+  // JSON's whitespace makes it large; the text stays short for the tiny model.
+  const std::string body = absl::StrCat("{\"prompt\": \"hello\"", std::string(200000, ' '), "}");
+  const std::string second =
+      absl::StrCat("POST /tokenize HTTP/1.1\r\nHost: x\r\nConnection: close\r\n",
+                   "Content-Type: application/json\r\nContent-Length: ", body.size(), "\r\n\r\n",
+                   body);
+  RawConnection c(server_->http_port());
+  ASSERT_TRUE(c.connected());
+  ASSERT_TRUE(c.Send(Completion(/*stream=*/false)));
+  ASSERT_TRUE(backend_->entered().WaitForNotificationWithTimeout(absl::Seconds(30)));
+  ASSERT_TRUE(c.Send(second));
+  // The session has taken in what it buffers; the rest stays in the socket.
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        const std::optional<int> unread = c.ServerSideUnreadBytes();
+        return !unread.has_value() || *unread <= static_cast<int>(second.size() - 65536);
+      },
+      absl::Seconds(30)));
+  gate_.Notify();
+  bool reset = false;
+  const std::string got = c.ReadToEnd(&reset);
+  EXPECT_FALSE(reset) << "the connection was reset";
+  const size_t second_head = got.find("HTTP/1.1", 1);
+  ASSERT_NE(second_head, std::string::npos) << "no answer to the pipelined request:\n" << got;
+  EXPECT_THAT(got.substr(0, second_head), HasSubstr("\"finish_reason\":\"length\""));
+  EXPECT_THAT(got.substr(second_head), StartsWith("HTTP/1.1 200 OK\r\n"));
+  EXPECT_THAT(got.substr(second_head), HasSubstr("\"count\":"));
+  EXPECT_EQ(Count("prefixd_requests_total{api=\"http\",code=\"CANCELLED\"}"), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(StreamedAndWhole, PipeliningTest,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool()),
+                         [](const auto& info) {
+                           return absl::StrCat(std::get<0>(info.param) ? "Streamed" : "Whole",
+                                               std::get<1>(info.param) ? "OneWrite" : "Later");
+                         });
+
+}  // namespace
+}  // namespace prefixd::testing
