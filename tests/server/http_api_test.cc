@@ -10,6 +10,7 @@
 
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -132,6 +133,24 @@ TEST_F(HttpApiTest, CompletionEqualsGrpcForTheSameIdsAndSeed) {
   EXPECT_EQ(r["usage"]["total_tokens"], 32);
   EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], 11)
       << "the gRPC call cached the prompt";
+}
+
+// Ids the server makes up are 128 random bits, not a counter that tells one tenant how many
+// requests others sent (gRPC's request_id and HTTP's "cmpl-" id alike).
+TEST_F(HttpApiTest, ResponseIdsAreRandomNotACounter) {
+  std::set<std::string> seen;
+  for (int i = 0; i < 3; ++i) {
+    const json r = Post("/v1/completions", {{"prompt", json::array({1, 2})}, {"max_tokens", 1}});
+    const std::string id = r["id"].get<std::string>();
+    EXPECT_THAT(id, ::testing::MatchesRegex("cmpl-prefixd-[0-9a-f]{32}"));
+    seen.insert(id);
+    GenerateResult g = Generate(*stub_, IdsRequest({1, 2}, 1));
+    ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+    ASSERT_FALSE(g.messages.empty());
+    EXPECT_THAT(g.messages[0].request_id(), ::testing::MatchesRegex("prefixd-[0-9a-f]{32}"));
+    seen.insert(g.messages[0].request_id());
+  }
+  EXPECT_EQ(seen.size(), 6u);
 }
 
 TEST_F(HttpApiTest, StreamedEqualsNotStreamed) {
