@@ -1,5 +1,6 @@
 #include "engine/lora_adapter.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -27,6 +28,15 @@ absl::string_view ToAbsl(std::string_view s) { return absl::string_view(s.data()
 // The largest rank accepted: far above any fine-tune's (PEFT's default is 8), low enough
 // that r · width cannot overflow anything.
 constexpr int64_t kMaxRank = 4096;
+
+// The largest |element| of an A or B, and the largest change the merged update
+// scaling·(B·A) can make to one weight, bounded by |scaling|·r·max|A|·max|B|. Trained
+// adapters stay far below 1 (PEFT starts A at ±1/sqrt(in) and B at 0); 1e4 leaves room for any
+// real one while every product the forward pass forms (x·Aᵀ over at most 4·n_embd inputs,
+// then ·Bᵀ, then ·scaling) stays many orders of magnitude inside float's range. Finite weights
+// of 3e38 passed the NaN/Inf check and made the logits NaN.
+constexpr double kMaxAbsLoraWeight = 1e4;
+constexpr double kMaxLoraUpdate = 1e4;
 
 constexpr std::string_view kTensorPrefix = "base_model.model.transformer.h.";
 
@@ -247,6 +257,8 @@ absl::StatusOr<std::unique_ptr<LoraAdapter>> ParseLoraAdapter(const std::string&
   struct Pair {
     const SafetensorsEntry* a = nullptr;
     const SafetensorsEntry* b = nullptr;
+    double max_abs_a = 0;
+    double max_abs_b = 0;
   };
   std::map<std::pair<int32_t, int>, Pair> pairs;
   for (const SafetensorsEntry& e : st->tensors) {
@@ -282,8 +294,21 @@ absl::StatusOr<std::unique_ptr<LoraAdapter>> ParseLoraAdapter(const std::string&
       return bad(absl::StrCat("holds ", std::isnan(f) ? "NaN" : (f > 0 ? "+Inf" : "-Inf"),
                               " at element ", i, ": the adapter is corrupt"));
     }
+    double max_abs = 0;
+    const int64_t count = static_cast<int64_t>(e.end - e.begin) / DTypeSize(e.dtype);
+    for (int64_t i = 0; i < count; ++i) {
+      const double v = std::fabs(ElementAsFloat(e.dtype, data, i));
+      if (v > kMaxAbsLoraWeight) {
+        return bad(absl::StrCat("holds ", ElementAsFloat(e.dtype, data, i), " at element ", i,
+                                ": adapter weights must lie in [-", kMaxAbsLoraWeight, ", ",
+                                kMaxAbsLoraWeight,
+                                "] (larger ones overflow float in the forward pass)"));
+      }
+      max_abs = std::max(max_abs, v);
+    }
     Pair& p = pairs[{n->layer, static_cast<int>(n->target)}];
     (n->is_a ? p.a : p.b) = &e;
+    (n->is_a ? p.max_abs_a : p.max_abs_b) = max_abs;
   }
   if (pairs.empty()) {
     return absl::InvalidArgumentError(
@@ -297,6 +322,15 @@ absl::StatusOr<std::unique_ptr<LoraAdapter>> ParseLoraAdapter(const std::string&
       return absl::InvalidArgumentError(absl::StrCat(
           weights_path, ": missing tensor \"", TensorNameOf(key.first, t, p.a == nullptr),
           "\" (its pair \"", TensorNameOf(key.first, t, p.a != nullptr), "\" is there)"));
+    }
+    const double update = std::fabs(static_cast<double>(adapter->scaling)) *
+                          static_cast<double>(r) * p.max_abs_a * p.max_abs_b;
+    if (update > kMaxLoraUpdate) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          weights_path, ": tensors \"", TensorNameOf(key.first, t, true), "\" and \".lora_B\" ",
+          "can change a weight by up to ", update, " (|scaling| ", adapter->scaling, " x r ", r,
+          " x max|A| ", p.max_abs_a, " x max|B| ", p.max_abs_b, "): at most ", kMaxLoraUpdate,
+          " is accepted (a larger update overflows float in the forward pass)"));
     }
     LoraModule& m = adapter->layers[key.first][key.second];
     m.in = p.a->shape[1];

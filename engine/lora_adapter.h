@@ -10,7 +10,9 @@
 // low-rank product, y += scaling · ((x·Aᵀ)·Bᵀ), never merged.
 //
 // ParseLoraAdapter() accepts a directory only if everything above holds, every tensor is
-// finite and of a float dtype, each module's A and B come in pairs of rank r, and nothing is
+// finite and of a float dtype, each element within ±1e4 and each module's largest possible
+// change to a weight (|scaling|·r·max|A|·max|B|) at most 1e4, so the forward pass's products stay
+// far inside float's range; each module's A and B come in pairs of rank r, and nothing is
 // there that changes the computation in a way prefixd does not implement (other peft types,
 // modules_to_save, DoRA, rank or alpha patterns, layers_to_transform, biases). Each error is
 // INVALID_ARGUMENT (NOT_FOUND for a missing file) and names the file, the tensor or field,

@@ -280,6 +280,24 @@ TEST_F(LoraAdapterTest, RefusesNonFiniteValues) {
   ExpectRefused("adapter_model.safetensors", {kA0, "-Inf", "element 3"});
 }
 
+// Finite weights of 3e38 passed the NaN/Inf check and made the logits NaN: each element, and
+// the largest change the update can make to a weight, are bounded by 1e4.
+TEST_F(LoraAdapterTest, RefusesWeightsWhoseProductCanOverflow) {
+  Find(kB0).values[17] = 3e38f;
+  ExpectRefused("adapter_model.safetensors", {kB0, "element 17", "[-10000, 10000]", "overflow"});
+  Find(kB0).values[17] = -2e4f;
+  ExpectRefused("adapter_model.safetensors", {kB0, "element 17", "[-10000, 10000]"});
+  // Each element in range, the product not: scaling 2 x r 4 x 100 x 100 = 80000.
+  for (float& v : Find(kA0).values) v = 100.0f;
+  for (float& v : Find(kB0).values) v = -100.0f;
+  ExpectRefused("adapter_model.safetensors",
+                {kA0, "up to 80000", "|scaling| 2 x r 4 x max|A| 100 x max|B| 100", "overflow"});
+  // Just inside the bound loads.
+  for (float& v : Find(kB0).values) v = -12.5f;  // 2 x 4 x 100 x 12.5 = 10000
+  Write();
+  EXPECT_TRUE(Load().ok()) << Load().status();
+}
+
 TEST_F(LoraAdapterTest, RefusesACorruptSafetensorsFile) {
   Write();
   std::ofstream(dir_ + "/adapter_model.safetensors", std::ios::binary | std::ios::trunc) << "xx";

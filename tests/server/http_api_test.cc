@@ -359,7 +359,8 @@ TEST_F(HttpApiTest, SamplingControlsEqualGrpcsAndAreRangeChecked) {
   const Bad bad[] = {
       {{{"presence_penalty", 2.5}}, "presence_penalty", "use a value in [-2, 2]"},
       {{{"frequency_penalty", -3}}, "frequency_penalty", "use a value in [-2, 2]"},
-      {{{"repetition_penalty", 0}}, "repetition_penalty", "use a finite value > 0"},
+      {{{"repetition_penalty", 0}}, "repetition_penalty", "use a value in [0.01, 100]"},
+      {{{"repetition_penalty", 1e-40}}, "repetition_penalty", "use a value in [0.01, 100]"},
       {{{"min_p", 1.5}}, "min_p", "use a value in [0, 1]"},
       {{{"logit_bias", {{"50257", 1}}}}, "logit_bias", "ids must be < vocab_size 50257"},
       {{{"logit_bias", {{"5", 101}}}}, "logit_bias", "use a value in [-100, 100]"},
