@@ -63,9 +63,12 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
  private:
+  // Request line and header fields together; past it a request is refused with 414 or 431.
+  static constexpr uint32_t kHeaderLimit = 64 * 1024;
+
   void ReadHeader() {
     parser_.emplace();
-    parser_->header_limit(64 * 1024);
+    parser_->header_limit(kHeaderLimit);
     parser_->body_limit(context_.max_body_bytes);
     stream_.expires_after(
         std::chrono::milliseconds(absl::ToInt64Milliseconds(context_.idle_timeout)));
@@ -76,10 +79,17 @@ class Session : public std::enable_shared_from_this<Session> {
   void OnHeader(beast::error_code ec, size_t) {
     // A Content-Length past the limit is refused while the header is parsed.
     if (ec == http::error::body_limit) return SendTooLarge();
-    if (ec) return Close();  // end of stream, idle timeout, a malformed header
+    if (ec) {
+      head_ = false;
+      version_ = 11;
+      if (std::optional<Refusal> r = FramingRefusal(ec)) return Refuse(r->status, r->message);
+      return Close();  // end of stream, idle timeout, a reset
+    }
     const auto& req = parser_->get();
     version_ = req.version();
     keep_alive_ = req.keep_alive();
+    head_ = req.method() == http::verb::head;
+    if (std::optional<std::string> bad = ConflictingLength(req)) return Refuse(400, *bad);
     if (parser_->content_length().has_value() &&
         *parser_->content_length() > context_.max_body_bytes) {
       return SendTooLarge();
@@ -106,7 +116,10 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void OnBody(beast::error_code ec, size_t) {
     if (ec == http::error::body_limit) return SendTooLarge();
-    if (ec) return Close();
+    if (ec) {
+      if (std::optional<Refusal> r = FramingRefusal(ec)) return Refuse(r->status, r->message);
+      return Close();
+    }
     stream_.expires_never();
     // Last resort: nothing a client sends may raise through an I/O thread. A handler that
     // throws all the same answers 500 and closes this connection; every other goes on.
@@ -128,14 +141,75 @@ class Session : public std::enable_shared_from_this<Session> {
     Reply(ErrorReply(absl::InternalError("internal error handling this request (logged)")));
   }
 
+  struct Refusal {
+    int status;
+    std::string message;
+  };
+
+  // What a request the parser refused is answered with, or nullopt for what is no request
+  // at all (the client closed or reset the connection, or a timeout ran out).
+  std::optional<Refusal> FramingRefusal(beast::error_code ec) const {
+    if (ec.category() != beast::http::make_error_code(http::error::bad_method).category() ||
+        ec == http::error::end_of_stream || ec == http::error::partial_message) {
+      return std::nullopt;
+    }
+    const auto& fields = parser_->get();  // those parsed before the error
+    if (ec == http::error::header_limit) {
+      const std::string_view seen(static_cast<const char*>(buffer_.data().data()),
+                                  buffer_.size());
+      if (seen.find("\r\n") == std::string_view::npos) {
+        return Refusal{414, absl::StrCat("the request line is longer than ", kHeaderLimit,
+                                         " bytes: send a shorter URL (large inputs go in a "
+                                         "POST body)")};
+      }
+      return Refusal{431, absl::StrCat("the request's header fields are larger than ",
+                                       kHeaderLimit, " bytes: send fewer or shorter ones")};
+    }
+    const bool has_length = fields.count(http::field::content_length) > 0;
+    const bool has_encoding = fields.count(http::field::transfer_encoding) > 0;
+    if ((ec == http::error::bad_content_length && has_encoding) ||
+        (ec == http::error::bad_transfer_encoding && has_length)) {
+      return Refusal{400, std::string(kBothLengths)};
+    }
+    if (ec == http::error::bad_content_length) {
+      return Refusal{400, has_length ? std::string(kTwoLengths)
+                                     : "Content-Length is not a decimal length: send the "
+                                       "body's size in bytes"};
+    }
+    return Refusal{400, absl::StrCat("malformed HTTP request (", ec.message(),
+                                     "): send an HTTP/1.1 request as RFC 9112 defines it")};
+  }
+
+  static constexpr std::string_view kBothLengths =
+      "the request has both Content-Length and Transfer-Encoding, which a proxy and this "
+      "server could read differently: send one of them (RFC 9112 6.1)";
+  static constexpr std::string_view kTwoLengths =
+      "the request has more than one Content-Length field: send one (RFC 9112 6.3)";
+
+  // A header the parser took but that frames the body ambiguously (request smuggling): both
+  // a length and an encoding, or a length given twice even with one value.
+  static std::optional<std::string> ConflictingLength(const http::request_header<>& req) {
+    const size_t lengths = req.count(http::field::content_length);
+    if (lengths > 0 && req.count(http::field::transfer_encoding) > 0) {
+      return std::string(kBothLengths);
+    }
+    if (lengths > 1) return std::string(kTwoLengths);
+    return std::nullopt;
+  }
+
   // The body is not read. Closing at once with unread bytes makes the kernel send a reset,
   // which can destroy the response before the client reads it; so after the response, stop
   // sending and discard what the client still sends, for a few seconds at most.
   void SendTooLarge() {
+    Refuse(413, absl::StrCat("the request body is larger than ", context_.max_body_bytes,
+                             " bytes: send a smaller one"));
+  }
+
+  // Answers `status` with `message` in OpenAI's error shape, then closes as above.
+  void Refuse(int status, std::string_view message) {
     keep_alive_ = false;
-    auto res = MakeResponse(413, ErrorJson(absl::InvalidArgumentError(absl::StrCat(
-                                     "the request body is larger than ", context_.max_body_bytes,
-                                     " bytes: send a smaller one"))));
+    const absl::string_view text(message.data(), message.size());  // Debian's absl type
+    auto res = MakeResponse(status, ErrorJson(absl::InvalidArgumentError(text)));
     http::async_write(stream_, *res,
                       [self = shared_from_this(), res](beast::error_code ec, size_t) {
                         if (ec) return self->Close();
@@ -160,7 +234,6 @@ class Session : public std::enable_shared_from_this<Session> {
     const std::string method(req.method_string());
     const std::string target(req.target());
     view.method = method;
-    head_ = req.method() == http::verb::head;
     view.target = target;
     if (auto it = req.find(http::field::authorization); it != req.end()) {
       view.authorization = std::string(it->value());

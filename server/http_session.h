@@ -9,6 +9,9 @@
 // client that goes away is noticed (and its requests cancelled, their blocks released) even
 // while no token is being written to it. Bytes that arrive meanwhile are a pipelined request:
 // they are buffered (64 KiB at most) and answered after the completion, in order.
+// Framing: a request whose framing can be read more than one way (Content-Length with
+// Transfer-Encoding, two Content-Lengths) or that is malformed is answered 400, one over the
+// header limit 414 (a long request line) or 431, a body over the limit 413; each then closes.
 // Faults: a handler that throws answers 500, logs a line and closes the connection; nothing
 // a client sends raises through an I/O thread.
 #ifndef PREFIXD_SERVER_HTTP_SESSION_H_

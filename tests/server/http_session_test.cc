@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <tuple>
 
@@ -262,6 +263,89 @@ INSTANTIATE_TEST_SUITE_P(StreamedAndWhole, PipeliningTest,
                            return absl::StrCat(std::get<0>(info.param) ? "Streamed" : "Whole",
                                                std::get<1>(info.param) ? "OneWrite" : "Later");
                          });
+
+// ---- framing a server must refuse: a 4xx that says what to fix, then the connection closes ----
+
+struct BadFraming {
+  std::string name;
+  std::string request;
+  int status;
+  std::string message;  // part of the error's message
+  friend void PrintTo(const BadFraming& b, std::ostream* os) { *os << b.name; }
+};
+
+class BadFramingTest : public HttpSessionTest, public ::testing::WithParamInterface<BadFraming> {};
+
+TEST_P(BadFramingTest, IsAnsweredWithA4xxThenClosed) {
+  const BadFraming& bad = GetParam();
+  StartServer();
+  gate_.Notify();
+  RawConnection c(server_->http_port());
+  ASSERT_TRUE(c.connected());
+  ASSERT_TRUE(c.Send(bad.request));
+  bool reset = false;
+  const std::string got = c.ReadToEnd(&reset);
+  EXPECT_FALSE(reset) << "the connection was reset before the answer was read";
+  EXPECT_THAT(got, StartsWith(absl::StrCat("HTTP/1.1 ", bad.status, " ")));
+  EXPECT_THAT(got, HasSubstr("Connection: close\r\n"));
+  EXPECT_THAT(got, HasSubstr(bad.message));
+  // Nothing of it reached the engine.
+  EXPECT_EQ(Count("prefixd_requests_total{api=\"http\"}"), 0);
+}
+
+std::string PostWith(const std::string& headers, const std::string& body) {
+  return absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n", headers, "\r\n", body);
+}
+
+const std::string kBody = R"({"prompt": [1, 2], "max_tokens": 1})";
+
+INSTANTIATE_TEST_SUITE_P(
+    Framing, BadFramingTest,
+    ::testing::Values(
+        // Request smuggling: which length a proxy in front used is unknown (RFC 9112 6.1).
+        BadFraming{"ContentLengthThenTransferEncoding",
+                   PostWith(absl::StrCat("Content-Length: ", kBody.size(),
+                                         "\r\nTransfer-Encoding: chunked\r\n"),
+                            kBody),
+                   400, "both Content-Length and Transfer-Encoding"},
+        BadFraming{"TransferEncodingThenContentLength",
+                   PostWith(absl::StrCat("Transfer-Encoding: chunked\r\nContent-Length: ",
+                                         kBody.size(), "\r\n"),
+                            "0\r\n\r\n"),
+                   400, "both Content-Length and Transfer-Encoding"},
+        BadFraming{"TwoEqualContentLengths",
+                   PostWith(absl::StrCat("Content-Length: ", kBody.size(),
+                                         "\r\nContent-Length: ", kBody.size(), "\r\n"),
+                            kBody),
+                   400, "more than one Content-Length"},
+        BadFraming{"TwoDifferentContentLengths",
+                   PostWith(absl::StrCat("Content-Length: ", kBody.size(),
+                                         "\r\nContent-Length: 3\r\n"),
+                            kBody),
+                   400, "Content-Length"},
+        BadFraming{"HeaderOver64KiB",
+                   PostWith(absl::StrCat("X-Big: ", std::string(70000, 'b'), "\r\n"), kBody),
+                   431, "header fields are larger than 65536 bytes"},
+        BadFraming{"ManyHeadersOver64KiB",
+                   PostWith([] {
+                     std::string h;
+                     for (int i = 0; i < 200; ++i) {
+                       absl::StrAppend(&h, "X-F", i, ": ", std::string(400, 'f'), "\r\n");
+                     }
+                     return h;
+                   }(),
+                            kBody),
+                   431, "header fields are larger than 65536 bytes"},
+        BadFraming{"UrlOf100KB",
+                   absl::StrCat("GET /health?", std::string(100000, 'u'),
+                                " HTTP/1.1\r\nHost: x\r\n\r\n"),
+                   414, "request line is longer than"},
+        BadFraming{"MalformedChunkedBody",
+                   PostWith("Transfer-Encoding: chunked\r\n", "zz\r\nabc\r\n0\r\n\r\n"), 400,
+                   "malformed HTTP request"},
+        BadFraming{"MalformedHeaderLine",
+                   "GET /health HTTP/1.1\r\nHost x\r\n\r\n", 400, "malformed HTTP request"}),
+    [](const ::testing::TestParamInfo<BadFraming>& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace prefixd::testing

@@ -182,6 +182,11 @@ TEST_F(ServerLoraTest, LoadsAndUnloadsAtRunTimeOverHttpAndGrpc) {
   EXPECT_EQ(Generate(*stub, Request("chat")).status.error_code(), grpc::StatusCode::NOT_FOUND);
   r = post("/v1/unload_lora_adapter", {{"lora_name", "chat"}});
   EXPECT_EQ(r.status, 404) << r.body;
+  // A NUL in the path is refused, not cut there (which loaded the directory before it).
+  r = post("/v1/load_lora_adapter",
+           {{"lora_name", "nul"}, {"lora_path", adapter_dirs_[1] + std::string("\0/x", 3)}});
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_THAT(r.body, HasSubstr("lora_path holds a NUL byte"));
 
   // gRPC: the same, with the info of what was loaded.
   grpc::ClientContext load_ctx;
