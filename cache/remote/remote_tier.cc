@@ -169,7 +169,7 @@ class RedisConnection {
     return r;
   }
 
-  // While set, a reply that is a bulk string (GET's value) is assigned to `*sink` instead of
+  // While set, a reply that is a bulk string (a fetched value) is assigned to `*sink` instead of
   // a fresh allocation, and the reply returned carries an empty string; sunk() tells it apart
   // from an empty value. A 1.2 MB allocation per value costs its page faults on every GET
   // (the allocator returns it to the system when it is freed), and a buffer that held a
@@ -485,12 +485,20 @@ void RemoteTier::FetcherLoop() {
                                  : absl::UnavailableError("backing off");
     if (!s.ok() && !stopping) CountError(&RemoteTierStats::connect_errors, std::string(s.message()));
     uint64_t loads = 0, corrupt = 0;
+    const std::string max_record_end = absl::StrCat(
+        (layout_.score_top_k > 0 ? layout_.scored_file_bytes() : layout_.file_bytes()) - 1);
     for (size_t i = 0; s.ok() && i < f.keys.size(); ++i) {
       const absl::Time t0 = absl::Now();
       if (options_.fetch_hook) options_.fetch_hook();
       const std::string name = KeyOf(f.keys[i]);
-      const char* argv[] = {"GET", name.data()};
-      const size_t lens[] = {3, name.size()};
+      // A record's size is fixed by the layout, so the value's length is asked first and no
+      // more than one record is read: a value of another length (junk planted under a key)
+      // is refused before it is read, and neither hiredis's read buffer nor a fetch buffer
+      // grows past one record. Both commands go in one round trip.
+      const char* strlen_argv[] = {"STRLEN", name.data()};
+      const size_t strlen_lens[] = {6, name.size()};
+      const char* range_argv[] = {"GETRANGE", name.data(), "0", max_record_end.data()};
+      const size_t range_lens[] = {8, name.size(), 1, max_record_end.size()};
       // The value lands in a buffer of an earlier fetch (no allocation once it held a block)
       // and is verified there; the K/V rows are a span of it.
       std::vector<uint8_t> value;
@@ -498,11 +506,15 @@ void RemoteTier::FetcherLoop() {
         absl::MutexLock lock(&mu_);
         value = TakeBufferLocked();
       }
+      absl::Status sent = c.Append(2, strlen_argv, strlen_lens);
+      if (sent.ok()) sent = c.Append(4, range_argv, range_lens);
+      absl::StatusOr<Reply> length =
+          sent.ok() ? c.GetReply(/*wrong_type_ok=*/true) : absl::StatusOr<Reply>(sent);
       c.SinkStringsInto(&value);
-      absl::StatusOr<Reply> r = c.Run(2, argv, lens, /*wrong_type_ok=*/true);
+      absl::StatusOr<Reply> r = length.ok() ? c.GetReply(/*wrong_type_ok=*/true) : length.status();
       const bool sunk = c.sunk();
       c.SinkStringsInto(nullptr);
-      // A value not kept goes back for the next GET.
+      // A value not kept goes back for the next fetch.
       auto spare = [&] {
         absl::MutexLock lock(&mu_);
         GiveBackLocked(std::move(value));
@@ -513,10 +525,15 @@ void RemoteTier::FetcherLoop() {
         break;
       }
       c.Succeeded();
-      if ((*r)->type == REDIS_REPLY_NIL) {  // evicted since the match
+      // STRLEN is 0 for a key evicted since the match (an empty value reads as absent too).
+      if ((*length)->type == REDIS_REPLY_INTEGER && (*length)->integer == 0) {
         spare();
         break;
       }
+      const bool record_length =
+          (*length)->type == REDIS_REPLY_INTEGER &&
+          ((*length)->integer == layout_.file_bytes() ||
+           (layout_.score_top_k > 0 && (*length)->integer == layout_.scored_file_bytes()));
       std::vector<PositionScore> section;
       const BlockExpectation expect{
           .root = f.root, .key = f.keys[i],
@@ -524,6 +541,8 @@ void RemoteTier::FetcherLoop() {
       absl::StatusOr<absl::Span<const uint8_t>> data =
           (*r)->type != REDIS_REPLY_STRING || !sunk
               ? absl::DataLossError("the remote value is not a string")
+          : !record_length
+              ? absl::DataLossError("the remote value's length is not a block record's")
               : DecodeBlockFile(
                     std::string_view(reinterpret_cast<const char*>(value.data()), value.size()),
                     layout_, expect, &section);

@@ -21,8 +21,9 @@
 //
 // Threads: the engine thread is the only caller of StartMatch, Fetch and
 // WantsPublish/Publish, and it never waits on the server: a matcher thread answers matches
-// (pipelined EXISTS) on a connection of its own, a fetcher thread runs Fetches (GET and
-// verify) on a second, and a publisher thread takes blocks from a bounded queue and SETs
+// (pipelined EXISTS) on a connection of its own, a fetcher thread runs Fetches (STRLEN and a
+// GETRANGE of at most one record, pipelined, then verify: a value of another length is
+// refused without being read, and no buffer grows past one record) on a second, and a publisher thread takes blocks from a bounded queue and SETs
 // them on a third.
 #ifndef PREFIXD_CACHE_REMOTE_REMOTE_TIER_H_
 #define PREFIXD_CACHE_REMOTE_REMOTE_TIER_H_

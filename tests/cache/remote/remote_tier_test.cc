@@ -300,6 +300,44 @@ TEST_F(RemoteTierTest, DamagedTruncatedAndForeignValuesAreRefusedAndDeleted) {
   EXPECT_EQ(redis_->Command({"DBSIZE"}), "0");
 }
 
+// Bytes the server has sent to all its clients so far (INFO stats).
+int64_t NetOutputBytes(const RedisServer& redis) {
+  const std::string info = redis.Command({"INFO", "stats"});
+  const std::string field = "total_net_output_bytes:";
+  const size_t at = info.find(field);
+  return at == std::string::npos ? -1 : std::stoll(info.substr(at + field.size()));
+}
+
+// A value whose length is not a block record's is refused without being read: at most one
+// record's bytes cross the network, and it is counted corrupt and deleted like any other.
+TEST_F(RemoteTierTest, AValueOfAnotherLengthIsRefusedWithoutReadingIt) {
+  std::unique_ptr<RemoteTier> tier = Open();
+  const DiskLayout layout = SmallLayout();
+  const std::vector<BlockRecord> chain = MakeChain(layout, /*seed=*/5, /*n=*/2);
+  PublishAll(*tier, chain);
+  const int64_t record = static_cast<int64_t>(EncodeBlockFile(layout, chain[0]).size());
+  // The block's own record with 16 MB of junk after it, and one byte short of it.
+  const std::string oversized = EncodeBlockFile(layout, chain[0]) + std::string(16 << 20, 'j');
+  ASSERT_EQ(redis_->Command({"SET", tier->KeyOf(chain[0].key), oversized}), "OK");
+  const int64_t before = NetOutputBytes(*redis_);
+  ASSERT_GE(before, 0);
+  EXPECT_EQ(Fetched(*tier, {chain[0]}), 0);
+  const int64_t sent = NetOutputBytes(*redis_) - before;
+  EXPECT_LT(sent, record + 65536) << "the oversized value was read";
+  EXPECT_EQ(redis_->Command({"EXISTS", tier->KeyOf(chain[0].key)}), "0");
+  std::string shorter = EncodeBlockFile(layout, chain[1]);
+  shorter.pop_back();
+  ASSERT_EQ(redis_->Command({"SET", tier->KeyOf(chain[1].key), shorter}), "OK");
+  EXPECT_EQ(Fetched(*tier, {chain[1]}), 0);
+  EXPECT_EQ(tier->Stats().corrupt_blocks, 2u);
+  EXPECT_EQ(tier->Stats().loads, 0u);
+  EXPECT_EQ(redis_->Command({"DBSIZE"}), "0");
+  // The tier goes on: the right record under the key loads.
+  ASSERT_EQ(redis_->Command({"SET", tier->KeyOf(chain[0].key), EncodeBlockFile(layout, chain[0])}),
+            "OK");
+  EXPECT_EQ(Fetched(*tier, {chain[0]}), 1);
+}
+
 TEST_F(RemoteTierTest, LayoutsDoNotShareKeys) {
   std::unique_ptr<RemoteTier> a = Open();
   DiskLayout other = SmallLayout();
