@@ -47,8 +47,8 @@ using tcp = net::ip::tcp;
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket&& socket, const HttpSessionContext* context)
-      : stream_(std::move(socket)), context_(*context) {
+  Session(tcp::socket&& socket, const HttpSessionContext* context, HttpSessionKind kind)
+      : stream_(std::move(socket)), context_(*context), kind_(kind) {
     context_.counts->ConnectionOpened();
   }
 
@@ -66,12 +66,30 @@ class Session : public std::enable_shared_from_this<Session> {
   // Request line and header fields together; past it a request is refused with 414 or 431.
   static constexpr uint32_t kHeaderLimit = 64 * 1024;
 
+  // Waits (up to the idle timeout) for the next request's first bytes, unless a pipelined
+  // one is already buffered, then gives its header the header timeout.
   void ReadHeader() {
+    if (buffer_.size() > 0) return ReadRestOfHeader();
+    stream_.expires_after(
+        std::chrono::milliseconds(absl::ToInt64Milliseconds(context_.idle_timeout)));
+    stream_.async_read_some(
+        buffer_.prepare(kFirstReadBytes),
+        [self = shared_from_this()](beast::error_code ec, size_t n) {
+          if (ec) return self->Close();  // end of stream, idle timeout, a reset
+          self->buffer_.commit(n);
+          self->ReadRestOfHeader();
+        });
+  }
+  static constexpr size_t kFirstReadBytes = 4096;
+
+  void ReadRestOfHeader() {
     parser_.emplace();
     parser_->header_limit(kHeaderLimit);
     parser_->body_limit(context_.max_body_bytes);
+    // On this deadline the stream closes the socket: no answer can be sent (RFC 9110 allows
+    // closing; a 408 would need the socket open past the deadline it enforces).
     stream_.expires_after(
-        std::chrono::milliseconds(absl::ToInt64Milliseconds(context_.idle_timeout)));
+        std::chrono::milliseconds(absl::ToInt64Milliseconds(context_.header_timeout)));
     http::async_read_header(stream_, buffer_, *parser_,
                             beast::bind_front_handler(&Session::OnHeader, shared_from_this()));
   }
@@ -90,6 +108,18 @@ class Session : public std::enable_shared_from_this<Session> {
     keep_alive_ = req.keep_alive();
     head_ = req.method() == http::verb::head;
     if (std::optional<std::string> bad = ConflictingLength(req)) return Refuse(400, *bad);
+    if (kind_ == HttpSessionKind::kHealthOnly) {
+      keep_alive_ = false;  // one answer, then the reserved connection is free again
+      const std::string_view target(req.target().data(), req.target().size());
+      if (target.substr(0, target.find('?')) != "/health") {
+        return Refuse(503, absl::StrCat("this server is at its connection limit "
+                                        "(--max-connections ",
+                                        context_.max_connections,
+                                        "): the connections past it serve only /health; "
+                                        "retry, or reuse a kept-alive connection"),
+                      absl::StatusCode::kUnavailable);
+      }
+    }
     if (parser_->content_length().has_value() &&
         *parser_->content_length() > context_.max_body_bytes) {
       return SendTooLarge();
@@ -205,11 +235,13 @@ class Session : public std::enable_shared_from_this<Session> {
                              " bytes: send a smaller one"));
   }
 
-  // Answers `status` with `message` in OpenAI's error shape, then closes as above.
-  void Refuse(int status, std::string_view message) {
+  // Answers `status` with `message` in OpenAI's error shape (`code`: its gRPC name), then
+  // closes as above.
+  void Refuse(int status, std::string_view message,
+              absl::StatusCode code = absl::StatusCode::kInvalidArgument) {
     keep_alive_ = false;
     const absl::string_view text(message.data(), message.size());  // Debian's absl type
-    auto res = MakeResponse(status, ErrorJson(absl::InvalidArgumentError(text)));
+    auto res = MakeResponse(status, ErrorJson(absl::Status(code, text)));
     http::async_write(stream_, *res,
                       [self = shared_from_this(), res](beast::error_code ec, size_t) {
                         if (ec) return self->Close();
@@ -402,6 +434,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   beast::tcp_stream stream_;
   const HttpSessionContext& context_;
+  const HttpSessionKind kind_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   unsigned version_ = 11;
@@ -416,8 +449,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
 }  // namespace
 
-void StartHttpSession(boost::asio::ip::tcp::socket socket, const HttpSessionContext* context) {
-  std::make_shared<Session>(std::move(socket), context)->Run();
+void StartHttpSession(boost::asio::ip::tcp::socket socket, const HttpSessionContext* context,
+                      HttpSessionKind kind) {
+  std::make_shared<Session>(std::move(socket), context, kind)->Run();
 }
 
 }  // namespace prefixd

@@ -107,9 +107,10 @@ int LogCivetMessage(const mg_connection*, const char* message) {
 // keep one call that is slow to lock its reactor from holding up the others.
 constexpr int kGrpcPumpThreads = 4;
 
-// The metrics endpoint's HTTP threads and how long one waits for a request to arrive.
-constexpr int kMetricsThreads = 8;
-constexpr int kMetricsRequestTimeoutMs = 2000;
+// The metrics endpoint's HTTP threads (CivetWeb gives each connection one until its request
+// is answered or --request-header-timeout passes): enough that a few dozen connections
+// trickling headers do not hold back a scrape.
+constexpr int kMetricsThreads = 32;
 
 // How long a new gRPC connection may take to complete its TLS and HTTP/2 handshakes (gRPC's
 // default), or the idle timeout when that is shorter.
@@ -181,6 +182,12 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
                o.max_connections));
   }
   if (absl::Status s = ValidateAdapterOptions(o.adapters); !s.ok()) return s;
+  if (o.request_header_timeout <= absl::ZeroDuration() ||
+      o.request_header_timeout > absl::Minutes(10)) {
+    return InvalidArgumentError(
+        StrCat("--request-header-timeout must be above 0 and at most 10m, got ",
+               absl::FormatDuration(o.request_header_timeout)));
+  }
   if (o.connection_idle_timeout <= absl::ZeroDuration()) {
     return InvalidArgumentError(StrCat("--connection-idle-timeout must be positive, got ",
                                        absl::FormatDuration(o.connection_idle_timeout)));
@@ -455,6 +462,7 @@ absl::Status Server::Parts::StartHttp() {
   hopt.listen = *listen.http;
   hopt.path = path.get();
   hopt.idle_timeout = options.connection_idle_timeout;
+  hopt.header_timeout = options.request_header_timeout;
   // The same limit as gRPC's, for each front end; a descriptor shortage in between only
   // delays accepts (both loops retry).
   hopt.max_connections = max_connections;
@@ -505,12 +513,15 @@ absl::Status Server::Parts::StartMetrics() {
     static CivetCallbacks callbacks;
     callbacks.log_message = &LogCivetMessage;
     // A connection that sends no (or half a) request holds a CivetWeb thread until the
-    // request timeout (30 s by default): so a short timeout, and threads to spare, so that a
-    // few such connections cannot hold back a scrape.
+    // request timeout (30 s by default; it counts from the connection's start, so trickling
+    // does not extend it): so the header timeout, and threads to spare, so that a few dozen
+    // such connections cannot hold back a scrape.
+    const int64_t timeout_ms =
+        std::max<int64_t>(1, absl::ToInt64Milliseconds(options.request_header_timeout));
     exposer = std::make_unique<prometheus::Exposer>(
         std::vector<std::string>{"listening_ports", address, "num_threads",
                                  std::to_string(kMetricsThreads), "request_timeout_ms",
-                                 std::to_string(kMetricsRequestTimeoutMs)},
+                                 std::to_string(timeout_ms)},
         &callbacks);
   } catch (const std::exception& e) {
     return absl::UnavailableError(

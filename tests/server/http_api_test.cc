@@ -767,9 +767,9 @@ TEST_F(HttpFlowTest, BearerTokensAsInGrpc) {
   EXPECT_EQ(r->status, 200);
 }
 
-// Past --max-connections a connection waits in the listen queue, and is served once another
-// closes.
-TEST_F(HttpFlowTest, ConnectionsPastTheLimitWaitForOneToClose) {
+// Past --max-connections and the one connection kept for /health (HealthReserve(2)), a
+// connection waits in the listen queue, and is served once another closes.
+TEST_F(HttpFlowTest, ConnectionsPastTheLimitAndTheReserveWaitForOneToClose) {
   StartServer(1024, false, /*max_connections=*/2);
   gate_.Notify();
   auto connect_to = [&]() {
@@ -783,17 +783,19 @@ TEST_F(HttpFlowTest, ConnectionsPastTheLimitWaitForOneToClose) {
   };
   const int idle1 = connect_to();
   const int idle2 = connect_to();
+  const int reserve = connect_to();
   const int third = connect_to();
   const std::string req = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
   ASSERT_EQ(send(third, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
   pollfd p{.fd = third, .events = POLLIN, .revents = 0};
-  EXPECT_EQ(poll(&p, 1, 500), 0) << "served although two connections were open";
+  EXPECT_EQ(poll(&p, 1, 500), 0) << "served although the limit and the reserve were taken";
   close(idle1);
   ASSERT_EQ(poll(&p, 1, 5000), 1) << "not served after a connection closed";
   char buf[64] = {};
   ASSERT_GT(recv(third, buf, sizeof(buf) - 1, 0), 0);
   EXPECT_THAT(std::string(buf), HasSubstr("HTTP/1.1 200"));
   close(idle2);
+  close(reserve);
   close(third);
 }
 

@@ -8,12 +8,14 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -25,6 +27,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "server/http_front_end.h"
 #include "server/server.h"
 #include "tests/engine/fake_backend.h"
 #include "tests/server/grpc_helpers.h"
@@ -66,21 +69,42 @@ class RawConnection {
   }
 
   // Everything the server sends until it closes the connection; *reset is set when it ended
-  // with a reset (or another error) instead of an orderly close.
-  std::string ReadToEnd(bool* reset) {
+  // with a reset (or another error) instead of an orderly close, *gave_up (when given) when
+  // the server neither closed nor sent anything for 30 s.
+  std::string ReadToEnd(bool* reset, bool* gave_up = nullptr) {
     std::string out;
     char buf[16384];
     *reset = false;
+    if (gave_up != nullptr) *gave_up = false;
+    const timeval patience{.tv_sec = 30, .tv_usec = 0};
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof(patience));
     for (;;) {
       const ssize_t n = recv(fd_, buf, sizeof(buf), 0);
       if (n == 0) break;
       if (n < 0) {
         if (errno == EINTR) continue;
-        *reset = true;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          if (gave_up != nullptr) *gave_up = true;
+        } else {
+          *reset = true;
+        }
         break;
       }
       out.append(buf, static_cast<size_t>(n));
     }
+    return out;
+  }
+
+  // The status line and header fields of one response (a kept-alive connection's answer to
+  // a request without a body in its response, such as /health: read to the blank line, then
+  // Content-Length bytes).
+  std::string ReadResponseHead() {
+    std::string out;
+    char c;
+    while (out.find("\r\n\r\n") == std::string::npos && recv(fd_, &c, 1, 0) == 1) out += c;
+    const size_t at = out.find("Content-Length: ");
+    size_t body = at == std::string::npos ? 0 : std::stoul(out.substr(at + 16));
+    while (body > 0 && recv(fd_, &c, 1, 0) == 1) --body;
     return out;
   }
 
@@ -126,8 +150,9 @@ class HttpSessionTest : public ::testing::Test {
   }
   static void TearDownTestSuite() { delete dir_; }
 
-  void StartServer() {
+  void StartServer(const std::function<void(ServerOptions&)>& tweak = nullptr) {
     ServerOptions o = TestServerOptions(model_dir_);
+    if (tweak) tweak(o);
     o.metrics_listen = "127.0.0.1:0";
     o.http_listen = "127.0.0.1:0";
     o.backend_factory = [this](const Model& m) -> absl::StatusOr<std::unique_ptr<Backend>> {
@@ -263,6 +288,71 @@ INSTANTIATE_TEST_SUITE_P(StreamedAndWhole, PipeliningTest,
                            return absl::StrCat(std::get<0>(info.param) ? "Streamed" : "Whole",
                                                std::get<1>(info.param) ? "OneWrite" : "Later");
                          });
+
+// ---- slowloris: the header deadline and the connections kept for /health ----
+
+// Once a request's first byte is in, its header has --request-header-timeout, however long
+// the idle timeout: a client that trickles it is cut off. A connection that sends nothing
+// keeps the idle timeout.
+TEST_F(HttpSessionTest, AHeaderNotCompleteInTimeIsCutOffButAnIdleConnectionStays) {
+  StartServer([](ServerOptions& o) {
+    o.connection_idle_timeout = absl::Minutes(10);
+    o.request_header_timeout = absl::Milliseconds(300);
+  });
+  gate_.Notify();
+  RawConnection idle(server_->http_port());
+  ASSERT_TRUE(idle.connected());
+  RawConnection slow(server_->http_port());
+  ASSERT_TRUE(slow.connected());
+  ASSERT_TRUE(slow.Send("GET /health HTTP/1.1\r\nHost: x\r\nX-Trickle: a"));
+  bool reset = false, gave_up = false;
+  const std::string got = slow.ReadToEnd(&reset, &gave_up);
+  EXPECT_FALSE(gave_up) << "a connection trickling its header was left open";
+  EXPECT_EQ(got, "") << "no answer to half a request";
+  // `idle` has been open longer than the header deadline without a byte: still served.
+  ASSERT_TRUE(idle.Send("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  const std::string answer = idle.ReadToEnd(&reset, &gave_up);
+  EXPECT_THAT(answer, StartsWith("HTTP/1.1 200 OK\r\n"));
+}
+
+// Past --max-connections (2 here) one more connection (HealthReserve) is accepted that
+// serves /health only: connections held open cannot keep a load balancer's probe out.
+TEST_F(HttpSessionTest, PastTheConnectionLimitAReserveServesHealthOnly) {
+  StartServer([](ServerOptions& o) { o.max_connections = 2; });
+  gate_.Notify();
+  const std::string health = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  // Two kept-alive connections, each accepted (it was answered) and still open.
+  RawConnection held1(server_->http_port()), held2(server_->http_port());
+  for (RawConnection* c : {&held1, &held2}) {
+    ASSERT_TRUE(c->connected());
+    ASSERT_TRUE(c->Send(health));
+    ASSERT_THAT(c->ReadResponseHead(), StartsWith("HTTP/1.1 200 OK\r\n"));
+  }
+  // A completion on the reserve is refused, saying why; the connection closes.
+  bool reset = false, gave_up = false;
+  std::string got;
+  {
+    RawConnection third(server_->http_port());
+    ASSERT_TRUE(third.connected());
+    ASSERT_TRUE(third.Send(Completion(/*stream=*/false)));
+    got = third.ReadToEnd(&reset, &gave_up);
+  }
+  EXPECT_FALSE(gave_up) << "a connection past the limit was not served";
+  EXPECT_THAT(got, StartsWith("HTTP/1.1 503 "));
+  EXPECT_THAT(got, HasSubstr("connection limit (--max-connections 2)"));
+  EXPECT_THAT(got, HasSubstr("Connection: close\r\n"));
+  // /health is answered there, then that connection closes too (the reserve is free again).
+  for (int i = 0; i < 2; ++i) {
+    RawConnection probe(server_->http_port());
+    ASSERT_TRUE(probe.connected());
+    ASSERT_TRUE(probe.Send(health));
+    got = probe.ReadToEnd(&reset, &gave_up);
+    EXPECT_FALSE(gave_up) << "/health past the limit was not served";
+    EXPECT_THAT(got, StartsWith("HTTP/1.1 200 OK\r\n"));
+    EXPECT_THAT(got, HasSubstr("Connection: close\r\n"));
+  }
+  EXPECT_EQ(HealthReserve(2), 1);
+}
 
 // ---- framing a server must refuse: a 4xx that says what to fix, then the connection closes ----
 
