@@ -110,7 +110,12 @@ absl::StatusOr<AdapterInfo> AdapterRegistry::Load(const std::string& name,
     absl::MutexLock lock(&mu_);
     if (absl::Status s = check_room(); !s.ok()) return s;
   }
-  absl::StatusOr<std::shared_ptr<const LoraAdapter>> adapter = LoadLoraAdapter(dir, options_.base);
+  absl::StatusOr<std::shared_ptr<const LoraAdapter>> adapter;
+  {
+    absl::MutexLock loading(&load_mu_);
+    if (options_.load_hook) options_.load_hook();
+    adapter = LoadLoraAdapter(dir, options_.base);
+  }
   if (!adapter.ok()) return adapter.status();
   absl::MutexLock lock(&mu_);
   if (absl::Status s = check_room(); !s.ok()) return s;  // another load may have come first

@@ -30,6 +30,9 @@ struct HttpFrontEnd::Impl {
   absl::Mutex mu;
   bool stopped ABSL_GUARDED_BY(mu) = false;
   net::io_context ioc;
+  // Deferred replies (adapter loads), off the I/O threads; one at a time. Destroyed before
+  // the io_context: what it still runs posts its reply there.
+  std::unique_ptr<Executor> background = std::make_unique<Executor>(1);
   std::vector<std::unique_ptr<tcp::acceptor>> acceptors;  // one per resolved address
   std::vector<std::thread> threads;
   int port = 0;
@@ -103,6 +106,7 @@ absl::StatusOr<std::unique_ptr<HttpFrontEnd>> HttpFrontEnd::Start(HttpFrontEndOp
   impl->context.idle_timeout = impl->options.idle_timeout;
   impl->context.header_timeout = impl->options.header_timeout;
   impl->context.max_connections = impl->options.max_connections;
+  impl->context.background = impl->background.get();
   impl->context.log = impl->options.log;
   if (impl->options.listen.kind != ListenAddress::Kind::kTcp) {
     return absl::InvalidArgumentError("the HTTP front end listens on TCP only");

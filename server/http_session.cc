@@ -273,7 +273,29 @@ class Session : public std::enable_shared_from_this<Session> {
     view.body = &req.body();
     HttpRouted routed = context_.router->Route(view);
     if (HttpReply* reply = std::get_if<HttpReply>(&routed)) return Reply(std::move(*reply));
+    if (HttpDeferred* deferred = std::get_if<HttpDeferred>(&routed)) {
+      return Defer(std::move(deferred->work));
+    }
     StartCompletion(std::get<std::unique_ptr<HttpCompletion>>(std::move(routed)));
+  }
+
+  // Runs `work` on the background executor and answers with its reply on this strand.
+  // Nothing is read meanwhile: a pipelined request waits in the socket.
+  void Defer(std::function<HttpReply()> work) {
+    context_.background->Post([self = shared_from_this(), work = std::move(work)] {
+      HttpReply reply;
+      try {
+        reply = work();
+      } catch (const std::exception& e) {
+        reply = ErrorReply(absl::InternalError("internal error handling this request (logged)"));
+        if (self->context_.log) {
+          self->context_.log(absl::StrCat("http: internal error handling a request: ", e.what()));
+        }
+      }
+      net::post(self->stream_.get_executor(), [self, reply = std::move(reply)]() mutable {
+        self->Reply(std::move(reply));
+      });
+    });
   }
 
   std::shared_ptr<http::response<http::string_body>> MakeResponse(int status, std::string body) {

@@ -27,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "boost/asio/ip/tcp.hpp"
+#include "server/executor.h"
 #include "server/http_router.h"
 
 namespace prefixd {
@@ -57,6 +58,7 @@ struct HttpSessionContext {
   absl::Duration idle_timeout;  // between requests, until a request's first byte
   absl::Duration header_timeout;  // from a request's first byte to the end of its header
   int max_connections = 0;        // the front end's limit, for the reserve's message
+  Executor* background = nullptr;  // runs deferred replies (HttpDeferred)
   std::function<void(std::string_view)> log;
 };
 

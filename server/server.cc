@@ -407,7 +407,8 @@ absl::Status Server::Parts::Build() {
                              .base = config,
                              .max_adapters = options.adapters.max_adapters,
                              .backend_applies_lora = backend->applies_lora(),
-                             .backend_name = backend->device_name()});
+                             .backend_name = backend->device_name(),
+                             .load_hook = options.adapters.load_hook});
   for (const std::string& flag : options.adapters.adapters) {
     absl::StatusOr<std::pair<std::string, std::string>> parsed = ParseAdapterFlag(flag);
     if (!parsed.ok()) return parsed.status();
@@ -463,6 +464,7 @@ absl::Status Server::Parts::StartHttp() {
   hopt.path = path.get();
   hopt.idle_timeout = options.connection_idle_timeout;
   hopt.header_timeout = options.request_header_timeout;
+  hopt.threads = options.http_threads;
   // The same limit as gRPC's, for each front end; a descriptor shortage in between only
   // delays accepts (both loops retry).
   hopt.max_connections = max_connections;
@@ -472,6 +474,14 @@ absl::Status Server::Parts::StartHttp() {
   http = *std::move(h);
   http_port = http->port();
   log(absl::StrCat("http on http://", listen.http->WithPort(http_port)));
+  if (!path->Authorize(std::nullopt).ok()) return absl::OkStatus();  // tokens required
+  if (adapters != nullptr && backend->applies_lora()) {
+    log(absl::StrCat("warning: no --auth-tokens: every client is admin, so anyone who reaches "
+                     "http://", listen.http->WithPort(http_port),
+                     " (or the gRPC port) can load LoRA adapters from directories on this host "
+                     "and unload them (POST /v1/load_lora_adapter); give --auth-tokens with an "
+                     "admin column to restrict that"));
+  }
   return absl::OkStatus();
 }
 
