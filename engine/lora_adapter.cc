@@ -1,5 +1,10 @@
 #include "engine/lora_adapter.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -27,6 +32,15 @@ absl::string_view ToAbsl(std::string_view s) { return absl::string_view(s.data()
 // The largest rank accepted: far above any fine-tune's (PEFT's default is 8), low enough
 // that r · width cannot overflow anything.
 constexpr int64_t kMaxRank = 4096;
+
+// The largest |element| of an A or B, and the largest change the merged update
+// scaling·(B·A) can make to one weight, bounded by |scaling|·r·max|A|·max|B|. Trained
+// adapters stay far below 1 (PEFT starts A at ±1/sqrt(in) and B at 0); 1e4 leaves room for any
+// real one while every product the forward pass forms (x·Aᵀ over at most 4·n_embd inputs,
+// then ·Bᵀ, then ·scaling) stays many orders of magnitude inside float's range. Finite weights
+// of 3e38 passed the NaN/Inf check and made the logits NaN.
+constexpr double kMaxAbsLoraWeight = 1e4;
+constexpr double kMaxLoraUpdate = 1e4;
 
 constexpr std::string_view kTensorPrefix = "base_model.model.transformer.h.";
 
@@ -210,10 +224,162 @@ std::string AdapterDigest(const Digest& config_sha256, const Digest& weights_sha
   return DigestHex(h.Final());
 }
 
-absl::StatusOr<std::unique_ptr<LoraAdapter>> ParseLoraAdapter(const std::string& dir) {
+namespace {
+
+// A file's bytes, at most `max_bytes` of them: a larger file is refused by its size before
+// any of it is read (INVALID_ARGUMENT naming the file, its size and `why`).
+absl::StatusOr<std::string> ReadCappedFile(const std::string& path, uint64_t max_bytes,
+                                           std::string_view why) {
+  absl::StatusOr<int> fd = OpenRegularFile(path);
+  if (!fd.ok()) return fd.status();
+  struct stat st {};
+  const bool sized = ::fstat(*fd, &st) == 0;
+  if (sized && static_cast<uint64_t>(st.st_size) > max_bytes) {
+    ::close(*fd);
+    return absl::InvalidArgumentError(absl::StrCat(
+        EscapeBytes(path), ": is ", st.st_size, " bytes, more than ", max_bytes, " (",
+        ToAbsl(why), ")"));
+  }
+  ::close(*fd);
+  // Read through the one reader every file goes through; it may have grown meanwhile.
+  absl::StatusOr<std::string> bytes = ReadWholeFile(path);
+  if (bytes.ok() && bytes->size() > max_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(EscapeBytes(path), ": grew past ", max_bytes, " bytes while it was read"));
+  }
+  return bytes;
+}
+
+// The first 8 + N bytes of a safetensors file (N its header length, at most
+// kMaxAdapterHeaderBytes), and the file's size.
+absl::StatusOr<SafetensorsFile> ReadSafetensorsHeader(const std::string& path,
+                                                      uint64_t* file_size) {
+  absl::StatusOr<int> fd = OpenRegularFile(path);
+  if (!fd.ok()) return fd.status();
+  auto read_exactly = [&](char* out, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+      const ssize_t r = ::read(*fd, out + got, n - got);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) return false;
+      got += static_cast<size_t>(r);
+    }
+    return true;
+  };
+  struct stat st {};
+  if (::fstat(*fd, &st) != 0) {
+    ::close(*fd);
+    return absl::DataLossError(absl::StrCat(EscapeBytes(path), ": cannot stat"));
+  }
+  *file_size = static_cast<uint64_t>(st.st_size);
+  std::string header(8, '\0');
+  if (*file_size < 8 || !read_exactly(header.data(), 8)) {
+    ::close(*fd);
+    return absl::InvalidArgumentError(absl::StrCat(
+        EscapeBytes(path), ": file is ", *file_size, " bytes, too short for a safetensors header"));
+  }
+  const uint64_t n = SafetensorsHeaderLength(
+      absl::MakeConstSpan(reinterpret_cast<const std::byte*>(header.data()), 8));
+  if (n > kMaxAdapterHeaderBytes || n > *file_size - 8) {
+    ::close(*fd);
+    return absl::InvalidArgumentError(absl::StrCat(
+        EscapeBytes(path), ": header length ", n, " is more than the file's ", *file_size - 8,
+        " remaining bytes or than ", kMaxAdapterHeaderBytes, " (an adapter's header is a few KiB)"));
+  }
+  header.resize(8 + n);
+  const bool read = read_exactly(header.data() + 8, n);
+  ::close(*fd);
+  if (!read) return absl::DataLossError(absl::StrCat(EscapeBytes(path), ": short read"));
+  return ParseSafetensorsHeader(
+      absl::MakeConstSpan(reinterpret_cast<const std::byte*>(header.data()), header.size()),
+      *file_size, path);
+}
+
+// What one tensor entry says, or INVALID_ARGUMENT naming it: its name must be an adapter's, of
+// a module target_modules lists, of a float dtype, with a shape of rank r.
+absl::StatusOr<TensorName> CheckEntry(const SafetensorsEntry& e, const std::set<std::string>& targets,
+                                      int64_t r, const std::string& weights_path) {
+  const std::string quoted = absl::StrCat("tensor \"", EscapeBytes(e.name), "\"");
+  auto bad = [&](std::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat(weights_path, ": ", quoted, " ", ToAbsl(what)));
+  };
+  const std::optional<TensorName> n = ParseTensorName(e.name);
+  if (!n) {
+    return bad(absl::StrCat(
+        "is not part of a GPT-2 LoRA adapter (expected only ", ToAbsl(kTensorPrefix),
+        "{i}.{attn.c_attn|attn.c_proj|mlp.c_fc|mlp.c_proj}.lora_A.weight and .lora_B.weight; "
+        "modules_to_save, embeddings and biases are not supported)"));
+  }
+  if (!targets.contains(std::string(TargetModuleName(n->target)))) {
+    return bad(absl::StrCat("belongs to module \"", ToAbsl(TargetModuleName(n->target)),
+                            "\", which target_modules does not list"));
+  }
+  if (!e.float_dtype) {
+    return bad(absl::StrCat("has dtype ", EscapeBytes(e.dtype_name),
+                            "; adapter weights must be F32, F16 or BF16"));
+  }
+  if (e.shape.size() != 2 || (n->is_a ? e.shape[0] : e.shape[1]) != r ||
+      (n->is_a ? e.shape[1] : e.shape[0]) < 1) {
+    return bad(absl::StrCat("has shape ", ShapeString(e.shape), " but r = ", r, " implies ",
+                            n->is_a ? "[r, in] = [" : "[out, r] = [",
+                            n->is_a ? absl::StrCat(r, ", in]") : absl::StrCat("out, ", r, "]")));
+  }
+  return *n;
+}
+
+// The adapter's shape from its header alone (no tensor data): every entry checked, layers and
+// widths taken from the shapes (no weights), then, with `base`, checked to fit it. So an
+// adapter for another model, or with a tensor of layer 999999, is refused before its data is
+// read or anything is allocated for its layers.
+absl::Status CheckHeader(const SafetensorsFile& st, const ParsedConfig& config,
+                         const ModelConfig* base, const std::string& dir,
+                         const std::string& weights_path) {
+  const std::set<std::string> targets(config.target_modules.begin(), config.target_modules.end());
+  const int32_t max_layers = base != nullptr ? base->n_layer : kMaxAdapterLayers;
+  LoraAdapter shape;
+  shape.dir = dir;
+  shape.rank = config.rank;
+  shape.target_modules = config.target_modules;
+  std::map<std::pair<int32_t, int>, std::pair<int64_t, int64_t>> widths;  // (in, out), 0: absent
+  for (const SafetensorsEntry& e : st.tensors) {
+    absl::StatusOr<TensorName> n = CheckEntry(e, targets, config.rank, weights_path);
+    if (!n.ok()) return n.status();
+    if (n->layer >= max_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          weights_path, ": has tensors for layer ", n->layer, " but ",
+          base != nullptr ? "the base model has " : "a GPT-2 model has at most ", max_layers,
+          " layers: the adapter was made for another model"));
+    }
+    auto& [in, out] = widths[{n->layer, static_cast<int>(n->target)}];
+    (n->is_a ? in : out) = n->is_a ? e.shape[1] : e.shape[0];
+  }
+  if (widths.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(weights_path, ": holds no lora_A/lora_B tensor"));
+  }
+  for (const auto& [key, w] : widths) {
+    if (w.first != 0 && w.second != 0) continue;
+    const LoraTarget t = static_cast<LoraTarget>(key.second);
+    return absl::InvalidArgumentError(absl::StrCat(
+        weights_path, ": missing tensor \"", TensorNameOf(key.first, t, w.first == 0),
+        "\" (its pair \"", TensorNameOf(key.first, t, w.first != 0), "\" is there)"));
+  }
+  if (base == nullptr) return absl::OkStatus();
+  shape.layers.resize(widths.rbegin()->first.first + 1);
+  for (const auto& [key, w] : widths) {
+    LoraModule& m = shape.layers[key.first][key.second];
+    m.in = w.first;
+    m.out = w.second;
+  }
+  return CheckLoraAdapterFits(shape, *base);
+}
+
+absl::StatusOr<std::unique_ptr<LoraAdapter>> ParseLoraAdapterFor(const std::string& dir,
+                                                                 const ModelConfig* base) {
   const std::string config_path = absl::StrCat(dir, "/", ToAbsl(kAdapterConfigFile));
   const std::string weights_path = absl::StrCat(dir, "/", ToAbsl(kAdapterWeightsFile));
-  absl::StatusOr<std::string> config_text = ReadWholeFile(config_path);
+  absl::StatusOr<std::string> config_text =
+      ReadCappedFile(config_path, kMaxAdapterConfigBytes, "an adapter's config is a few KiB");
   if (!config_text.ok()) {
     if (config_text.status().code() != absl::StatusCode::kNotFound) return config_text.status();
     return absl::NotFoundError(absl::StrCat(config_text.status().message(),
@@ -223,7 +389,24 @@ absl::StatusOr<std::unique_ptr<LoraAdapter>> ParseLoraAdapter(const std::string&
   }
   absl::StatusOr<ParsedConfig> config = ParseAdapterConfig(*config_text, config_path);
   if (!config.ok()) return config.status();
-  absl::StatusOr<std::string> weights = ReadWholeFile(weights_path);
+  // The header first: names, shapes and (with a base) the fit, and the file's size against
+  // what this rank can need, before a byte of tensor data is read.
+  uint64_t file_size = 0;
+  absl::StatusOr<SafetensorsFile> header = ReadSafetensorsHeader(weights_path, &file_size);
+  if (!header.ok()) return header.status();
+  if (absl::Status s = CheckHeader(*header, *config, base, dir, weights_path); !s.ok()) return s;
+  // Tiled tensors that fit the base already bound the size; this says so outright.
+  if (base != nullptr) {
+    const uint64_t cap = MaxAdapterWeightsBytes(*base, config->rank);
+    if (file_size > cap) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          weights_path, ": is ", file_size, " bytes, more than an adapter of rank ", config->rank,
+          " for this base can need (", cap, ": every module of every layer in F32, and a header)"));
+    }
+  }
+  absl::StatusOr<std::string> weights = ReadCappedFile(
+      weights_path, base != nullptr ? MaxAdapterWeightsBytes(*base, config->rank) : file_size,
+      "the size it had when its header was read");
   if (!weights.ok()) return weights.status();
   const auto* bytes = reinterpret_cast<const std::byte*>(weights->data());
   absl::StatusOr<SafetensorsFile> st = ParseSafetensors({bytes, weights->size()}, weights_path);
@@ -247,6 +430,8 @@ absl::StatusOr<std::unique_ptr<LoraAdapter>> ParseLoraAdapter(const std::string&
   struct Pair {
     const SafetensorsEntry* a = nullptr;
     const SafetensorsEntry* b = nullptr;
+    double max_abs_a = 0;
+    double max_abs_b = 0;
   };
   std::map<std::pair<int32_t, int>, Pair> pairs;
   for (const SafetensorsEntry& e : st->tensors) {
@@ -255,35 +440,31 @@ absl::StatusOr<std::unique_ptr<LoraAdapter>> ParseLoraAdapter(const std::string&
       return absl::InvalidArgumentError(
           absl::StrCat(weights_path, ": ", quoted, " ", ToAbsl(what)));
     };
-    const std::optional<TensorName> n = ParseTensorName(e.name);
-    if (!n) {
-      return bad(absl::StrCat(
-          "is not part of a GPT-2 LoRA adapter (expected only ", ToAbsl(kTensorPrefix),
-          "{i}.{attn.c_attn|attn.c_proj|mlp.c_fc|mlp.c_proj}.lora_A.weight and .lora_B.weight; "
-          "modules_to_save, embeddings and biases are not supported)"));
-    }
-    if (!targets.contains(std::string(TargetModuleName(n->target)))) {
-      return bad(absl::StrCat("belongs to module \"", ToAbsl(TargetModuleName(n->target)),
-                              "\", which target_modules does not list"));
-    }
-    if (!e.float_dtype) {
-      return bad(absl::StrCat("has dtype ", EscapeBytes(e.dtype_name),
-                              "; adapter weights must be F32, F16 or BF16"));
-    }
-    if (e.shape.size() != 2 || (n->is_a ? e.shape[0] : e.shape[1]) != r ||
-        (n->is_a ? e.shape[1] : e.shape[0]) < 1) {
-      return bad(absl::StrCat("has shape ", ShapeString(e.shape), " but r = ", r,
-                              " implies ", n->is_a ? "[r, in] = [" : "[out, r] = [",
-                              n->is_a ? absl::StrCat(r, ", in]") : absl::StrCat("out, ", r, "]")));
-    }
+    // Checked from the header already; the file is read again, so once more.
+    absl::StatusOr<TensorName> n = CheckEntry(e, targets, r, weights_path);
+    if (!n.ok()) return n.status();
+    if (n->layer >= kMaxAdapterLayers) return bad("is of a layer past any GPT-2's");
     const std::byte* data = bytes + st->data_start + e.begin;
     if (const int64_t i = FirstNonFinite(e.dtype, {data, e.end - e.begin}); i >= 0) {
       const float f = ElementAsFloat(e.dtype, data, i);
       return bad(absl::StrCat("holds ", std::isnan(f) ? "NaN" : (f > 0 ? "+Inf" : "-Inf"),
                               " at element ", i, ": the adapter is corrupt"));
     }
+    double max_abs = 0;
+    const int64_t count = static_cast<int64_t>(e.end - e.begin) / DTypeSize(e.dtype);
+    for (int64_t i = 0; i < count; ++i) {
+      const double v = std::fabs(ElementAsFloat(e.dtype, data, i));
+      if (v > kMaxAbsLoraWeight) {
+        return bad(absl::StrCat("holds ", ElementAsFloat(e.dtype, data, i), " at element ", i,
+                                ": adapter weights must lie in [-", kMaxAbsLoraWeight, ", ",
+                                kMaxAbsLoraWeight,
+                                "] (larger ones overflow float in the forward pass)"));
+      }
+      max_abs = std::max(max_abs, v);
+    }
     Pair& p = pairs[{n->layer, static_cast<int>(n->target)}];
     (n->is_a ? p.a : p.b) = &e;
+    (n->is_a ? p.max_abs_a : p.max_abs_b) = max_abs;
   }
   if (pairs.empty()) {
     return absl::InvalidArgumentError(
@@ -297,6 +478,15 @@ absl::StatusOr<std::unique_ptr<LoraAdapter>> ParseLoraAdapter(const std::string&
       return absl::InvalidArgumentError(absl::StrCat(
           weights_path, ": missing tensor \"", TensorNameOf(key.first, t, p.a == nullptr),
           "\" (its pair \"", TensorNameOf(key.first, t, p.a != nullptr), "\" is there)"));
+    }
+    const double update = std::fabs(static_cast<double>(adapter->scaling)) *
+                          static_cast<double>(r) * p.max_abs_a * p.max_abs_b;
+    if (update > kMaxLoraUpdate) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          weights_path, ": tensors \"", TensorNameOf(key.first, t, true), "\" and \".lora_B\" ",
+          "can change a weight by up to ", update, " (|scaling| ", adapter->scaling, " x r ", r,
+          " x max|A| ", p.max_abs_a, " x max|B| ", p.max_abs_b, "): at most ", kMaxLoraUpdate,
+          " is accepted (a larger update overflows float in the forward pass)"));
     }
     LoraModule& m = adapter->layers[key.first][key.second];
     m.in = p.a->shape[1];
@@ -316,6 +506,19 @@ absl::StatusOr<std::unique_ptr<LoraAdapter>> ParseLoraAdapter(const std::string&
   // Identity from the very bytes that were parsed.
   adapter->digest = AdapterDigest(Sha256Of(*config_text), Sha256Of(*weights));
   return adapter;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LoraAdapter>> ParseLoraAdapter(const std::string& dir) {
+  return ParseLoraAdapterFor(dir, nullptr);
+}
+
+uint64_t MaxAdapterWeightsBytes(const ModelConfig& base, int32_t rank) {
+  // Σ over the four targets of (in + out) = (e + 3e) + (e + e) + (e + 4e) + (4e + e) = 16e.
+  const uint64_t per_layer = 16 * static_cast<uint64_t>(base.n_embd);
+  return 8 + kMaxAdapterHeaderBytes +
+         static_cast<uint64_t>(base.n_layer) * per_layer * static_cast<uint64_t>(rank) * 4;
 }
 
 absl::Status CheckLoraAdapterFits(const LoraAdapter& adapter, const ModelConfig& base) {
@@ -357,7 +560,7 @@ absl::Status CheckLoraAdapterFits(const LoraAdapter& adapter, const ModelConfig&
 
 absl::StatusOr<std::shared_ptr<const LoraAdapter>> LoadLoraAdapter(const std::string& dir,
                                                                    const ModelConfig& base) {
-  absl::StatusOr<std::unique_ptr<LoraAdapter>> adapter = ParseLoraAdapter(dir);
+  absl::StatusOr<std::unique_ptr<LoraAdapter>> adapter = ParseLoraAdapterFor(dir, &base);
   if (!adapter.ok()) return adapter.status();
   if (absl::Status s = CheckLoraAdapterFits(**adapter, base); !s.ok()) return s;
   return std::shared_ptr<const LoraAdapter>(*std::move(adapter));

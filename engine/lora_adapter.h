@@ -10,7 +10,9 @@
 // low-rank product, y += scaling · ((x·Aᵀ)·Bᵀ), never merged.
 //
 // ParseLoraAdapter() accepts a directory only if everything above holds, every tensor is
-// finite and of a float dtype, each module's A and B come in pairs of rank r, and nothing is
+// finite and of a float dtype, each element within ±1e4 and each module's largest possible
+// change to a weight (|scaling|·r·max|A|·max|B|) at most 1e4, so the forward pass's products stay
+// far inside float's range; each module's A and B come in pairs of rank r, and nothing is
 // there that changes the computation in a way prefixd does not implement (other peft types,
 // modules_to_save, DoRA, rank or alpha patterns, layers_to_transform, biases). Each error is
 // INVALID_ARGUMENT (NOT_FOUND for a missing file) and names the file, the tensor or field,
@@ -93,7 +95,16 @@ absl::StatusOr<std::unique_ptr<LoraAdapter>> ParseLoraAdapter(const std::string&
 // layer.
 absl::Status CheckLoraAdapterFits(const LoraAdapter& adapter, const ModelConfig& base);
 
-// ParseLoraAdapter, then CheckLoraAdapterFits.
+// Limits checked before a file is read: the config is a few KiB; the weights file's JSON
+// header a few KiB (an entry per tensor); the weights file at most MaxAdapterWeightsBytes
+// (every module of every layer of the base at the adapter's rank, in F32, and a header).
+inline constexpr uint64_t kMaxAdapterConfigBytes = uint64_t{1} << 20;
+inline constexpr uint64_t kMaxAdapterHeaderBytes = uint64_t{1} << 20;
+inline constexpr int32_t kMaxAdapterLayers = 4096;  // a model config's own limit
+uint64_t MaxAdapterWeightsBytes(const ModelConfig& base, int32_t rank);
+
+// ParseLoraAdapter and CheckLoraAdapterFits, in the order that reads least: the config, the
+// weights file's size and header (names, shapes, the fit to `base`), and only then its data.
 absl::StatusOr<std::shared_ptr<const LoraAdapter>> LoadLoraAdapter(const std::string& dir,
                                                                    const ModelConfig& base);
 

@@ -37,7 +37,7 @@ struct SamplingParams {
   // vLLM's and Hugging Face's definition, over the prompt's and the generated tokens: a
   // token that occurs in either has a positive logit divided by it, a negative one
   // multiplied by it. 1 = off.
-  float repetition_penalty = 1.0f;  // > 0
+  float repetition_penalty = 1.0f;  // [kMinRepetitionPenalty, kMaxRepetitionPenalty]
   // Tokens whose probability (at this temperature) is below min_p times the most likely
   // one's are not drawn. 0 = off.
   float min_p = 0.0f;  // [0, 1]

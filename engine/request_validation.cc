@@ -116,10 +116,12 @@ absl::Status ValidateEngineRequest(const EngineRequest& r, const RequestLimits& 
                                         name, v));
     }
   }
-  if (!std::isfinite(s.repetition_penalty) || !(s.repetition_penalty > 0.0f)) {
+  if (!std::isfinite(s.repetition_penalty) || !(s.repetition_penalty >= kMinRepetitionPenalty &&
+                                                  s.repetition_penalty <= kMaxRepetitionPenalty)) {
     return FieldError("repetition_penalty", StrFormat(
-        "repetition_penalty %.9g is invalid: use a finite value > 0 (1 = off; above 1 "
-        "discourages repeats)", s.repetition_penalty));
+        "repetition_penalty %.9g is invalid: use a value in [0.01, 100] (1 = off; above 1 "
+        "discourages repeats; outside the range a penalised logit can overflow)",
+        s.repetition_penalty));
   }
   if (!std::isfinite(s.min_p) || !(s.min_p >= 0.0f && s.min_p <= 1.0f)) {
     return FieldError("min_p", StrFormat(

@@ -137,18 +137,29 @@ std::string_view SafetensorsDTypeName(DType dtype) {
 
 absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::Span<const std::byte> file,
                                                  std::string_view file_label) {
-  if (file.size() < 8) {
-    return Invalid(file_label, absl::StrCat("file is ", file.size(),
-                                            " bytes, too short for the 8-byte header length"));
-  }
+  return ParseSafetensorsHeader(file, file.size(), file_label);
+}
+
+uint64_t SafetensorsHeaderLength(absl::Span<const std::byte> first8) {
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) {
-    header_len = (header_len << 8) | static_cast<uint8_t>(file[i]);
+    header_len = (header_len << 8) | static_cast<uint8_t>(first8[i]);
   }
-  if (header_len > file.size() - 8) {
+  return header_len;
+}
+
+absl::StatusOr<SafetensorsFile> ParseSafetensorsHeader(absl::Span<const std::byte> file,
+                                                       uint64_t file_size,
+                                                       std::string_view file_label) {
+  if (file_size < 8 || file.size() < 8) {
+    return Invalid(file_label, absl::StrCat("file is ", file_size,
+                                            " bytes, too short for the 8-byte header length"));
+  }
+  const uint64_t header_len = SafetensorsHeaderLength(file.first(8));
+  if (header_len > file_size - 8 || header_len > file.size() - 8) {
     return Invalid(file_label,
                    absl::StrCat("header length ", header_len, " runs beyond the end of the file (",
-                                file.size(), " bytes)"));
+                                file_size, " bytes)"));
   }
   const char* header_begin = reinterpret_cast<const char*>(file.data() + 8);
   json header = json::parse(header_begin, header_begin + header_len, /*cb=*/nullptr,
@@ -158,7 +169,7 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::Span<const std::byte> fil
 
   SafetensorsFile out;
   out.data_start = 8 + header_len;
-  const uint64_t data_size = file.size() - out.data_start;
+  const uint64_t data_size = file_size - out.data_start;
   for (const auto& [key, value] : header.items()) {
     if (key == "__metadata__") {
       if (!value.is_object()) return Invalid(file_label, "__metadata__ is not a JSON object");

@@ -49,6 +49,15 @@ struct SafetensorsFile {
 absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::Span<const std::byte> file,
                                                  std::string_view file_label);
 
+// The same checks from the header alone: `file` holds at least the file's first 8 + N bytes
+// (N its header length; more is ignored) and `file_size` is the whole file's size, so that
+// a file can be judged before its data is read.
+absl::StatusOr<SafetensorsFile> ParseSafetensorsHeader(absl::Span<const std::byte> file,
+                                                       uint64_t file_size,
+                                                       std::string_view file_label);
+// N, from the file's first 8 bytes (little-endian).
+uint64_t SafetensorsHeaderLength(absl::Span<const std::byte> first8);
+
 // "F32" | "F16" | "BF16": the names safetensors uses.
 std::string_view SafetensorsDTypeName(DType dtype);
 

@@ -63,6 +63,12 @@ inline constexpr size_t kMaxLogitBias = 300;
 inline constexpr float kMaxAbsLogitBias = 100.0f;
 // OpenAI's range for presence_penalty and frequency_penalty.
 inline constexpr float kMaxAbsPenalty = 2.0f;
+// The repetition_penalty range. A penalty divides positive logits and multiplies negative
+// ones, so it scales a logit by at most 100: a model's logits (tens) stay far inside float's
+// range, where 1e-40 (a denormal) turned them into +Inf and the draw uniform. Hugging Face
+// and llama.cpp use 1.0 to about 1.5.
+inline constexpr float kMinRepetitionPenalty = 0.01f;
+inline constexpr float kMaxRepetitionPenalty = 100.0f;
 
 // Whether `params` change the logits before the draw (a bias or a penalty that is not off).
 bool ProcessesLogits(const SamplingParams& params);

@@ -194,8 +194,10 @@ std::string Exchange(Harness& h, std::string_view input, Ending ending) {
 }
 
 // The requests the input holds, as a client parser with the server's limits reads them:
-// their methods, up to the first that does not parse; one too large to read counts as
-// `unknown` (the server answers it 413 and reads no further).
+// their methods, up to the first that does not parse. One too large to read, one that is
+// malformed, and one whose framing could be read two ways (Content-Length with
+// Transfer-Encoding, two Content-Lengths) count as `unknown`: the server answers it 400, 413,
+// 414 or 431 and reads no further. An input that ends mid-request expects no answer to it.
 std::vector<http::verb> RequestMethods(std::string_view input) {
   std::vector<http::verb> methods;
   size_t off = 0;
@@ -210,13 +212,19 @@ std::vector<http::verb> RequestMethods(std::string_view input) {
       off += n;
       if (ec || n == 0) break;
     }
-    if (ec == http::error::body_limit) {
-      // The server answers 413 (with a body, whatever the method) and reads no further.
+    if (ec && ec != http::error::need_more) {
+      // The server answers 4xx (with a body, whatever the method) and reads no further.
       methods.push_back(http::verb::unknown);
       break;
     }
-    if (!p.is_done() || ec) break;
-    methods.push_back(p.get().method());
+    if (!p.is_done()) break;
+    const auto& req = p.get();
+    const size_t lengths = req.count(http::field::content_length);
+    if (lengths > 1 || (lengths > 0 && req.count(http::field::transfer_encoding) > 0)) {
+      methods.push_back(http::verb::unknown);  // 400, as above
+      break;
+    }
+    methods.push_back(req.method());
   }
   return methods;
 }

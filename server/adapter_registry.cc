@@ -87,6 +87,13 @@ absl::StatusOr<AdapterInfo> AdapterRegistry::Load(const std::string& name,
         " backend cannot apply LoRA adapters (the CPU backend can: --device cpu)"));
   }
   if (absl::Status s = ValidateAdapterName(name, options_.base_name); !s.ok()) return s;
+  // The file calls would read the path only up to its first NUL, and load another directory.
+  if (const size_t nul = dir.find('\0'); nul != std::string::npos) {
+    absl::Status s = absl::InvalidArgumentError(absl::StrCat(
+        "lora_path holds a NUL byte (at byte ", nul, "): give a directory's path without one"));
+    s.SetPayload(kInvalidFieldPayload, absl::Cord("lora_path"));
+    return s;
+  }
   auto check_room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
     if (loaded_.contains(name)) {
       return absl::AlreadyExistsError(absl::StrCat(
@@ -103,7 +110,12 @@ absl::StatusOr<AdapterInfo> AdapterRegistry::Load(const std::string& name,
     absl::MutexLock lock(&mu_);
     if (absl::Status s = check_room(); !s.ok()) return s;
   }
-  absl::StatusOr<std::shared_ptr<const LoraAdapter>> adapter = LoadLoraAdapter(dir, options_.base);
+  absl::StatusOr<std::shared_ptr<const LoraAdapter>> adapter;
+  {
+    absl::MutexLock loading(&load_mu_);
+    if (options_.load_hook) options_.load_hook();
+    adapter = LoadLoraAdapter(dir, options_.base);
+  }
   if (!adapter.ok()) return adapter.status();
   absl::MutexLock lock(&mu_);
   if (absl::Status s = check_room(); !s.ok()) return s;  // another load may have come first

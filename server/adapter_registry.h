@@ -7,11 +7,13 @@
 //
 // Invariants: at most max_adapters names are loaded; a name is never the base model's name;
 // every loaded adapter fits the base (CheckLoraAdapterFits). Thread-safe; loading reads the
-// files outside the lock.
+// files outside the lock, one load at a time (so concurrent loads hold at most one adapter's
+// files in memory: each is bounded by MaxAdapterWeightsBytes).
 #ifndef PREFIXD_SERVER_ADAPTER_REGISTRY_H_
 #define PREFIXD_SERVER_ADAPTER_REGISTRY_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -32,6 +34,8 @@ namespace prefixd {
 struct AdapterOptions {
   std::vector<std::string> adapters;  // --adapter NAME=DIR, each as given, in order
   int32_t max_adapters = 8;           // --max-adapters
+  // Tests: runs on the loading thread before an adapter's files are read.
+  std::function<void()> load_hook;
 };
 
 inline constexpr int32_t kMaxAdaptersLimit = 1024;
@@ -62,6 +66,7 @@ struct AdapterRegistryOptions {
   int32_t max_adapters = 8;
   bool backend_applies_lora = true;  // Backend::applies_lora()
   std::string backend_name;          // for the refusal when it does not
+  std::function<void()> load_hook;   // AdapterOptions::load_hook
 };
 
 class AdapterRegistry {
@@ -86,6 +91,7 @@ class AdapterRegistry {
 
  private:
   const AdapterRegistryOptions options_;
+  absl::Mutex load_mu_;  // held while a load reads files; taken before mu_, never inside it
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<const LoraAdapter>, std::less<>> loaded_
       ABSL_GUARDED_BY(mu_);

@@ -30,19 +30,33 @@ struct HttpFrontEnd::Impl {
   absl::Mutex mu;
   bool stopped ABSL_GUARDED_BY(mu) = false;
   net::io_context ioc;
+  // Deferred replies (adapter loads), off the I/O threads; one at a time. Destroyed before
+  // the io_context: what it still runs posts its reply there.
+  std::unique_ptr<Executor> background = std::make_unique<Executor>(1);
   std::vector<std::unique_ptr<tcp::acceptor>> acceptors;  // one per resolved address
   std::vector<std::thread> threads;
   int port = 0;
 
+  // At the limit, the next connections accepted serve /health only; past the reserve too,
+  // none is accepted.
   bool AtConnectionLimit() const {
     return options.max_connections > 0 && counts.open_connections() >= options.max_connections;
+  }
+  bool AtReserveLimit() const {
+    return options.max_connections > 0 &&
+           counts.open_connections() >=
+               options.max_connections + HealthReserve(options.max_connections);
   }
   void Accept(tcp::acceptor* acceptor);
   void RunIoThread();
 };
 
+int HealthReserve(int max_connections) {
+  return std::clamp(max_connections / 10, 1, 64);
+}
+
 void HttpFrontEnd::Impl::Accept(tcp::acceptor* acceptor) {
-  if (AtConnectionLimit()) {
+  if (AtReserveLimit()) {
     // New connections wait in the listen queue; look again when one may have closed.
     auto timer = std::make_shared<net::steady_timer>(ioc, std::chrono::milliseconds(50));
     timer->async_wait([this, acceptor, timer](boost::system::error_code ec) {
@@ -60,7 +74,9 @@ void HttpFrontEnd::Impl::Accept(tcp::acceptor* acceptor) {
       timer->async_wait([this, acceptor, timer](boost::system::error_code) { Accept(acceptor); });
       return;
     }
-    StartHttpSession(std::move(socket), &context);
+    const HttpSessionKind kind =
+        AtConnectionLimit() ? HttpSessionKind::kHealthOnly : HttpSessionKind::kAll;
+    StartHttpSession(std::move(socket), &context, kind);
     Accept(acceptor);
   });
 }
@@ -88,6 +104,9 @@ absl::StatusOr<std::unique_ptr<HttpFrontEnd>> HttpFrontEnd::Start(HttpFrontEndOp
   impl->context.counts = &impl->counts;
   impl->context.max_body_bytes = impl->options.max_body_bytes;
   impl->context.idle_timeout = impl->options.idle_timeout;
+  impl->context.header_timeout = impl->options.header_timeout;
+  impl->context.max_connections = impl->options.max_connections;
+  impl->context.background = impl->background.get();
   impl->context.log = impl->options.log;
   if (impl->options.listen.kind != ListenAddress::Kind::kTcp) {
     return absl::InvalidArgumentError("the HTTP front end listens on TCP only");

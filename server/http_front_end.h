@@ -30,11 +30,19 @@ struct HttpFrontEndOptions {
   size_t max_body_bytes = size_t{8} << 20;
   // A connection with no request in progress is closed after this.
   absl::Duration idle_timeout = absl::Seconds(300);
+  // Once a request's first byte has arrived, its request line and header fields must be in
+  // within this; a connection that trickles them (slowloris) is closed.
+  absl::Duration header_timeout = absl::Seconds(5);
   // Open connections at once; more wait in the kernel's listen queue until one closes.
-  // 0: no limit.
+  // 0: no limit. Past it, HealthReserve(max_connections) more are accepted that serve only
+  // /health (anything else is 503) and close after one answer, so that connections held
+  // open by clients that send nothing cannot keep a load balancer's probe out.
   int max_connections = 0;
   std::function<void(std::string_view)> log;
 };
+
+// The connections kept for /health past `max_connections`: a tenth, at least 1, at most 64.
+int HealthReserve(int max_connections);
 
 class HttpFrontEnd {
  public:

@@ -103,18 +103,23 @@ HttpReply HttpRouter::Models(const HttpRequestView& request) {
   return HttpReply{200, body.dump()};
 }
 
-HttpReply HttpRouter::LoadLoraAdapter(const HttpRequestView& request) {
+HttpRouted HttpRouter::LoadLoraAdapter(const HttpRequestView& request) {
   absl::StatusOr<std::pair<std::string, std::string>> parsed =
       ParseLoadLoraAdapterRequest(*request.body);
   if (!parsed.ok()) return ErrorReply(parsed.status());
-  absl::StatusOr<AdapterInfo> info =
-      path_.LoadAdapter(request.authorization, parsed->first, parsed->second);
-  if (!info.ok()) return ErrorReply(info.status());
-  nlohmann::json body{{"lora_name", info->name},
-                      {"adapter_sha256", info->digest},
-                      {"rank", info->rank},
-                      {"parent", path_.model().name}};
-  return HttpReply{200, body.dump()};
+  // Reading and checking an adapter's files takes a while: not on an I/O thread, which
+  // serves every other connection (/health among them).
+  return HttpDeferred{[this, authorization = request.authorization,
+                       parsed = *std::move(parsed)]() -> HttpReply {
+    absl::StatusOr<AdapterInfo> info =
+        path_.LoadAdapter(authorization, parsed.first, parsed.second);
+    if (!info.ok()) return ErrorReply(info.status());
+    nlohmann::json body{{"lora_name", info->name},
+                        {"adapter_sha256", info->digest},
+                        {"rank", info->rank},
+                        {"parent", path_.model().name}};
+    return HttpReply{200, body.dump()};
+  }};
 }
 
 HttpReply HttpRouter::UnloadLoraAdapter(const HttpRequestView& request) {

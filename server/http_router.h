@@ -5,6 +5,7 @@
 //   GET  /health               200 while serving, 503 while draining (needs no token)
 //   POST /tokenize, /detokenize
 //   POST /v1/chat/completions  400: GPT-2 is a base model without a chat template
+//   POST /v1/load_lora_adapter, /v1/unload_lora_adapter (a load is deferred: it reads files)
 //
 // Every endpoint but /health authorizes the caller before its body is parsed, so a caller
 // without a token learns nothing from how the body is read. Everything goes through the
@@ -13,6 +14,7 @@
 #define PREFIXD_SERVER_HTTP_ROUTER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,7 +33,13 @@ struct HttpRequestView {
   const std::string* body = nullptr;  // never null
 };
 
-using HttpRouted = std::variant<HttpReply, std::unique_ptr<HttpCompletion>>;
+// A reply that takes long to compute (reading an adapter's files): `work` runs on a
+// background thread, never on an I/O thread, and its reply is then sent.
+struct HttpDeferred {
+  std::function<HttpReply()> work;
+};
+
+using HttpRouted = std::variant<HttpReply, std::unique_ptr<HttpCompletion>, HttpDeferred>;
 
 class HttpRouter {
  public:
@@ -43,7 +51,7 @@ class HttpRouter {
  private:
   HttpRouted Completions(const HttpRequestView& request);
   HttpReply Models(const HttpRequestView& request);
-  HttpReply LoadLoraAdapter(const HttpRequestView& request);
+  HttpRouted LoadLoraAdapter(const HttpRequestView& request);
   HttpReply UnloadLoraAdapter(const HttpRequestView& request);
   HttpReply Tokenize(const HttpRequestView& request);
   HttpReply Detokenize(const HttpRequestView& request);

@@ -47,8 +47,8 @@ using tcp = net::ip::tcp;
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket&& socket, const HttpSessionContext* context)
-      : stream_(std::move(socket)), context_(*context) {
+  Session(tcp::socket&& socket, const HttpSessionContext* context, HttpSessionKind kind)
+      : stream_(std::move(socket)), context_(*context), kind_(kind) {
     context_.counts->ConnectionOpened();
   }
 
@@ -63,12 +63,33 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
  private:
+  // Request line and header fields together; past it a request is refused with 414 or 431.
+  static constexpr uint32_t kHeaderLimit = 64 * 1024;
+
+  // Waits (up to the idle timeout) for the next request's first bytes, unless a pipelined
+  // one is already buffered, then gives its header the header timeout.
   void ReadHeader() {
-    parser_.emplace();
-    parser_->header_limit(64 * 1024);
-    parser_->body_limit(context_.max_body_bytes);
+    if (buffer_.size() > 0) return ReadRestOfHeader();
     stream_.expires_after(
         std::chrono::milliseconds(absl::ToInt64Milliseconds(context_.idle_timeout)));
+    stream_.async_read_some(
+        buffer_.prepare(kFirstReadBytes),
+        [self = shared_from_this()](beast::error_code ec, size_t n) {
+          if (ec) return self->Close();  // end of stream, idle timeout, a reset
+          self->buffer_.commit(n);
+          self->ReadRestOfHeader();
+        });
+  }
+  static constexpr size_t kFirstReadBytes = 4096;
+
+  void ReadRestOfHeader() {
+    parser_.emplace();
+    parser_->header_limit(kHeaderLimit);
+    parser_->body_limit(context_.max_body_bytes);
+    // On this deadline the stream closes the socket: no answer can be sent (RFC 9110 allows
+    // closing; a 408 would need the socket open past the deadline it enforces).
+    stream_.expires_after(
+        std::chrono::milliseconds(absl::ToInt64Milliseconds(context_.header_timeout)));
     http::async_read_header(stream_, buffer_, *parser_,
                             beast::bind_front_handler(&Session::OnHeader, shared_from_this()));
   }
@@ -76,10 +97,29 @@ class Session : public std::enable_shared_from_this<Session> {
   void OnHeader(beast::error_code ec, size_t) {
     // A Content-Length past the limit is refused while the header is parsed.
     if (ec == http::error::body_limit) return SendTooLarge();
-    if (ec) return Close();  // end of stream, idle timeout, a malformed header
+    if (ec) {
+      head_ = false;
+      version_ = 11;
+      if (std::optional<Refusal> r = FramingRefusal(ec)) return Refuse(r->status, r->message);
+      return Close();  // end of stream, idle timeout, a reset
+    }
     const auto& req = parser_->get();
     version_ = req.version();
     keep_alive_ = req.keep_alive();
+    head_ = req.method() == http::verb::head;
+    if (std::optional<std::string> bad = ConflictingLength(req)) return Refuse(400, *bad);
+    if (kind_ == HttpSessionKind::kHealthOnly) {
+      keep_alive_ = false;  // one answer, then the reserved connection is free again
+      const std::string_view target(req.target().data(), req.target().size());
+      if (target.substr(0, target.find('?')) != "/health") {
+        return Refuse(503, absl::StrCat("this server is at its connection limit "
+                                        "(--max-connections ",
+                                        context_.max_connections,
+                                        "): the connections past it serve only /health; "
+                                        "retry, or reuse a kept-alive connection"),
+                      absl::StatusCode::kUnavailable);
+      }
+    }
     if (parser_->content_length().has_value() &&
         *parser_->content_length() > context_.max_body_bytes) {
       return SendTooLarge();
@@ -106,7 +146,10 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void OnBody(beast::error_code ec, size_t) {
     if (ec == http::error::body_limit) return SendTooLarge();
-    if (ec) return Close();
+    if (ec) {
+      if (std::optional<Refusal> r = FramingRefusal(ec)) return Refuse(r->status, r->message);
+      return Close();
+    }
     stream_.expires_never();
     // Last resort: nothing a client sends may raise through an I/O thread. A handler that
     // throws all the same answers 500 and closes this connection; every other goes on.
@@ -128,14 +171,77 @@ class Session : public std::enable_shared_from_this<Session> {
     Reply(ErrorReply(absl::InternalError("internal error handling this request (logged)")));
   }
 
+  struct Refusal {
+    int status;
+    std::string message;
+  };
+
+  // What a request the parser refused is answered with, or nullopt for what is no request
+  // at all (the client closed or reset the connection, or a timeout ran out).
+  std::optional<Refusal> FramingRefusal(beast::error_code ec) const {
+    if (ec.category() != beast::http::make_error_code(http::error::bad_method).category() ||
+        ec == http::error::end_of_stream || ec == http::error::partial_message) {
+      return std::nullopt;
+    }
+    const auto& fields = parser_->get();  // those parsed before the error
+    if (ec == http::error::header_limit) {
+      const std::string_view seen(static_cast<const char*>(buffer_.data().data()),
+                                  buffer_.size());
+      if (seen.find("\r\n") == std::string_view::npos) {
+        return Refusal{414, absl::StrCat("the request line is longer than ", kHeaderLimit,
+                                         " bytes: send a shorter URL (large inputs go in a "
+                                         "POST body)")};
+      }
+      return Refusal{431, absl::StrCat("the request's header fields are larger than ",
+                                       kHeaderLimit, " bytes: send fewer or shorter ones")};
+    }
+    const bool has_length = fields.count(http::field::content_length) > 0;
+    const bool has_encoding = fields.count(http::field::transfer_encoding) > 0;
+    if ((ec == http::error::bad_content_length && has_encoding) ||
+        (ec == http::error::bad_transfer_encoding && has_length)) {
+      return Refusal{400, std::string(kBothLengths)};
+    }
+    if (ec == http::error::bad_content_length) {
+      return Refusal{400, has_length ? std::string(kTwoLengths)
+                                     : "Content-Length is not a decimal length: send the "
+                                       "body's size in bytes"};
+    }
+    return Refusal{400, absl::StrCat("malformed HTTP request (", ec.message(),
+                                     "): send an HTTP/1.1 request as RFC 9112 defines it")};
+  }
+
+  static constexpr std::string_view kBothLengths =
+      "the request has both Content-Length and Transfer-Encoding, which a proxy and this "
+      "server could read differently: send one of them (RFC 9112 6.1)";
+  static constexpr std::string_view kTwoLengths =
+      "the request has more than one Content-Length field: send one (RFC 9112 6.3)";
+
+  // A header the parser took but that frames the body ambiguously (request smuggling): both
+  // a length and an encoding, or a length given twice even with one value.
+  static std::optional<std::string> ConflictingLength(const http::request_header<>& req) {
+    const size_t lengths = req.count(http::field::content_length);
+    if (lengths > 0 && req.count(http::field::transfer_encoding) > 0) {
+      return std::string(kBothLengths);
+    }
+    if (lengths > 1) return std::string(kTwoLengths);
+    return std::nullopt;
+  }
+
   // The body is not read. Closing at once with unread bytes makes the kernel send a reset,
   // which can destroy the response before the client reads it; so after the response, stop
   // sending and discard what the client still sends, for a few seconds at most.
   void SendTooLarge() {
+    Refuse(413, absl::StrCat("the request body is larger than ", context_.max_body_bytes,
+                             " bytes: send a smaller one"));
+  }
+
+  // Answers `status` with `message` in OpenAI's error shape (`code`: its gRPC name), then
+  // closes as above.
+  void Refuse(int status, std::string_view message,
+              absl::StatusCode code = absl::StatusCode::kInvalidArgument) {
     keep_alive_ = false;
-    auto res = MakeResponse(413, ErrorJson(absl::InvalidArgumentError(absl::StrCat(
-                                     "the request body is larger than ", context_.max_body_bytes,
-                                     " bytes: send a smaller one"))));
+    const absl::string_view text(message.data(), message.size());  // Debian's absl type
+    auto res = MakeResponse(status, ErrorJson(absl::Status(code, text)));
     http::async_write(stream_, *res,
                       [self = shared_from_this(), res](beast::error_code ec, size_t) {
                         if (ec) return self->Close();
@@ -160,7 +266,6 @@ class Session : public std::enable_shared_from_this<Session> {
     const std::string method(req.method_string());
     const std::string target(req.target());
     view.method = method;
-    head_ = req.method() == http::verb::head;
     view.target = target;
     if (auto it = req.find(http::field::authorization); it != req.end()) {
       view.authorization = std::string(it->value());
@@ -168,7 +273,29 @@ class Session : public std::enable_shared_from_this<Session> {
     view.body = &req.body();
     HttpRouted routed = context_.router->Route(view);
     if (HttpReply* reply = std::get_if<HttpReply>(&routed)) return Reply(std::move(*reply));
+    if (HttpDeferred* deferred = std::get_if<HttpDeferred>(&routed)) {
+      return Defer(std::move(deferred->work));
+    }
     StartCompletion(std::get<std::unique_ptr<HttpCompletion>>(std::move(routed)));
+  }
+
+  // Runs `work` on the background executor and answers with its reply on this strand.
+  // Nothing is read meanwhile: a pipelined request waits in the socket.
+  void Defer(std::function<HttpReply()> work) {
+    context_.background->Post([self = shared_from_this(), work = std::move(work)] {
+      HttpReply reply;
+      try {
+        reply = work();
+      } catch (const std::exception& e) {
+        reply = ErrorReply(absl::InternalError("internal error handling this request (logged)"));
+        if (self->context_.log) {
+          self->context_.log(absl::StrCat("http: internal error handling a request: ", e.what()));
+        }
+      }
+      net::post(self->stream_.get_executor(), [self, reply = std::move(reply)]() mutable {
+        self->Reply(std::move(reply));
+      });
+    });
   }
 
   std::shared_ptr<http::response<http::string_body>> MakeResponse(int status, std::string body) {
@@ -265,9 +392,18 @@ class Session : public std::enable_shared_from_this<Session> {
                      });
   }
 
-  // While a completion runs nothing is read from the client, so a closed connection would go
-  // unnoticed until a write fails; waiting for readability sees the FIN or RST at once.
+  // While a completion runs nothing is parsed, so a closed connection would go unnoticed until
+  // a write fails; waiting for readability sees the FIN or RST at once. What a client sends
+  // meanwhile is a pipelined request (RFC 9112 9.3): it is moved into buffer_, where the
+  // next ReadHeader parses it once this response is written, and the wait goes on. Past
+  // kMaxPipelinedBytes the session stops reading (the kernel's window pushes back on the
+  // client) and pins itself until the completion ends, since no handler holds it then: a
+  // disconnect is then noticed at the next write.
+  static constexpr size_t kMaxPipelinedBytes = 64 * 1024;
+
   void WatchDisconnect() {
+    if (watching_) return;  // a wait from an earlier completion is still armed
+    watching_ = true;
     stream_.socket().async_wait(
         tcp::socket::wait_read,
         net::bind_executor(
@@ -276,15 +412,21 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void OnReadable(beast::error_code ec) {
+    watching_ = false;
     if (completion_ == nullptr) return;
     if (ec) return ClientGone();
-    char byte;
-    const ssize_t n = ::recv(stream_.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (buffer_.size() >= kMaxPipelinedBytes) {
+      pinned_ = shared_from_this();
+      return;
+    }
+    const size_t room = kMaxPipelinedBytes - buffer_.size();
+    const ssize_t n = ::recv(stream_.socket().native_handle(), buffer_.prepare(room).data(), room,
+                             MSG_DONTWAIT);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
       return ClientGone();
     }
-    // n > 0: the client sent more (a pipelined request); it stays buffered for the next read.
-    if (n < 0) WatchDisconnect();
+    if (n > 0) buffer_.commit(static_cast<size_t>(n));
+    WatchDisconnect();
   }
 
   // The client went away: cancel what still runs (the engine frees its blocks at its next
@@ -302,6 +444,8 @@ class Session : public std::enable_shared_from_this<Session> {
     headers_sent_ = false;
     write_in_flight_ = false;
     context_.counts->CompletionEnded();
+    // Every caller holds its own reference, so this is never the last one.
+    pinned_.reset();
   }
 
   void Close() {
@@ -312,6 +456,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   beast::tcp_stream stream_;
   const HttpSessionContext& context_;
+  const HttpSessionKind kind_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   unsigned version_ = 11;
@@ -320,12 +465,15 @@ class Session : public std::enable_shared_from_this<Session> {
   std::unique_ptr<HttpCompletion> completion_;
   bool headers_sent_ = false;
   bool write_in_flight_ = false;
+  bool watching_ = false;            // a readability wait is armed
+  std::shared_ptr<Session> pinned_;  // set while reading is paused under a completion
 };
 
 }  // namespace
 
-void StartHttpSession(boost::asio::ip::tcp::socket socket, const HttpSessionContext* context) {
-  std::make_shared<Session>(std::move(socket), context)->Run();
+void StartHttpSession(boost::asio::ip::tcp::socket socket, const HttpSessionContext* context,
+                      HttpSessionKind kind) {
+  std::make_shared<Session>(std::move(socket), context, kind)->Run();
 }
 
 }  // namespace prefixd

@@ -7,7 +7,13 @@
 // (server/generate_output.h) into the next write.
 // Disconnects: while a completion runs, the connection is watched for readability, so a
 // client that goes away is noticed (and its requests cancelled, their blocks released) even
-// while no token is being written to it.
+// while no token is being written to it. Bytes that arrive meanwhile are a pipelined request:
+// they are buffered (64 KiB at most) and answered after the completion, in order.
+// Deadlines: the idle timeout until a request's first byte, then the header timeout until its
+// header is in (a client trickling it is closed), then 60 s for the body.
+// Framing: a request whose framing can be read more than one way (Content-Length with
+// Transfer-Encoding, two Content-Lengths) or that is malformed is answered 400, one over the
+// header limit 414 (a long request line) or 431, a body over the limit 413; each then closes.
 // Faults: a handler that throws answers 500, logs a line and closes the connection; nothing
 // a client sends raises through an I/O thread.
 #ifndef PREFIXD_SERVER_HTTP_SESSION_H_
@@ -21,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "boost/asio/ip/tcp.hpp"
+#include "server/executor.h"
 #include "server/http_router.h"
 
 namespace prefixd {
@@ -48,12 +55,20 @@ struct HttpSessionContext {
   HttpRouter* router = nullptr;
   HttpLiveCounts* counts = nullptr;
   size_t max_body_bytes = 0;    // a larger body is refused with 413 before it is read
-  absl::Duration idle_timeout;  // between requests
+  absl::Duration idle_timeout;  // between requests, until a request's first byte
+  absl::Duration header_timeout;  // from a request's first byte to the end of its header
+  int max_connections = 0;        // the front end's limit, for the reserve's message
+  Executor* background = nullptr;  // runs deferred replies (HttpDeferred)
   std::function<void(std::string_view)> log;
 };
 
+// A session accepted past the front end's connection limit serves /health only (anything
+// else is 503) and closes after its one answer.
+enum class HttpSessionKind { kAll, kHealthOnly };
+
 // Serves `socket` until the client closes it, an error, or the io_context stops.
-void StartHttpSession(boost::asio::ip::tcp::socket socket, const HttpSessionContext* context);
+void StartHttpSession(boost::asio::ip::tcp::socket socket, const HttpSessionContext* context,
+                      HttpSessionKind kind = HttpSessionKind::kAll);
 
 }  // namespace prefixd
 

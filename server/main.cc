@@ -75,6 +75,9 @@ ABSL_FLAG(std::vector<std::string>, adapter, {},
 ABSL_FLAG(int32_t, max_adapters, 8, "Most LoRA adapters loaded at once");
 ABSL_FLAG(absl::Duration, connection_idle_timeout, absl::Seconds(300),
           "Close a gRPC connection that has had no call for this long");
+ABSL_FLAG(absl::Duration, request_header_timeout, absl::Seconds(2),
+          "HTTP and metrics listeners: close a connection whose request header is not complete "
+          "this long after its first byte (slowloris)");
 
 namespace prefixd {
 namespace {
@@ -226,6 +229,7 @@ ServerOptions OptionsFromFlags() {
   o.reflection = absl::GetFlag(FLAGS_reflection) != "off";
   o.max_connections = absl::GetFlag(FLAGS_max_connections);
   o.connection_idle_timeout = absl::GetFlag(FLAGS_connection_idle_timeout);
+  o.request_header_timeout = absl::GetFlag(FLAGS_request_header_timeout);
   return o;
 }
 

@@ -655,6 +655,9 @@ absl::StatusOr<TokenizeBody> ParseTokenizeRequest(const std::string& body,
       return Invalid(key, absl::StrCat("unknown field `", absl::CHexEscape(key), "`"));
     }
   }
+  if (auto it = parsed->find("add_special_tokens"); it != parsed->end() && !it->is_boolean()) {
+    return Invalid("add_special_tokens", "`add_special_tokens` must be true or false");
+  }
   absl::StatusOr<std::string> adapter = ModelAdapter(*parsed, served_model);
   if (!adapter.ok()) return adapter.status();
   absl::StatusOr<std::optional<std::string>> prompt = GetString(*parsed, "prompt");

@@ -3,15 +3,28 @@
 #include <random>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/escape.h"
 #include "engine/request_validation.h"
 #include "server/cache_namespace.h"
+#include "openssl/rand.h"
 #include "server/metrics.h"
 
 namespace prefixd {
 namespace {
+
+// "prefixd-" and 128 random bits in hex: unguessable, and unlike a counter it does not tell
+// a tenant how many requests others sent.
+absl::StatusOr<std::string> RandomRequestId() {
+  unsigned char bytes[16];
+  if (RAND_bytes(bytes, sizeof(bytes)) != 1) {
+    return absl::InternalError("could not draw a random request id (OpenSSL RAND_bytes)");
+  }
+  return absl::StrCat("prefixd-", absl::BytesToHexString(absl::string_view(
+                                      reinterpret_cast<const char*>(bytes), sizeof(bytes))));
+}
 
 uint64_t RandomSeed() {
   std::random_device rd;
@@ -97,9 +110,13 @@ absl::StatusOr<EngineRequest> RequestPath::BuildEngineRequest(const GenerateCall
                                              " bytes"));
     }
   }
-  req.request_id = call.request_id.empty()
-                       ? absl::StrCat("prefixd-", next_request_id_.fetch_add(1))
-                       : call.request_id;
+  if (call.request_id.empty()) {
+    absl::StatusOr<std::string> id = RandomRequestId();
+    if (!id.ok()) return id.status();
+    req.request_id = *std::move(id);
+  } else {
+    req.request_id = call.request_id;
+  }
   req.cache_namespace = DeriveCacheNamespace(tenant, call.cache_salt);
   // The adapter is held by the request from here on (unloading its name lets it finish);
   // its digest, not its name, keys the cache (cache/block_key.h); the name labels its counts.

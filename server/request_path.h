@@ -187,7 +187,6 @@ class RequestPath {
   RequestPathOptions options_;  // options_.auth is guarded by auth_mu_
   mutable absl::Mutex auth_mu_;
   std::atomic<bool> draining_{false};
-  std::atomic<uint64_t> next_request_id_{1};
   std::atomic<uint64_t> accepted_generates_{0};
 };
 

@@ -107,9 +107,10 @@ int LogCivetMessage(const mg_connection*, const char* message) {
 // keep one call that is slow to lock its reactor from holding up the others.
 constexpr int kGrpcPumpThreads = 4;
 
-// The metrics endpoint's HTTP threads and how long one waits for a request to arrive.
-constexpr int kMetricsThreads = 8;
-constexpr int kMetricsRequestTimeoutMs = 2000;
+// The metrics endpoint's HTTP threads (CivetWeb gives each connection one until its request
+// is answered or --request-header-timeout passes): enough that a few dozen connections
+// trickling headers do not hold back a scrape.
+constexpr int kMetricsThreads = 32;
 
 // How long a new gRPC connection may take to complete its TLS and HTTP/2 handshakes (gRPC's
 // default), or the idle timeout when that is shorter.
@@ -181,6 +182,12 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
                o.max_connections));
   }
   if (absl::Status s = ValidateAdapterOptions(o.adapters); !s.ok()) return s;
+  if (o.request_header_timeout <= absl::ZeroDuration() ||
+      o.request_header_timeout > absl::Minutes(10)) {
+    return InvalidArgumentError(
+        StrCat("--request-header-timeout must be above 0 and at most 10m, got ",
+               absl::FormatDuration(o.request_header_timeout)));
+  }
   if (o.connection_idle_timeout <= absl::ZeroDuration()) {
     return InvalidArgumentError(StrCat("--connection-idle-timeout must be positive, got ",
                                        absl::FormatDuration(o.connection_idle_timeout)));
@@ -401,7 +408,8 @@ absl::Status Server::Parts::Build() {
                              .base = config,
                              .max_adapters = options.adapters.max_adapters,
                              .backend_applies_lora = backend->applies_lora(),
-                             .backend_name = backend->device_name()});
+                             .backend_name = backend->device_name(),
+                             .load_hook = options.adapters.load_hook});
   for (const std::string& flag : options.adapters.adapters) {
     absl::StatusOr<std::pair<std::string, std::string>> parsed = ParseAdapterFlag(flag);
     if (!parsed.ok()) return parsed.status();
@@ -456,6 +464,8 @@ absl::Status Server::Parts::StartHttp() {
   hopt.listen = *listen.http;
   hopt.path = path.get();
   hopt.idle_timeout = options.connection_idle_timeout;
+  hopt.header_timeout = options.request_header_timeout;
+  hopt.threads = options.http_threads;
   // The same limit as gRPC's, for each front end; a descriptor shortage in between only
   // delays accepts (both loops retry).
   hopt.max_connections = max_connections;
@@ -465,6 +475,14 @@ absl::Status Server::Parts::StartHttp() {
   http = *std::move(h);
   http_port = http->port();
   log(absl::StrCat("http on http://", listen.http->WithPort(http_port)));
+  if (!path->Authorize(std::nullopt).ok()) return absl::OkStatus();  // tokens required
+  if (adapters != nullptr && backend->applies_lora()) {
+    log(absl::StrCat("warning: no --auth-tokens: every client is admin, so anyone who reaches "
+                     "http://", listen.http->WithPort(http_port),
+                     " (or the gRPC port) can load LoRA adapters from directories on this host "
+                     "and unload them (POST /v1/load_lora_adapter); give --auth-tokens with an "
+                     "admin column to restrict that"));
+  }
   return absl::OkStatus();
 }
 
@@ -506,12 +524,15 @@ absl::Status Server::Parts::StartMetrics() {
     static CivetCallbacks callbacks;
     callbacks.log_message = &LogCivetMessage;
     // A connection that sends no (or half a) request holds a CivetWeb thread until the
-    // request timeout (30 s by default): so a short timeout, and threads to spare, so that a
-    // few such connections cannot hold back a scrape.
+    // request timeout (30 s by default; it counts from the connection's start, so trickling
+    // does not extend it): so the header timeout, and threads to spare, so that a few dozen
+    // such connections cannot hold back a scrape.
+    const int64_t timeout_ms =
+        std::max<int64_t>(1, absl::ToInt64Milliseconds(options.request_header_timeout));
     exposer = std::make_unique<prometheus::Exposer>(
         std::vector<std::string>{"listening_ports", address, "num_threads",
                                  std::to_string(kMetricsThreads), "request_timeout_ms",
-                                 std::to_string(kMetricsRequestTimeoutMs)},
+                                 std::to_string(timeout_ms)},
         &callbacks);
   } catch (const std::exception& e) {
     return absl::UnavailableError(

@@ -75,6 +75,10 @@ struct ServerOptions {
   int32_t max_connections = 0;
   // A gRPC connection without calls this long is closed (GOAWAY).
   absl::Duration connection_idle_timeout = absl::Seconds(300);
+  // I/O threads of the HTTP front end.
+  int32_t http_threads = 2;
+  // HTTP and metrics: from a request's first byte to the end of its header (slowloris).
+  absl::Duration request_header_timeout = absl::Seconds(2);
   // The grace of a drain the server starts itself (after a fatal backend error).
   absl::Duration shutdown_grace = absl::Seconds(30);
   // Start-up and shutdown log lines; unset = stderr, prefixed "prefixd: ".

@@ -21,8 +21,10 @@
 //
 // Threads: the engine thread is the only caller of StartMatch, Fetch and
 // WantsPublish/Publish, and it never waits on the server: a matcher thread answers matches
-// (pipelined EXISTS) on a connection of its own, a fetcher thread runs Fetches (GET and
-// verify) on a second, and a publisher thread takes blocks from a bounded queue and SETs
+// (pipelined EXISTS) on a connection of its own, a fetcher thread runs Fetches (for every
+// block STRLEN and a GETRANGE of at most one record, all in one pipelined round trip, then
+// verify: a value of another length is refused without being read, and no buffer grows past
+// one record) on a second, and a publisher thread takes blocks from a bounded queue and SETs
 // them on a third.
 #ifndef PREFIXD_CACHE_REMOTE_REMOTE_TIER_H_
 #define PREFIXD_CACHE_REMOTE_REMOTE_TIER_H_
@@ -188,6 +190,9 @@ class RemoteTier {
   struct PendingMatch;
   // Answers the matches of `batch` in one pipelined round trip on the matcher's connection.
   void AnswerMatches(absl::Span<const PendingMatch> batch);
+  // Fetches f's blocks on the fetcher's connection (connected), in one pipelined round trip,
+  // counting them in *loads and the values that fail verification in *corrupt.
+  void FetchBlocks(RemoteFetch& f, uint64_t* loads, uint64_t* corrupt);
   void CountError(uint64_t RemoteTierStats::*counter, const std::string& what);
   void RememberLocked(const Digest& key, bool scored) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A spare buffer (empty when there is none), and one given back (kept while there are

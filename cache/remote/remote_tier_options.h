@@ -49,8 +49,9 @@ struct RemoteTierOptions {
   // Blocks being fetched (or fetched and not yet taken by their request) at once, over all
   // requests: their K/V wait in memory (64 blocks of full-size GPT-2 fp32 are ~75 MB).
   int32_t max_fetch_blocks = 64;
-  // Runs on the fetcher thread before each block's GET; unset in production. The one seam to
-  // a slow network, as DiskTierOptions::write_file is to a slow disk.
+  // Runs on the fetcher thread before each block's commands are queued (all of a fetch's go
+  // out together, after the last one); unset in production. The one seam to a slow network,
+  // as DiskTierOptions::write_file is to a slow disk.
   std::function<void()> fetch_hook;
   // Receives one line per fault (what failed and why); the caller rate-limits it. Unset: not
   // logged (the fault is still counted).

@@ -23,6 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using json = nlohmann::json;
 
 constexpr char kA0[] = "base_model.model.transformer.h.0.attn.c_attn.lora_A.weight";
@@ -63,6 +64,17 @@ class LoraAdapterTest : public ::testing::Test {
     absl::StatusOr<std::shared_ptr<const LoraAdapter>> a = Load();
     ASSERT_FALSE(a.ok());
     EXPECT_EQ(a.status().code(), code) << a.status();
+    EXPECT_THAT(std::string(a.status().message()), HasSubstr(dir_ + "/" + file));
+    for (const std::string& p : parts) {
+      EXPECT_THAT(std::string(a.status().message()), HasSubstr(p));
+    }
+  }
+
+  // The files as they are now (not rewritten) are refused, naming `file` and each of `parts`.
+  void ExpectRefusedAsWritten(const std::string& file, const std::vector<std::string>& parts) {
+    absl::StatusOr<std::shared_ptr<const LoraAdapter>> a = Load();
+    ASSERT_FALSE(a.ok());
+    EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument) << a.status();
     EXPECT_THAT(std::string(a.status().message()), HasSubstr(dir_ + "/" + file));
     for (const std::string& p : parts) {
       EXPECT_THAT(std::string(a.status().message()), HasSubstr(p));
@@ -278,6 +290,65 @@ TEST_F(LoraAdapterTest, RefusesNonFiniteValues) {
   Find(kB0).values[17] = 0.0f;
   Find(kA0).values[3] = -std::numeric_limits<float>::infinity();
   ExpectRefused("adapter_model.safetensors", {kA0, "-Inf", "element 3"});
+}
+
+// Finite weights of 3e38 passed the NaN/Inf check and made the logits NaN: each element, and
+// the largest change the update can make to a weight, are bounded by 1e4.
+TEST_F(LoraAdapterTest, RefusesWeightsWhoseProductCanOverflow) {
+  Find(kB0).values[17] = 3e38f;
+  ExpectRefused("adapter_model.safetensors", {kB0, "element 17", "[-10000, 10000]", "overflow"});
+  Find(kB0).values[17] = -2e4f;
+  ExpectRefused("adapter_model.safetensors", {kB0, "element 17", "[-10000, 10000]"});
+  // Each element in range, the product not: scaling 2 x r 4 x 100 x 100 = 80000.
+  for (float& v : Find(kA0).values) v = 100.0f;
+  for (float& v : Find(kB0).values) v = -100.0f;
+  ExpectRefused("adapter_model.safetensors",
+                {kA0, "up to 80000", "|scaling| 2 x r 4 x max|A| 100 x max|B| 100", "overflow"});
+  // Just inside the bound loads.
+  for (float& v : Find(kB0).values) v = -12.5f;  // 2 x 4 x 100 x 12.5 = 10000
+  Write();
+  EXPECT_TRUE(Load().ok()) << Load().status();
+}
+
+// An adapter's files are judged before they are read: the config by its size, the weights
+// file by its header's length, names, shapes and fit to the base. (A 3 GB file once took
+// 3.3 GB of memory to refuse; a tensor of layer 999999 allocated 256 MB first.)
+TEST_F(LoraAdapterTest, RefusesAnOversizedConfigByItsSize) {
+  Write();
+  std::ofstream(dir_ + "/adapter_config.json", std::ios::app) << std::string(2 << 20, ' ');
+  ExpectRefusedAsWritten("adapter_config.json", {"is 2097", "more than 1048576"});
+}
+
+TEST_F(LoraAdapterTest, RefusesAHugeHeaderLengthWithoutReadingIt) {
+  Write();
+  const std::string path = dir_ + "/adapter_model.safetensors";
+  std::string length(8, '\0');
+  const uint64_t n = uint64_t{200} << 20;
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << length;
+  fs::resize_file(path, 8 + n);  // sparse: no disk, and nothing to read but zeros
+  ExpectRefusedAsWritten("adapter_model.safetensors",
+                         {"header length 209715200", "more than", "1048576"});
+}
+
+TEST_F(LoraAdapterTest, ChecksTheHeaderAgainstTheBaseBeforeTheData) {
+  // Data that would be refused (NaN), in an adapter for a deeper model: the header's layers
+  // are what is reported, so no tensor data was judged first.
+  Find(kB0).values[0] = std::numeric_limits<float>::quiet_NaN();
+  base_.n_layer = 1;
+  ExpectRefused("adapter_model.safetensors", {"layer 1", "1 layers", "another model"});
+  // A tensor of layer 999999 (with its pair) is refused by its name's layer.
+  base_.n_layer = 2;
+  AdapterTensor a = Find(kA0), b = Find(kB0);
+  a.name = "base_model.model.transformer.h.999999.attn.c_attn.lora_A.weight";
+  b.name = "base_model.model.transformer.h.999999.attn.c_attn.lora_B.weight";
+  tensors_.push_back(a);
+  tensors_.push_back(b);
+  ExpectRefused("adapter_model.safetensors", {"layer 999999", "2 layers"});
+  Write();
+  absl::StatusOr<std::shared_ptr<const LoraAdapter>> loaded = Load();
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_THAT(std::string(loaded.status().message()), Not(HasSubstr("NaN")));
 }
 
 TEST_F(LoraAdapterTest, RefusesACorruptSafetensorsFile) {

@@ -461,7 +461,7 @@ TEST_F(ModelLoaderTest, RefusesWhatIsNotARegularFileAsWhatItIs) {
     fs::create_symlink(p, dir_ / "loop");
     ExpectRefused(file, "a symbolic link loop");
     fs::remove(dir_ / "loop");
-    ExpectRefused(file, "missing (a symbolic link to");
+    ExpectRefused(file, "missing (a symbolic link whose target does not exist)");
     fs::remove(p);
     WriteFile(p, saved);
   }

@@ -181,16 +181,18 @@ TEST(RequestValidationTest, PresenceAndFrequencyPenaltiesWithinPlusMinusTwo) {
   }
 }
 
-TEST(RequestValidationTest, RepetitionPenaltyPositive) {
+// [0.01, 100]: a penalty of 1e-40 once made repeated tokens' logits +Inf.
+TEST(RequestValidationTest, RepetitionPenaltyInARangeThatCannotOverflow) {
   EngineRequest r = Valid();
-  for (float v : {0.01f, 1.0f, 1.3f, 10.0f}) {
+  for (float v : {0.01f, 1.0f, 1.3f, 10.0f, 100.0f}) {
     r.sampling.repetition_penalty = v;
     EXPECT_TRUE(Check(r).ok()) << v;
   }
-  for (float v : {0.0f, -1.0f, std::numeric_limits<float>::infinity(), std::nanf("")}) {
+  for (float v : {0.0f, -1.0f, 1e-40f, 1e-37f, 0.0099f, 100.01f, 1e30f,
+                  std::numeric_limits<float>::infinity(), std::nanf("")}) {
     r.sampling.repetition_penalty = v;
     const absl::Status s = Check(r);
-    ExpectInvalid(s, "use a finite value > 0 (1 = off");
+    ExpectInvalid(s, "use a value in [0.01, 100] (1 = off");
     EXPECT_EQ(InvalidField(s), "repetition_penalty");
   }
 }

@@ -10,6 +10,7 @@
 
 #include <fstream>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -132,6 +133,24 @@ TEST_F(HttpApiTest, CompletionEqualsGrpcForTheSameIdsAndSeed) {
   EXPECT_EQ(r["usage"]["total_tokens"], 32);
   EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], 11)
       << "the gRPC call cached the prompt";
+}
+
+// Ids the server makes up are 128 random bits, not a counter that tells one tenant how many
+// requests others sent (gRPC's request_id and HTTP's "cmpl-" id alike).
+TEST_F(HttpApiTest, ResponseIdsAreRandomNotACounter) {
+  std::set<std::string> seen;
+  for (int i = 0; i < 3; ++i) {
+    const json r = Post("/v1/completions", {{"prompt", json::array({1, 2})}, {"max_tokens", 1}});
+    const std::string id = r["id"].get<std::string>();
+    EXPECT_THAT(id, ::testing::MatchesRegex("cmpl-prefixd-[0-9a-f]{32}"));
+    seen.insert(id);
+    GenerateResult g = Generate(*stub_, IdsRequest({1, 2}, 1));
+    ASSERT_TRUE(g.status.ok()) << g.status.error_message();
+    ASSERT_FALSE(g.messages.empty());
+    EXPECT_THAT(g.messages[0].request_id(), ::testing::MatchesRegex("prefixd-[0-9a-f]{32}"));
+    seen.insert(g.messages[0].request_id());
+  }
+  EXPECT_EQ(seen.size(), 6u);
 }
 
 TEST_F(HttpApiTest, StreamedEqualsNotStreamed) {
@@ -340,7 +359,8 @@ TEST_F(HttpApiTest, SamplingControlsEqualGrpcsAndAreRangeChecked) {
   const Bad bad[] = {
       {{{"presence_penalty", 2.5}}, "presence_penalty", "use a value in [-2, 2]"},
       {{{"frequency_penalty", -3}}, "frequency_penalty", "use a value in [-2, 2]"},
-      {{{"repetition_penalty", 0}}, "repetition_penalty", "use a finite value > 0"},
+      {{{"repetition_penalty", 0}}, "repetition_penalty", "use a value in [0.01, 100]"},
+      {{{"repetition_penalty", 1e-40}}, "repetition_penalty", "use a value in [0.01, 100]"},
       {{{"min_p", 1.5}}, "min_p", "use a value in [0, 1]"},
       {{{"logit_bias", {{"50257", 1}}}}, "logit_bias", "ids must be < vocab_size 50257"},
       {{{"logit_bias", {{"5", 101}}}}, "logit_bias", "use a value in [-100, 100]"},
@@ -747,9 +767,9 @@ TEST_F(HttpFlowTest, BearerTokensAsInGrpc) {
   EXPECT_EQ(r->status, 200);
 }
 
-// Past --max-connections a connection waits in the listen queue, and is served once another
-// closes.
-TEST_F(HttpFlowTest, ConnectionsPastTheLimitWaitForOneToClose) {
+// Past --max-connections and the one connection kept for /health (HealthReserve(2)), a
+// connection waits in the listen queue, and is served once another closes.
+TEST_F(HttpFlowTest, ConnectionsPastTheLimitAndTheReserveWaitForOneToClose) {
   StartServer(1024, false, /*max_connections=*/2);
   gate_.Notify();
   auto connect_to = [&]() {
@@ -763,17 +783,19 @@ TEST_F(HttpFlowTest, ConnectionsPastTheLimitWaitForOneToClose) {
   };
   const int idle1 = connect_to();
   const int idle2 = connect_to();
+  const int reserve = connect_to();
   const int third = connect_to();
   const std::string req = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
   ASSERT_EQ(send(third, req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
   pollfd p{.fd = third, .events = POLLIN, .revents = 0};
-  EXPECT_EQ(poll(&p, 1, 500), 0) << "served although two connections were open";
+  EXPECT_EQ(poll(&p, 1, 500), 0) << "served although the limit and the reserve were taken";
   close(idle1);
   ASSERT_EQ(poll(&p, 1, 5000), 1) << "not served after a connection closed";
   char buf[64] = {};
   ASSERT_GT(recv(third, buf, sizeof(buf) - 1, 0), 0);
   EXPECT_THAT(std::string(buf), HasSubstr("HTTP/1.1 200"));
   close(idle2);
+  close(reserve);
   close(third);
 }
 

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "engine/request_validation.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -320,6 +321,22 @@ TEST(OpenAiApiTest, TokenizeBodies) {
   t = ParseTokenizeRequest(R"({"prompt": "Hi", "model": "sql"})", "gpt2");
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->adapter, "sql");
+  // add_special_tokens is a boolean (GPT-2 has none to add, so either value tokenizes alike).
+  for (const char* ok : {"true", "false"}) {
+    EXPECT_TRUE(ParseTokenizeRequest(
+                    absl::StrCat(R"({"prompt": "Hi", "add_special_tokens": )", ok, "}"), "gpt2")
+                    .ok())
+        << ok;
+  }
+  for (const char* bad : {"1", "\"yes\"", "null", "[]", "{}"}) {
+    const absl::Status s =
+        ParseTokenizeRequest(absl::StrCat(R"({"prompt": "Hi", "add_special_tokens": )", bad, "}"),
+                             "gpt2")
+            .status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("`add_special_tokens` must be true or false"))
+        << bad;
+  }
 }
 
 }  // namespace

@@ -2,10 +2,19 @@
 // start-up, choosing one by gRPC GenerateRequest.adapter and HTTP `model`, GetModelInfo and
 // /v1/models listing them with their digests, NOT_FOUND / 404 for an unknown name, cache hits
 // only within one adapter, and the start-up refusals, each naming the flag.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "bench/http_client.h"
 #include "engine/lora_adapter.h"
 #include "gmock/gmock.h"
@@ -26,6 +35,7 @@ using bench::HttpFetch;
 using bench::HttpResponse;
 using nlohmann::json;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 class ServerLoraTest : public ::testing::Test {
  protected:
@@ -182,6 +192,11 @@ TEST_F(ServerLoraTest, LoadsAndUnloadsAtRunTimeOverHttpAndGrpc) {
   EXPECT_EQ(Generate(*stub, Request("chat")).status.error_code(), grpc::StatusCode::NOT_FOUND);
   r = post("/v1/unload_lora_adapter", {{"lora_name", "chat"}});
   EXPECT_EQ(r.status, 404) << r.body;
+  // A NUL in the path is refused, not cut there (which loaded the directory before it).
+  r = post("/v1/load_lora_adapter",
+           {{"lora_name", "nul"}, {"lora_path", adapter_dirs_[1] + std::string("\0/x", 3)}});
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_THAT(r.body, HasSubstr("lora_path holds a NUL byte"));
 
   // gRPC: the same, with the info of what was loaded.
   grpc::ClientContext load_ctx;
@@ -256,6 +271,7 @@ TEST_F(ServerLoraTest, RunTimeLoadingNeedsTheAdminColumnWithAuthTokens) {
   o.auth_tokens_file = tokens;
   absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(std::move(o));
   ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_THAT(log_.Text(), Not(HasSubstr("every client is admin")));
   const int http = (*server)->http_port();
   const std::string body = json({{"lora_name", "new"}, {"lora_path", adapter_dirs_[1]}}).dump();
   absl::StatusOr<HttpResponse> r = HttpFetch(http, "POST", "/v1/load_lora_adapter", body,
@@ -274,6 +290,70 @@ TEST_F(ServerLoraTest, RunTimeLoadingNeedsTheAdminColumnWithAuthTokens) {
                 {{"Authorization", "Bearer admin-token"}});
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->status, 200) << r->body;
+}
+
+// The answer to GET /health on a fresh connection, or "" when none comes within 30 s.
+std::string HealthAnswer(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string out;
+  const std::string req = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
+    pollfd p{.fd = fd, .events = POLLIN, .revents = 0};
+    char buf[512];
+    while (poll(&p, 1, 30000) == 1) {
+      const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0) break;
+      out.append(buf, static_cast<size_t>(n));
+    }
+  }
+  close(fd);
+  return out;
+}
+
+// Reading an adapter's files happens off the HTTP I/O threads: with one I/O thread and a load
+// held while it reads, /health is answered. (Two loads of 2 GB files once stalled /health.)
+TEST_F(ServerLoraTest, AnAdapterLoadDoesNotHoldTheHttpIoThread) {
+  std::atomic<bool> armed{false};
+  absl::Notification entered, release;
+  ServerOptions o = Options();
+  o.http_threads = 1;
+  o.adapters.load_hook = [&] {
+    if (!armed.load()) return;  // the start-up --adapter loads
+    entered.Notify();
+    release.WaitForNotification();
+  };
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(std::move(o));
+  ASSERT_TRUE(server.ok()) << server.status();
+  armed = true;
+  const int http = (*server)->http_port();
+  absl::StatusOr<HttpResponse> loaded;
+  std::thread load([&] {
+    loaded = HttpFetch(http, "POST", "/v1/load_lora_adapter",
+                       json({{"lora_name", "held"}, {"lora_path", adapter_dirs_[1]}}).dump());
+  });
+  ASSERT_TRUE(entered.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  const std::string health = HealthAnswer(http);
+  release.Notify();
+  load.join();
+  EXPECT_THAT(health, ::testing::StartsWith("HTTP/1.1 200 OK")) << "/health waited for a load";
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->status, 200) << loaded->body;
+  EXPECT_EQ(json::parse(loaded->body)["adapter_sha256"], digests_[1]);
+}
+
+// Without --auth-tokens every client is admin: start-up says what that lets a client do.
+TEST_F(ServerLoraTest, StartUpWarnsThatEveryClientIsAdminWithoutAuthTokens) {
+  {
+    absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(Options());
+    ASSERT_TRUE(server.ok()) << server.status();
+  }
+  EXPECT_THAT(log_.Text(), HasSubstr("warning: no --auth-tokens: every client is admin"));
+  EXPECT_THAT(log_.Text(), HasSubstr("can load LoRA adapters from directories on this host"));
 }
 
 TEST_F(ServerLoraTest, StartUpRefusesBadAdapterFlagsNamingThem) {

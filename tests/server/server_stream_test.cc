@@ -195,7 +195,7 @@ TEST_F(ServerTest, EveryValidationCaseIsInvalidArgument) {
   expect_invalid(r, "frequency_penalty -2.5 is invalid: use a value in [-2, 2]");
   r = ok;
   r.set_repetition_penalty(0.0f);  // set, unlike an unset field (= 1)
-  expect_invalid(r, "repetition_penalty 0 is invalid: use a finite value > 0");
+  expect_invalid(r, "repetition_penalty 0 is invalid: use a value in [0.01, 100]");
   r = ok;
   r.set_min_p(-0.5f);
   expect_invalid(r, "min_p -0.5 is invalid: use a value in [0, 1]");

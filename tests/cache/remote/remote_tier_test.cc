@@ -4,13 +4,22 @@
 // password costs counted errors and never a wrong block.
 #include "cache/remote/remote_tier.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "base/check.h"
 #include "gtest/gtest.h"
 #include "tests/cache/disk/disk_test_util.h"
 #include "tests/testing/redis_server.h"
@@ -298,6 +307,178 @@ TEST_F(RemoteTierTest, DamagedTruncatedAndForeignValuesAreRefusedAndDeleted) {
   EXPECT_EQ(tier->Stats().corrupt_blocks, 5u);
   EXPECT_EQ(tier->Stats().loads, 0u);
   EXPECT_EQ(redis_->Command({"DBSIZE"}), "0");
+}
+
+// Bytes the server has sent to all its clients so far (INFO stats).
+int64_t NetOutputBytes(const RedisServer& redis) {
+  const std::string info = redis.Command({"INFO", "stats"});
+  const std::string field = "total_net_output_bytes:";
+  const size_t at = info.find(field);
+  return at == std::string::npos ? -1 : std::stoll(info.substr(at + field.size()));
+}
+
+// A value whose length is not a block record's is refused without being read: at most one
+// record's bytes cross the network, and it is counted corrupt and deleted like any other.
+TEST_F(RemoteTierTest, AValueOfAnotherLengthIsRefusedWithoutReadingIt) {
+  std::unique_ptr<RemoteTier> tier = Open();
+  const DiskLayout layout = SmallLayout();
+  const std::vector<BlockRecord> chain = MakeChain(layout, /*seed=*/5, /*n=*/2);
+  PublishAll(*tier, chain);
+  const int64_t record = static_cast<int64_t>(EncodeBlockFile(layout, chain[0]).size());
+  // The block's own record with 16 MB of junk after it, and one byte short of it.
+  const std::string oversized = EncodeBlockFile(layout, chain[0]) + std::string(16 << 20, 'j');
+  ASSERT_EQ(redis_->Command({"SET", tier->KeyOf(chain[0].key), oversized}), "OK");
+  const int64_t before = NetOutputBytes(*redis_);
+  ASSERT_GE(before, 0);
+  EXPECT_EQ(Fetched(*tier, {chain[0]}), 0);
+  const int64_t sent = NetOutputBytes(*redis_) - before;
+  EXPECT_LT(sent, record + 65536) << "the oversized value was read";
+  EXPECT_EQ(redis_->Command({"EXISTS", tier->KeyOf(chain[0].key)}), "0");
+  std::string shorter = EncodeBlockFile(layout, chain[1]);
+  shorter.pop_back();
+  ASSERT_EQ(redis_->Command({"SET", tier->KeyOf(chain[1].key), shorter}), "OK");
+  EXPECT_EQ(Fetched(*tier, {chain[1]}), 0);
+  EXPECT_EQ(tier->Stats().corrupt_blocks, 2u);
+  EXPECT_EQ(tier->Stats().loads, 0u);
+  EXPECT_EQ(redis_->Command({"DBSIZE"}), "0");
+  // The tier goes on: the right record under the key loads.
+  ASSERT_EQ(redis_->Command({"SET", tier->KeyOf(chain[0].key), EncodeBlockFile(layout, chain[0])}),
+            "OK");
+  EXPECT_EQ(Fetched(*tier, {chain[0]}), 1);
+}
+
+// A TCP proxy in front of the test's Redis for one client connection, which holds the
+// server's replies until the client has sent `release_after` GETRANGE commands: a server whose
+// every answer comes late, as seen by a client that waits for each answer before it asks
+// again (it never gets one) and by one that asks for everything in one round trip.
+class HoldingProxy {
+ public:
+  HoldingProxy(int redis_port, int release_after)
+      : redis_port_(redis_port), release_after_(release_after) {
+    listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    PREFIXD_CHECK(bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+    PREFIXD_CHECK(listen(listen_fd_, 4) == 0);
+    socklen_t len = sizeof(addr);
+    getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~HoldingProxy() {
+    stop_ = true;
+    thread_.join();
+    close(listen_fd_);
+  }
+  std::string url() const { return absl::StrCat("redis://127.0.0.1:", port_); }
+
+ private:
+  void Run() {
+    pollfd lp{.fd = listen_fd_, .events = POLLIN, .revents = 0};
+    while (!stop_ && poll(&lp, 1, 50) == 0) {}
+    if (stop_) return;
+    const int client = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    const int server = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(redis_port_));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    PREFIXD_CHECK(connect(server, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+    std::string asked, held;
+    char buf[65536];
+    bool open = true;
+    while (!stop_ && open) {
+      pollfd p[2] = {{.fd = client, .events = POLLIN, .revents = 0},
+                     {.fd = server, .events = POLLIN, .revents = 0}};
+      if (poll(p, 2, 50) <= 0) continue;
+      if (p[0].revents != 0) {
+        const ssize_t n = read(client, buf, sizeof(buf));
+        if (n <= 0) break;
+        asked.append(buf, static_cast<size_t>(n));
+        PREFIXD_CHECK(write(server, buf, static_cast<size_t>(n)) == n);
+      }
+      if (p[1].revents != 0) {
+        const ssize_t n = read(server, buf, sizeof(buf));
+        if (n <= 0) break;
+        held.append(buf, static_cast<size_t>(n));
+      }
+      size_t asked_ranges = 0;
+      for (size_t at = asked.find("GETRANGE"); at != std::string::npos;
+           at = asked.find("GETRANGE", at + 1)) {
+        ++asked_ranges;
+      }
+      if (asked_ranges >= static_cast<size_t>(release_after_) && !held.empty()) {
+        open = ::send(client, held.data(), held.size(), MSG_NOSIGNAL) ==
+               static_cast<ssize_t>(held.size());
+        held.clear();
+      }
+    }
+    close(client);
+    close(server);
+  }
+
+  const int redis_port_;
+  const int release_after_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// A fetch is one round trip however many blocks it has: every block's commands go out before
+// the first answer is read, so a server that is late to answer costs its delay once (16
+// blocks from a Redis 200 ms late took 3.2 s one GET at a time).
+TEST_F(RemoteTierTest, AFetchIsOneRoundTripForAllItsBlocks) {
+  std::unique_ptr<RemoteTier> writer = Open();
+  const DiskLayout layout = SmallLayout();
+  const std::vector<BlockRecord> chain = MakeChain(layout, /*seed=*/8, /*n=*/16);
+  PublishAll(*writer, chain);
+  HoldingProxy proxy(redis_->port(), /*release_after=*/16);
+  RemoteTierOptions o = TestOptions();
+  o.url = proxy.url();
+  std::unique_ptr<RemoteTier> reader = Open(o);
+  std::shared_ptr<const RemoteFetch> f = FetchNow(*reader, chain);
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(f->data.size(), chain.size()) << "the fetch waited for an answer before asking on";
+  for (size_t i = 0; i < chain.size(); ++i) EXPECT_EQ(f->data[i], chain[i].data) << i;
+  EXPECT_EQ(reader->Stats().load_errors, 0u);
+  EXPECT_EQ(reader->Stats().loads, chain.size());
+}
+
+// A fetch that stops in the middle (a damaged value, an absent key) keeps the blocks before
+// it, deletes only the damaged value, and leaves the connection in step: the answers to the
+// commands already sent for the blocks after it are read, so the next fetch gets its own.
+TEST_F(RemoteTierTest, AFetchStoppedMidChainKeepsWhatCameBeforeAndLeavesTheConnectionInStep) {
+  std::unique_ptr<RemoteTier> tier = Open();
+  const DiskLayout layout = SmallLayout();
+  const std::vector<BlockRecord> chain = MakeChain(layout, 4, 5);
+  PublishAll(*tier, chain);
+  const std::vector<BlockRecord> tail(chain.begin() + 3, chain.end());
+  auto expect_tail = [&] {
+    std::shared_ptr<const RemoteFetch> f = FetchNow(*tier, tail);
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(f->data.size(), tail.size());
+    for (size_t i = 0; i < tail.size(); ++i) EXPECT_EQ(f->data[i], tail[i].data) << i;
+  };
+  std::string value = EncodeBlockFile(layout, chain[2]);
+  value[value.size() / 2] ^= 0x01;
+  ASSERT_EQ(redis_->Command({"SET", tier->KeyOf(chain[2].key), value}), "OK");
+  std::shared_ptr<const RemoteFetch> f = FetchNow(*tier, chain);
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(f->data.size(), 2u);
+  EXPECT_EQ(f->data[0], chain[0].data);
+  EXPECT_EQ(f->data[1], chain[1].data);
+  f.reset();
+  EXPECT_EQ(redis_->Command({"EXISTS", tier->KeyOf(chain[2].key)}), "0");
+  EXPECT_EQ(redis_->Command({"EXISTS", tier->KeyOf(chain[3].key)}), "1");
+  EXPECT_EQ(tier->Stats().corrupt_blocks, 1u);
+  expect_tail();
+  // An absent key (evicted since the match) ends the fetch; it is no fault.
+  EXPECT_EQ(Fetched(*tier, chain), 2);
+  EXPECT_EQ(tier->Stats().corrupt_blocks, 1u);
+  expect_tail();
+  EXPECT_EQ(tier->Stats().load_errors, 0u);
 }
 
 TEST_F(RemoteTierTest, LayoutsDoNotShareKeys) {

@@ -1,0 +1,441 @@
+// One HTTP/1.1 connection's framing (server/http_session.cc), spoken over raw sockets to
+// prefixd::Server in-process: pipelined requests behind a running completion, and framing a
+// server must refuse. The engine runs the gated fake backend, so a completion is held in
+// flight for as long as a test needs.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "server/http_front_end.h"
+#include "server/server.h"
+#include "tests/engine/fake_backend.h"
+#include "tests/server/grpc_helpers.h"
+#include "tests/server/in_process_server.h"
+#include "tests/server/process.h"
+
+namespace prefixd::testing {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+// A blocking client socket connected to 127.0.0.1:port.
+class RawConnection {
+ public:
+  explicit RawConnection(int port) {
+    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  }
+  ~RawConnection() { close(fd_); }
+  RawConnection(const RawConnection&) = delete;
+  RawConnection& operator=(const RawConnection&) = delete;
+
+  bool connected() const { return connected_; }
+
+  bool Send(const std::string& bytes) {
+    size_t sent = 0;
+    while (sent < bytes.size()) {
+      const ssize_t n = send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      sent += static_cast<size_t>(n);
+    }
+    return true;
+  }
+
+  // Everything the server sends until it closes the connection; *reset is set when it ended
+  // with a reset (or another error) instead of an orderly close, *gave_up (when given) when
+  // the server neither closed nor sent anything for 30 s.
+  std::string ReadToEnd(bool* reset, bool* gave_up = nullptr) {
+    std::string out;
+    char buf[16384];
+    *reset = false;
+    if (gave_up != nullptr) *gave_up = false;
+    const timeval patience{.tv_sec = 30, .tv_usec = 0};
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof(patience));
+    for (;;) {
+      const ssize_t n = recv(fd_, buf, sizeof(buf), 0);
+      if (n == 0) break;
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          if (gave_up != nullptr) *gave_up = true;
+        } else {
+          *reset = true;
+        }
+        break;
+      }
+      out.append(buf, static_cast<size_t>(n));
+    }
+    return out;
+  }
+
+  // The status line and header fields of one response (a kept-alive connection's answer to
+  // a request without a body in its response, such as /health: read to the blank line, then
+  // Content-Length bytes).
+  std::string ReadResponseHead() {
+    std::string out;
+    char c;
+    while (out.find("\r\n\r\n") == std::string::npos && recv(fd_, &c, 1, 0) == 1) out += c;
+    const size_t at = out.find("Content-Length: ");
+    size_t body = at == std::string::npos ? 0 : std::stoul(out.substr(at + 16));
+    while (body > 0 && recv(fd_, &c, 1, 0) == 1) --body;
+    return out;
+  }
+
+  // Bytes the server's end of this connection has received and its session not yet read;
+  // nullopt once the server has closed its end. Found among this process's descriptors (the
+  // server runs in-process): the socket whose peer is this one's local address.
+  std::optional<int> ServerSideUnreadBytes() const {
+    sockaddr_in mine{}, peer{};
+    socklen_t len = sizeof(mine);
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&mine), &len);
+    len = sizeof(peer);
+    getpeername(fd_, reinterpret_cast<sockaddr*>(&peer), &len);
+    for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+      const int fd = std::atoi(entry.path().filename().c_str());
+      struct stat st{};
+      if (fd == fd_ || fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+      sockaddr_in local{}, remote{};
+      socklen_t l1 = sizeof(local), l2 = sizeof(remote);
+      if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &l1) != 0 ||
+          getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &l2) != 0 ||
+          local.sin_family != AF_INET || remote.sin_port != mine.sin_port ||
+          local.sin_port != peer.sin_port) {
+        continue;
+      }
+      int unread = 0;
+      if (ioctl(fd, FIONREAD, &unread) != 0) return std::nullopt;
+      return unread;
+    }
+    return std::nullopt;
+  }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+};
+
+class HttpSessionTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    model_dir_ = dir_->path() + "/tiny-model";
+    ASSERT_TRUE(WriteTinyModel(model_dir_).ok());
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  void StartServer(const std::function<void(ServerOptions&)>& tweak = nullptr) {
+    ServerOptions o = TestServerOptions(model_dir_);
+    if (tweak) tweak(o);
+    o.metrics_listen = "127.0.0.1:0";
+    o.http_listen = "127.0.0.1:0";
+    o.backend_factory = [this](const Model& m) -> absl::StatusOr<std::unique_ptr<Backend>> {
+      auto b = std::make_unique<FakeBackend>(64, 16, m.config().vocab_size);
+      b->set_gate(&gate_, 0);
+      backend_ = b.get();
+      return std::unique_ptr<Backend>(std::move(b));
+    };
+    absl::StatusOr<std::unique_ptr<Server>> s = Server::Start(std::move(o));
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+  }
+  void TearDown() override {
+    if (!gate_.HasBeenNotified()) gate_.Notify();
+    server_.reset();
+  }
+  // A counter's value, 0 before its first count; -1 when /metrics does not answer.
+  double Count(const std::string& series) {
+    absl::StatusOr<std::string> text = HttpGet(server_->metrics_port(), "/metrics");
+    return text.ok() ? std::max(0.0, MetricValue(*text, series)) : -1;
+  }
+
+  static std::string Completion(bool stream) {
+    const std::string body = json{{"prompt", json::array({1, 2, 3, 4})},
+                                  {"max_tokens", 4},
+                                  {"ignore_eos", true},
+                                  {"stream", stream}}
+                                 .dump();
+    return absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
+                        "Content-Type: application/json\r\nContent-Length: ", body.size(),
+                        "\r\n\r\n", body);
+  }
+
+  static inline TempDir* dir_ = nullptr;
+  static inline std::string model_dir_;
+  absl::Notification gate_;
+  FakeBackend* backend_ = nullptr;
+  std::unique_ptr<Server> server_;
+};
+
+// (streamed, sent in the same write as the completion)
+class PipeliningTest : public HttpSessionTest,
+                       public ::testing::WithParamInterface<std::tuple<bool, bool>> {};
+
+// A request that follows a completion on the same connection (RFC 9112 9.3 pipelining) is
+// answered after it, in order; it neither cancels the completion nor resets the connection.
+// Sent in one write with the completion, the completion fits the session's first 512-byte
+// read and the rest of the second request stays in the socket, as when it comes later.
+TEST_P(PipeliningTest, ARequestBehindACompletionIsAnsweredAfterIt) {
+  const auto [stream, one_write] = GetParam();
+  StartServer();
+  const std::string first = Completion(stream);
+  const std::string second = absl::StrCat("GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: ",
+                                          std::string(600, 'p'), "\r\nConnection: close\r\n\r\n");
+  ASSERT_LT(first.size(), 512u);
+  RawConnection c(server_->http_port());
+  ASSERT_TRUE(c.connected());
+  if (one_write) {
+    ASSERT_TRUE(c.Send(first + second));
+    ASSERT_TRUE(backend_->entered().WaitForNotificationWithTimeout(absl::Seconds(30)));
+  } else {
+    ASSERT_TRUE(c.Send(first));
+    ASSERT_TRUE(backend_->entered().WaitForNotificationWithTimeout(absl::Seconds(30)));
+    ASSERT_TRUE(c.Send(second));
+  }
+  // The engine is held in its first step. Once the session has taken in the second request
+  // (or, unfixed, dropped the connection), let the completion run.
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        const std::optional<int> unread = c.ServerSideUnreadBytes();
+        return !unread.has_value() || *unread == 0;
+      },
+      absl::Seconds(30)));
+  gate_.Notify();
+
+  bool reset = false;
+  const std::string got = c.ReadToEnd(&reset);
+  EXPECT_FALSE(reset) << "the connection was reset";
+  EXPECT_THAT(got, StartsWith("HTTP/1.1 200 OK\r\n"));
+  const size_t second_head = got.find("HTTP/1.1", 1);
+  ASSERT_NE(second_head, std::string::npos) << "no answer to the pipelined request:\n" << got;
+  const std::string answer1 = got.substr(0, second_head);
+  const std::string answer2 = got.substr(second_head);
+  if (stream) {
+    EXPECT_THAT(answer1, HasSubstr("data: [DONE]"));
+    EXPECT_THAT(answer1, HasSubstr("\r\n0\r\n\r\n")) << "the last chunk";
+  } else {
+    EXPECT_THAT(answer1, HasSubstr("\"finish_reason\":\"length\""));
+  }
+  EXPECT_THAT(answer2, StartsWith("HTTP/1.1 200 OK\r\n"));
+  EXPECT_THAT(answer2, HasSubstr("\"status\""));
+  EXPECT_EQ(Count("prefixd_requests_total{api=\"http\",code=\"CANCELLED\"}"), 0);
+  EXPECT_EQ(Count("prefixd_requests_total{api=\"http\",code=\"OK\"}"), 1);
+}
+
+// A pipelined request larger than the session takes in while a completion runs (64 KiB)
+// waits partly in the socket, and is answered whole after the completion.
+TEST_F(HttpSessionTest, ALargePipelinedRequestWaitsAndIsAnsweredAfterTheCompletion) {
+  StartServer();
+  // JSON's whitespace makes it large; the text stays short for the tiny model.
+  const std::string body = absl::StrCat("{\"prompt\": \"hello\"", std::string(200000, ' '), "}");
+  const std::string second =
+      absl::StrCat("POST /tokenize HTTP/1.1\r\nHost: x\r\nConnection: close\r\n",
+                   "Content-Type: application/json\r\nContent-Length: ", body.size(), "\r\n\r\n",
+                   body);
+  RawConnection c(server_->http_port());
+  ASSERT_TRUE(c.connected());
+  ASSERT_TRUE(c.Send(Completion(/*stream=*/false)));
+  ASSERT_TRUE(backend_->entered().WaitForNotificationWithTimeout(absl::Seconds(30)));
+  ASSERT_TRUE(c.Send(second));
+  // The session has taken in what it buffers; the rest stays in the socket.
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        const std::optional<int> unread = c.ServerSideUnreadBytes();
+        return !unread.has_value() || *unread <= static_cast<int>(second.size() - 65536);
+      },
+      absl::Seconds(30)));
+  gate_.Notify();
+  bool reset = false;
+  const std::string got = c.ReadToEnd(&reset);
+  EXPECT_FALSE(reset) << "the connection was reset";
+  const size_t second_head = got.find("HTTP/1.1", 1);
+  ASSERT_NE(second_head, std::string::npos) << "no answer to the pipelined request:\n" << got;
+  EXPECT_THAT(got.substr(0, second_head), HasSubstr("\"finish_reason\":\"length\""));
+  EXPECT_THAT(got.substr(second_head), StartsWith("HTTP/1.1 200 OK\r\n"));
+  EXPECT_THAT(got.substr(second_head), HasSubstr("\"count\":"));
+  EXPECT_EQ(Count("prefixd_requests_total{api=\"http\",code=\"CANCELLED\"}"), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(StreamedAndWhole, PipeliningTest,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool()),
+                         [](const auto& info) {
+                           return absl::StrCat(std::get<0>(info.param) ? "Streamed" : "Whole",
+                                               std::get<1>(info.param) ? "OneWrite" : "Later");
+                         });
+
+// ---- slowloris: the header deadline and the connections kept for /health ----
+
+// Once a request's first byte is in, its header has --request-header-timeout, however long
+// the idle timeout: a client that trickles it is cut off. A connection that sends nothing
+// keeps the idle timeout.
+TEST_F(HttpSessionTest, AHeaderNotCompleteInTimeIsCutOffButAnIdleConnectionStays) {
+  StartServer([](ServerOptions& o) {
+    o.connection_idle_timeout = absl::Minutes(10);
+    o.request_header_timeout = absl::Milliseconds(300);
+  });
+  gate_.Notify();
+  RawConnection idle(server_->http_port());
+  ASSERT_TRUE(idle.connected());
+  RawConnection slow(server_->http_port());
+  ASSERT_TRUE(slow.connected());
+  ASSERT_TRUE(slow.Send("GET /health HTTP/1.1\r\nHost: x\r\nX-Trickle: a"));
+  bool reset = false, gave_up = false;
+  const std::string got = slow.ReadToEnd(&reset, &gave_up);
+  EXPECT_FALSE(gave_up) << "a connection trickling its header was left open";
+  EXPECT_EQ(got, "") << "no answer to half a request";
+  // `idle` has been open longer than the header deadline without a byte: still served.
+  ASSERT_TRUE(idle.Send("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  const std::string answer = idle.ReadToEnd(&reset, &gave_up);
+  EXPECT_THAT(answer, StartsWith("HTTP/1.1 200 OK\r\n"));
+}
+
+// Past --max-connections (2 here) one more connection (HealthReserve) is accepted that
+// serves /health only: connections held open cannot keep a load balancer's probe out.
+TEST_F(HttpSessionTest, PastTheConnectionLimitAReserveServesHealthOnly) {
+  StartServer([](ServerOptions& o) { o.max_connections = 2; });
+  gate_.Notify();
+  const std::string health = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  // Two kept-alive connections, each accepted (it was answered) and still open.
+  RawConnection held1(server_->http_port()), held2(server_->http_port());
+  for (RawConnection* c : {&held1, &held2}) {
+    ASSERT_TRUE(c->connected());
+    ASSERT_TRUE(c->Send(health));
+    ASSERT_THAT(c->ReadResponseHead(), StartsWith("HTTP/1.1 200 OK\r\n"));
+  }
+  // A completion on the reserve is refused, saying why; the connection closes.
+  bool reset = false, gave_up = false;
+  std::string got;
+  {
+    RawConnection third(server_->http_port());
+    ASSERT_TRUE(third.connected());
+    ASSERT_TRUE(third.Send(Completion(/*stream=*/false)));
+    got = third.ReadToEnd(&reset, &gave_up);
+  }
+  EXPECT_FALSE(gave_up) << "a connection past the limit was not served";
+  EXPECT_THAT(got, StartsWith("HTTP/1.1 503 "));
+  EXPECT_THAT(got, HasSubstr("connection limit (--max-connections 2)"));
+  EXPECT_THAT(got, HasSubstr("Connection: close\r\n"));
+  // /health is answered there, then that connection closes too (the reserve is free again).
+  for (int i = 0; i < 2; ++i) {
+    RawConnection probe(server_->http_port());
+    ASSERT_TRUE(probe.connected());
+    ASSERT_TRUE(probe.Send(health));
+    got = probe.ReadToEnd(&reset, &gave_up);
+    EXPECT_FALSE(gave_up) << "/health past the limit was not served";
+    EXPECT_THAT(got, StartsWith("HTTP/1.1 200 OK\r\n"));
+    EXPECT_THAT(got, HasSubstr("Connection: close\r\n"));
+  }
+  EXPECT_EQ(HealthReserve(2), 1);
+}
+
+// ---- framing a server must refuse: a 4xx that says what to fix, then the connection closes ----
+
+struct BadFraming {
+  std::string name;
+  std::string request;
+  int status;
+  std::string message;  // part of the error's message
+  friend void PrintTo(const BadFraming& b, std::ostream* os) { *os << b.name; }
+};
+
+class BadFramingTest : public HttpSessionTest, public ::testing::WithParamInterface<BadFraming> {};
+
+TEST_P(BadFramingTest, IsAnsweredWithA4xxThenClosed) {
+  const BadFraming& bad = GetParam();
+  StartServer();
+  gate_.Notify();
+  RawConnection c(server_->http_port());
+  ASSERT_TRUE(c.connected());
+  ASSERT_TRUE(c.Send(bad.request));
+  bool reset = false;
+  const std::string got = c.ReadToEnd(&reset);
+  EXPECT_FALSE(reset) << "the connection was reset before the answer was read";
+  EXPECT_THAT(got, StartsWith(absl::StrCat("HTTP/1.1 ", bad.status, " ")));
+  EXPECT_THAT(got, HasSubstr("Connection: close\r\n"));
+  EXPECT_THAT(got, HasSubstr(bad.message));
+  // Nothing of it reached the engine.
+  EXPECT_EQ(Count("prefixd_requests_total{api=\"http\"}"), 0);
+}
+
+std::string PostWith(const std::string& headers, const std::string& body) {
+  return absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n", headers, "\r\n", body);
+}
+
+const std::string kBody = R"({"prompt": [1, 2], "max_tokens": 1})";
+
+INSTANTIATE_TEST_SUITE_P(
+    Framing, BadFramingTest,
+    ::testing::Values(
+        // Request smuggling: which length a proxy in front used is unknown (RFC 9112 6.1).
+        BadFraming{"ContentLengthThenTransferEncoding",
+                   PostWith(absl::StrCat("Content-Length: ", kBody.size(),
+                                         "\r\nTransfer-Encoding: chunked\r\n"),
+                            kBody),
+                   400, "both Content-Length and Transfer-Encoding"},
+        BadFraming{"TransferEncodingThenContentLength",
+                   PostWith(absl::StrCat("Transfer-Encoding: chunked\r\nContent-Length: ",
+                                         kBody.size(), "\r\n"),
+                            "0\r\n\r\n"),
+                   400, "both Content-Length and Transfer-Encoding"},
+        BadFraming{"TwoEqualContentLengths",
+                   PostWith(absl::StrCat("Content-Length: ", kBody.size(),
+                                         "\r\nContent-Length: ", kBody.size(), "\r\n"),
+                            kBody),
+                   400, "more than one Content-Length"},
+        BadFraming{"TwoDifferentContentLengths",
+                   PostWith(absl::StrCat("Content-Length: ", kBody.size(),
+                                         "\r\nContent-Length: 3\r\n"),
+                            kBody),
+                   400, "Content-Length"},
+        BadFraming{"HeaderOver64KiB",
+                   PostWith(absl::StrCat("X-Big: ", std::string(70000, 'b'), "\r\n"), kBody),
+                   431, "header fields are larger than 65536 bytes"},
+        BadFraming{"ManyHeadersOver64KiB",
+                   PostWith([] {
+                     std::string h;
+                     for (int i = 0; i < 200; ++i) {
+                       absl::StrAppend(&h, "X-F", i, ": ", std::string(400, 'f'), "\r\n");
+                     }
+                     return h;
+                   }(),
+                            kBody),
+                   431, "header fields are larger than 65536 bytes"},
+        BadFraming{"UrlOf100KB",
+                   absl::StrCat("GET /health?", std::string(100000, 'u'),
+                                " HTTP/1.1\r\nHost: x\r\n\r\n"),
+                   414, "request line is longer than"},
+        BadFraming{"MalformedChunkedBody",
+                   PostWith("Transfer-Encoding: chunked\r\n", "zz\r\nabc\r\n0\r\n\r\n"), 400,
+                   "malformed HTTP request"},
+        BadFraming{"MalformedHeaderLine",
+                   "GET /health HTTP/1.1\r\nHost x\r\n\r\n", 400, "malformed HTTP request"}),
+    [](const ::testing::TestParamInfo<BadFraming>& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace prefixd::testing
