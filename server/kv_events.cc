@@ -106,7 +106,9 @@ absl::Status ValidateKvEventsOptions(const KvEventsOptions& o) {
         "--kv-events-replay: '", o.replay_endpoint,
         "' is not a ZMQ endpoint (tcp://HOST:PORT, tcp://*:PORT, ipc://PATH)"));
   }
-  if (!o.replay_endpoint.empty() && o.replay_endpoint == o.endpoint) {
+  // The same endpoint twice cannot bind twice ("*" ports are chosen apart by the OS).
+  if (!o.replay_endpoint.empty() && o.replay_endpoint == o.endpoint &&
+      !absl::EndsWith(o.endpoint, ":*") && !absl::EndsWith(o.endpoint, ":0")) {
     return absl::InvalidArgumentError(
         "--kv-events-replay must differ from --kv-events (two sockets, two endpoints)");
   }
