@@ -128,8 +128,16 @@ void Engine::Shutdown(absl::Duration grace) {
 }
 
 EngineStats Engine::Stats() const {
-  absl::MutexLock lock(&stats_mu_);
-  return stats_;
+  EngineStats s;
+  {
+    absl::MutexLock lock(&stats_mu_);
+    s = stats_;
+  }
+  // The disk tier's writer works between steps: read its counters now, so that an idle
+  // engine's stats still show the spills written since its last step (the tier is
+  // thread-safe and lives as long as the engine).
+  if (tier_ != nullptr) s.disk = tier_->Stats();
+  return s;
 }
 
 Engine::Latencies Engine::DrainLatencies() {
