@@ -6,7 +6,7 @@
 // at token granularity: predicted <= cached < predicted + block_size. Checked after a
 // workload that overflows the pool (evictions), with two tenants sending the same prompt,
 // with a LoRA adapter, and with the disk tier on (spills are removals from the pool and
-// stores on disk).
+// stores on disk). `prefixctl events` prints the same stream.
 //
 //   node kv_events_router_test.mjs --build BUILD --tokenizer DIR --deps DIR
 //
@@ -59,7 +59,8 @@ try {
 }
 const PREFIXD = path.join(args.build, 'server/prefixd');
 const MODEL_TOOL = path.join(args.build, 'tools/prefixd-model');
-for (const bin of [PREFIXD, MODEL_TOOL]) {
+const PREFIXCTL = path.join(args.build, 'client/prefixctl');
+for (const bin of [PREFIXD, MODEL_TOOL, PREFIXCTL]) {
   if (!fs.existsSync(bin)) {
     console.log(`SKIP: ${bin} is not built`);
     process.exit(SKIP);
@@ -432,6 +433,19 @@ describe('a router rebuilt from the KV events predicts cached prompt tokens', ()
     if (plainRouter.next === upTo + 1n) {
       assert.deepEqual([...fresh.keys()].sort(), [...plainRouter.resident.keys()].sort());
     }
+    // prefixctl events prints the same stream, one line per event.
+    let events = 0;
+    for (const [, p] of all) events += msgpack.decode(p)[1].length;
+    const r = spawnSync(PREFIXCTL, ['events', '--kv-events', plain.eventsEndpoint, '--topic', 'kv',
+                                    '--replay', plain.replayEndpoint, '--count', String(events)],
+                        { encoding: 'utf8', timeout: WAIT_MS });
+    assert.equal(r.status, 0, `prefixctl events failed: ${r.stdout}${r.stderr}`);
+    const lines = r.stdout.trim().split('\n');
+    assert.equal(lines.length, events);
+    assert.match(lines[0], /^seq 0 ts \S+ AllBlocksCleared$/);
+    assert.ok(lines.some((l) => / BlockStored hash [0-9a-f]{16} parent - medium CPU tokens 16 /.test(l)));
+    assert.ok(lines.some((l) => / BlockRemoved hash [0-9a-f]{16} medium CPU$/.test(l)));
+    assert.ok(lines.some((l) => / lora sql extra ns:[0-9a-f]{64},adapter:/.test(l)));
     assert.equal(await plain.metric('prefixd_kv_events_dropped_total'), 0);
     assert.ok((await plain.metric('prefixd_kv_events_published_total')) >= all.length);
   });
