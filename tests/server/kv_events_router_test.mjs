@@ -131,7 +131,12 @@ class Server {
                           { method: 'POST', headers, body: JSON.stringify(body) });
     const j = await r.json();
     assert.equal(r.status, 200, JSON.stringify(j));
-    return j.usage.prompt_tokens_details.cached_tokens;
+    const d = j.usage.prompt_tokens_details;
+    // Where the cached tokens came from adds up to OpenAI's cached_tokens.
+    assert.equal(d.cached_pool_tokens + d.cached_disk_tokens + d.cached_remote_tokens,
+                 d.cached_tokens);
+    this.lastDetails = d;
+    return d.cached_tokens;
   }
 
   async metric(name) {
@@ -409,9 +414,15 @@ describe('a router rebuilt from the KV events predicts cached prompt tokens', ()
     let fromDisk = 0;
     for (const p of prompts) {
       await sync(disk, diskRouter, opts);
-      if (onlyOnDisk(p)) fromDisk += 1;
+      const diskOnly = onlyOnDisk(p);
       const { predicted } = await check(disk, diskRouter, { model: 'tiny', prompt: p }, opts);
       assert.equal(predicted, 3 * BLOCK);  // every prompt is in the pool or on disk
+      if (diskOnly) {
+        fromDisk += 1;
+        // The usage says where: the disk tier's blocks (the pool held none of them).
+        assert.equal(disk.lastDetails.cached_disk_tokens, 3 * BLOCK);
+        assert.equal(disk.lastDetails.cached_pool_tokens, 0);
+      }
     }
     assert.ok(fromDisk > 0, 'no prompt was served from the disk tier alone');
     assert.ok((await disk.metric('prefixd_disk_cache_hit_tokens_total')) > 0);
