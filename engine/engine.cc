@@ -370,10 +370,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   std::unique_ptr<KvEventRecorder> events;
   if (options.kv_events != nullptr) {
     // vLLM names the pool's medium by its device: "GPU" for the CUDA backend's pool.
-    const bool gpu = options.backend->kv_numerics().rfind("cuda", 0) == 0;
     events = std::make_unique<KvEventRecorder>(KvEventRecorder::Options{
         .sink = options.kv_events,
-        .pool_medium = gpu ? KvMedium::kGpu : KvMedium::kCpu,
+        .pool_medium = PoolMediumOfNumerics(options.backend->kv_numerics()),
         .block_size = options.backend->kv_pool().block_size});
     cache_options.on_index = [ev = events.get()](const IndexedBlock& b) { ev->OnIndexed(b); };
   }

@@ -20,6 +20,11 @@ const char* KvMediumName(KvMedium medium) {
   return "CPU";
 }
 
+KvMedium PoolMediumOfNumerics(std::string_view kv_numerics) {
+  return kv_numerics.substr(0, 5) == "cuda " || kv_numerics == "cuda" ? KvMedium::kGpu
+                                                                     : KvMedium::kCpu;
+}
+
 uint64_t KvEventBlockHash(const Digest& chain_key) {
   uint64_t h = 0;
   for (int i = 0; i < 8; ++i) h = (h << 8) | chain_key[i];

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -25,6 +26,9 @@ namespace prefixd {
 enum class KvMedium { kCpu, kGpu, kDisk };
 // vLLM's names: "CPU", "GPU", "DISK".
 const char* KvMediumName(KvMedium medium);
+// The pool's medium for a backend's kv_numerics() (engine/backend.h): kGpu for the CUDA
+// backend's ("cuda ..."), kCpu otherwise.
+KvMedium PoolMediumOfNumerics(std::string_view kv_numerics);
 
 // A block's hash on the wire: the first 8 bytes of its chain key, big-endian. The chain key
 // covers manifest, namespace, adapter and every token up to the block's end, so two tenants'

@@ -111,6 +111,16 @@ TEST_F(KvEventRecorderTest, ASpillIsRemovalFromThePoolAndStorageOnDisk) {
   EXPECT_TRUE(std::holds_alternative<KvBlockRemoved>(sink_->batches[2][1]));
 }
 
+TEST(KvEventMediumTest, TheCudaBackendsPoolIsGpu) {
+  // The backends' own strings (engine/backend.h kv_numerics()).
+  EXPECT_EQ(PoolMediumOfNumerics("cuda r1 sm_90 cublas 130000"), KvMedium::kGpu);
+  EXPECT_EQ(PoolMediumOfNumerics("cpu r1"), KvMedium::kCpu);
+  EXPECT_EQ(PoolMediumOfNumerics("fake"), KvMedium::kCpu);
+  EXPECT_STREQ(KvMediumName(KvMedium::kGpu), "GPU");
+  EXPECT_STREQ(KvMediumName(KvMedium::kCpu), "CPU");
+  EXPECT_STREQ(KvMediumName(KvMedium::kDisk), "DISK");
+}
+
 TEST_F(KvEventRecorderTest, RootsWithoutBlocksAreSweptPastTheBound) {
   const Digest kept = Sha256Of("kept");
   recorder_.NoteRoot(kept, "", "", "kept-ns");
