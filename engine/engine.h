@@ -57,6 +57,8 @@ class Engine {
   // BeginShutdown(grace), then returns when the engine thread has stopped.
   void Shutdown(absl::Duration grace);
 
+  // The snapshot published after the last step, with the disk tier's counters read now (its
+  // writer works between steps: an idle engine still shows the spills written since).
   EngineStats Stats() const;
 
   // Latency observations (seconds) since the last call, for histograms: time to first token
