@@ -8,6 +8,10 @@
 //
 // Usage: engine_shared_prefix_bench [--model DIR] [--threads N] [--requests 32]
 //          [--concurrency 8] [--prefix 512] [--suffix 16] [--new 32] [--only on|off]
+//          [--kv-events ENDPOINT]
+// --kv-events publishes the engine's KV events (server/kv_events.h) on ENDPOINT (e.g.
+// tcp://127.0.0.1:*) as prefixd --kv-events does: run with and without it, alternating, to
+// see what the events cost the engine thread.
 // Without --model a random GPT-2 is written to a temporary directory first.
 #include <unistd.h>
 
@@ -30,6 +34,7 @@
 #include "engine/model.h"
 #include "engine/tokenizer.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "server/kv_events.h"
 #include "tools/random_model.h"
 
 namespace prefixd {
@@ -44,6 +49,7 @@ struct Flags {
   int suffix = 16;
   int new_tokens = 32;
   std::string only;  // "on" or "off": run one half (for profiling); empty: both
+  std::string kv_events;  // empty: no KV events
 };
 
 struct RunResult {
@@ -84,6 +90,16 @@ RunResult RunWorkload(const Model& model, const Flags& f, bool prefix_cache) {
   o.manifest_sha256 = model.manifest_sha256();
   o.max_batch_tokens = 512;
   o.enable_prefix_cache = prefix_cache;
+  std::shared_ptr<KvEventPublisher> events;
+  if (!f.kv_events.empty()) {
+    auto p = KvEventPublisher::Start({.endpoint = f.kv_events});
+    if (!p.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(p.status().message()).c_str());
+      std::exit(1);
+    }
+    events = *p;
+    o.kv_events = events;
+  }
   auto engine = Engine::Create(o);
   if (!engine.ok()) {
     std::fprintf(stderr, "engine: %s\n", std::string(engine.status().message()).c_str());
@@ -153,6 +169,11 @@ RunResult RunWorkload(const Model& model, const Flags& f, bool prefix_cache) {
   result.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.prefill_tokens = (*engine)->Stats().scheduler.prefill_tokens;
   (*engine)->Shutdown(absl::ZeroDuration());
+  if (events != nullptr) {
+    std::printf("kv events: %llu batches published, %llu dropped\n",
+                static_cast<unsigned long long>(events->published()),
+                static_cast<unsigned long long>(events->dropped()));
+  }
   return result;
 }
 
@@ -181,6 +202,8 @@ int Main(int argc, char** argv) {
       f.suffix = std::stoi(value());
     else if (a == "--new")
       f.new_tokens = std::stoi(value());
+    else if (a == "--kv-events")
+      f.kv_events = value();
     else if (a == "--only")
       f.only = value();
     else {

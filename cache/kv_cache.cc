@@ -422,6 +422,13 @@ void KvCache::IndexOrDedup(Sequence& s, int32_t i) {
   std::copy(toks, toks + bs_, &block_tokens_[int64_t{b} * bs_]);
   index_.emplace(key, b);
   children_[i == 0 ? s.chain->root() : keys[i - 1]].push_back(b);
+  if (options_.on_index) {
+    options_.on_index(IndexedBlock{.block = b,
+                                   .key = &blk.key,
+                                   .parent_key = i == 0 ? nullptr : &keys[i - 1],
+                                   .root = &blk.root,
+                                   .tokens = absl::MakeConstSpan(StoredTokens(b), bs_)});
+  }
 }
 
 void KvCache::MarkComputed(SequenceId id, int32_t num_computed) {

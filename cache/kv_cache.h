@@ -69,6 +69,16 @@ struct EvictedBlock {
   absl::Span<const uint32_t> tokens;   // its block_size token ids
 };
 
+// A block that just became a full, indexed block (KvCacheOptions::on_index). The spans and
+// references are valid during the call only.
+struct IndexedBlock {
+  int32_t block = -1;
+  const Digest* key = nullptr;         // its chain key
+  const Digest* parent_key = nullptr;  // the indexed block's key before it; null for a first block
+  const Digest* root = nullptr;        // CacheRootKey(manifest, namespace) of its chain
+  absl::Span<const uint32_t> tokens;   // its block_size token ids
+};
+
 struct KvCacheOptions {
   // The backend's pool (Backend::kv_pool()): num_blocks > 0 and below 2^31, block_size > 0;
   // fixed for the cache's lifetime. bytes_per_token is only used for stats.
@@ -83,6 +93,11 @@ struct KvCacheOptions {
   // any block id handed out afterwards may be this one. A disk tier copies the rows here.
   // Must not call back into the KvCache.
   std::function<void(const EvictedBlock&)> on_evict;
+  // Called for every block that enters the index (MarkComputed), after it did: the block is
+  // visible to admissions from now on. A block that joins an identical indexed one instead
+  // (deduplication) is not reported. Must not call back into the KvCache. With on_evict it
+  // describes the index exactly: every reported block is indexed until on_evict reports it.
+  std::function<void(const IndexedBlock&)> on_index;
 };
 
 struct AdmissionRequest {

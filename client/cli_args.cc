@@ -1,5 +1,6 @@
 #include "client/cli_args.h"
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <utility>
@@ -27,6 +28,9 @@ const char kUsage[] =
     "  health              (exit 0 when the server reports SERVING)\n"
     "  bench [--prefix-tokens N] [--suffix-tokens N] [--requests N] [--concurrency N]\n"
     "        [--max-tokens N] [--seed S] [--json]\n"
+    "  events --kv-events ENDPOINT [--topic T] [--replay ENDPOINT [--from SEQ]] [--count N]\n"
+    "           (a replica's KV event stream, one line per event; ENDPOINT e.g.\n"
+    "            tcp://10.0.0.5:5557)\n"
     "ADDR defaults to 127.0.0.1:50051. After \"--\" every argument is a prompt or text,\n"
     "even one that starts with \"--\".\n";
 
@@ -127,6 +131,19 @@ Setters ValueFlags(CliArgs& cli, std::optional<Command> command) {
     s["prompt-logprobs"] = SetParsed(&g.prompt_logprobs, "--prompt-logprobs", ParseNonNegativeU32);
   } else if (command == Command::kTokenize) {
     s["adapter"] = SetString(&cli.tokenize_adapter);
+  } else if (command == Command::kEvents) {
+    EventsArgs& e = cli.events;
+    s["kv-events"] = SetString(&e.endpoint);
+    s["topic"] = SetString(&e.topic);
+    s["replay"] = SetString(&e.replay_endpoint);
+    s["from"] = [&e](const std::string& v) -> absl::Status {
+      absl::StatusOr<uint64_t> n = ParseNonNegativeU64(v, "--from");
+      if (!n.ok()) return n.status();
+      if (*n > static_cast<uint64_t>(INT64_MAX)) return Bad("--from must be below 2^63");
+      e.from = static_cast<int64_t>(*n);
+      return absl::OkStatus();
+    };
+    s["count"] = SetParsed(&e.count, "--count", ParseNonNegativeU64);
   } else if (command == Command::kBench) {
     s["prefix-tokens"] = SetU32(&b.prefix_tokens, "--prefix-tokens");
     s["suffix-tokens"] = SetU32(&b.suffix_tokens, "--suffix-tokens");
@@ -176,11 +193,12 @@ absl::StatusOr<CliArgs> ParseCliArgs(const std::vector<std::string>& args) {
       static const std::map<std::string, Command> kCommands = {
           {"generate", Command::kGenerate}, {"tokenize", Command::kTokenize},
           {"info", Command::kInfo},         {"stats", Command::kStats},
-          {"bench", Command::kBench},       {"health", Command::kHealth}};
+          {"bench", Command::kBench},       {"health", Command::kHealth},
+          {"events", Command::kEvents}};
       auto it = kCommands.find(arg->value);
       if (it == kCommands.end()) {
         return Bad(absl::StrCat("unknown command \"", arg->value,
-                                "\": use generate, tokenize, info, stats, bench or health"));
+                                "\": use generate, tokenize, info, stats, bench, health or events"));
       }
       command = it->second;
       setters = ValueFlags(cli, command);
@@ -199,7 +217,7 @@ absl::StatusOr<CliArgs> ParseCliArgs(const std::vector<std::string>& args) {
   }
 
   if (!command.has_value())
-    return Bad("no command: use generate, tokenize, info, stats, bench or health");
+    return Bad("no command: use generate, tokenize, info, stats, bench, health or events");
   cli.command = *command;
   switch (cli.command) {
     case Command::kGenerate:
@@ -215,6 +233,19 @@ absl::StatusOr<CliArgs> ParseCliArgs(const std::vector<std::string>& args) {
     case Command::kTokenize:
       if (positional.size() != 1) return Bad("tokenize takes one quoted text");
       cli.tokenize_text = positional[0];
+      break;
+    case Command::kEvents:
+      if (cli.events.endpoint.empty()) {
+        return Bad("events needs --kv-events ENDPOINT (the replica's --kv-events, e.g. "
+                   "tcp://127.0.0.1:5557)");
+      }
+      if (cli.events.from != 0 && cli.events.replay_endpoint.empty()) {
+        return Bad("--from needs --replay ENDPOINT");
+      }
+      if (cli.events.count == 0u) return Bad("--count must be >= 1");
+      if (!positional.empty()) {
+        return Bad(absl::StrCat("unexpected argument \"", positional[0], "\""));
+      }
       break;
     case Command::kBench:
       if (cli.bench.requests == 0 || cli.bench.concurrency == 0 || cli.bench.max_tokens == 0) {

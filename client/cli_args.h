@@ -14,10 +14,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "client/events.h"
 
 namespace prefixd {
 
-enum class Command { kGenerate, kTokenize, kInfo, kStats, kBench, kHealth, kHelp };
+enum class Command { kGenerate, kTokenize, kInfo, kStats, kBench, kHealth, kEvents, kHelp };
 
 struct GenerateArgs {
   std::optional<std::string> text;           // the positional prompt
@@ -61,6 +62,7 @@ struct CliArgs {
   // The adapter the ids are for: it shares the base's tokenizer; an unknown name is NOT_FOUND.
   std::string tokenize_adapter;
   BenchArgs bench;
+  EventsArgs events;  // prefixctl events: no gRPC, a ZMQ subscription (client/events.h)
 };
 
 // args excludes argv[0]. INVALID_ARGUMENT says which argument is wrong and what is expected.

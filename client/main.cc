@@ -8,6 +8,7 @@
 #include "client/cli_args.h"
 #include "client/commands.h"
 #include "client/connection.h"
+#include "client/events.h"
 
 int main(int argc, char** argv) {
   using namespace prefixd;  // NOLINT: a .cc entry point
@@ -20,6 +21,7 @@ int main(int argc, char** argv) {
     std::cout << kUsage;
     return 0;
   }
+  if (args->command == Command::kEvents) return RunEvents(args->events, std::cout, std::cerr);
   absl::StatusOr<std::unique_ptr<Connection>> conn = Connection::Open(*args);
   if (!conn.ok()) {
     std::cerr << "prefixctl: " << conn.status().message() << "\n";
@@ -38,6 +40,7 @@ int main(int argc, char** argv) {
       return RunBench(**conn, *args, std::cout, std::cerr);
     case Command::kHealth:
       return RunHealth(**conn, std::cout, std::cerr);
+    case Command::kEvents:
     case Command::kHelp:
       break;
   }

@@ -23,6 +23,7 @@
 #include "cache/kv_cache.h"
 #include "cache/remote/remote_tier.h"
 #include "engine/dtype.h"
+#include "engine/kv_event_recorder.h"
 #include "engine/kv_offloader.h"
 #include "engine/lora_adapter.h"
 #include "engine/request_stream.h"
@@ -49,13 +50,14 @@ struct Engine::Shared {
 
 Engine::Engine(const EngineOptions& options, std::unique_ptr<DiskTier> tier,
                std::unique_ptr<RemoteTier> remote, std::unique_ptr<ScoreStore> scores,
-               std::unique_ptr<KvOffloader> offloader, std::unique_ptr<KvCache> cache,
-               std::shared_ptr<Shared> shared)
+               std::unique_ptr<KvOffloader> offloader, std::unique_ptr<KvEventRecorder> events,
+               std::unique_ptr<KvCache> cache, std::shared_ptr<Shared> shared)
     : options_(options),
       tier_(std::move(tier)),
       remote_(std::move(remote)),
       scores_(std::move(scores)),
       offloader_(std::move(offloader)),
+      events_(std::move(events)),
       cache_(std::move(cache)),
       shared_(std::move(shared)),
       scheduler_(std::make_unique<Scheduler>(SchedulerOptions{
@@ -126,8 +128,16 @@ void Engine::Shutdown(absl::Duration grace) {
 }
 
 EngineStats Engine::Stats() const {
-  absl::MutexLock lock(&stats_mu_);
-  return stats_;
+  EngineStats s;
+  {
+    absl::MutexLock lock(&stats_mu_);
+    s = stats_;
+  }
+  // The disk tier's writer works between steps: read its counters now, so that an idle
+  // engine's stats still show the spills written since its last step (the tier is
+  // thread-safe and lives as long as the engine).
+  if (tier_ != nullptr) s.disk = tier_->Stats();
+  return s;
 }
 
 Engine::Latencies Engine::DrainLatencies() {
@@ -201,7 +211,15 @@ void Engine::Loop() {
       deadline = shared_->drain_deadline;
       drain_seen = draining;
     }
-    for (auto& r : incoming) scheduler_->Enqueue(std::move(r));
+    for (auto& r : incoming) {
+      if (events_ != nullptr) {
+        const EngineRequest& q = r->request;
+        events_->NoteRoot(r->root, q.adapter_name,
+                          q.adapter != nullptr ? q.adapter->digest : std::string(),
+                          q.cache_namespace);
+      }
+      scheduler_->Enqueue(std::move(r));
+    }
     for (auto& t : tasks) t();
     scheduler_->HandleCancellations();
     if (draining && (scheduler_->idle() || absl::Now() >= deadline)) {
@@ -210,6 +228,7 @@ void Engine::Loop() {
       scheduler_->FlushEvents();
       SpillAtShutdown(deadline);
       PublishStats();
+      if (events_ != nullptr) events_->Flush();
       break;
     }
     stalled = !scheduler_->Step();
@@ -225,6 +244,7 @@ void Engine::Loop() {
     }
     PublishStats();
     scheduler_->FlushEvents();
+    if (events_ != nullptr) events_->Flush();
     if (newly_fatal) {
       fatal_reported_ = true;
       if (options_.on_fatal_error) options_.on_fatal_error(scheduler_->fatal_error());
@@ -347,9 +367,20 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
           }});
   // A block's score record leaves with the block (engine/score_store.h), to the disk tier
   // when it has one.
-  cache_options.on_evict = [o = offloader.get(), store = scores.get()](const EvictedBlock& e) {
-    o->Spill(e, store->Find(*e.key));
+  std::unique_ptr<KvEventRecorder> events;
+  if (options.kv_events != nullptr) {
+    // vLLM names the pool's medium by its device: "GPU" for the CUDA backend's pool.
+    events = std::make_unique<KvEventRecorder>(KvEventRecorder::Options{
+        .sink = options.kv_events,
+        .pool_medium = PoolMediumOfNumerics(options.backend->kv_numerics()),
+        .block_size = options.backend->kv_pool().block_size});
+    cache_options.on_index = [ev = events.get()](const IndexedBlock& b) { ev->OnIndexed(b); };
+  }
+  cache_options.on_evict = [o = offloader.get(), store = scores.get(),
+                            ev = events.get()](const EvictedBlock& e) {
+    const bool spilled = o->Spill(e, store->Find(*e.key));
     store->Forget(*e.key);
+    if (ev != nullptr) ev->OnEvicted(e, spilled);
   };
   absl::StatusOr<std::unique_ptr<KvCache>> cache = KvCache::Create(cache_options);
   if (!cache.ok()) return cache.status();
@@ -357,7 +388,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   if (!resolved.clock) resolved.clock = [] { return absl::Now(); };
   return std::unique_ptr<Engine>(new Engine(resolved, std::move(tier), std::move(remote),
                                             std::move(scores), std::move(offloader),
-                                            *std::move(cache), std::move(shared)));
+                                            std::move(events), *std::move(cache),
+                                            std::move(shared)));
 }
 
 }  // namespace prefixd

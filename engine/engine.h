@@ -30,6 +30,7 @@ namespace prefixd {
 
 class DiskTier;
 class KvCache;
+class KvEventRecorder;
 class KvOffloader;
 class RemoteTier;
 class Scheduler;
@@ -56,6 +57,8 @@ class Engine {
   // BeginShutdown(grace), then returns when the engine thread has stopped.
   void Shutdown(absl::Duration grace);
 
+  // The snapshot published after the last step, with the disk tier's counters read now (its
+  // writer works between steps: an idle engine still shows the spills written since).
   EngineStats Stats() const;
 
   // Latency observations (seconds) since the last call, for histograms: time to first token
@@ -85,8 +88,8 @@ class Engine {
 
   Engine(const EngineOptions& options, std::unique_ptr<DiskTier> tier,
          std::unique_ptr<RemoteTier> remote, std::unique_ptr<ScoreStore> scores,
-         std::unique_ptr<KvOffloader> offloader, std::unique_ptr<KvCache> cache,
-         std::shared_ptr<Shared> shared);
+         std::unique_ptr<KvOffloader> offloader, std::unique_ptr<KvEventRecorder> events,
+         std::unique_ptr<KvCache> cache, std::shared_ptr<Shared> shared);
 
   // Runs `task` on the engine thread between two steps, or on the calling thread once the
   // engine thread has stopped; returns after it ran. The task may use the engine thread's
@@ -109,6 +112,9 @@ class Engine {
   // The tiers' side of the engine (engine/kv_offloader.h): the pool's eviction hook calls it,
   // so it outlives the cache; the scheduler's loads are dropped before it goes.
   std::unique_ptr<KvOffloader> offloader_;
+  // The KV events of the pool's hooks (engine/kv_event_recorder.h), or null without
+  // --kv-events: the hooks call it, so it outlives the cache too.
+  std::unique_ptr<KvEventRecorder> events_;
   std::unique_ptr<KvCache> cache_;
   // Held by shared_ptr so a RequestStream that outlives the engine can still Cancel().
   std::shared_ptr<Shared> shared_;

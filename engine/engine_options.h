@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -14,6 +15,7 @@
 #include "cache/disk/disk_tier_options.h"
 #include "cache/remote/remote_tier_options.h"
 #include "engine/backend.h"
+#include "engine/kv_events.h"
 #include "engine/model_config.h"
 
 namespace prefixd {
@@ -35,6 +37,9 @@ struct EngineOptions {
   std::function<void(const absl::Status&)> on_fatal_error;
   // Injected for tests (TTFT/TPOT measurements); defaults to absl::Now.
   std::function<absl::Time()> clock;
+  // Where the KV events go (engine/kv_events.h: --kv-events, built by the server); null: none.
+  // The engine thread hands it one batch per step that changed the prefix index.
+  std::shared_ptr<KvEventSink> kv_events;
 
   // ---- The operator's ---------------------------------------------------------------------
   int32_t max_batch_tokens = 512;   // --max-batch-tokens: tokens per step (the scheduler's)

@@ -285,10 +285,10 @@ void KvOffloader::PublishComputed(const TokenChain& chain, absl::Span<const int3
   }
 }
 
-void KvOffloader::Spill(const EvictedBlock& e, const BlockScores* scores) {
-  if (disk_ == nullptr) return;
+bool KvOffloader::Spill(const EvictedBlock& e, const BlockScores* scores) {
+  if (disk_ == nullptr) return false;
   if (!disk_->WantsSpill(*e.key, {.scored = scores != nullptr, .deadline = spill_wait_until_})) {
-    return;
+    return false;
   }
   BlockRecord r;
   r.root = *e.root;
@@ -298,9 +298,10 @@ void KvOffloader::Spill(const EvictedBlock& e, const BlockScores* scores) {
   r.data.resize(static_cast<size_t>(backend_->KvBlockBytes()));
   // A failed read is a backend failure that the next Forward reports; the block is simply
   // not written.
-  if (!backend_->ReadKvBlock(e.block, absl::MakeSpan(r.data)).ok()) return;
+  if (!backend_->ReadKvBlock(e.block, absl::MakeSpan(r.data)).ok()) return false;
   if (scores != nullptr) r.scores = ToPositionScores(*scores);
   disk_->Spill(std::move(r));
+  return true;
 }
 
 void KvOffloader::SpillAtShutdown(KvCache* cache, absl::Time end) {

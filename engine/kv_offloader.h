@@ -185,8 +185,9 @@ class KvOffloader {
                        int32_t count);
 
   // The pool's eviction hook: queues the block (with `scores` when given) for the disk
-  // tier's writer, while its rows are intact.
-  void Spill(const EvictedBlock& e, const BlockScores* scores);
+  // tier's writer, while its rows are intact. True when it was queued (false: no disk tier,
+  // the tier has it already or does not want it, or the rows could not be read).
+  bool Spill(const EvictedBlock& e, const BlockScores* scores);
   // Shutdown: flushes the remote tier's publish queue, then evicts every block `cache`
   // still caches, spilling each (waiting for room in the write queue), and waits for the
   // writer; everything until `end`.

@@ -94,6 +94,10 @@ struct PromptToken {
 struct Usage {
   uint32_t prompt_tokens = 0;
   uint32_t cached_prompt_tokens = 0;  // min(matched prefix, prompt - 1) at first admission
+  // Where they came from: of cached_prompt_tokens, these were loaded from the disk tier and
+  // from the remote tier; the rest (cached_prompt_tokens - both) were the pool's.
+  uint32_t cached_disk_tokens = 0;
+  uint32_t cached_remote_tokens = 0;
   uint32_t completion_tokens = 0;     // all samples; stop/EOS tokens not counted
 };
 

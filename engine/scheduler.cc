@@ -366,9 +366,12 @@ absl::Status Scheduler::RunTierWrites(const std::vector<Scheduled>& batch) {
       r->usage.cached_prompt_tokens += static_cast<uint32_t>(cached - pool_cached);
       // The tokens of the disk's blocks first, the rest the remote tier's.
       const int32_t disk_cached = std::min(cached, (w.first_block + written->disk_blocks) * bs);
-      counters_.disk_hit_tokens += static_cast<uint64_t>(std::max(disk_cached - pool_cached, 0));
-      counters_.remote_hit_tokens +=
-          static_cast<uint64_t>(cached - std::max(disk_cached, pool_cached));
+      const int32_t disk_tokens = std::max(disk_cached - pool_cached, 0);
+      const int32_t remote_tokens = cached - std::max(disk_cached, pool_cached);
+      counters_.disk_hit_tokens += static_cast<uint64_t>(disk_tokens);
+      counters_.remote_hit_tokens += static_cast<uint64_t>(remote_tokens);
+      r->usage.cached_disk_tokens += static_cast<uint32_t>(disk_tokens);
+      r->usage.cached_remote_tokens += static_cast<uint32_t>(remote_tokens);
       adapter_tokens_[r->request.adapter_name].hit_tokens +=
           static_cast<uint64_t>(cached - pool_cached);
     }

@@ -90,6 +90,10 @@ void GenerateReactor::SetUsageLocked() {
   v1::Usage* usage = msg_.mutable_usage();
   usage->set_prompt_tokens(u.prompt_tokens);
   usage->set_cached_prompt_tokens(u.cached_prompt_tokens);
+  usage->set_cached_pool_tokens(u.cached_prompt_tokens - u.cached_disk_tokens -
+                                u.cached_remote_tokens);
+  usage->set_cached_disk_tokens(u.cached_disk_tokens);
+  usage->set_cached_remote_tokens(u.cached_remote_tokens);
   usage->set_completion_tokens(u.completion_tokens);
   usage_sent_ = true;
 }

@@ -86,6 +86,8 @@ Usage HttpCompletion::TotalUsage() const {
     const Usage u = g.output->usage();
     total.prompt_tokens += u.prompt_tokens;
     total.cached_prompt_tokens += u.cached_prompt_tokens;
+    total.cached_disk_tokens += u.cached_disk_tokens;
+    total.cached_remote_tokens += u.cached_remote_tokens;
     total.completion_tokens += u.completion_tokens;
   }
   return total;

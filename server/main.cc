@@ -57,6 +57,14 @@ ABSL_FLAG(std::string, kv_remote_password_file, "",
 ABSL_FLAG(std::string, kv_remote_prefix, "prefixd:", "Prefix of every key in the remote tier");
 ABSL_FLAG(absl::Duration, kv_remote_timeout, prefixd::kDefaultRemoteTierTimeout,
           "Bound on each remote-tier connect and command; a tier past it is skipped with backoff");
+ABSL_FLAG(std::string, kv_events, "",
+          "Publish KV events (vLLM's ZMQ stream, for cache-aware routers) on this ZMQ "
+          "endpoint: tcp://127.0.0.1:5557, tcp://*:5557 (all interfaces); empty = off");
+ABSL_FLAG(std::string, kv_events_replay, "",
+          "ZMQ ROUTER endpoint answering replay requests for buffered KV event batches; "
+          "empty = no replay");
+ABSL_FLAG(std::string, kv_events_topic, "", "Topic frame of every KV event message");
+ABSL_FLAG(int64_t, kv_events_buffer, 10000, "KV event batches kept for replay");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(30),
           "On SIGTERM/SIGINT, how long running and queued requests may continue");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain; with --tls-key serves TLS");
@@ -219,6 +227,10 @@ ServerOptions OptionsFromFlags() {
   o.engine.remote_tier.key_prefix = absl::GetFlag(FLAGS_kv_remote_prefix);
   o.engine.remote_tier.timeout = absl::GetFlag(FLAGS_kv_remote_timeout);
   o.kv_remote_password_file = absl::GetFlag(FLAGS_kv_remote_password_file);
+  o.kv_events.endpoint = absl::GetFlag(FLAGS_kv_events);
+  o.kv_events.replay_endpoint = absl::GetFlag(FLAGS_kv_events_replay);
+  o.kv_events.topic = absl::GetFlag(FLAGS_kv_events_topic);
+  o.kv_events.buffer_batches = absl::GetFlag(FLAGS_kv_events_buffer);
   o.listen = absl::GetFlag(FLAGS_listen);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.http_listen = absl::GetFlag(FLAGS_http_listen);

@@ -228,6 +228,19 @@ ServerMetrics::ServerMetrics(MetricsSources sources)
                       .Help("Seconds to fetch, verify and copy one block from the remote tier")
                       .Register(r)
                       .Add({}, kRemoteLoadBuckets);
+  // = KvEventPublisher::published(): batches sent on the --kv-events PUB socket.
+  kv_events_published_ = &BuildCounter()
+                              .Name("prefixd_kv_events_published_total")
+                              .Help("KV event batches published on --kv-events")
+                              .Register(r)
+                              .Add({});
+  // = KvEventPublisher::dropped(): batches dropped with the publish queue full (each left a
+  // gap in the sequence numbers, followed by a full resync).
+  kv_events_dropped_ = &BuildCounter()
+                            .Name("prefixd_kv_events_dropped_total")
+                            .Help("KV event batches dropped because the publish queue was full")
+                            .Register(r)
+                            .Add({});
   auto& memory = BuildGauge()
                      .Name("prefixd_memory_bytes")
                      .Help(
@@ -349,6 +362,17 @@ void ServerMetrics::RefreshLocked() const {
     disk_cap_bytes_->Set(static_cast<double>(now.disk.cap_bytes));
     disk_blocks_->Set(static_cast<double>(now.disk.blocks));
     remote_up_->Set(now.remote.up ? 1.0 : 0.0);
+  }
+  if (sources_.kv_events) {
+    const auto [published, dropped] = sources_.kv_events();
+    if (published > kv_events_published_last_) {
+      kv_events_published_->Increment(static_cast<double>(published - kv_events_published_last_));
+      kv_events_published_last_ = published;
+    }
+    if (dropped > kv_events_dropped_last_) {
+      kv_events_dropped_->Increment(static_cast<double>(dropped - kv_events_dropped_last_));
+      kv_events_dropped_last_ = dropped;
+    }
   }
   RefreshAdaptersLocked();
   if (sources_.latencies) {

@@ -24,6 +24,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -53,6 +54,9 @@ struct MetricsSources {
   std::function<std::vector<std::string>()> adapter_names;
   // The `adapter` label of the base model's requests: the served model's name.
   std::string base_name;
+  // KV event batches published and dropped so far (server/kv_events.h); unset: no
+  // --kv-events (the counters stay at 0).
+  std::function<std::pair<uint64_t, uint64_t>()> kv_events;
 };
 
 class ServerMetrics : public prometheus::Collectable {
@@ -125,6 +129,10 @@ class ServerMetrics : public prometheus::Collectable {
   prometheus::Gauge* disk_blocks_;
   prometheus::Histogram* disk_load_;
   prometheus::Gauge* remote_up_;
+  prometheus::Counter* kv_events_published_;
+  prometheus::Counter* kv_events_dropped_;
+  mutable uint64_t kv_events_published_last_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable uint64_t kv_events_dropped_last_ ABSL_GUARDED_BY(mu_) = 0;
   prometheus::Histogram* remote_load_;
   prometheus::Gauge* mem_weights_;
   prometheus::Gauge* mem_kv_pool_;

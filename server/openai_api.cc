@@ -442,7 +442,13 @@ ojson UsageJson(const Usage& u) {
   return ojson{{"prompt_tokens", u.prompt_tokens},
                {"completion_tokens", u.completion_tokens},
                {"total_tokens", u.prompt_tokens + u.completion_tokens},
-               {"prompt_tokens_details", {{"cached_tokens", u.cached_prompt_tokens}}}};
+               // OpenAI's cached_tokens, and prefixd's split of it by where it came from.
+               {"prompt_tokens_details",
+                {{"cached_tokens", u.cached_prompt_tokens},
+                 {"cached_pool_tokens",
+                  u.cached_prompt_tokens - u.cached_disk_tokens - u.cached_remote_tokens},
+                 {"cached_disk_tokens", u.cached_disk_tokens},
+                 {"cached_remote_tokens", u.cached_remote_tokens}}}};
 }
 
 ojson ChoiceJson(const Choice& c) {

@@ -188,6 +188,7 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
         StrCat("--request-header-timeout must be above 0 and at most 10m, got ",
                absl::FormatDuration(o.request_header_timeout)));
   }
+  if (absl::Status s = ValidateKvEventsOptions(o.kv_events); !s.ok()) return s;
   if (o.connection_idle_timeout <= absl::ZeroDuration()) {
     return InvalidArgumentError(StrCat("--connection-idle-timeout must be positive, got ",
                                        absl::FormatDuration(o.connection_idle_timeout)));
@@ -211,6 +212,8 @@ struct Server::Parts {
   // Pumps of the gRPC Generate reactors. Built before the engine, whose notifies post here,
   // so it is destroyed after the engine has stopped.
   std::unique_ptr<Executor> grpc_pumps = std::make_unique<Executor>(kGrpcPumpThreads);
+  // With --kv-events; built before the engine, which publishes into it.
+  std::shared_ptr<KvEventPublisher> kv_events;
   std::unique_ptr<Engine> engine;
   std::shared_ptr<AdapterRegistry> adapters;
   std::shared_ptr<ServerMetrics> metrics;
@@ -379,6 +382,20 @@ absl::Status Server::Parts::Build() {
         .interval = absl::Seconds(10)});
     r.log = [faults](const std::string& line) { faults->Write(line); };
   }
+  if (!options.kv_events.endpoint.empty()) {
+    absl::StatusOr<std::shared_ptr<KvEventPublisher>> p = KvEventPublisher::Start(options.kv_events);
+    if (!p.ok()) return p.status();
+    kv_events = *std::move(p);
+    eopt.kv_events = kv_events;
+    log(absl::StrCat("kv events on ", kv_events->endpoint(),
+                     kv_events->replay_endpoint().empty()
+                         ? std::string(" (no replay)")
+                         : absl::StrCat(", replay on ", kv_events->replay_endpoint()),
+                     options.kv_events.topic.empty()
+                         ? std::string()
+                         : absl::StrCat(", topic '", options.kv_events.topic, "'"),
+                     ", ", options.kv_events.buffer_batches, " batches kept for replay"));
+  }
   // From the engine thread: BeginDrain does not block, so the engine can stop afterwards.
   eopt.on_fatal_error = [this](const absl::Status& status) { OnFatalError(status); };
   absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(eopt);
@@ -437,7 +454,12 @@ absl::Status Server::Parts::Build() {
             for (const AdapterInfo& a : reg->List()) names.push_back(a.name);
             return names;
           },
-      .base_name = model->name()});
+      .base_name = model->name(),
+      .kv_events = kv_events == nullptr
+                       ? std::function<std::pair<uint64_t, uint64_t>()>()
+                       : [ev = kv_events.get()] {
+                           return std::pair<uint64_t, uint64_t>{ev->published(), ev->dropped()};
+                         }});
   if (absl::Status s = StartMetrics(); !s.ok()) return s;
 
   RequestPathOptions popt;
@@ -674,6 +696,12 @@ const std::string& Server::grpc_address() const { return parts_->grpc_address; }
 int Server::grpc_port() const { return parts_->grpc_port; }
 int Server::metrics_port() const { return parts_->metrics_port; }
 int Server::http_port() const { return parts_->http_port; }
+std::string Server::kv_events_endpoint() const {
+  return parts_->kv_events != nullptr ? parts_->kv_events->endpoint() : std::string();
+}
+std::string Server::kv_events_replay_endpoint() const {
+  return parts_->kv_events != nullptr ? parts_->kv_events->replay_endpoint() : std::string();
+}
 bool Server::tls() const { return parts_->tls; }
 const Model& Server::model() const { return *parts_->model; }
 Engine& Server::engine() { return *parts_->engine; }

@@ -26,6 +26,7 @@
 #include "engine/model.h"
 #include "server/backend_factory.h"
 #include "server/adapter_registry.h"
+#include "server/kv_events.h"
 
 namespace prefixd {
 
@@ -41,6 +42,7 @@ class RequestPath;
 //   │  │                   PlanDevice, --threads by the CPU backend
 //   │  └─ kv_pool          KvPoolOptions (cache/kv_pool.h): --kv-cache-bytes, --block-size, by
 //   │                      the backend that allocates the pool
+//   ├─ kv_events          KvEventsOptions (server/kv_events.h): --kv-events*, by Server::Start
 //   ├─ adapters           AdapterOptions (server/adapter_registry.h): --adapter, --max-adapters
 //   └─ engine             EngineOptions (engine/engine_options.h): --max-batch-tokens,
 //      │                   --max-queue, --max-samples, --no-prefix-cache, by Engine::Create
@@ -61,6 +63,9 @@ struct ServerOptions {
   // --kv-remote-password-file: the remote tier's password is this file's first line (read at
   // start-up into engine.remote_tier.password; never in the URL, which `ps` shows).
   std::string kv_remote_password_file;
+  // --kv-events, --kv-events-replay, --kv-events-topic, --kv-events-buffer: the KV event
+  // stream for cache-aware routers (server/kv_events.h); off while kv_events.endpoint is empty.
+  KvEventsOptions kv_events;
   // Listeners. Port 0 picks a free port (see grpc_address()/metrics_port()); `unix:PATH`
   // serves gRPC on a unix socket; metrics_listen "off" serves no /metrics.
   std::string listen = "127.0.0.1:50051";
@@ -112,6 +117,9 @@ class Server {
   int grpc_port() const;     // 0 for a unix socket
   int metrics_port() const;  // 0 when metrics are off
   int http_port() const;     // 0 when the HTTP API is off
+  // The KV event sockets as bound (wildcard ports resolved); "" when off.
+  std::string kv_events_endpoint() const;
+  std::string kv_events_replay_endpoint() const;
   bool tls() const;
 
   const Model& model() const;

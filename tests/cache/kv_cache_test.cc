@@ -564,3 +564,57 @@ TEST_F(KvCacheTest, ASequenceChainChangedOutsideTheCacheOrSharedIsCaught) {
 
 }  // namespace
 }  // namespace prefixd
+
+namespace prefixd {
+namespace {
+
+// on_index and on_evict together describe the index exactly: every block that enters it is
+// reported once (with its parent's key, none for a first block, and its tokens), a block
+// that joins an identical indexed one is not, and each leaves through on_evict.
+TEST(KvCacheHooksTest, IndexAndEvictHooksDescribeTheIndex) {
+  std::vector<std::string> log;
+  const TokenChain chain(kRoot, 4, Iota(8));
+  auto name = [&](const Digest& key) -> std::string {
+    if (key == chain.keys()[0]) return "k0";
+    if (key == chain.keys()[1]) return "k1";
+    if (key == kRoot) return "root";
+    return "other";
+  };
+  KvCacheOptions o;
+  o.pool = {.num_blocks = 4, .block_size = 4, .bytes_per_token = 100};
+  o.on_index = [&](const IndexedBlock& b) {
+    log.push_back("index " + name(*b.key) + " parent " +
+                  (b.parent_key == nullptr ? "none" : name(*b.parent_key)) + " tokens " +
+                  std::to_string(b.tokens.front()) + ".." + std::to_string(b.tokens.back()));
+  };
+  o.on_evict = [&](const EvictedBlock& e) { log.push_back("evict " + name(*e.key)); };
+  auto c = KvCache::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  KvCache& cache = **c;
+  auto admit = [&](std::vector<uint32_t> prompt) {
+    AdmissionRequest r;
+    r.chain = std::make_shared<TokenChain>(kRoot, 4, prompt);
+    r.reserve_tokens = static_cast<int32_t>(prompt.size());
+    absl::StatusOr<Admission> a = cache.Admit(r);
+    EXPECT_TRUE(a.ok()) << a.status();
+    return a.ok() ? a->seq : SequenceId{-1};
+  };
+  // Two identical prompts computed at once: the second's blocks join the first's.
+  const SequenceId a = admit(Iota(8));
+  const SequenceId b = admit(Iota(8));
+  cache.MarkComputed(a, 8);
+  cache.MarkComputed(b, 8);
+  EXPECT_THAT(log, ElementsAre("index k0 parent none tokens 0..3",
+                               "index k1 parent k0 tokens 4..7"));
+  cache.Release(a);
+  cache.Release(b);
+  log.clear();
+  // A prompt of four other blocks needs the whole pool: leaves leave first.
+  const SequenceId other = admit(Iota(16, 100));
+  EXPECT_THAT(log, ElementsAre("evict k1", "evict k0"));
+  cache.CheckInvariants();
+  cache.Release(other);
+}
+
+}  // namespace
+}  // namespace prefixd

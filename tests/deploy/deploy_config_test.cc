@@ -1,5 +1,6 @@
 // The deployment files parse, and every metric a dashboard panel or the docs refer to is one
 // the server exports (docs/SERVER.md's metrics table, which server tests check against /metrics).
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -290,6 +291,39 @@ TEST(DeployConfigTest, KubernetesProbesTheGrpcHealthServiceAndAsksForAGpu) {
   const YAML::Node svc = YAML::LoadFile(Path("deploy/k8s/service.yaml"));
   EXPECT_EQ(svc["kind"].as<std::string>(), "Service");
   EXPECT_EQ(svc["spec"]["ports"][0]["port"].as<int>(), 50051);
+}
+
+// The replicas publish KV events for a cache-aware router (docs/SCALING.md), and every pod's
+// PUB and replay ports are reachable through the headless Service.
+TEST(DeployConfigTest, KubernetesExposesTheKvEventsPorts) {
+  auto port_named = [](const YAML::Node& ports, const std::string& name, const char* key) {
+    for (const auto& p : ports) {
+      if (p["name"].as<std::string>() == name) return p[key].as<int>();
+    }
+    return 0;
+  };
+  const YAML::Node dep = YAML::LoadFile(Path("deploy/k8s/deployment.yaml"));
+  const YAML::Node c = dep["spec"]["template"]["spec"]["containers"][0];
+  std::vector<std::string> args;
+  for (const auto& a : c["args"]) args.push_back(a.as<std::string>());
+  auto after = [&](const std::string& flag) {
+    auto it = std::find(args.begin(), args.end(), flag);
+    return it == args.end() || it + 1 == args.end() ? std::string() : *(it + 1);
+  };
+  EXPECT_EQ(after("--kv-events"), "tcp://*:5557");
+  EXPECT_EQ(after("--kv-events-replay"), "tcp://*:5558");
+  EXPECT_EQ(port_named(c["ports"], "kv-events", "containerPort"), 5557);
+  EXPECT_EQ(port_named(c["ports"], "kv-replay", "containerPort"), 5558);
+  bool headless = false;
+  for (const YAML::Node& d : YAML::LoadAllFromFile(Path("deploy/k8s/haproxy.yaml"))) {
+    if (d["kind"].as<std::string>() == "Service" &&
+        d["metadata"]["name"].as<std::string>() == "prefixd-replicas") {
+      headless = true;
+      EXPECT_EQ(port_named(d["spec"]["ports"], "kv-events", "port"), 5557);
+      EXPECT_EQ(port_named(d["spec"]["ports"], "kv-replay", "port"), 5558);
+    }
+  }
+  EXPECT_TRUE(headless);
 }
 
 // The image's entrypoint serves the HTTP API on 8000, and compose and Kubernetes expose it:

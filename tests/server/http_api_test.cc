@@ -231,6 +231,10 @@ TEST_F(HttpApiTest, ARepeatedPromptReportsCachedTokens) {
   EXPECT_EQ(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
   const json second = Post("/v1/completions", {{"prompt", ids}, {"max_tokens", 2}});
   EXPECT_EQ(second["usage"]["prompt_tokens_details"]["cached_tokens"], 47);
+  // All from the pool (no tiers here): the split beside OpenAI's field says so.
+  EXPECT_EQ(second["usage"]["prompt_tokens_details"]["cached_pool_tokens"], 47);
+  EXPECT_EQ(second["usage"]["prompt_tokens_details"]["cached_disk_tokens"], 0);
+  EXPECT_EQ(second["usage"]["prompt_tokens_details"]["cached_remote_tokens"], 0);
   // Another cache_salt is another namespace.
   const json salted =
       Post("/v1/completions", {{"prompt", ids}, {"max_tokens", 2}, {"cache_salt", "x"}});

@@ -58,6 +58,10 @@ TEST_F(ServerDiskTierTest, ARestartServesThePromptCachedBeforeIt) {
   ASSERT_TRUE(warm.status.ok()) << warm.status.error_message();
   // All 4 blocks come back from disk; the last prompt token is computed again for its logits.
   EXPECT_EQ(warm.usage.cached_prompt_tokens(), 63u);
+  // ... and where from: the disk tier's 4 blocks less the recomputed last token.
+  EXPECT_EQ(warm.usage.cached_disk_tokens(), 63u);
+  EXPECT_EQ(warm.usage.cached_pool_tokens(), 0u);
+  EXPECT_EQ(warm.usage.cached_remote_tokens(), 0u);
   EXPECT_EQ(warm.samples[0].token_ids, cold.samples[0].token_ids);
   EXPECT_EQ(warm.samples[0].logprobs, cold.samples[0].logprobs);
 

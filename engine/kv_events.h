@@ -1,0 +1,72 @@
+// KV events: what the engine reports about the blocks it holds, for cache-aware routers
+// (vLLM's KV event stream; the wire format is server/kv_events.h's). The engine describes
+// each change of its prefix index as an event and hands each step's events, as one batch,
+// to a KvEventSink. The engine room knows nothing of the transport.
+//
+// What the events describe: a block is "stored" in a medium when it becomes a full, indexed
+// block of the pool (medium kCpu for the CPU backend's pool, kGpu for the CUDA backend's) or
+// when the pool's eviction queues it for the disk tier (kDisk); it is "removed" from the pool
+// when it leaves the index. Replaying every batch in order from an AllBlocksCleared gives the
+// set of (medium, block) a replica holds (disk-tier files deleted to stay under
+// --cache-dir-bytes are not reported: docs/SERVER.md).
+#ifndef PREFIXD_ENGINE_KV_EVENTS_H_
+#define PREFIXD_ENGINE_KV_EVENTS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "cache/sha256.h"
+
+namespace prefixd {
+
+enum class KvMedium { kCpu, kGpu, kDisk };
+// vLLM's names: "CPU", "GPU", "DISK".
+const char* KvMediumName(KvMedium medium);
+// The pool's medium for a backend's kv_numerics() (engine/backend.h): kGpu for the CUDA
+// backend's ("cuda ..."), kCpu otherwise.
+KvMedium PoolMediumOfNumerics(std::string_view kv_numerics);
+
+// A block's hash on the wire: the first 8 bytes of its chain key, big-endian. The chain key
+// covers manifest, namespace, adapter and every token up to the block's end, so two tenants'
+// or adapters' identical prompts never share one.
+uint64_t KvEventBlockHash(const Digest& chain_key);
+
+struct KvBlockStored {
+  uint64_t block_hash = 0;
+  std::optional<uint64_t> parent_block_hash;  // none for a chain's first block
+  std::vector<uint32_t> token_ids;             // the block's block_size tokens
+  int32_t block_size = 0;
+  KvMedium medium = KvMedium::kCpu;
+  // The adapter's served name and a 63-bit id from its digest; none for the base model.
+  std::optional<std::string> lora_name;
+  std::optional<int64_t> lora_id;
+  // What else went into the block's identity, as text: "ns:" + hex SHA-256 of the cache
+  // namespace, and "adapter:" + the adapter's digest for an adapter's block.
+  std::vector<std::string> extra_keys;
+  bool operator==(const KvBlockStored&) const = default;
+};
+struct KvBlockRemoved {
+  uint64_t block_hash = 0;
+  KvMedium medium = KvMedium::kCpu;
+  bool operator==(const KvBlockRemoved&) const = default;
+};
+struct KvAllBlocksCleared {
+  bool operator==(const KvAllBlocksCleared&) const = default;
+};
+using KvEvent = std::variant<KvBlockStored, KvBlockRemoved, KvAllBlocksCleared>;
+
+// Where the engine's batches go. Publish is called from the engine thread once per step that
+// changed the index and must not block: an implementation queues or drops.
+class KvEventSink {
+ public:
+  virtual ~KvEventSink() = default;
+  virtual void Publish(std::vector<KvEvent> batch) = 0;
+};
+
+}  // namespace prefixd
+
+#endif  // PREFIXD_ENGINE_KV_EVENTS_H_

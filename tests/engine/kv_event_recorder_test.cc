@@ -1,0 +1,142 @@
+// KvEventRecorder (engine/kv_event_recorder.h): the pool's hooks become one batch per Flush,
+// in order, with each block's identity (adapter, namespace) from the root the engine noted,
+// a spill as removal from the pool plus storage on DISK, nothing for an empty step, and a
+// bounded map of roots.
+#include "engine/kv_event_recorder.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cache/block_key.h"
+#include "cache/sha256.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace prefixd {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+class FakeSink : public KvEventSink {
+ public:
+  void Publish(std::vector<KvEvent> batch) override { batches.push_back(std::move(batch)); }
+  std::vector<std::vector<KvEvent>> batches;
+};
+
+Digest Key(int i) { return Sha256Of(absl::StrCat("key-", i)); }
+
+class KvEventRecorderTest : public ::testing::Test {
+ protected:
+  KvEventRecorderTest()
+      : sink_(std::make_shared<FakeSink>()),
+        recorder_({.sink = sink_, .pool_medium = KvMedium::kGpu, .block_size = 2}) {}
+
+  void Index(const Digest& key, const Digest* parent, const Digest& root) {
+    recorder_.OnIndexed(IndexedBlock{.block = 0, .key = &key, .parent_key = parent,
+                                     .root = &root, .tokens = tokens_});
+  }
+  void Evict(const Digest& key, const Digest& parent_or_root, const Digest& root,
+             bool spilled) {
+    recorder_.OnEvicted(EvictedBlock{.block = 0, .key = &key, .parent_key = &parent_or_root,
+                                     .root = &root, .tokens = tokens_},
+                        spilled);
+  }
+
+  std::shared_ptr<FakeSink> sink_;
+  KvEventRecorder recorder_;
+  std::vector<uint32_t> tokens_ = {7, 9};
+};
+
+TEST_F(KvEventRecorderTest, OneBatchPerFlushWithEachBlocksIdentity) {
+  const Digest base = Sha256Of("root-base");
+  const Digest adapter = Sha256Of("root-adapter");
+  recorder_.NoteRoot(base, "", "", "ns-1");
+  recorder_.NoteRoot(adapter, "sql", std::string(64, 'a'), "ns-1");
+  recorder_.Flush();
+  EXPECT_THAT(sink_->batches, IsEmpty());  // nothing changed: nothing published
+
+  const Digest k0 = Key(0), k1 = Key(1), a0 = Key(2);
+  Index(k0, nullptr, base);
+  Index(k1, &k0, base);
+  Index(a0, nullptr, adapter);
+  recorder_.Flush();
+  ASSERT_EQ(sink_->batches.size(), 1u);
+  const std::vector<KvEvent>& b = sink_->batches[0];
+  ASSERT_EQ(b.size(), 3u);
+  const std::string ns = "ns:" + DigestHex(Sha256Of("ns-1"));
+  EXPECT_EQ(std::get<KvBlockStored>(b[0]),
+            (KvBlockStored{.block_hash = KvEventBlockHash(k0),
+                           .token_ids = {7, 9},
+                           .block_size = 2,
+                           .medium = KvMedium::kGpu,
+                           .extra_keys = {ns}}));
+  EXPECT_EQ(std::get<KvBlockStored>(b[1]).parent_block_hash, KvEventBlockHash(k0));
+  const KvBlockStored& a = std::get<KvBlockStored>(b[2]);
+  EXPECT_EQ(a.lora_name, "sql");
+  // 0xaaaaaaaaaaaaaaaa >> 1: 63 bits of the digest.
+  EXPECT_EQ(a.lora_id, static_cast<int64_t>(0x5555555555555555ull));
+  EXPECT_THAT(a.extra_keys, ElementsAre(ns, "adapter:" + std::string(64, 'a')));
+}
+
+TEST_F(KvEventRecorderTest, ASpillIsRemovalFromThePoolAndStorageOnDisk) {
+  const Digest root = Sha256Of("root");
+  recorder_.NoteRoot(root, "", "", "ns");
+  const Digest k0 = Key(0), k1 = Key(1);
+  Index(k0, nullptr, root);
+  Index(k1, &k0, root);
+  recorder_.Flush();
+  Evict(k1, k0, root, /*spilled=*/true);
+  Evict(k0, root, root, /*spilled=*/true);  // a first block's parent key is the root
+  recorder_.Flush();
+  ASSERT_EQ(sink_->batches.size(), 2u);
+  const std::vector<KvEvent>& b = sink_->batches[1];
+  ASSERT_EQ(b.size(), 4u);
+  EXPECT_EQ(std::get<KvBlockRemoved>(b[0]),
+            (KvBlockRemoved{.block_hash = KvEventBlockHash(k1), .medium = KvMedium::kGpu}));
+  const KvBlockStored& d1 = std::get<KvBlockStored>(b[1]);
+  EXPECT_EQ(d1.medium, KvMedium::kDisk);
+  EXPECT_EQ(d1.block_hash, KvEventBlockHash(k1));
+  EXPECT_EQ(d1.parent_block_hash, KvEventBlockHash(k0));
+  EXPECT_EQ(std::get<KvBlockRemoved>(b[2]).block_hash, KvEventBlockHash(k0));
+  EXPECT_FALSE(std::get<KvBlockStored>(b[3]).parent_block_hash.has_value());
+  // Not spilled: only the removal.
+  Index(k0, nullptr, root);
+  Evict(k0, root, root, /*spilled=*/false);
+  recorder_.Flush();
+  ASSERT_EQ(sink_->batches.size(), 3u);
+  EXPECT_EQ(sink_->batches[2].size(), 2u);
+  EXPECT_TRUE(std::holds_alternative<KvBlockRemoved>(sink_->batches[2][1]));
+}
+
+TEST(KvEventMediumTest, TheCudaBackendsPoolIsGpu) {
+  // The backends' own strings (engine/backend.h kv_numerics()).
+  EXPECT_EQ(PoolMediumOfNumerics("cuda r1 sm_90 cublas 130000"), KvMedium::kGpu);
+  EXPECT_EQ(PoolMediumOfNumerics("cpu r1"), KvMedium::kCpu);
+  EXPECT_EQ(PoolMediumOfNumerics("fake"), KvMedium::kCpu);
+  EXPECT_STREQ(KvMediumName(KvMedium::kGpu), "GPU");
+  EXPECT_STREQ(KvMediumName(KvMedium::kCpu), "CPU");
+  EXPECT_STREQ(KvMediumName(KvMedium::kDisk), "DISK");
+}
+
+TEST_F(KvEventRecorderTest, RootsWithoutBlocksAreSweptPastTheBound) {
+  const Digest kept = Sha256Of("kept");
+  recorder_.NoteRoot(kept, "", "", "kept-ns");
+  const Digest k0 = Key(0);
+  Index(k0, nullptr, kept);  // the root now has a pool block
+  for (size_t i = 0; i < KvEventRecorder::kMaxIdleRoots + 10; ++i) {
+    recorder_.NoteRoot(Sha256Of(absl::StrCat("salt-", i)), "", "", absl::StrCat("ns-", i));
+  }
+  // The root with a block survived every sweep: its next block is still described.
+  const Digest k1 = Key(1);
+  Index(k1, &k0, kept);
+  recorder_.Flush();
+  const std::vector<KvEvent>& b = sink_->batches.back();
+  EXPECT_THAT(std::get<KvBlockStored>(b.back()).extra_keys,
+              ElementsAre("ns:" + DigestHex(Sha256Of("kept-ns"))));
+}
+
+}  // namespace
+}  // namespace prefixd
