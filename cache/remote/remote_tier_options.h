@@ -36,6 +36,13 @@ struct RemoteTierOptions {
   // threads. A request waiting for an answer waits at most this long for a tier that has
   // stopped answering (then computes); the tier is skipped until the backoff below has passed.
   absl::Duration timeout = kDefaultRemoteTierTimeout;
+  // Bound on the whole of one request's fetch, from the engine asking (RemoteTier::Fetch) to
+  // its last block: the wait behind the fetches queued before it, a reconnect and the round
+  // trip together. What has not arrived and verified by then is computed; the blocks before
+  // it are kept. A fetch cut short is a fault like a timed-out command (counted, the
+  // connection closed, the backoff started). Zero (the default): `timeout`, so that a slow
+  // Redis costs a request at most one timeout for its blocks, however many it has.
+  absl::Duration fetch_timeout = absl::ZeroDuration();
   // After a failure, the tier is not asked again for backoff_min, doubling per failure up to
   // backoff_max; one success resets it.
   absl::Duration backoff_min = absl::Milliseconds(100);
