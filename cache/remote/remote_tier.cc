@@ -214,8 +214,7 @@ class RedisConnection {
   std::string DeadlinePassed() const {
     return absl::StrCat(
         "the fetch's deadline passed (",
-        absl::FormatDuration(options_.fetch_timeout > absl::ZeroDuration() ? options_.fetch_timeout
-                                                                           : options_.timeout),
+        absl::FormatDuration(FetchTimeout(options_)),
         " after it was asked for)");
   }
   // Waits until the socket is readable, for at most the command timeout and until the
@@ -527,9 +526,7 @@ absl::StatusOr<std::shared_ptr<const RemoteFetch>> RemoteTier::Fetch(
     for (std::vector<uint8_t>& b : buffers) GiveBackLocked(std::move(b));
   });
   f->root = root;
-  f->deadline =
-      absl::Now() +
-      (options_.fetch_timeout > absl::ZeroDuration() ? options_.fetch_timeout : options_.timeout);
+  f->deadline = absl::Now() + FetchTimeout(options_);
   f->keys = std::move(keys);
   f->tokens = std::move(tokens);
   fetches_.push_back({f, std::move(on_done)});

@@ -150,8 +150,8 @@ class RemoteTier {
 
   // Starts fetching blocks `keys` (of root `root`, with their `tokens`) on the fetcher thread;
   // `on_done` runs there once the fetch is done (to wake the engine), at the latest about
-  // options.fetch_timeout (by default options.timeout) from now, with the blocks verified by
-  // then. The fetch's blocks count
+  // FetchTimeout(options) (by default twice options.timeout) from now, with the blocks
+  // verified by then. The fetch's blocks count
   // against max_fetch_blocks until the returned object is destroyed (its K/V are held in
   // memory until then); at most max_fetch_blocks() keys. Starts nothing and returns
   // UNAVAILABLE while the tier is down or backing off (the caller computes those blocks), or

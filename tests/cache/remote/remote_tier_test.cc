@@ -448,8 +448,8 @@ TEST_F(RemoteTierTest, AFetchIsOneRoundTripForAllItsBlocks) {
   EXPECT_EQ(reader->Stats().loads, chain.size());
 }
 
-// A fetch is bounded as a whole (fetch_timeout; by default the command timeout), not only
-// reply by reply: from a server whose replies trickle in, each piece well within the
+// A fetch is bounded as a whole (fetch_timeout; by default twice the command timeout), not
+// only reply by reply: from a server whose replies trickle in, each piece well within the
 // timeout but 16 blocks' in about 1.7 s, the fetch ends by its deadline with the blocks that
 // arrived and verified (a prefix of the chain); the rest are the caller's to compute, and
 // the connection, cut mid-pipeline, is closed and counted.
@@ -463,7 +463,7 @@ TEST_F(RemoteTierTest, AFetchEndsByItsDeadlineWithTheBlocksThatArrived) {
   DelayProxy proxy(redis_->port(), {.chunk_bytes = record / 2 + 16, .gap = absl::Milliseconds(50)});
   RemoteTierOptions o = TestOptions();
   o.url = proxy.url();
-  o.timeout = absl::Milliseconds(400);
+  o.timeout = absl::Milliseconds(200);  // and so a deadline of 400 ms
   std::unique_ptr<RemoteTier> reader = Open(o);
   const absl::Time t0 = absl::Now();
   std::shared_ptr<const RemoteFetch> f = FetchNow(*reader, chain);
@@ -481,8 +481,8 @@ TEST_F(RemoteTierTest, AFetchEndsByItsDeadlineWithTheBlocksThatArrived) {
 
 // Fetches asked for together share one round trip: a fetch's commands go out as soon as it
 // is queued, also while the fetcher waits for an earlier fetch's replies, so four fetches
-// from a server 300 ms late all end, whole, within their 450 ms (one after another they
-// ended after 0.3, 0.6, 0.9 and 1.2 s).
+// from a server 300 ms late all end, whole, within 450 ms (one after another they ended
+// after 0.3, 0.6, 0.9 and 1.2 s).
 TEST_F(RemoteTierTest, FetchesAskedTogetherNeverWaitPastTheirDeadline) {
   std::unique_ptr<RemoteTier> writer = Open();
   const DiskLayout layout = SmallLayout();
