@@ -13,11 +13,28 @@
 //         + 1 own token) arrive, then as many whose prefixes are not (computed). The decoding
 //         request's time per token (medians) alone, during the remote loads and during the
 //         cold prefills.
+//  slow   Time to first token with a slow Redis (issue 53, item 2). A redis-server started
+//         here, and a proxy in front of it that passes every reply on --delay-ms late
+//         (tests/testing/delay_proxy.h). Engines with the default --kv-remote-timeout
+//         (250 ms, which also bounds each whole fetch). TTFT of a request whose --slow-blocks
+//         blocks (default 16) are in Redis (+ 16 own tokens) on a fresh replica: straight to
+//         Redis, through the proxy, and --requests such requests at once through it; a miss
+//         (nothing in Redis) straight and through the proxy; and the same prompt cold.
+//  oversized  This process's RSS over --rounds rounds (default 6) of junk planted in Redis
+//         (issue 53, item 3). One replica engine serves all rounds; each round a fresh
+//         publisher engine publishes a new one-block prefix and shuts down, the value under
+//         its key is grown to 64 .. 200 MB (SETRANGE: the junk never passes through this
+//         process), and the
+//         replica runs the prefix + 1 token: a remote match, a fetch that meets the oversized
+//         value (refused by its length now, read whole before), the block computed. RSS
+//         after each round, and after FLUSHALL.
 //
 // Usage: remote_tier_bench [--model DIR] [--kv-remote URL] [--threads 2] [--prefix 512]
-//          [--reps 3] [--requests 4]
-// Without --kv-remote a redis-server (Debian package) is started on a unix socket in a
-// temporary directory and stopped at the end. Without --model a random GPT-2 is written to a
+//          [--reps 3] [--requests 4] [--only block|steps|slow|oversized] [--delay-ms 200]
+//          [--slow-blocks 16] [--rounds 6]
+// Without --only, block and steps. Without --kv-remote a redis-server (Debian package) is
+// started on a unix socket in a temporary directory and stopped at the end; slow always
+// starts its own. Without --model a random GPT-2 is written to a
 // temporary directory first.
 #include <algorithm>
 #include <chrono>
@@ -38,6 +55,7 @@
 #include "engine/model.h"
 #include "engine/tokenizer.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "tests/testing/delay_proxy.h"
 #include "tests/testing/redis_server.h"
 #include "tools/random_model.h"
 
@@ -54,6 +72,10 @@ struct Flags {
   int prefix = 512;
   int reps = 3;
   int requests = 4;
+  std::string only;
+  int delay_ms = 200;
+  int slow_blocks = 16;
+  int rounds = 6;
 };
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
@@ -79,7 +101,8 @@ std::vector<uint32_t> Concat(std::vector<uint32_t> a, const std::vector<uint32_t
 
 // A backend and an engine over it; no remote tier when `url` is empty.
 struct Served {
-  Served(const Model& model, const Flags& f, int64_t pool_tokens, const std::string& url) {
+  Served(const Model& model, const Flags& f, int64_t pool_tokens, const std::string& url,
+         absl::Duration timeout = absl::Seconds(1)) {
     const ModelConfig& c = model.config();
     CpuBackendOptions b;
     b.model = &model;
@@ -95,7 +118,8 @@ struct Served {
     o.manifest_sha256 = model.manifest_sha256();
     o.max_batch_tokens = 512;
     o.remote_tier.url = url;
-    o.remote_tier.timeout = absl::Seconds(1);  // a loaded machine; faults are not measured
+    // 1 s by default: a loaded machine; faults are not measured (slow passes the default).
+    o.remote_tier.timeout = timeout;
     auto e = Engine::Create(o);
     if (!e.ok()) Die("engine", e.status());
     engine = *std::move(e);
@@ -268,9 +292,148 @@ void Steps(const Model& model, const Flags& f, const std::string& url) {
       Median(computing) / std::max(Median(alone), 1e-9));
 }
 
+// TTFT with a slow Redis: see the header.
+void Slow(const Model& model, const Flags& f) {
+  auto started = testing::RedisServer::Start();
+  if (!started.ok()) Die("redis-server", started.status());
+  const std::unique_ptr<testing::RedisServer> redis = *std::move(started);
+  testing::DelayProxy proxy(redis->port(), {.delay = absl::Milliseconds(f.delay_ms)});
+  const int prefix = 16 * f.slow_blocks;
+  const int64_t pool_tokens = int64_t{prefix + 32} * (f.requests + 1);
+  std::mt19937 rng(41);
+  std::vector<double> cold, healthy, slow, miss_healthy, miss_slow;
+  std::vector<std::vector<double>> together(f.requests);
+  uint64_t cached_healthy = 0, cached_slow = 0, cached_together = 0;
+  for (int rep = 0; rep < f.reps; ++rep) {
+    std::vector<std::vector<uint32_t>> prefixes;
+    for (int i = 0; i < f.requests + 2; ++i) prefixes.push_back(RandomTokens(&rng, prefix));
+    {
+      Served publisher(model, f, pool_tokens, redis->url());
+      for (const auto& p : prefixes) Run(*publisher.engine, Concat(p, RandomTokens(&rng, 16)), 1);
+    }  // shut down with a grace: its blocks are published
+    auto prompt = [&](int i) { return Concat(prefixes[i], RandomTokens(&rng, 16)); };
+    {
+      Served cold_engine(model, f, pool_tokens, "");
+      cold.push_back(Run(*cold_engine.engine, prompt(0), 1).ttft_s);
+    }
+    {
+      Served replica(model, f, pool_tokens, redis->url(), kDefaultRemoteTierTimeout);
+      const Outcome o = Run(*replica.engine, prompt(0), 1);
+      healthy.push_back(o.ttft_s);
+      cached_healthy = o.cached;
+      miss_healthy.push_back(Run(*replica.engine, RandomTokens(&rng, prefix + 16), 1).ttft_s);
+    }
+    {
+      Served replica(model, f, pool_tokens, proxy.url(), kDefaultRemoteTierTimeout);
+      const Outcome o = Run(*replica.engine, prompt(1), 1);
+      slow.push_back(o.ttft_s);
+      cached_slow = o.cached;
+      miss_slow.push_back(Run(*replica.engine, RandomTokens(&rng, prefix + 16), 1).ttft_s);
+    }
+    {
+      Served replica(model, f, pool_tokens, proxy.url(), kDefaultRemoteTierTimeout);
+      std::vector<std::thread> ts;
+      std::vector<Outcome> outs(f.requests);
+      std::vector<std::vector<uint32_t>> prompts;
+      for (int i = 0; i < f.requests; ++i) prompts.push_back(prompt(2 + i));
+      for (int i = 0; i < f.requests; ++i) {
+        ts.emplace_back([&, i] { outs[i] = Run(*replica.engine, prompts[i], 1); });
+      }
+      for (std::thread& t : ts) t.join();
+      std::sort(outs.begin(), outs.end(),
+                [](const Outcome& a, const Outcome& b) { return a.ttft_s < b.ttft_s; });
+      cached_together = 0;
+      for (int i = 0; i < f.requests; ++i) {
+        together[i].push_back(outs[i].ttft_s);
+        cached_together += outs[i].cached;
+      }
+    }
+  }
+  std::printf(
+      "slow: %d-block prefix + 16 own tokens, replies %d ms late, timeout %s; TTFT (median of "
+      "%d): cold %.1f ms; healthy Redis %.1f ms (%llu cached), miss %.1f ms; slow Redis "
+      "%.1f ms (%llu cached), miss %.1f ms; %d at once through the slow Redis:",
+      f.slow_blocks, f.delay_ms, absl::FormatDuration(kDefaultRemoteTierTimeout).c_str(), f.reps,
+      Median(cold) * 1e3, Median(healthy) * 1e3, static_cast<unsigned long long>(cached_healthy),
+      Median(miss_healthy) * 1e3, Median(slow) * 1e3,
+      static_cast<unsigned long long>(cached_slow), Median(miss_slow) * 1e3, f.requests);
+  for (int i = 0; i < f.requests; ++i) std::printf(" %.1f", Median(together[i]) * 1e3);
+  std::printf(" ms (%llu cached in all, last rep)\n",
+              static_cast<unsigned long long>(cached_together));
+}
+
+// This process's resident set, in MB (VmRSS).
+double RssMb() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  double kb = -1;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::sscanf(line, "VmRSS: %lf kB", &kb) == 1) break;
+  }
+  std::fclose(f);
+  return kb / 1024;
+}
+
+std::vector<std::string> RedisKeys(const testing::RedisServer& redis) {
+  const std::string all = redis.Command({"KEYS", "*"});
+  std::vector<std::string> keys;
+  for (size_t at = 0; at < all.size();) {
+    const size_t end = std::min(all.find('\n', at), all.size());
+    if (end > at) keys.push_back(all.substr(at, end - at));
+    at = end + 1;
+  }
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+// RSS with oversized values planted: see the header.
+void Oversized(const Model& model, const Flags& f) {
+  auto started = testing::RedisServer::Start();
+  if (!started.ok()) Die("redis-server", started.status());
+  const std::unique_ptr<testing::RedisServer> redis = *std::move(started);
+  std::mt19937 rng(51);
+  Served replica(model, f, 256, redis->url());
+  // One warm-up round without junk: the pools' and buffers' first touch.
+  Run(*replica.engine, RandomTokens(&rng, 17), 1);
+  std::printf("oversized: RSS %.0f MB at the start", RssMb());
+  std::fflush(stdout);
+  for (int round = 0; round < f.rounds; ++round) {
+    const std::vector<uint32_t> prefix = RandomTokens(&rng, 16);
+    const std::vector<std::string> before = RedisKeys(*redis);
+    {
+      Served publisher(model, f, 256, redis->url());
+      Run(*publisher.engine, Concat(prefix, RandomTokens(&rng, 1)), 1);
+    }  // shut down with a grace: its block is published
+    std::vector<std::string> added;
+    for (const std::string& k : RedisKeys(*redis)) {
+      if (!std::binary_search(before.begin(), before.end(), k)) added.push_back(k);
+    }
+    if (added.empty()) Die("planting", absl::InternalError("nothing was published"));
+    const int64_t mb = 64 + (f.rounds > 1 ? (200 - 64) * round / (f.rounds - 1) : 0);
+    // The prefix's key (and, when the replica's last block was published meanwhile, that one).
+    for (const std::string& k : added) {
+      redis->Command({"SETRANGE", k, std::to_string((mb << 20) - 1), "j"});
+    }
+    const auto t0 = Clock::now();
+    const Outcome o = Run(*replica.engine, Concat(prefix, RandomTokens(&rng, 1)), 1);
+    std::printf("; %lld MB planted: TTFT %.1f ms (%llu cached), RSS %.0f MB",
+                static_cast<long long>(mb), Seconds(t0, Clock::now()) * 1e3,
+                static_cast<unsigned long long>(o.cached), RssMb());
+    std::fflush(stdout);
+  }
+  redis->Command({"FLUSHALL"});
+  Run(*replica.engine, RandomTokens(&rng, 17), 1);
+  const EngineStats s = replica.engine->Stats();
+  std::printf("; after FLUSHALL %.0f MB; corrupt %llu, loads %llu\n", RssMb(),
+              static_cast<unsigned long long>(s.remote.corrupt_blocks),
+              static_cast<unsigned long long>(s.remote.loads));
+}
+
 int Main(int argc, char** argv) {
-  static const FlagSpec kFlags[] = {{"model"}, {"kv-remote"}, {"threads"},
-                                     {"prefix"}, {"reps"},      {"requests"}};
+  static const FlagSpec kFlags[] = {{"model"},  {"kv-remote"}, {"threads"},  {"prefix"},
+                                     {"reps"},   {"requests"},  {"only"},     {"delay-ms"},
+                                     {"slow-blocks"}, {"rounds"}};
   absl::StatusOr<ParsedCommandLine> args =
       ParseArgv(absl::MakeConstSpan(argv + 1, static_cast<size_t>(argc - 1)), kFlags);
   if (!args.ok() || !args->positional.empty()) {
@@ -282,10 +445,19 @@ int Main(int argc, char** argv) {
   Flags f;
   f.model = args->Flag("model").value_or(f.model);
   f.remote = args->Flag("kv-remote").value_or(f.remote);
+  f.only = args->Flag("only").value_or(f.only);
+  if (!f.only.empty() && f.only != "block" && f.only != "steps" && f.only != "slow" &&
+      f.only != "oversized") {
+    std::fprintf(stderr, "remote_tier_bench: --only must be block, steps, slow or oversized\n");
+    return 2;
+  }
   for (auto [name, field] : {std::pair<const char*, int*>{"threads", &f.threads},
                              {"prefix", &f.prefix},
                              {"reps", &f.reps},
-                             {"requests", &f.requests}}) {
+                             {"requests", &f.requests},
+                             {"delay-ms", &f.delay_ms},
+                             {"slow-blocks", &f.slow_blocks},
+                             {"rounds", &f.rounds}}) {
     const std::optional<std::string> v = args->Flag(name);
     if (!v.has_value()) continue;
     absl::StatusOr<int64_t> n = ParseInteger(*v, absl::StrCat("--", name), 1, 1 << 20);
@@ -318,8 +490,10 @@ int Main(int argc, char** argv) {
   std::printf("model %s (%d layers, %d wide, fp32), %d threads, remote tier %s\n",
               (*model)->name().c_str(), (*model)->config().n_layer, (*model)->config().n_embd,
               f.threads, url.c_str());
-  Block(**model, f, url);
-  Steps(**model, f, url);
+  if (f.only.empty() || f.only == "block") Block(**model, f, url);
+  if (f.only.empty() || f.only == "steps") Steps(**model, f, url);
+  if (f.only == "slow") Slow(**model, f);
+  if (f.only == "oversized") Oversized(**model, f);
   std::error_code ec;
   fs::remove_all(root, ec);
   return 0;

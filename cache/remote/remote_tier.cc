@@ -1,6 +1,8 @@
 #include "cache/remote/remote_tier.h"
 
 #include <hiredis.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -104,15 +106,29 @@ class RedisConnection {
 
   // False while backing off after a failure.
   bool ready() const { return absl::Now() >= absl::FromUnixNanos(retry_at_ns_.load()); }
+  bool connected() const { return ctx_ != nullptr; }
+
+  // Until changed, connecting and every reply must also be done by `deadline` (a fetch's);
+  // absl::InfiniteFuture(): each is bounded by the command timeout only.
+  void SetDeadline(absl::Time deadline) { deadline_ = deadline; }
+  // While set (and a deadline is), a wait for a reply also wakes when `fd` (an eventfd) is
+  // written, drains it, runs `hook` (which may Append commands) and sends what it appended.
+  void SetWaitHook(int fd, std::function<void()> hook) {
+    hook_fd_ = fd;
+    hook_ = std::move(hook);
+  }
 
   // Connects (and authenticates, selects the database) when not connected. Non-OK (with the
   // backoff started) on a failure.
   absl::Status Ensure() {
     if (ctx_ != nullptr) return absl::OkStatus();
     const timeval tv = absl::ToTimeval(options_.timeout);
+    const absl::Duration left = std::min(options_.timeout, deadline_ - absl::Now());
+    if (left <= absl::ZeroDuration()) return Failed(DeadlinePassed());
+    const timeval connect_tv = absl::ToTimeval(left);
     ctx_ = endpoint_.unix_path.empty()
-               ? redisConnectWithTimeout(endpoint_.host.c_str(), endpoint_.port, tv)
-               : redisConnectUnixWithTimeout(endpoint_.unix_path.c_str(), tv);
+               ? redisConnectWithTimeout(endpoint_.host.c_str(), endpoint_.port, connect_tv)
+               : redisConnectUnixWithTimeout(endpoint_.unix_path.c_str(), connect_tv);
     if (ctx_ == nullptr) return Failed("cannot allocate a connection");
     if (ctx_->err != 0) return Failed(absl::StrCat("connect: ", ctx_->errstr));
     if (redisSetTimeout(ctx_, tv) != REDIS_OK) return Failed("cannot set the socket timeout");
@@ -195,6 +211,47 @@ class RedisConnection {
   }
 
  private:
+  std::string DeadlinePassed() const {
+    return absl::StrCat(
+        "the fetch's deadline passed (",
+        absl::FormatDuration(FetchTimeout(options_)),
+        " after it was asked for)");
+  }
+  // Waits until the socket is readable, for at most the command timeout and until the
+  // deadline; OK when it is.
+  absl::Status AwaitReadable() {
+    if (deadline_ == absl::InfiniteFuture()) return absl::OkStatus();  // SO_RCVTIMEO bounds it
+    while (true) {
+      const absl::Duration left = deadline_ - absl::Now();
+      if (left <= absl::ZeroDuration()) return Failed(DeadlinePassed());
+      const bool deadline_first = left < options_.timeout;
+      const absl::Duration wait = deadline_first ? left : options_.timeout;
+      pollfd p[2] = {{.fd = ctx_->fd, .events = POLLIN, .revents = 0},
+                     {.fd = hook_fd_, .events = POLLIN, .revents = 0}};
+      const int n = poll(
+          p, hook_ ? 2 : 1,
+          static_cast<int>(absl::ToInt64Milliseconds(absl::Ceil(wait, absl::Milliseconds(1)))));
+      if (n > 0 && p[0].revents != 0) return absl::OkStatus();
+      if (n > 0) {
+        uint64_t count;
+        if (read(hook_fd_, &count, sizeof(count)) < 0 && errno != EAGAIN) {
+          return Failed(absl::StrCat("eventfd: ", std::strerror(errno)));
+        }
+        hook_();
+        if (ctx_ == nullptr) return absl::UnavailableError("the connection failed");
+        int sent = 0;
+        do {
+          if (redisBufferWrite(ctx_, &sent) != REDIS_OK) return Failed(IoError());
+        } while (!sent);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return Failed(absl::StrCat("poll: ", std::strerror(errno)));
+      if (!deadline_first) {
+        return Failed(absl::StrCat("timed out after ", absl::FormatDuration(options_.timeout)));
+      }
+    }
+  }
   std::string IoError() const {
     if (ctx_ == nullptr || ctx_->err == 0) return "no reply";
     // hiredis reports a read timeout as an I/O error with errno EAGAIN.
@@ -224,6 +281,7 @@ class RedisConnection {
       read_buffer_ = std::make_unique<char[]>(kReadBytes);
     }
     while (*reply == nullptr) {
+      if (absl::Status s = AwaitReadable(); !s.ok()) return s;
       const ssize_t n = read(ctx_->fd, read_buffer_.get(), kReadBytes);
       if (n < 0 && errno == EINTR) continue;
       if (n == 0) return Failed("the server closed the connection");
@@ -261,6 +319,9 @@ class RedisConnection {
   std::vector<uint8_t>* sink_ = nullptr;
   bool sunk_ = false;
   absl::Duration backoff_ = absl::ZeroDuration();
+  absl::Time deadline_ = absl::InfiniteFuture();
+  int hook_fd_ = -1;
+  std::function<void()> hook_;
   std::atomic<int64_t> retry_at_ns_{0};
 };
 
@@ -274,6 +335,13 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Open(const RemoteTierOpt
         absl::StrCat("--kv-remote-timeout must be above 0 and at most ",
                      absl::FormatDuration(kMaxRemoteTierTimeout), ", got ",
                      absl::FormatDuration(options.timeout)));
+  }
+  if (options.fetch_timeout < absl::ZeroDuration() ||
+      options.fetch_timeout > kMaxRemoteTierTimeout) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the remote tier's fetch_timeout must be 0 (the command timeout) to ",
+                     absl::FormatDuration(kMaxRemoteTierTimeout), ", got ",
+                     absl::FormatDuration(options.fetch_timeout)));
   }
   if (options.backoff_min <= absl::ZeroDuration() || options.backoff_max < options.backoff_min) {
     return absl::InvalidArgumentError("the remote tier needs 0 < backoff_min <= backoff_max");
@@ -300,6 +368,8 @@ RemoteTier::RemoteTier(const RemoteTierOptions& options, const RemoteEndpoint& e
   publisher_conn_ = std::make_unique<RedisConnection>(endpoint_, options_);
   fetcher_conn_ = std::make_unique<RedisConnection>(endpoint_, options_);
   stats_.configured = true;
+  fetch_wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  PREFIXD_CHECK(fetch_wake_fd_ >= 0);
   publisher_ = std::thread([this] { PublisherLoop(); });
   fetcher_ = std::thread([this] { FetcherLoop(); });
   matcher_ = std::thread([this] { MatcherLoop(); });
@@ -315,6 +385,7 @@ RemoteTier::~RemoteTier() {
   publisher_.join();
   fetcher_.join();  // it ends the fetches still queued (nothing fetched) first
   matcher_.join();  // likewise the matches (answered 0)
+  close(fetch_wake_fd_);
 }
 
 std::string RemoteTier::KeyOf(const Digest& key) const {
@@ -455,55 +526,121 @@ absl::StatusOr<std::shared_ptr<const RemoteFetch>> RemoteTier::Fetch(
     for (std::vector<uint8_t>& b : buffers) GiveBackLocked(std::move(b));
   });
   f->root = root;
+  f->deadline = absl::Now() + FetchTimeout(options_);
   f->keys = std::move(keys);
   f->tokens = std::move(tokens);
   fetches_.push_back({f, std::move(on_done)});
+  const uint64_t one = 1;
+  // Never blocks (non-blocking; a full counter already wakes the fetcher).
+  [[maybe_unused]] const ssize_t w = write(fetch_wake_fd_, &one, sizeof(one));
   return f;
 }
 
 void RemoteTier::FetcherLoop() {
-  while (true) {
+  RedisConnection& c = *fetcher_conn_;
+  // Fetches whose commands went out, in order: their replies come in that order.
+  std::deque<PendingFetch> sent;
+  // A fetch that found a corrupt value ends once the value is deleted: a DEL sent when
+  // every reply sent for has been read (so that the pipeline stays in step), within that
+  // fetch's deadline.
+  struct Ended {
     PendingFetch p;
-    bool stopping;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !fetches_.empty() || stop_;
-      };
-      mu_.Await(absl::Condition(&ready));
-      if (fetches_.empty()) return;  // stop_, nothing left
-      p = std::move(fetches_.front());
-      fetches_.pop_front();
-      stopping = stop_;
-    }
-    RemoteFetch& f = *p.fetch;
-    RedisConnection& c = *fetcher_conn_;
-    // While stopping, the fetch ends with nothing, and quickly.
-    absl::Status s = stopping ? absl::CancelledError("shutting down")
-                     : c.ready() ? c.Ensure()
-                                 : absl::UnavailableError("backing off");
-    if (!s.ok() && !stopping) CountError(&RemoteTierStats::connect_errors, std::string(s.message()));
+    uint64_t loads, corrupt;
+  };
+  std::vector<Ended> after_delete;
+  std::vector<std::string> corrupt_names;
+  while (true) {
+    if (sent.empty() && !TakeAndSend(&sent, /*wait=*/true)) return;
+    if (sent.empty()) continue;
+    PendingFetch p = std::move(sent.front());
+    sent.pop_front();
     uint64_t loads = 0, corrupt = 0;
-    if (s.ok()) FetchBlocks(f, &loads, &corrupt);
-    {
-      absl::MutexLock lock(&mu_);
-      stats_.loads += loads;
-      stats_.corrupt_blocks += corrupt;
-      if (loads > 0) stats_.up = true;
-      for (size_t i = 0; i < f.data.size(); ++i) RememberLocked(f.keys[i], !f.scores[i].empty());
+    if (c.connected()) {
+      c.SetDeadline(p.fetch->deadline);
+      // Fetches queued while this one waits for its replies go out at once (after it).
+      c.SetWaitHook(fetch_wake_fd_, [this, &sent] { TakeAndSend(&sent, /*wait=*/false); });
+      ReceiveFetch(*p.fetch, &loads, &corrupt, &corrupt_names);
+      c.SetWaitHook(-1, nullptr);
     }
-    f.done_.store(true, std::memory_order_release);
-    // This thread lets go first (outside mu_: the fetch's deleter takes it), so that whoever
-    // on_done wakes holds the only reference.
-    std::function<void()> on_done = std::move(p.on_done);
-    p = PendingFetch();
-    if (on_done) on_done();
+    if (corrupt > 0) {
+      after_delete.push_back({std::move(p), loads, corrupt});
+    } else {
+      EndFetch(p, loads, corrupt);
+    }
+    if (!sent.empty() || after_delete.empty()) continue;
+    c.SetDeadline(after_delete.front().p.fetch->deadline);
+    for (const std::string& name : corrupt_names) {
+      if (!c.connected()) break;
+      const char* del[] = {"DEL", name.data()};
+      const size_t del_lens[] = {3, name.size()};
+      if (!c.Run(2, del, del_lens).ok()) {
+        CountError(&RemoteTierStats::load_errors, "cannot delete a corrupt value");
+      }
+    }
+    corrupt_names.clear();
+    for (Ended& e : after_delete) EndFetch(e.p, e.loads, e.corrupt);
+    after_delete.clear();
   }
 }
 
-void RemoteTier::FetchBlocks(RemoteFetch& f, uint64_t* loads, uint64_t* corrupt) {
+bool RemoteTier::TakeAndSend(std::deque<PendingFetch>* sent, bool wait) {
+  std::vector<PendingFetch> batch;
+  bool stopping;
+  {
+    absl::MutexLock lock(&mu_);
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !fetches_.empty() || stop_; };
+    if (wait) mu_.Await(absl::Condition(&ready));
+    if (wait && fetches_.empty()) return false;  // stop_, nothing left
+    batch.assign(std::make_move_iterator(fetches_.begin()),
+                 std::make_move_iterator(fetches_.end()));
+    fetches_.clear();
+    stopping = stop_;
+  }
   RedisConnection& c = *fetcher_conn_;
-  const size_t bs = layout_.block_size;
+  for (PendingFetch& p : batch) {
+    // While stopping, each fetch ends with nothing, and quickly; so does one whose deadline
+    // passed while it waited (its blocks are computed).
+    if (stopping || p.fetch->deadline <= absl::Now()) {
+      EndFetch(p, 0, 0);
+      continue;
+    }
+    if (!c.connected()) {  // (never while the hook runs: that reads from the connection)
+      c.SetDeadline(p.fetch->deadline);
+      absl::Status s = c.ready() ? c.Ensure() : absl::UnavailableError("backing off");
+      if (!s.ok()) {
+        CountError(&RemoteTierStats::connect_errors, std::string(s.message()));
+        EndFetch(p, 0, 0);
+        continue;
+      }
+    }
+    if (!SendFetch(*p.fetch)) {
+      EndFetch(p, 0, 0);
+      continue;
+    }
+    sent->push_back(std::move(p));
+  }
+  return true;
+}
+
+void RemoteTier::EndFetch(PendingFetch& p, uint64_t loads, uint64_t corrupt) {
+  RemoteFetch& f = *p.fetch;
+  {
+    absl::MutexLock lock(&mu_);
+    stats_.loads += loads;
+    stats_.corrupt_blocks += corrupt;
+    if (loads > 0) stats_.up = true;
+    for (size_t i = 0; i < f.data.size(); ++i) RememberLocked(f.keys[i], !f.scores[i].empty());
+  }
+  f.done_.store(true, std::memory_order_release);
+  // This thread lets go first (outside mu_: the fetch's deleter takes it), so that whoever
+  // on_done wakes holds the only reference.
+  std::function<void()> on_done = std::move(p.on_done);
+  p = PendingFetch();
+  if (on_done) on_done();
+}
+
+bool RemoteTier::SendFetch(const RemoteFetch& f) {
+  RedisConnection& c = *fetcher_conn_;
   const size_t n = f.keys.size();
   const std::string max_record_end = absl::StrCat(
       (layout_.score_top_k > 0 ? layout_.scored_file_bytes() : layout_.file_bytes()) - 1);
@@ -513,21 +650,28 @@ void RemoteTier::FetchBlocks(RemoteFetch& f, uint64_t* loads, uint64_t* corrupt)
   // is STRLEN and a GETRANGE of at most one record: a value of another length (junk planted
   // under a key) is refused without being read, and neither hiredis's read buffer nor a
   // fetch buffer grows past one record.
-  std::vector<std::string> names(n);
   for (size_t i = 0; i < n; ++i) {
     if (options_.fetch_hook) options_.fetch_hook();
-    names[i] = KeyOf(f.keys[i]);
-    const char* strlen_argv[] = {"STRLEN", names[i].data()};
-    const size_t strlen_lens[] = {6, names[i].size()};
-    const char* range_argv[] = {"GETRANGE", names[i].data(), "0", max_record_end.data()};
-    const size_t range_lens[] = {8, names[i].size(), 1, max_record_end.size()};
+    const std::string name = KeyOf(f.keys[i]);
+    const char* strlen_argv[] = {"STRLEN", name.data()};
+    const size_t strlen_lens[] = {6, name.size()};
+    const char* range_argv[] = {"GETRANGE", name.data(), "0", max_record_end.data()};
+    const size_t range_lens[] = {8, name.size(), 1, max_record_end.size()};
     absl::Status sent = c.Append(2, strlen_argv, strlen_lens);
     if (sent.ok()) sent = c.Append(4, range_argv, range_lens);
     if (!sent.ok()) {
       CountError(&RemoteTierStats::load_errors, std::string(sent.message()));
-      return;
+      return false;
     }
   }
+  return true;
+}
+
+bool RemoteTier::ReceiveFetch(RemoteFetch& f, uint64_t* loads, uint64_t* corrupt,
+                              std::vector<std::string>* corrupt_names) {
+  RedisConnection& c = *fetcher_conn_;
+  const size_t bs = layout_.block_size;
+  const size_t n = f.keys.size();
   // Values land in buffers of earlier fetches (no allocation once one held a block) and are
   // verified there; a block's K/V rows are a span of its value.
   auto take = [this] {
@@ -542,7 +686,6 @@ void RemoteTier::FetchBlocks(RemoteFetch& f, uint64_t* loads, uint64_t* corrupt)
   // fails verification or cannot be fetched. The replies after it are still read, so that
   // the connection's pipeline ends empty; a corrupt value is deleted after that.
   bool stopped = false;
-  std::string corrupt_name;
   for (size_t i = 0; i < n; ++i) {
     const absl::Time t0 = absl::Now();
     std::vector<uint8_t> value = take();
@@ -554,7 +697,7 @@ void RemoteTier::FetchBlocks(RemoteFetch& f, uint64_t* loads, uint64_t* corrupt)
     if (!r.ok()) {  // the connection is closed: nothing more to read
       spare(std::move(value));
       CountError(&RemoteTierStats::load_errors, std::string(r.status().message()));
-      return;
+      return false;
     }
     c.Succeeded();
     // STRLEN is 0 for a key evicted since the match (an empty value reads as absent too).
@@ -581,7 +724,7 @@ void RemoteTier::FetchBlocks(RemoteFetch& f, uint64_t* loads, uint64_t* corrupt)
                   layout_, expect, &section);
     if (!data.ok()) {
       ++*corrupt;
-      corrupt_name = names[i];
+      corrupt_names->push_back(KeyOf(f.keys[i]));
       stopped = true;
       spare(std::move(value));
       continue;
@@ -592,13 +735,7 @@ void RemoteTier::FetchBlocks(RemoteFetch& f, uint64_t* loads, uint64_t* corrupt)
     f.seconds.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
     ++*loads;
   }
-  if (!corrupt_name.empty()) {
-    const char* del[] = {"DEL", corrupt_name.data()};
-    const size_t del_lens[] = {3, corrupt_name.size()};
-    if (!c.Run(2, del, del_lens).ok()) {
-      CountError(&RemoteTierStats::load_errors, "cannot delete a corrupt value");
-    }
-  }
+  return true;
 }
 
 std::vector<uint8_t> RemoteTier::TakeBufferLocked() {

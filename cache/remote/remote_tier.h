@@ -22,10 +22,13 @@
 // Threads: the engine thread is the only caller of StartMatch, Fetch and
 // WantsPublish/Publish, and it never waits on the server: a matcher thread answers matches
 // (pipelined EXISTS) on a connection of its own, a fetcher thread runs Fetches (for every
-// block STRLEN and a GETRANGE of at most one record, all in one pipelined round trip, then
-// verify: a value of another length is refused without being read, and no buffer grows past
-// one record) on a second, and a publisher thread takes blocks from a bounded queue and SETs
-// them on a third.
+// block STRLEN and a GETRANGE of at most one record, then verify: a value of another length
+// is refused without being read, and no buffer grows past one record) on a second, and a
+// publisher thread takes blocks from a bounded queue and SETs them on a third. A fetch's
+// commands go out as soon as it is queued, also while the fetcher waits for earlier
+// replies (pipelined on the same connection), so that requests arriving together wait for a
+// slow server once, not one after another; each fetch is bounded as a whole, its wait in the
+// queue included, by options.fetch_timeout.
 #ifndef PREFIXD_CACHE_REMOTE_REMOTE_TIER_H_
 #define PREFIXD_CACHE_REMOTE_REMOTE_TIER_H_
 
@@ -90,6 +93,8 @@ struct RemoteFetch {
   std::vector<std::vector<PositionScore>> scores;
   std::vector<double> seconds;
 
+  // When Fetch started it + options.fetch_timeout: blocks not in by then are not waited for.
+  absl::Time deadline = absl::InfiniteFuture();
   std::atomic<bool> done_{false};
 };
 
@@ -144,7 +149,9 @@ class RemoteTier {
   size_t MatchFrom(absl::Span<const Digest> keys) { return MatchFrom(keys, MatchOptions{}); }
 
   // Starts fetching blocks `keys` (of root `root`, with their `tokens`) on the fetcher thread;
-  // `on_done` runs there once the fetch is done (to wake the engine). The fetch's blocks count
+  // `on_done` runs there once the fetch is done (to wake the engine), at the latest about
+  // FetchTimeout(options) (by default twice options.timeout) from now, with the blocks
+  // verified by then. The fetch's blocks count
   // against max_fetch_blocks until the returned object is destroyed (its K/V are held in
   // memory until then); at most max_fetch_blocks() keys. Starts nothing and returns
   // UNAVAILABLE while the tier is down or backing off (the caller computes those blocks), or
@@ -190,9 +197,21 @@ class RemoteTier {
   struct PendingMatch;
   // Answers the matches of `batch` in one pipelined round trip on the matcher's connection.
   void AnswerMatches(absl::Span<const PendingMatch> batch);
-  // Fetches f's blocks on the fetcher's connection (connected), in one pipelined round trip,
-  // counting them in *loads and the values that fail verification in *corrupt.
-  void FetchBlocks(RemoteFetch& f, uint64_t* loads, uint64_t* corrupt);
+  struct PendingFetch;
+  // Takes every fetch queued (waiting for one when `wait`; false when stopping with none
+  // left) and sends the commands of each onto the fetcher's connection, appending it to
+  // *sent; a fetch that cannot be sent, or whose deadline passed while it waited, ends with
+  // nothing.
+  bool TakeAndSend(std::deque<PendingFetch>* sent, bool wait);
+  // Queues f's commands on the fetcher's connection (connected); false when that failed.
+  bool SendFetch(const RemoteFetch& f);
+  // Reads f's replies (the connection's next ones), counting the blocks loaded in *loads and
+  // the values that fail verification in *corrupt (their keys appended to *corrupt_names, to
+  // be deleted once the pipeline is empty). False when the connection failed (closed).
+  bool ReceiveFetch(RemoteFetch& f, uint64_t* loads, uint64_t* corrupt,
+                    std::vector<std::string>* corrupt_names);
+  // Counts f's outcome, marks it done and wakes its caller; p is emptied.
+  void EndFetch(PendingFetch& p, uint64_t loads, uint64_t corrupt);
   void CountError(uint64_t RemoteTierStats::*counter, const std::string& what);
   void RememberLocked(const Digest& key, bool scored) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A spare buffer (empty when there is none), and one given back (kept while there are
@@ -234,6 +253,9 @@ class RemoteTier {
   // records (at most max_fetch_blocks).
   std::vector<std::vector<uint8_t>> spare_buffers_ ABSL_GUARDED_BY(mu_);
   std::thread publisher_;
+  // Written by Fetch, so that the fetcher, while it waits for replies, sends the fetches
+  // queued meanwhile at once (their replies follow on the same connection).
+  int fetch_wake_fd_ = -1;
   std::thread fetcher_;
   std::thread matcher_;
 };

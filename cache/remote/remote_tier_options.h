@@ -36,6 +36,17 @@ struct RemoteTierOptions {
   // threads. A request waiting for an answer waits at most this long for a tier that has
   // stopped answering (then computes); the tier is skipped until the backoff below has passed.
   absl::Duration timeout = kDefaultRemoteTierTimeout;
+  // Bound on the whole of one request's fetch, from the engine asking (RemoteTier::Fetch) to
+  // its last block: the wait behind the fetches queued before it, a reconnect and the round
+  // trip together. What has not arrived and verified by then is computed; the blocks before
+  // it are kept. A fetch cut short is a fault like a timed-out command (counted, the
+  // connection closed, the backoff started). Zero (the default): twice `timeout` (see
+  // FetchTimeout): one for the server's answer, one for its bytes, since a full fetch budget
+  // (64 GPT-2 blocks, 75 MB) takes ~170 ms to read and verify even from a healthy Redis, and
+  // four requests' fetches from a Redis 200 ms late read nothing in time with 250 ms in all
+  // (docs/BENCHMARKS.md, "Remote cache tier"). A request so waits at most one timeout for
+  // the match and two for its blocks, however many; computing 16 GPT-2 blocks costs more.
+  absl::Duration fetch_timeout = absl::ZeroDuration();
   // After a failure, the tier is not asked again for backoff_min, doubling per failure up to
   // backoff_max; one success resets it.
   absl::Duration backoff_min = absl::Milliseconds(100);
@@ -57,6 +68,12 @@ struct RemoteTierOptions {
   // logged (the fault is still counted).
   std::function<void(const std::string&)> log;
 };
+
+// The bound on a whole fetch that `options` give (fetch_timeout, or twice the timeout).
+inline absl::Duration FetchTimeout(const RemoteTierOptions& options) {
+  return options.fetch_timeout > absl::ZeroDuration() ? options.fetch_timeout
+                                                      : 2 * options.timeout;
+}
 
 }  // namespace prefixd
 

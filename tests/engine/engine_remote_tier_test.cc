@@ -15,11 +15,13 @@
 #include "tests/engine/cpu_engine_fixture.h"
 #include "tests/engine/engine_test_peer.h"
 #include "tests/engine/engine_test_util.h"
+#include "tests/testing/delay_proxy.h"
 #include "tests/testing/redis_server.h"
 
 namespace prefixd {
 namespace {
 
+using ::prefixd::testing::DelayProxy;
 using ::prefixd::testing::RedisServer;
 
 constexpr absl::Duration kWait = absl::Seconds(30);
@@ -192,6 +194,7 @@ TEST_F(EngineRemoteTierTest, ARequestWaitingForItsBlocksIsParkedWhileOthersDecod
   absl::Notification release;
   std::atomic<int> gets{0};
   CpuEngineOptions o = WithRemote(redis_->url());
+  o.remote_tier.fetch_timeout = kMaxRemoteTierTimeout;  // the hook holds the fetch a while
   o.remote_tier.fetch_hook = [&] {
     ++gets;
     release.WaitForNotification();
@@ -251,6 +254,32 @@ TEST_F(EngineRemoteTierTest, AHungRedisNeverStallsTheEngine) {
   const RequestResult other = Collect(**d);
   ASSERT_TRUE(other.status.ok()) << other.status;
   EXPECT_EQ(other.samples[0], Cold(decoding).samples[0]);
+}
+
+// A slow Redis costs a request at most the fetch's deadline (by default twice the command
+// timeout: 400 ms here), not the time its blocks take to arrive: with replies trickling in
+// (6 KiB each 100 ms, each piece well within the timeout; the 6 blocks' ~100 KB take about
+// 1.7 s), the request is admitted by the deadline with the blocks that arrived and verified,
+// computes the rest, and its output equals a cold run's.
+TEST_F(EngineRemoteTierTest, ASlowRedisCostsARequestAtMostTheFetchDeadline) {
+  const EngineRequest a = Request(16);
+  ASSERT_TRUE(RunAndPublish(redis_->url(), a).status.ok());
+  DelayProxy proxy(redis_->port(), {.chunk_bytes = 6 << 10, .gap = absl::Milliseconds(100)});
+  CpuEngineOptions o = WithRemote(proxy.url());
+  o.remote_tier.timeout = absl::Milliseconds(200);
+  CpuEngine engine(o);
+  const absl::Time t0 = absl::Now();
+  const RequestResult out = RunOne(*engine.engine, a);
+  const absl::Duration took = absl::Now() - t0;
+  ASSERT_TRUE(out.status.ok()) << out.status;
+  // The match (one small reply) and the fetch's 400 ms, then 100 prompt tokens and 12
+  // generated on the tiny model, with a margin for a loaded machine.
+  EXPECT_LT(took, absl::Milliseconds(1100)) << "the request waited for every block";
+  EXPECT_LT(out.usage.cached_prompt_tokens, 96u);
+  const EngineStats s = engine.engine->Stats();
+  EXPECT_EQ(s.remote.loads * 16, out.usage.cached_prompt_tokens);
+  EXPECT_EQ(s.remote.corrupt_blocks, 0u);
+  EXPECT_EQ(out.samples[0], Cold(a).samples[0]);
 }
 
 // Prompt scores and tokens of `got` equal those of the same request run cold.

@@ -22,16 +22,18 @@
 #include "base/check.h"
 #include "gtest/gtest.h"
 #include "tests/cache/disk/disk_test_util.h"
+#include "tests/testing/delay_proxy.h"
 #include "tests/testing/redis_server.h"
 
 namespace prefixd {
 namespace {
 
+using ::prefixd::testing::DelayProxy;
 using ::prefixd::testing::MakeChain;
 using ::prefixd::testing::RedisServer;
 using ::prefixd::testing::ScoredLayout;
-using ::prefixd::testing::WithScores;
 using ::prefixd::testing::SmallLayout;
+using ::prefixd::testing::WithScores;
 
 std::vector<Digest> KeysOf(const std::vector<BlockRecord>& chain) {
   std::vector<Digest> keys;
@@ -444,6 +446,85 @@ TEST_F(RemoteTierTest, AFetchIsOneRoundTripForAllItsBlocks) {
   for (size_t i = 0; i < chain.size(); ++i) EXPECT_EQ(f->data[i], chain[i].data) << i;
   EXPECT_EQ(reader->Stats().load_errors, 0u);
   EXPECT_EQ(reader->Stats().loads, chain.size());
+}
+
+// A fetch is bounded as a whole (fetch_timeout; by default twice the command timeout), not
+// only reply by reply: from a server whose replies trickle in, each piece well within the
+// timeout but 16 blocks' in about 1.7 s, the fetch ends by its deadline with the blocks that
+// arrived and verified (a prefix of the chain); the rest are the caller's to compute, and
+// the connection, cut mid-pipeline, is closed and counted.
+TEST_F(RemoteTierTest, AFetchEndsByItsDeadlineWithTheBlocksThatArrived) {
+  std::unique_ptr<RemoteTier> writer = Open();
+  const DiskLayout layout = SmallLayout();
+  const std::vector<BlockRecord> chain = MakeChain(layout, /*seed=*/18, /*n=*/16);
+  PublishAll(*writer, chain);
+  const size_t record = EncodeBlockFile(layout, chain[0]).size();
+  // About two pieces per block, 50 ms apart: 100 ms a block.
+  DelayProxy proxy(redis_->port(), {.chunk_bytes = record / 2 + 16, .gap = absl::Milliseconds(50)});
+  RemoteTierOptions o = TestOptions();
+  o.url = proxy.url();
+  o.timeout = absl::Milliseconds(200);  // and so a deadline of 400 ms
+  std::unique_ptr<RemoteTier> reader = Open(o);
+  const absl::Time t0 = absl::Now();
+  std::shared_ptr<const RemoteFetch> f = FetchNow(*reader, chain);
+  const absl::Duration took = absl::Now() - t0;
+  ASSERT_NE(f, nullptr);
+  // 400 ms, and a margin for a loaded test machine; the whole fetch takes 1.7 s.
+  EXPECT_LT(took, absl::Milliseconds(700)) << "the fetch was not cut at its deadline";
+  EXPECT_GE(f->data.size(), 1u) << "the blocks that arrived in time were not kept";
+  EXPECT_LT(f->data.size(), chain.size());
+  for (size_t i = 0; i < f->data.size(); ++i) EXPECT_EQ(f->data[i], chain[i].data) << i;
+  EXPECT_EQ(reader->Stats().loads, f->data.size());
+  EXPECT_EQ(reader->Stats().load_errors, 1u);
+  EXPECT_EQ(reader->Stats().corrupt_blocks, 0u);
+}
+
+// Fetches asked for together share one round trip: a fetch's commands go out as soon as it
+// is queued, also while the fetcher waits for an earlier fetch's replies, so four fetches
+// from a server 300 ms late all end, whole, within 450 ms (one after another they ended
+// after 0.3, 0.6, 0.9 and 1.2 s).
+TEST_F(RemoteTierTest, FetchesAskedTogetherNeverWaitPastTheirDeadline) {
+  std::unique_ptr<RemoteTier> writer = Open();
+  const DiskLayout layout = SmallLayout();
+  std::vector<std::vector<BlockRecord>> chains;
+  for (uint32_t seed = 30; seed < 34; ++seed) {
+    chains.push_back(MakeChain(layout, seed, /*n=*/4));
+    PublishAll(*writer, chains.back());
+  }
+  DelayProxy proxy(redis_->port(), {.delay = absl::Milliseconds(300)});
+  RemoteTierOptions o = TestOptions();
+  o.url = proxy.url();
+  o.timeout = absl::Milliseconds(450);
+  std::unique_ptr<RemoteTier> reader = Open(o);
+  std::vector<std::shared_ptr<const RemoteFetch>> fetches;
+  std::vector<absl::Notification> done(chains.size());
+  std::vector<absl::Time> ended(chains.size());
+  const absl::Time t0 = absl::Now();
+  for (size_t c = 0; c < chains.size(); ++c) {
+    std::vector<Digest> keys;
+    std::vector<uint32_t> tokens;
+    for (const BlockRecord& r : chains[c]) {
+      keys.push_back(r.key);
+      tokens.insert(tokens.end(), r.tokens.begin(), r.tokens.end());
+    }
+    absl::StatusOr<std::shared_ptr<const RemoteFetch>> f =
+        reader->Fetch(chains[c].front().root, keys, tokens, [&ended, &done, c] {
+          ended[c] = absl::Now();
+          done[c].Notify();
+        });
+    ASSERT_TRUE(f.ok()) << f.status();
+    fetches.push_back(*f);
+  }
+  for (size_t c = 0; c < chains.size(); ++c) {
+    ASSERT_TRUE(done[c].WaitForNotificationWithTimeout(absl::Seconds(30)));
+    EXPECT_LT(ended[c] - t0, absl::Milliseconds(450 + 250)) << "fetch " << c << " queued";
+    ASSERT_EQ(fetches[c]->data.size(), 4u) << "fetch " << c;
+    for (size_t i = 0; i < fetches[c]->data.size(); ++i) {
+      EXPECT_EQ(fetches[c]->data[i], chains[c][i].data) << c << " " << i;
+    }
+  }
+  EXPECT_EQ(reader->Stats().loads, 16u);
+  EXPECT_EQ(reader->Stats().load_errors, 0u);
 }
 
 // A fetch that stops in the middle (a damaged value, an absent key) keeps the blocks before
