@@ -35,8 +35,8 @@ struct HttpFrontEnd::Impl {
   std::vector<std::thread> threads;
   int port = 0;
 
-  // At the limit, the next connections accepted serve /health only; past the reserve too,
-  // none is accepted.
+  // At the limit, the next connections accepted serve the reserved path only; past the
+  // reserve too, none is accepted.
   bool AtConnectionLimit() const {
     return options.max_connections > 0 && counts.open_connections() >= options.max_connections;
   }
