@@ -42,6 +42,7 @@
 #include "nlohmann/json.hpp"
 #include "server/auth.h"
 #include "server/http_front_end.h"
+#include "server/http_router.h"
 #include "server/request_path.h"
 #include "tests/engine/fake_backend.h"
 
@@ -71,7 +72,7 @@ ModelConfig FuzzModelConfig() {
   c.n_layer = 2;
   c.n_head = 2;
   c.n_embd = 16;
-  c.n_positions = 128;  // keeps every accepted completion short
+  c.n_positions = 128;   // keeps every accepted completion short
   c.vocab_size = 50257;  // GPT-2's tokenizer
   return c;
 }
@@ -100,7 +101,7 @@ Harness& TheHarness() {
     h->path = std::make_unique<RequestPath>(std::move(p));
     HttpFrontEndOptions o;
     o.listen.host = "127.0.0.1";  // port 0: a free one
-    o.path = h->path.get();
+    o.handler = std::make_unique<HttpRouter>(h->path.get(), 0);
     o.threads = 2;
     o.max_body_bytes = kMaxBodyBytes;
     o.idle_timeout = kIdleTimeout;
@@ -275,16 +276,18 @@ void CheckResponses(const std::string& received, const std::vector<http::verb>& 
     if (status == 100) continue;  // the answer to `Expect: 100-continue`; the response follows
     // 501 is a refusal, not a fault: the fake backend computes no all-position logits, so
     // prompt logprobs (echo with logprobs) are UNIMPLEMENTED on it. Any other 5xx is a fault.
-    PREFIXD_CHECK_MSG((status >= 200 && status < 500) ||
-                          (status == 501 && res.body().find("\"UNIMPLEMENTED\"") != std::string::npos),
-                      ("status " + std::to_string(status) + ": " + res.body()).c_str());
+    PREFIXD_CHECK_MSG(
+        (status >= 200 && status < 500) ||
+            (status == 501 && res.body().find("\"UNIMPLEMENTED\"") != std::string::npos),
+        ("status " + std::to_string(status) + ": " + res.body()).c_str());
     PREFIXD_CHECK_MSG(answered < methods.size(), "more responses than requests");
     ++answered;
     if (head) continue;
     const std::string type(res[http::field::content_type]);
     if (type == "application/json") {
       const json j = json::parse(res.body(), nullptr, /*allow_exceptions=*/false);
-      PREFIXD_CHECK_MSG(j.is_object(), ("a JSON body that is not an object: " + res.body()).c_str());
+      PREFIXD_CHECK_MSG(j.is_object(),
+                        ("a JSON body that is not an object: " + res.body()).c_str());
       if (status >= 400) PREFIXD_CHECK(j.contains("error") && j["error"]["message"].is_string());
     } else if (type == "text/event-stream") {
       PREFIXD_CHECK(status == 200);

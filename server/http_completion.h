@@ -19,10 +19,11 @@
 
 namespace prefixd {
 
-// A response with a JSON body (or an error in OpenAI's shape).
+// A response: JSON (or an error in OpenAI's shape) unless `content_type` says otherwise.
 struct HttpReply {
   int status = 200;
   std::string body;
+  std::string content_type = "application/json";
 };
 
 HttpReply ErrorReply(const absl::Status& status);

@@ -11,7 +11,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "boost/asio.hpp"
-#include "server/http_router.h"
 #include "server/http_session.h"
 
 namespace prefixd {
@@ -19,13 +18,12 @@ namespace prefixd {
 namespace net = boost::asio;
 using tcp = net::ip::tcp;
 
-// Declared in the order things must outlive each other: sessions use the router, counts
+// Declared in the order things must outlive each other: sessions use the handler, counts
 // and context, and destroying the io_context destroys the sessions its pending handlers
 // hold (they count themselves out on the way).
 struct HttpFrontEnd::Impl {
   HttpFrontEndOptions options;
   HttpLiveCounts counts;
-  std::unique_ptr<HttpRouter> router;
   HttpSessionContext context;
   absl::Mutex mu;
   bool stopped ABSL_GUARDED_BY(mu) = false;
@@ -37,23 +35,21 @@ struct HttpFrontEnd::Impl {
   std::vector<std::thread> threads;
   int port = 0;
 
-  // At the limit, the next connections accepted serve /health only; past the reserve too,
-  // none is accepted.
+  // At the limit, the next connections accepted serve the reserved path only; past the
+  // reserve too, none is accepted.
   bool AtConnectionLimit() const {
     return options.max_connections > 0 && counts.open_connections() >= options.max_connections;
   }
   bool AtReserveLimit() const {
     return options.max_connections > 0 &&
            counts.open_connections() >=
-               options.max_connections + HealthReserve(options.max_connections);
+               options.max_connections + ReservedConnections(options.max_connections);
   }
   void Accept(tcp::acceptor* acceptor);
   void RunIoThread();
 };
 
-int HealthReserve(int max_connections) {
-  return std::clamp(max_connections / 10, 1, 64);
-}
+int ReservedConnections(int max_connections) { return std::clamp(max_connections / 10, 1, 64); }
 
 void HttpFrontEnd::Impl::Accept(tcp::acceptor* acceptor) {
   if (AtReserveLimit()) {
@@ -69,13 +65,15 @@ void HttpFrontEnd::Impl::Accept(tcp::acceptor* acceptor) {
     if (ec) {
       if (ec == net::error::operation_aborted) return;  // Stop()
       // Out of descriptors and the like: keep accepting, after a pause that lets them free.
-      if (options.log) options.log(absl::StrCat("http: accept failed: ", ec.message()));
+      if (options.log) {
+        options.log(absl::StrCat(options.name, ": accept failed: ", ec.message()));
+      }
       auto timer = std::make_shared<net::steady_timer>(ioc, std::chrono::milliseconds(100));
       timer->async_wait([this, acceptor, timer](boost::system::error_code) { Accept(acceptor); });
       return;
     }
     const HttpSessionKind kind =
-        AtConnectionLimit() ? HttpSessionKind::kHealthOnly : HttpSessionKind::kAll;
+        AtConnectionLimit() ? HttpSessionKind::kReserved : HttpSessionKind::kAll;
     StartHttpSession(std::move(socket), &context, kind);
     Accept(acceptor);
   });
@@ -89,9 +87,10 @@ void HttpFrontEnd::Impl::RunIoThread() {
       ioc.run();
       return;
     } catch (const std::exception& e) {
-      if (options.log) options.log(absl::StrCat("http: I/O thread caught: ", e.what()));
+      if (options.log) options.log(absl::StrCat(options.name, ": I/O thread caught: ", e.what()));
     } catch (...) {
-      if (options.log) options.log("http: I/O thread caught an unknown exception");
+      if (options.log)
+        options.log(absl::StrCat(options.name, ": I/O thread caught an unknown exception"));
     }
   }
 }
@@ -99,22 +98,29 @@ void HttpFrontEnd::Impl::RunIoThread() {
 absl::StatusOr<std::unique_ptr<HttpFrontEnd>> HttpFrontEnd::Start(HttpFrontEndOptions options) {
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
-  impl->router = std::make_unique<HttpRouter>(impl->options.path, absl::ToUnixSeconds(absl::Now()));
-  impl->context.router = impl->router.get();
+  if (impl->options.handler == nullptr) {
+    return absl::InvalidArgumentError("an HTTP front end needs a handler");
+  }
+  impl->context.handler = impl->options.handler.get();
   impl->context.counts = &impl->counts;
   impl->context.max_body_bytes = impl->options.max_body_bytes;
   impl->context.idle_timeout = impl->options.idle_timeout;
   impl->context.header_timeout = impl->options.header_timeout;
-  impl->context.max_connections = impl->options.max_connections;
+  impl->context.reserved_path = impl->options.reserved_path;
+  impl->context.limit_name = impl->options.limit_name.empty()
+                                 ? absl::StrCat("--max-connections ", impl->options.max_connections)
+                                 : impl->options.limit_name;
   impl->context.background = impl->background.get();
   impl->context.log = impl->options.log;
   if (impl->options.listen.kind != ListenAddress::Kind::kTcp) {
-    return absl::InvalidArgumentError("the HTTP front end listens on TCP only");
+    return absl::InvalidArgumentError(
+        absl::StrCat("the ", impl->options.name, " listener takes TCP addresses only"));
   }
   absl::StatusOr<ListenSockets> sockets =
       Listen(impl->options.listen, net::socket_base::max_listen_connections);
   if (!sockets.ok()) {
-    return absl::UnavailableError(absl::StrCat(sockets.status().message(), " (HTTP)"));
+    return absl::UnavailableError(
+        absl::StrCat(sockets.status().message(), " (", impl->options.name, ")"));
   }
   impl->port = sockets->port;
   for (size_t i = 0; i < sockets->fds.size(); ++i) {
@@ -128,8 +134,8 @@ absl::StatusOr<std::unique_ptr<HttpFrontEnd>> HttpFrontEnd::Start(HttpFrontEndOp
     if (ec) {
       for (size_t j = i; j < sockets->fds.size(); ++j) close(sockets->fds[j]);
       return absl::UnavailableError(absl::StrCat("cannot listen on ",
-                                                 impl->options.listen.WithPort(impl->port),
-                                                 " (HTTP): ", ec.message()));
+                                                 impl->options.listen.WithPort(impl->port), " (",
+                                                 impl->options.name, "): ", ec.message()));
     }
     impl->acceptors.push_back(std::move(acceptor));
   }

@@ -14,39 +14,21 @@
 #define PREFIXD_SERVER_HTTP_ROUTER_H_
 
 #include <cstdint>
-#include <functional>
 #include <memory>
-#include <optional>
 #include <string>
-#include <string_view>
-#include <variant>
 
 #include "server/http_completion.h"
+#include "server/http_handler.h"
 #include "server/request_path.h"
 
 namespace prefixd {
 
-struct HttpRequestView {
-  std::string_view method;  // "GET", "POST", ...
-  std::string_view target;  // path and query
-  std::optional<std::string> authorization;
-  const std::string* body = nullptr;  // never null
-};
-
-// A reply that takes long to compute (reading an adapter's files): `work` runs on a
-// background thread, never on an I/O thread, and its reply is then sent.
-struct HttpDeferred {
-  std::function<HttpReply()> work;
-};
-
-using HttpRouted = std::variant<HttpReply, std::unique_ptr<HttpCompletion>, HttpDeferred>;
-
-class HttpRouter {
+class HttpRouter : public HttpHandler {
  public:
   // `path` is not owned and outlives the router; `created` is the time /v1/models reports.
   HttpRouter(RequestPath* path, int64_t created) : path_(*path), created_(created) {}
 
-  HttpRouted Route(const HttpRequestView& request);
+  HttpRouted Route(const HttpRequestView& request) override;
 
  private:
   HttpRouted Completions(const HttpRequestView& request);

@@ -48,7 +48,10 @@ using tcp = net::ip::tcp;
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket&& socket, const HttpSessionContext* context, HttpSessionKind kind)
-      : stream_(std::move(socket)), context_(*context), kind_(kind) {
+      : stream_(std::move(socket)),
+        header_timer_(stream_.get_executor()),
+        context_(*context),
+        kind_(kind) {
     context_.counts->ConnectionOpened();
   }
 
@@ -72,13 +75,12 @@ class Session : public std::enable_shared_from_this<Session> {
     if (buffer_.size() > 0) return ReadRestOfHeader();
     stream_.expires_after(
         std::chrono::milliseconds(absl::ToInt64Milliseconds(context_.idle_timeout)));
-    stream_.async_read_some(
-        buffer_.prepare(kFirstReadBytes),
-        [self = shared_from_this()](beast::error_code ec, size_t n) {
-          if (ec) return self->Close();  // end of stream, idle timeout, a reset
-          self->buffer_.commit(n);
-          self->ReadRestOfHeader();
-        });
+    stream_.async_read_some(buffer_.prepare(kFirstReadBytes),
+                            [self = shared_from_this()](beast::error_code ec, size_t n) {
+                              if (ec) return self->Close();  // end of stream, idle timeout, a reset
+                              self->buffer_.commit(n);
+                              self->ReadRestOfHeader();
+                            });
   }
   static constexpr size_t kFirstReadBytes = 4096;
 
@@ -86,20 +88,36 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_.emplace();
     parser_->header_limit(kHeaderLimit);
     parser_->body_limit(context_.max_body_bytes);
-    // On this deadline the stream closes the socket: no answer can be sent (RFC 9110 allows
-    // closing; a 408 would need the socket open past the deadline it enforces).
-    stream_.expires_after(
+    // The header deadline is a timer of its own, not the stream's expiry (which closes the
+    // socket): when it passes, the read is cancelled and OnHeader answers 408.
+    stream_.expires_never();
+    header_timed_out_ = false;
+    header_timer_.expires_after(
         std::chrono::milliseconds(absl::ToInt64Milliseconds(context_.header_timeout)));
+    header_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (ec) return;  // cancelled: the header arrived, or the connection ended, in time
+      self->header_timed_out_ = true;
+      self->stream_.cancel();
+    });
     http::async_read_header(stream_, buffer_, *parser_,
                             beast::bind_front_handler(&Session::OnHeader, shared_from_this()));
   }
 
   void OnHeader(beast::error_code ec, size_t) {
+    header_timer_.cancel();
     // A Content-Length past the limit is refused while the header is parsed.
     if (ec == http::error::body_limit) return SendTooLarge();
     if (ec) {
       head_ = false;
       version_ = 11;
+      if (header_timed_out_) {
+        return Refuse(408,
+                      absl::StrCat("the request's header was not complete ",
+                                   absl::FormatDuration(context_.header_timeout),
+                                   " after its first byte (--request-header-timeout): send the "
+                                   "request line and header fields at once"),
+                      absl::StatusCode::kDeadlineExceeded);
+      }
       if (std::optional<Refusal> r = FramingRefusal(ec)) return Refuse(r->status, r->message);
       return Close();  // end of stream, idle timeout, a reset
     }
@@ -108,15 +126,14 @@ class Session : public std::enable_shared_from_this<Session> {
     keep_alive_ = req.keep_alive();
     head_ = req.method() == http::verb::head;
     if (std::optional<std::string> bad = ConflictingLength(req)) return Refuse(400, *bad);
-    if (kind_ == HttpSessionKind::kHealthOnly) {
+    if (kind_ == HttpSessionKind::kReserved) {
       keep_alive_ = false;  // one answer, then the reserved connection is free again
       const std::string_view target(req.target().data(), req.target().size());
-      if (target.substr(0, target.find('?')) != "/health") {
-        return Refuse(503, absl::StrCat("this server is at its connection limit "
-                                        "(--max-connections ",
-                                        context_.max_connections,
-                                        "): the connections past it serve only /health; "
-                                        "retry, or reuse a kept-alive connection"),
+      if (target.substr(0, target.find('?')) != context_.reserved_path) {
+        return Refuse(503,
+                      absl::StrCat("this server is at its connection limit (", context_.limit_name,
+                                   "): the connections past it serve only ", context_.reserved_path,
+                                   "; retry, or reuse a kept-alive connection"),
                       absl::StatusCode::kUnavailable);
       }
     }
@@ -185,15 +202,14 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     const auto& fields = parser_->get();  // those parsed before the error
     if (ec == http::error::header_limit) {
-      const std::string_view seen(static_cast<const char*>(buffer_.data().data()),
-                                  buffer_.size());
+      const std::string_view seen(static_cast<const char*>(buffer_.data().data()), buffer_.size());
       if (seen.find("\r\n") == std::string_view::npos) {
         return Refusal{414, absl::StrCat("the request line is longer than ", kHeaderLimit,
                                          " bytes: send a shorter URL (large inputs go in a "
                                          "POST body)")};
       }
-      return Refusal{431, absl::StrCat("the request's header fields are larger than ",
-                                       kHeaderLimit, " bytes: send fewer or shorter ones")};
+      return Refusal{431, absl::StrCat("the request's header fields are larger than ", kHeaderLimit,
+                                       " bytes: send fewer or shorter ones")};
     }
     const bool has_length = fields.count(http::field::content_length) > 0;
     const bool has_encoding = fields.count(http::field::transfer_encoding) > 0;
@@ -242,6 +258,7 @@ class Session : public std::enable_shared_from_this<Session> {
     keep_alive_ = false;
     const absl::string_view text(message.data(), message.size());  // Debian's absl type
     auto res = MakeResponse(status, ErrorJson(absl::Status(code, text)));
+    stream_.expires_after(kRefusalWriteTimeout);
     http::async_write(stream_, *res,
                       [self = shared_from_this(), res](beast::error_code ec, size_t) {
                         if (ec) return self->Close();
@@ -251,6 +268,9 @@ class Session : public std::enable_shared_from_this<Session> {
                         self->Discard();
                       });
   }
+
+  // A refusal is a few hundred bytes: a client that does not take them in this long is gone.
+  static constexpr std::chrono::seconds kRefusalWriteTimeout{2};
 
   void Discard() {
     auto sink = std::make_shared<std::array<char, 65536>>();
@@ -271,7 +291,7 @@ class Session : public std::enable_shared_from_this<Session> {
       view.authorization = std::string(it->value());
     }
     view.body = &req.body();
-    HttpRouted routed = context_.router->Route(view);
+    HttpRouted routed = context_.handler->Route(view);
     if (HttpReply* reply = std::get_if<HttpReply>(&routed)) return Reply(std::move(*reply));
     if (HttpDeferred* deferred = std::get_if<HttpDeferred>(&routed)) {
       return Defer(std::move(deferred->work));
@@ -292,17 +312,17 @@ class Session : public std::enable_shared_from_this<Session> {
           self->context_.log(absl::StrCat("http: internal error handling a request: ", e.what()));
         }
       }
-      net::post(self->stream_.get_executor(), [self, reply = std::move(reply)]() mutable {
-        self->Reply(std::move(reply));
-      });
+      net::post(self->stream_.get_executor(),
+                [self, reply = std::move(reply)]() mutable { self->Reply(std::move(reply)); });
     });
   }
 
-  std::shared_ptr<http::response<http::string_body>> MakeResponse(int status, std::string body) {
+  std::shared_ptr<http::response<http::string_body>> MakeResponse(
+      int status, std::string body, const std::string& content_type = "application/json") {
     auto res = std::make_shared<http::response<http::string_body>>(
         static_cast<http::status>(status), version_);
     res->set(http::field::server, "prefixd");
-    res->set(http::field::content_type, "application/json");
+    res->set(http::field::content_type, content_type);
     res->keep_alive(keep_alive_);
     res->body() = std::move(body);
     res->prepare_payload();
@@ -313,7 +333,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void Reply(HttpReply reply) {
-    auto res = MakeResponse(reply.status, std::move(reply.body));
+    auto res = MakeResponse(reply.status, std::move(reply.body), reply.content_type);
     http::async_write(stream_, *res,
                       [self = shared_from_this(), res](beast::error_code ec, size_t) {
                         if (ec || res->need_eof()) return self->Close();
@@ -420,8 +440,8 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     const size_t room = kMaxPipelinedBytes - buffer_.size();
-    const ssize_t n = ::recv(stream_.socket().native_handle(), buffer_.prepare(room).data(), room,
-                             MSG_DONTWAIT);
+    const ssize_t n =
+        ::recv(stream_.socket().native_handle(), buffer_.prepare(room).data(), room, MSG_DONTWAIT);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
       return ClientGone();
     }
@@ -449,12 +469,15 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void Close() {
+    header_timer_.cancel();
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
     stream_.close();
   }
 
   beast::tcp_stream stream_;
+  net::steady_timer header_timer_;  // the header deadline; on the stream's strand
+  bool header_timed_out_ = false;   // it passed while the header was being read
   const HttpSessionContext& context_;
   const HttpSessionKind kind_;
   beast::flat_buffer buffer_;

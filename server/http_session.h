@@ -1,7 +1,7 @@
 // One HTTP/1.1 connection on Boost.Beast: reads requests one after another (keep-alive,
-// pipelined requests wait in the buffer), hands each to the router (server/http_router.h)
-// and writes what it returns; a completion is pumped on the connection's strand, engine
-// events posted onto it.
+// pipelined requests wait in the buffer), hands each to the front end's handler
+// (server/http_handler.h) and writes what it returns; a completion is pumped on the connection's
+// strand, engine events posted onto it.
 //
 // Backpressure: at most one write is in flight; tokens that arrive meanwhile are coalesced
 // (server/generate_output.h) into the next write.
@@ -10,7 +10,8 @@
 // while no token is being written to it. Bytes that arrive meanwhile are a pipelined request:
 // they are buffered (64 KiB at most) and answered after the completion, in order.
 // Deadlines: the idle timeout until a request's first byte, then the header timeout until its
-// header is in (a client trickling it is closed), then 60 s for the body.
+// header is in (a client trickling it gets 408, then the connection closes), then 60 s for
+// the body; a refusal's write gets 2 s.
 // Framing: a request whose framing can be read more than one way (Content-Length with
 // Transfer-Encoding, two Content-Lengths) or that is malformed is answered 400, one over the
 // header limit 414 (a long request line) or 431, a body over the limit 413; each then closes.
@@ -22,13 +23,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <string_view>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "boost/asio/ip/tcp.hpp"
 #include "server/executor.h"
-#include "server/http_router.h"
+#include "server/http_handler.h"
 
 namespace prefixd {
 
@@ -52,19 +54,22 @@ class HttpLiveCounts {
 
 // Shared by every session of a front end, and outlives them.
 struct HttpSessionContext {
-  HttpRouter* router = nullptr;
+  HttpHandler* handler = nullptr;
   HttpLiveCounts* counts = nullptr;
-  size_t max_body_bytes = 0;    // a larger body is refused with 413 before it is read
-  absl::Duration idle_timeout;  // between requests, until a request's first byte
+  size_t max_body_bytes = 0;      // a larger body is refused with 413 before it is read
+  absl::Duration idle_timeout;    // between requests, until a request's first byte
   absl::Duration header_timeout;  // from a request's first byte to the end of its header
-  int max_connections = 0;        // the front end's limit, for the reserve's message
+  // What a session past the front end's connection limit serves ("/health", "/metrics"), and
+  // the limit as its 503 names it ("--max-connections 20").
+  std::string reserved_path;
+  std::string limit_name;
   Executor* background = nullptr;  // runs deferred replies (HttpDeferred)
   std::function<void(std::string_view)> log;
 };
 
-// A session accepted past the front end's connection limit serves /health only (anything
-// else is 503) and closes after its one answer.
-enum class HttpSessionKind { kAll, kHealthOnly };
+// A session accepted past the front end's connection limit serves the context's
+// reserved_path only (anything else is 503) and closes after its one answer.
+enum class HttpSessionKind { kAll, kReserved };
 
 // Serves `socket` until the client closes it, an error, or the io_context stops.
 void StartHttpSession(boost::asio::ip::tcp::socket socket, const HttpSessionContext* context,

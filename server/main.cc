@@ -19,8 +19,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/flag_names.h"
 #include "cache/remote/remote_tier_options.h"
+#include "server/flag_names.h"
 #include "server/server.h"
 
 ABSL_FLAG(std::string, model, "",
@@ -84,8 +84,8 @@ ABSL_FLAG(int32_t, max_adapters, 8, "Most LoRA adapters loaded at once");
 ABSL_FLAG(absl::Duration, connection_idle_timeout, absl::Seconds(300),
           "Close a gRPC connection that has had no call for this long");
 ABSL_FLAG(absl::Duration, request_header_timeout, absl::Seconds(2),
-          "HTTP and metrics listeners: close a connection whose request header is not complete "
-          "this long after its first byte (slowloris)");
+          "HTTP and metrics listeners: answer 408 and close a connection whose request header "
+          "is not complete this long after its first byte (slowloris)");
 
 namespace prefixd {
 namespace {
@@ -272,8 +272,7 @@ int Run() {
     return 1;
   }
   Log("stopped");
-  // The Server is not destroyed: the process exits next, and stopping CivetWeb would wait
-  // out its poll timeouts (~2 s) to free nothing the exit does not.
+  // The Server is not destroyed: the process exits next, which frees everything at once.
   server->release();
   return 0;
 }

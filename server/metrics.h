@@ -68,7 +68,7 @@ class ServerMetrics : public prometheus::Collectable {
   // `adapter` label value (see above; RequestPath::AdapterLabel).
   void RecordRequest(Api api, absl::StatusCode code, std::string_view adapter);
 
-  // Refreshes from the sources, then returns every family (the Exposer calls this per scrape).
+  // Refreshes from the sources, then returns every family (ExpositionText, per scrape).
   std::vector<prometheus::MetricFamily> Collect() const override;
 
   // The text exposition format, as /metrics serves it.

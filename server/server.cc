@@ -1,20 +1,14 @@
 #include "server/server.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <exception>
 #include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
 
-#include "CivetServer.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -26,16 +20,17 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server_posix.h"
-#include "prometheus/exposer.h"
 #include "server/auth.h"
 #include "server/backend_factory.h"
 #include "server/connection_acceptor.h"
 #include "server/executor.h"
 #include "server/http_front_end.h"
+#include "server/http_router.h"
 #include "server/inference_service.h"
 #include "server/listen_address.h"
 #include "server/malformed_request_interceptor.h"
 #include "server/metrics.h"
+#include "server/metrics_endpoint.h"
 #include "server/rate_limited_log.h"
 #include "server/request_path.h"
 #include "server/tls_identity.h"
@@ -76,48 +71,20 @@ absl::StatusOr<ServerListenAddresses> ParseServerListenAddresses(const ServerOpt
   return out;
 }
 
-// CivetWeb (under prometheus-cpp's Exposer) takes its own "ip:port,ip:port" list and cannot
-// bind port 0: so it gets every address the host resolves to, and for port 0 a free port
-// the kernel picked for them here first. The port could be taken in between; start-up then
-// fails clearly.
-absl::StatusOr<std::string> CivetListeningPorts(const ListenAddress& address) {
-  ListenAddress fixed = address;
-  if (fixed.port == 0) {
-    absl::StatusOr<ListenSockets> probe = Listen(fixed, 1);
-    if (!probe.ok()) return probe.status();
-    for (int fd : probe->fds) close(fd);
-    fixed.port = probe->port;
-  }
-  absl::StatusOr<std::vector<SocketAddress>> resolved =
-      ResolveListenAddress("--metrics-listen", fixed);
-  if (!resolved.ok()) return resolved.status();
-  std::vector<std::string> ports;
-  for (const SocketAddress& a : *resolved) ports.push_back(a.ToString());
-  return absl::StrJoin(ports, ",");
-}
-
-// CivetWeb reports why it failed only through this hook; it has no user pointer, so the
-// lines go to stderr whatever ServerOptions::log is.
-int LogCivetMessage(const mg_connection*, const char* message) {
-  LogToStderr(absl::StrCat("metrics http: ", message));
-  return 1;
-}
-
 // A pump is short (poll, decode a few tokens, build one message, StartWrite); a few threads
 // keep one call that is slow to lock its reactor from holding up the others.
 constexpr int kGrpcPumpThreads = 4;
 
-// The metrics endpoint's HTTP threads (CivetWeb gives each connection one until its request
-// is answered or --request-header-timeout passes): enough that a few dozen connections
-// trickling headers do not hold back a scrape.
-constexpr int kMetricsThreads = 32;
+// Requests to the metrics listener have no body worth reading.
+constexpr size_t kMetricsMaxBodyBytes = 4096;
 
 // How long a new gRPC connection may take to complete its TLS and HTTP/2 handshakes (gRPC's
 // default), or the idle timeout when that is shorter.
 constexpr int64_t kHandshakeTimeoutMs = 120000;
 
 // Descriptors kept for everything but gRPC connections: the model's files, the metrics
-// endpoint's connections, gRPC's and CUDA's own descriptors, the log.
+// listener's connections (kMetricsMaxConnections and its reserve), gRPC's and CUDA's own
+// descriptors, the log.
 constexpr int64_t kReservedDescriptors = 128;
 // The derived connection limit's ceiling: each connection costs gRPC memory too.
 constexpr int64_t kMaxDerivedConnections = 16384;
@@ -199,7 +166,7 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
 }  // namespace
 
 // Everything the server owns, declared in the order it is built: members are destroyed in
-// reverse, so the exposer stops scraping before the engine goes, the gRPC server stops
+// reverse, so the metrics listener stops scraping before the engine goes, the gRPC server stops
 // before its service, the engine before the backend, the backend before the model.
 struct Server::Parts {
   ServerOptions options;
@@ -224,8 +191,8 @@ struct Server::Parts {
   std::unique_ptr<ConnectionAcceptor> acceptor;  // null for TLS on a unix socket
   int max_connections = 0;  // resolved from --max-connections and RLIMIT_NOFILE
   std::unique_ptr<HttpFrontEnd> http;
-  std::unique_ptr<prometheus::Exposer> exposer;
-  ServerListenAddresses listen;  // parsed from the options by Build
+  std::unique_ptr<HttpFrontEnd> metrics_http;  // the metrics listener
+  ServerListenAddresses listen;                // parsed from the options by Build
   std::string grpc_address;
   int grpc_port = 0;
   int metrics_port = 0;
@@ -273,8 +240,8 @@ struct Server::Parts {
       if (!http->WaitForNoCompletions(absl::Seconds(5))) log("cutting off HTTP responses");
       http->Stop();
     }
-    // Waits for a scrape in progress, so none reads the engine once it is gone.
-    if (exposer != nullptr) exposer->RemoveCollectable(metrics);
+    // Joins its I/O thread, so no scrape reads the engine once it is gone.
+    if (metrics_http != nullptr) metrics_http->Stop();
     stopped.Notify();
   }
 
@@ -366,24 +333,26 @@ absl::Status Server::Parts::Build() {
     if (!options.kv_remote_password_file.empty()) {
       absl::StatusOr<std::string> pw = ReadWholeFile(options.kv_remote_password_file);
       if (!pw.ok()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "--kv-remote-password-file ", options.kv_remote_password_file, ": ", pw.status().message()));
+        return absl::FailedPreconditionError(absl::StrCat("--kv-remote-password-file ",
+                                                          options.kv_remote_password_file, ": ",
+                                                          pw.status().message()));
       }
       r.password = pw->substr(0, pw->find_first_of("\r\n"));
       if (r.password.empty()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "--kv-remote-password-file ", options.kv_remote_password_file,
-            ": the first line is empty (it must hold the password)"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("--kv-remote-password-file ", options.kv_remote_password_file,
+                         ": the first line is empty (it must hold the password)"));
       }
     }
     // One line per 10 s at most: a Redis that is down fails every admission's match.
-    auto faults = std::make_shared<RateLimitedLog>(RateLimitedLog::Options{
-        .sink = [sink = log](std::string_view line) { sink(line); },
-        .interval = absl::Seconds(10)});
+    auto faults = std::make_shared<RateLimitedLog>(
+        RateLimitedLog::Options{.sink = [sink = log](std::string_view line) { sink(line); },
+                                .interval = absl::Seconds(10)});
     r.log = [faults](const std::string& line) { faults->Write(line); };
   }
   if (!options.kv_events.endpoint.empty()) {
-    absl::StatusOr<std::shared_ptr<KvEventPublisher>> p = KvEventPublisher::Start(options.kv_events);
+    absl::StatusOr<std::shared_ptr<KvEventPublisher>> p =
+        KvEventPublisher::Start(options.kv_events);
     if (!p.ok()) return p.status();
     kv_events = *std::move(p);
     eopt.kv_events = kv_events;
@@ -410,7 +379,7 @@ absl::Status Server::Parts::Build() {
         "cap %d bytes%s",
         eopt.disk_tier.dir, d.blocks, d.bytes, d.foreign_files, d.cap_bytes,
         eopt.disk_tier.max_bytes > 0 ? " (--cache-dir-bytes)"
-                                    : " (the smaller of 8 GiB and half the free space)"));
+                                     : " (the smaller of 8 GiB and half the free space)"));
   }
   if (!eopt.remote_tier.url.empty()) {
     const RemoteTierStats r = engine->Stats().remote;
@@ -435,8 +404,8 @@ absl::Status Server::Parts::Build() {
       return absl::Status(a.status().code(),
                           absl::StrCat("--adapter ", flag, ": ", a.status().message()));
     }
-    log(absl::StrFormat("adapter %s: %s, rank %d, alpha %g, %d bytes, sha256 %s", a->name,
-                        a->dir, a->rank, a->lora_alpha, a->memory_bytes, a->digest));
+    log(absl::StrFormat("adapter %s: %s, rank %d, alpha %g, %d bytes, sha256 %s", a->name, a->dir,
+                        a->rank, a->lora_alpha, a->memory_bytes, a->digest));
   }
 
   Engine* eng = engine.get();
@@ -484,7 +453,7 @@ absl::Status Server::Parts::StartHttp() {
   if (!listen.http.has_value()) return absl::OkStatus();
   HttpFrontEndOptions hopt;
   hopt.listen = *listen.http;
-  hopt.path = path.get();
+  hopt.handler = std::make_unique<HttpRouter>(path.get(), absl::ToUnixSeconds(absl::Now()));
   hopt.idle_timeout = options.connection_idle_timeout;
   hopt.header_timeout = options.request_header_timeout;
   hopt.threads = options.http_threads;
@@ -499,8 +468,10 @@ absl::Status Server::Parts::StartHttp() {
   log(absl::StrCat("http on http://", listen.http->WithPort(http_port)));
   if (!path->Authorize(std::nullopt).ok()) return absl::OkStatus();  // tokens required
   if (adapters != nullptr && backend->applies_lora()) {
-    log(absl::StrCat("warning: no --auth-tokens: every client is admin, so anyone who reaches "
-                     "http://", listen.http->WithPort(http_port),
+    log(
+        absl::StrCat("warning: no --auth-tokens: every client is admin, so anyone who reaches "
+                     "http://",
+                     listen.http->WithPort(http_port),
                      " (or the gRPC port) can load LoRA adapters from directories on this host "
                      "and unload them (POST /v1/load_lora_adapter); give --auth-tokens with an "
                      "admin column to restrict that"));
@@ -539,32 +510,23 @@ absl::Status Server::Parts::Reload() {
 
 absl::Status Server::Parts::StartMetrics() {
   if (!listen.metrics.has_value()) return absl::OkStatus();
-  absl::StatusOr<std::string> ports = CivetListeningPorts(*listen.metrics);
-  if (!ports.ok()) return ports.status();
-  const std::string& address = *ports;
-  try {
-    static CivetCallbacks callbacks;
-    callbacks.log_message = &LogCivetMessage;
-    // A connection that sends no (or half a) request holds a CivetWeb thread until the
-    // request timeout (30 s by default; it counts from the connection's start, so trickling
-    // does not extend it): so the header timeout, and threads to spare, so that a few dozen
-    // such connections cannot hold back a scrape.
-    const int64_t timeout_ms =
-        std::max<int64_t>(1, absl::ToInt64Milliseconds(options.request_header_timeout));
-    exposer = std::make_unique<prometheus::Exposer>(
-        std::vector<std::string>{"listening_ports", address, "num_threads",
-                                 std::to_string(kMetricsThreads), "request_timeout_ms",
-                                 std::to_string(timeout_ms)},
-        &callbacks);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
-  }
-  exposer->RegisterCollectable(metrics);
-  if (std::vector<int> ports = exposer->GetListeningPorts(); !ports.empty()) {
-    metrics_port = ports[0];
-    log(absl::StrCat("metrics on http://", listen.metrics->WithPort(metrics_port), "/metrics"));
-  }
+  HttpFrontEndOptions mopt;
+  mopt.listen = *listen.metrics;
+  mopt.handler = std::make_unique<MetricsEndpoint>(metrics.get());
+  mopt.name = "metrics";
+  mopt.threads = 1;  // a scrape takes milliseconds; connections wait on no thread
+  mopt.max_body_bytes = kMetricsMaxBodyBytes;
+  mopt.idle_timeout = options.connection_idle_timeout;
+  mopt.header_timeout = options.request_header_timeout;
+  mopt.max_connections = kMetricsMaxConnections;
+  mopt.reserved_path = "/metrics";
+  mopt.limit_name = absl::StrCat(kMetricsMaxConnections, " metrics connections");
+  mopt.log = log;
+  absl::StatusOr<std::unique_ptr<HttpFrontEnd>> m = HttpFrontEnd::Start(std::move(mopt));
+  if (!m.ok()) return m.status();
+  metrics_http = *std::move(m);
+  metrics_port = metrics_http->port();
+  log(absl::StrCat("metrics on http://", listen.metrics->WithPort(metrics_port), "/metrics"));
   return absl::OkStatus();
 }
 
@@ -659,8 +621,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
     if (parts->engine != nullptr && parts->path != nullptr) {
       parts->BeginDrain(absl::ZeroDuration());
       parts->stopped.WaitForNotification();
-    } else if (parts->exposer != nullptr) {
-      parts->exposer->RemoveCollectable(parts->metrics);
+    } else if (parts->metrics_http != nullptr) {
+      parts->metrics_http->Stop();
     }
     return s;
   }

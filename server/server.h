@@ -1,6 +1,6 @@
 // prefixd::Server: the composition root as a library. It loads the model, builds the backend
 // (or takes one from an injected factory), the engine, the request path and its front ends
-// (gRPC with health and reflection, HTTP), and the Prometheus exposer; serves until BeginDrain;
+// (gRPC with health and reflection, HTTP), and the metrics listener; serves until BeginDrain;
 // and stops them in order. `prefixd` (server/main.cc) is this class plus flags and signals;
 // tests run it in-process on a fake backend.
 //
@@ -24,8 +24,8 @@
 #include "engine/backend.h"
 #include "engine/engine.h"
 #include "engine/model.h"
-#include "server/backend_factory.h"
 #include "server/adapter_registry.h"
+#include "server/backend_factory.h"
 #include "server/kv_events.h"
 
 namespace prefixd {
@@ -89,6 +89,10 @@ struct ServerOptions {
   // Start-up and shutdown log lines; unset = stderr, prefixed "prefixd: ".
   std::function<void(std::string_view)> log;
 };
+
+// The metrics listener's connection limit (Prometheus keeps one connection per target);
+// ReservedConnections (server/http_front_end.h) of it more serve only /metrics.
+inline constexpr int kMetricsMaxConnections = 64;
 
 class Server {
  public:

@@ -1,7 +1,8 @@
 // One HTTP/1.1 connection's framing (server/http_session.cc), spoken over raw sockets to
-// prefixd::Server in-process: pipelined requests behind a running completion, and framing a
-// server must refuse. The engine runs the gated fake backend, so a completion is held in
-// flight for as long as a test needs.
+// prefixd::Server in-process: pipelined requests behind a running completion, the header
+// deadline and the connections kept past the limit on both listeners (HTTP and metrics),
+// and framing a server must refuse. The engine runs the gated fake backend
+// (tests/server/gated_backend_server.h), so a completion is held in flight as long as needed.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -21,15 +22,19 @@
 #include <ostream>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "bench/http_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "server/http_front_end.h"
 #include "server/server.h"
-#include "tests/engine/fake_backend.h"
+#include "tests/server/gated_backend_server.h"
 #include "tests/server/grpc_helpers.h"
 #include "tests/server/in_process_server.h"
 #include "tests/server/process.h"
@@ -37,6 +42,8 @@
 namespace prefixd::testing {
 namespace {
 
+using bench::HttpFetch;
+using bench::HttpResponse;
 using nlohmann::json;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
@@ -119,7 +126,7 @@ class RawConnection {
     getpeername(fd_, reinterpret_cast<sockaddr*>(&peer), &len);
     for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
       const int fd = std::atoi(entry.path().filename().c_str());
-      struct stat st{};
+      struct stat st {};
       if (fd == fd_ || fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
       sockaddr_in local{}, remote{};
       socklen_t l1 = sizeof(local), l2 = sizeof(remote);
@@ -141,56 +148,18 @@ class RawConnection {
   bool connected_ = false;
 };
 
-class HttpSessionTest : public ::testing::Test {
+class HttpSessionTest : public GatedBackendServerTest {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    model_dir_ = dir_->path() + "/tiny-model";
-    ASSERT_TRUE(WriteTinyModel(model_dir_).ok());
-  }
-  static void TearDownTestSuite() { delete dir_; }
-
-  void StartServer(const std::function<void(ServerOptions&)>& tweak = nullptr) {
-    ServerOptions o = TestServerOptions(model_dir_);
-    if (tweak) tweak(o);
-    o.metrics_listen = "127.0.0.1:0";
-    o.http_listen = "127.0.0.1:0";
-    o.backend_factory = [this](const Model& m) -> absl::StatusOr<std::unique_ptr<Backend>> {
-      auto b = std::make_unique<FakeBackend>(64, 16, m.config().vocab_size);
-      b->set_gate(&gate_, 0);
-      backend_ = b.get();
-      return std::unique_ptr<Backend>(std::move(b));
-    };
-    absl::StatusOr<std::unique_ptr<Server>> s = Server::Start(std::move(o));
-    ASSERT_TRUE(s.ok()) << s.status();
-    server_ = *std::move(s);
-  }
-  void TearDown() override {
-    if (!gate_.HasBeenNotified()) gate_.Notify();
-    server_.reset();
-  }
-  // A counter's value, 0 before its first count; -1 when /metrics does not answer.
-  double Count(const std::string& series) {
-    absl::StatusOr<std::string> text = HttpGet(server_->metrics_port(), "/metrics");
-    return text.ok() ? std::max(0.0, MetricValue(*text, series)) : -1;
-  }
-
   static std::string Completion(bool stream) {
-    const std::string body = json{{"prompt", json::array({1, 2, 3, 4})},
-                                  {"max_tokens", 4},
-                                  {"ignore_eos", true},
-                                  {"stream", stream}}
-                                 .dump();
+    const std::string body = json{
+        {"prompt", json::array({1, 2, 3, 4})},
+        {"max_tokens", 4},
+        {"ignore_eos", true},
+        {"stream", stream}}.dump();
     return absl::StrCat("POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
                         "Content-Type: application/json\r\nContent-Length: ", body.size(),
                         "\r\n\r\n", body);
   }
-
-  static inline TempDir* dir_ = nullptr;
-  static inline std::string model_dir_;
-  absl::Notification gate_;
-  FakeBackend* backend_ = nullptr;
-  std::unique_ptr<Server> server_;
 };
 
 // (streamed, sent in the same write as the completion)
@@ -205,8 +174,9 @@ TEST_P(PipeliningTest, ARequestBehindACompletionIsAnsweredAfterIt) {
   const auto [stream, one_write] = GetParam();
   StartServer();
   const std::string first = Completion(stream);
-  const std::string second = absl::StrCat("GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: ",
-                                          std::string(600, 'p'), "\r\nConnection: close\r\n\r\n");
+  const std::string second =
+      absl::StrCat("GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: ", std::string(600, 'p'),
+                   "\r\nConnection: close\r\n\r\n");
   ASSERT_LT(first.size(), 512u);
   RawConnection c(server_->http_port());
   ASSERT_TRUE(c.connected());
@@ -244,8 +214,8 @@ TEST_P(PipeliningTest, ARequestBehindACompletionIsAnsweredAfterIt) {
   }
   EXPECT_THAT(answer2, StartsWith("HTTP/1.1 200 OK\r\n"));
   EXPECT_THAT(answer2, HasSubstr("\"status\""));
-  EXPECT_EQ(Count("prefixd_requests_total{api=\"http\",code=\"CANCELLED\"}"), 0);
-  EXPECT_EQ(Count("prefixd_requests_total{api=\"http\",code=\"OK\"}"), 1);
+  EXPECT_EQ(Metric("prefixd_requests_total{api=\"http\",code=\"CANCELLED\"}"), 0);
+  EXPECT_EQ(Metric("prefixd_requests_total{api=\"http\",code=\"OK\"}"), 1);
 }
 
 // A pipelined request larger than the session takes in while a completion runs (64 KiB)
@@ -254,10 +224,9 @@ TEST_F(HttpSessionTest, ALargePipelinedRequestWaitsAndIsAnsweredAfterTheCompleti
   StartServer();
   // JSON's whitespace makes it large; the text stays short for the tiny model.
   const std::string body = absl::StrCat("{\"prompt\": \"hello\"", std::string(200000, ' '), "}");
-  const std::string second =
-      absl::StrCat("POST /tokenize HTTP/1.1\r\nHost: x\r\nConnection: close\r\n",
-                   "Content-Type: application/json\r\nContent-Length: ", body.size(), "\r\n\r\n",
-                   body);
+  const std::string second = absl::StrCat(
+      "POST /tokenize HTTP/1.1\r\nHost: x\r\nConnection: close\r\n",
+      "Content-Type: application/json\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
   RawConnection c(server_->http_port());
   ASSERT_TRUE(c.connected());
   ASSERT_TRUE(c.Send(Completion(/*stream=*/false)));
@@ -279,7 +248,7 @@ TEST_F(HttpSessionTest, ALargePipelinedRequestWaitsAndIsAnsweredAfterTheCompleti
   EXPECT_THAT(got.substr(0, second_head), HasSubstr("\"finish_reason\":\"length\""));
   EXPECT_THAT(got.substr(second_head), StartsWith("HTTP/1.1 200 OK\r\n"));
   EXPECT_THAT(got.substr(second_head), HasSubstr("\"count\":"));
-  EXPECT_EQ(Count("prefixd_requests_total{api=\"http\",code=\"CANCELLED\"}"), 0);
+  EXPECT_EQ(Metric("prefixd_requests_total{api=\"http\",code=\"CANCELLED\"}"), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(StreamedAndWhole, PipeliningTest,
@@ -291,31 +260,130 @@ INSTANTIATE_TEST_SUITE_P(StreamedAndWhole, PipeliningTest,
 
 // ---- slowloris: the header deadline and the connections kept for /health ----
 
-// Once a request's first byte is in, its header has --request-header-timeout, however long
-// the idle timeout: a client that trickles it is cut off. A connection that sends nothing
-// keeps the idle timeout.
-TEST_F(HttpSessionTest, AHeaderNotCompleteInTimeIsCutOffButAnIdleConnectionStays) {
+// Once a request's first byte is in, its header has --request-header-timeout on both
+// listeners, however long the idle timeout: a client that trickles it gets 408 (then the
+// connection closes) instead of holding a connection. One that sends nothing keeps the idle
+// timeout.
+TEST_F(HttpSessionTest, AHeaderNotCompleteInTimeGets408ButAnIdleConnectionStays) {
   StartServer([](ServerOptions& o) {
     o.connection_idle_timeout = absl::Minutes(10);
     o.request_header_timeout = absl::Milliseconds(300);
   });
   gate_.Notify();
-  RawConnection idle(server_->http_port());
-  ASSERT_TRUE(idle.connected());
-  RawConnection slow(server_->http_port());
-  ASSERT_TRUE(slow.connected());
-  ASSERT_TRUE(slow.Send("GET /health HTTP/1.1\r\nHost: x\r\nX-Trickle: a"));
-  bool reset = false, gave_up = false;
-  const std::string got = slow.ReadToEnd(&reset, &gave_up);
-  EXPECT_FALSE(gave_up) << "a connection trickling its header was left open";
-  EXPECT_EQ(got, "") << "no answer to half a request";
-  // `idle` has been open longer than the header deadline without a byte: still served.
-  ASSERT_TRUE(idle.Send("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
-  const std::string answer = idle.ReadToEnd(&reset, &gave_up);
-  EXPECT_THAT(answer, StartsWith("HTTP/1.1 200 OK\r\n"));
+  for (const auto& [port, path] : {std::pair<int, std::string>{server_->http_port(), "/health"},
+                                   {server_->metrics_port(), "/metrics"}}) {
+    SCOPED_TRACE(path);
+    RawConnection idle(port);
+    ASSERT_TRUE(idle.connected());
+    RawConnection slow(port);
+    ASSERT_TRUE(slow.connected());
+    ASSERT_TRUE(slow.Send(absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: x\r\nX-Trickle: a")));
+    bool reset = false, gave_up = false;
+    const std::string got = slow.ReadToEnd(&reset, &gave_up);
+    EXPECT_FALSE(gave_up) << "a connection trickling its header was left open";
+    EXPECT_FALSE(reset) << "the connection was reset";
+    EXPECT_THAT(got, StartsWith("HTTP/1.1 408 "));
+    EXPECT_THAT(got, HasSubstr("Connection: close\r\n"));
+    EXPECT_THAT(got, HasSubstr("--request-header-timeout"));
+    // `idle` has been open longer than the header deadline without a byte: still served.
+    ASSERT_TRUE(idle.Send(
+        absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: x\r\n", "Connection: close\r\n\r\n")));
+    EXPECT_THAT(idle.ReadToEnd(&reset, &gave_up), StartsWith("HTTP/1.1 200 OK\r\n"));
+  }
 }
 
-// Past --max-connections (2 here) one more connection (HealthReserve) is accepted that
+// Connections trickling their headers on the metrics port (here under a header deadline
+// longer than the test) do not keep a scrape out: it is answered.
+TEST_F(HttpSessionTest, FortyTricklingConnectionsDoNotKeepAScrapeOut) {
+  StartServer([](ServerOptions& o) { o.request_header_timeout = absl::Minutes(10); });
+  gate_.Notify();
+  std::vector<std::unique_ptr<RawConnection>> tricklers;
+  for (int i = 0; i < 40; ++i) {
+    tricklers.push_back(std::make_unique<RawConnection>(server_->metrics_port()));
+    ASSERT_TRUE(tricklers.back()->connected());
+    ASSERT_TRUE(tricklers.back()->Send("GET /metrics HTTP/1.1\r\nHost: x\r\n"));
+  }
+  for (int round = 0; round < 3; ++round) {
+    for (const std::unique_ptr<RawConnection>& c : tricklers) ASSERT_TRUE(c->Send("X"));
+    absl::StatusOr<std::string> text =
+        HttpGet(server_->metrics_port(), "/metrics", absl::Seconds(30));
+    ASSERT_TRUE(text.ok()) << text.status();
+    EXPECT_THAT(*text, HasSubstr("prefixd_kv_pool_bytes"));
+  }
+}
+
+// The metrics listener serves /metrics (GET and HEAD) in the text format Prometheus scrapes,
+// and nothing else.
+TEST_F(HttpSessionTest, TheMetricsListenerServesMetricsOnly) {
+  StartServer();
+  gate_.Notify();
+  const int port = server_->metrics_port();
+  absl::StatusOr<HttpResponse> r = HttpFetch(port, "GET", "/metrics");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, 200);
+  EXPECT_THAT(r->headers["content-type"], StartsWith("text/plain; version=0.0.4"));
+  EXPECT_THAT(r->body, HasSubstr("# TYPE prefixd_kv_pool_bytes gauge"));
+  r = HttpFetch(port, "GET", "/metrics?x=1");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, 200);
+  for (const auto& [method, path, status] :
+       {std::tuple<std::string, std::string, int>{"GET", "/health", 404},
+        {"GET", "/", 404},
+        {"POST", "/v1/completions", 404},
+        {"POST", "/metrics", 405}}) {
+    r = HttpFetch(port, method, path, method == "POST" ? "{}" : "");
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->status, status) << method << " " << path << ": " << r->body;
+  }
+  RawConnection head(port);
+  ASSERT_TRUE(head.connected());
+  ASSERT_TRUE(head.Send("HEAD /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  bool reset = false;
+  const std::string got = head.ReadToEnd(&reset);
+  EXPECT_THAT(got, StartsWith("HTTP/1.1 200 OK\r\n"));
+  EXPECT_TRUE(absl::EndsWith(got, "\r\n\r\n")) << "a HEAD response has no body";
+}
+
+// Past its connection limit (kMetricsMaxConnections) the metrics listener accepts a few more
+// (ReservedConnections) that serve /metrics only and close after one answer: connections
+// held open cannot keep a scrape out.
+TEST_F(HttpSessionTest, PastItsLimitTheMetricsListenerKeepsConnectionsForScrapes) {
+  StartServer();
+  gate_.Notify();
+  const int port = server_->metrics_port();
+  const std::string scrape = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+  std::vector<std::unique_ptr<RawConnection>> held;
+  for (int i = 0; i < kMetricsMaxConnections; ++i) {
+    held.push_back(std::make_unique<RawConnection>(port));
+    ASSERT_TRUE(held.back()->connected());
+    ASSERT_TRUE(held.back()->Send(scrape));
+    ASSERT_THAT(held.back()->ReadResponseHead(), StartsWith("HTTP/1.1 200 OK\r\n")) << i;
+  }
+  bool reset = false, gave_up = false;
+  std::string got;
+  {
+    RawConnection other(port);
+    ASSERT_TRUE(other.connected());
+    ASSERT_TRUE(other.Send("GET /other HTTP/1.1\r\nHost: x\r\n\r\n"));
+    got = other.ReadToEnd(&reset, &gave_up);
+  }
+  EXPECT_FALSE(gave_up) << "a connection past the limit was not served";
+  EXPECT_THAT(got, StartsWith("HTTP/1.1 503 "));
+  EXPECT_THAT(got, HasSubstr("connection limit"));
+  EXPECT_THAT(got, HasSubstr("serve only /metrics"));
+  for (int i = 0; i < ReservedConnections(kMetricsMaxConnections) + 1; ++i) {
+    RawConnection probe(port);
+    ASSERT_TRUE(probe.connected());
+    ASSERT_TRUE(probe.Send(scrape));
+    got = probe.ReadToEnd(&reset, &gave_up);
+    EXPECT_FALSE(gave_up) << "a scrape past the limit was not served";
+    EXPECT_THAT(got, StartsWith("HTTP/1.1 200 OK\r\n"));
+    EXPECT_THAT(got, HasSubstr("Connection: close\r\n"));
+    EXPECT_THAT(got, HasSubstr("prefixd_kv_pool_bytes"));
+  }
+}
+
+// Past --max-connections (2 here) one more connection (ReservedConnections) is accepted that
 // serves /health only: connections held open cannot keep a load balancer's probe out.
 TEST_F(HttpSessionTest, PastTheConnectionLimitAReserveServesHealthOnly) {
   StartServer([](ServerOptions& o) { o.max_connections = 2; });
@@ -351,7 +419,7 @@ TEST_F(HttpSessionTest, PastTheConnectionLimitAReserveServesHealthOnly) {
     EXPECT_THAT(got, StartsWith("HTTP/1.1 200 OK\r\n"));
     EXPECT_THAT(got, HasSubstr("Connection: close\r\n"));
   }
-  EXPECT_EQ(HealthReserve(2), 1);
+  EXPECT_EQ(ReservedConnections(2), 1);
 }
 
 // ---- framing a server must refuse: a 4xx that says what to fix, then the connection closes ----
@@ -380,7 +448,7 @@ TEST_P(BadFramingTest, IsAnsweredWithA4xxThenClosed) {
   EXPECT_THAT(got, HasSubstr("Connection: close\r\n"));
   EXPECT_THAT(got, HasSubstr(bad.message));
   // Nothing of it reached the engine.
-  EXPECT_EQ(Count("prefixd_requests_total{api=\"http\"}"), 0);
+  EXPECT_EQ(Metric("prefixd_requests_total{api=\"http\"}"), 0);
 }
 
 std::string PostWith(const std::string& headers, const std::string& body) {
@@ -408,33 +476,34 @@ INSTANTIATE_TEST_SUITE_P(
                                          "\r\nContent-Length: ", kBody.size(), "\r\n"),
                             kBody),
                    400, "more than one Content-Length"},
-        BadFraming{"TwoDifferentContentLengths",
-                   PostWith(absl::StrCat("Content-Length: ", kBody.size(),
-                                         "\r\nContent-Length: 3\r\n"),
-                            kBody),
-                   400, "Content-Length"},
+        BadFraming{
+            "TwoDifferentContentLengths",
+            PostWith(absl::StrCat("Content-Length: ", kBody.size(), "\r\nContent-Length: 3\r\n"),
+                     kBody),
+            400, "Content-Length"},
         BadFraming{"HeaderOver64KiB",
-                   PostWith(absl::StrCat("X-Big: ", std::string(70000, 'b'), "\r\n"), kBody),
-                   431, "header fields are larger than 65536 bytes"},
+                   PostWith(absl::StrCat("X-Big: ", std::string(70000, 'b'), "\r\n"), kBody), 431,
+                   "header fields are larger than 65536 bytes"},
         BadFraming{"ManyHeadersOver64KiB",
-                   PostWith([] {
-                     std::string h;
-                     for (int i = 0; i < 200; ++i) {
-                       absl::StrAppend(&h, "X-F", i, ": ", std::string(400, 'f'), "\r\n");
-                     }
-                     return h;
-                   }(),
-                            kBody),
+                   PostWith(
+                       [] {
+                         std::string h;
+                         for (int i = 0; i < 200; ++i) {
+                           absl::StrAppend(&h, "X-F", i, ": ", std::string(400, 'f'), "\r\n");
+                         }
+                         return h;
+                       }(),
+                       kBody),
                    431, "header fields are larger than 65536 bytes"},
-        BadFraming{"UrlOf100KB",
-                   absl::StrCat("GET /health?", std::string(100000, 'u'),
-                                " HTTP/1.1\r\nHost: x\r\n\r\n"),
-                   414, "request line is longer than"},
+        BadFraming{
+            "UrlOf100KB",
+            absl::StrCat("GET /health?", std::string(100000, 'u'), " HTTP/1.1\r\nHost: x\r\n\r\n"),
+            414, "request line is longer than"},
         BadFraming{"MalformedChunkedBody",
                    PostWith("Transfer-Encoding: chunked\r\n", "zz\r\nabc\r\n0\r\n\r\n"), 400,
                    "malformed HTTP request"},
-        BadFraming{"MalformedHeaderLine",
-                   "GET /health HTTP/1.1\r\nHost x\r\n\r\n", 400, "malformed HTTP request"}),
+        BadFraming{"MalformedHeaderLine", "GET /health HTTP/1.1\r\nHost x\r\n\r\n", 400,
+                   "malformed HTTP request"}),
     [](const ::testing::TestParamInfo<BadFraming>& info) { return info.param.name; });
 
 }  // namespace

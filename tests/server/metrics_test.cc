@@ -5,9 +5,12 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <tuple>
+#include <variant>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/metrics_endpoint.h"
 #include "tests/server/grpc_helpers.h"
 #include "tests/server/process.h"
 
@@ -158,8 +161,10 @@ TEST(MetricsTest, RequestsAreCountedByCode) {
   FakeEngine fake;
   ServerMetrics m(fake.Sources());
   const std::string first = m.ExpositionText();
-  EXPECT_THAT(first, HasSubstr("prefixd_requests_total{adapter=\"gpt2\",api=\"grpc\",code=\"OK\"} 0\n"));
-  EXPECT_THAT(first, HasSubstr("prefixd_requests_total{adapter=\"gpt2\",api=\"http\",code=\"OK\"} 0\n"));
+  EXPECT_THAT(first,
+              HasSubstr("prefixd_requests_total{adapter=\"gpt2\",api=\"grpc\",code=\"OK\"} 0\n"));
+  EXPECT_THAT(first,
+              HasSubstr("prefixd_requests_total{adapter=\"gpt2\",api=\"http\",code=\"OK\"} 0\n"));
   m.RecordRequest(Api::kGrpc, absl::StatusCode::kOk, "gpt2");
   m.RecordRequest(Api::kGrpc, absl::StatusCode::kOk, "gpt2");
   m.RecordRequest(Api::kGrpc, absl::StatusCode::kInvalidArgument, "gpt2");
@@ -169,7 +174,8 @@ TEST(MetricsTest, RequestsAreCountedByCode) {
   EXPECT_EQ(Value(text, "prefixd_requests_total{api=\"grpc\",code=\"OK\"}"), 2);
   EXPECT_EQ(Value(text, "prefixd_requests_total{api=\"grpc\",code=\"INVALID_ARGUMENT\"}"), 1);
   EXPECT_EQ(Value(text, "prefixd_requests_total{api=\"http\",code=\"RESOURCE_EXHAUSTED\"}"), 1);
-  EXPECT_THAT(text, HasSubstr("prefixd_requests_total{adapter=\"\",api=\"http\",code=\"NOT_FOUND\"} 1\n"));
+  EXPECT_THAT(
+      text, HasSubstr("prefixd_requests_total{adapter=\"\",api=\"http\",code=\"NOT_FOUND\"} 1\n"));
 }
 
 TEST(MetricsTest, CountsAreLabelledByAdapterAndSumToTheTotals) {
@@ -286,6 +292,36 @@ TEST(MetricsTest, ExpositionPassesPromtool) {
       testing::RunCommand({"/bin/sh", "-c", "/usr/bin/promtool check metrics < " + path});
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output, "") << "promtool lint findings";
+}
+
+// The metrics listener's handler: GET and HEAD /metrics (a query is ignored) get the text
+// exposition in Prometheus' content type; another path is 404, another method 405.
+TEST(MetricsEndpointTest, ServesTheExpositionAtMetricsOnly) {
+  FakeEngine fake;
+  ServerMetrics m(fake.Sources());
+  MetricsEndpoint endpoint(&m);
+  const std::string no_body;
+  for (const char* method : {"GET", "HEAD"}) {
+    for (const char* target : {"/metrics", "/metrics?name=x"}) {
+      HttpRouted routed = endpoint.Route({.method = method, .target = target, .body = &no_body});
+      HttpReply* reply = std::get_if<HttpReply>(&routed);
+      ASSERT_NE(reply, nullptr);
+      EXPECT_EQ(reply->status, 200) << method << " " << target;
+      EXPECT_EQ(reply->content_type, "text/plain; version=0.0.4; charset=utf-8");
+      EXPECT_THAT(reply->body, HasSubstr("# TYPE prefixd_kv_pool_bytes gauge"));
+    }
+  }
+  for (const auto& [method, target, status] :
+       {std::tuple<const char*, const char*, int>{"GET", "/health", 404},
+        {"GET", "/metricsx", 404},
+        {"POST", "/metrics", 405}}) {
+    HttpRouted routed = endpoint.Route({.method = method, .target = target, .body = &no_body});
+    HttpReply* reply = std::get_if<HttpReply>(&routed);
+    ASSERT_NE(reply, nullptr);
+    EXPECT_EQ(reply->status, status) << method << " " << target;
+    EXPECT_EQ(reply->content_type, "application/json");
+    EXPECT_THAT(reply->body, HasSubstr("GET /metrics"));
+  }
 }
 
 }  // namespace

@@ -430,8 +430,8 @@ TEST_F(ServerTest, ReflectionCanBeTurnedOff) {
   EXPECT_TRUE(Generate(*stub, IdsRequest({1, 2, 3}, 2)).status.ok());
 }
 
-// Connections that send half a request (or nothing) hold an exposer thread only until its
-// request timeout, and there are threads to spare: a scrape still answers at once.
+// Connections that send half a request (or nothing) hold no thread of the metrics listener:
+// a scrape still answers at once.
 TEST_F(ServerTest, MetricsAnswerDespiteHalfOpenConnections) {
   std::vector<int> idle;
   for (int i = 0; i < 4; ++i) {
