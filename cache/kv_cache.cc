@@ -326,6 +326,11 @@ Admission KvCache::Commit(const AdmissionPlan& plan) {
   if (!in.readmission) {
     stats_.queried_tokens += s.num_tokens;
     stats_.hit_tokens += plan.num_cached;
+    if (options_.on_reuse && (!in.shared.empty() || in.partial_src >= 0)) {
+      std::vector<int32_t> read = in.shared;
+      if (in.partial_src >= 0) read.push_back(in.partial_src);
+      options_.on_reuse(read);
+    }
   }
   return out;
 }

@@ -98,6 +98,10 @@ struct KvCacheOptions {
   // (deduplication) is not reported. Must not call back into the KvCache. With on_evict it
   // describes the index exactly: every reported block is indexed until on_evict reports it.
   std::function<void(const IndexedBlock&)> on_index;
+  // Called once per first admission (not a readmission) that reads indexed blocks: the blocks
+  // it shares by reference, then the block a partial match copies from, all still indexed
+  // during the call. Must not call back into the KvCache. For residency metrics (reuse gaps).
+  std::function<void(absl::Span<const int32_t> blocks)> on_reuse;
 };
 
 struct AdmissionRequest {
