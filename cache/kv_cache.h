@@ -49,6 +49,7 @@
 #include "absl/types/span.h"
 #include "cache/block_copy.h"
 #include "cache/digest_hash.h"
+#include "cache/eviction_queue.h"
 #include "cache/kv_cache_stats.h"
 #include "cache/kv_pool.h"
 #include "cache/sha256.h"
@@ -102,6 +103,9 @@ struct KvCacheOptions {
   // it shares by reference, then the block a partial match copies from, all still indexed
   // during the call. Must not call back into the KvCache. For residency metrics (reuse gaps).
   std::function<void(absl::Span<const int32_t> blocks)> on_reuse;
+  // Cached (unreferenced) blocks a tenant may hold before its own are evicted first
+  // (cache/eviction_queue.h); -1: the pool's size, no share. SetTenantShare overrides it.
+  int64_t tenant_share_blocks = -1;
 };
 
 struct AdmissionRequest {
@@ -117,6 +121,9 @@ struct AdmissionRequest {
   int32_t reserve_uncached_tokens = 0;
   // A request coming back after preemption: not counted in queried/hit stats.
   bool readmission = false;
+  // Whose request this is, for the cache shares (cache/eviction_queue.h): the blocks the
+  // sequence indexes are the tenant's. The chain's root already keeps tenants' blocks apart.
+  TenantId tenant = 0;
   // Share whole matching blocks only, no token-granular partial copy after them: the caller
   // fills the following blocks itself (from a disk tier) before marking them computed.
   bool whole_blocks_only = false;
@@ -215,6 +222,8 @@ class KvCache {
   void Release(SequenceId seq);
   // Evicts up to `max_blocks` cached blocks (LRU leaves first). Returns how many.
   int32_t Evict(int32_t max_blocks);
+  // A tenant's share in cached blocks from now on (>= 0; the pool's size turns it off).
+  void SetTenantShare(TenantId tenant, int64_t blocks);
 
   // ---- Queries ----------------------------------------------------------------------------
   bool HasSequence(SequenceId seq) const;
@@ -230,6 +239,8 @@ class KvCache {
   int32_t block_size() const;
   int32_t num_blocks() const;
   KvCacheStats Stats() const;
+  // Per tenant that has had a block or an admission: cached blocks now, hits, evictions.
+  absl::flat_hash_map<TenantId, TenantCacheStats> TenantStats() const;
 
   // ---- Verification -----------------------------------------------------------------------
   // Verifies the invariants above from scratch (O(pool + sequences)); PREFIXD_CHECK fails on
@@ -261,7 +272,8 @@ class KvCache {
   //    block ids predictable).
   //  - index_: chain key -> indexed block; children_: parent key (root or block key) -> the
   //    indexed blocks one level below it, for token-granular partial matches.
-  //  - lru_: the evictable leaves (cached and without indexed children), oldest first.
+  //  - evictable_: the evictable leaves (cached and without indexed children) in eviction
+  //    order, with each tenant's cached-block count (cache/eviction_queue.h).
   //  - pending_: chain key -> number of running sequences whose block of that key has all its
   //    tokens but is not computed yet (admissions may wait for them).
   struct Block {
@@ -273,14 +285,16 @@ class KvCache {
     Digest root{};             // indexed: root key of the chain
     int64_t stamp_time = 0;    // cached: LRU time of the last release
     uint64_t stamp_seq = 0;    // cached: tie-break (increases on every release)
+    TenantId tenant = 0;       // indexed: the tenant of the sequence that indexed it
   };
   struct Sequence {
     std::shared_ptr<TokenChain> chain;  // tokens and (prefix-cache mode) keys
     size_t num_tokens = 0;  // chain->size() as this cache left it (a check on outside changes)
     int32_t num_computed = 0;
     std::vector<int32_t> table;
+    TenantId tenant = 0;
   };
-  using LruKey = std::tuple<int64_t, uint64_t, int32_t>;  // (time, seq, block)
+  using LruKey = EvictionQueue::Key;  // (time, seq, block)
 
   explicit KvCache(const KvCacheOptions& options);
 
@@ -313,7 +327,8 @@ class KvCache {
 
   absl::flat_hash_map<Digest, int32_t, DigestHash> index_;
   absl::flat_hash_map<Digest, std::vector<int32_t>, DigestHash> children_;
-  std::set<LruKey> lru_;
+  EvictionQueue evictable_;
+  absl::flat_hash_map<TenantId, TenantCacheStats> tenant_stats_;
   absl::flat_hash_map<Digest, int32_t, DigestHash> pending_;
   absl::flat_hash_map<SequenceId, Sequence> seqs_;
   absl::flat_hash_set<const TokenChain*> live_chains_;  // one per sequence (invariant 6)
