@@ -1,18 +1,23 @@
-// EvictionQueue: the order in which KvCache evicts its cached blocks, with per-tenant shares.
+// EvictionQueue: the order in which KvCache evicts its cached blocks, with per-tenant shares
+// and retained blocks.
 //
 // Its entries are the evictable leaves of the pool's index (cached: ref 0, indexed, no
-// indexed children), each under the tenant whose request indexed it and with its LRU stamp.
-// Separately it counts each tenant's cached blocks (leaves or not). A tenant holding more
-// cached blocks than its share is "over its share"; Pop takes
-//   1. the least recently used leaf among the tenants over their share, while there are any,
-//   2. otherwise the least recently used leaf of all,
-// so a tenant that floods the pool evicts its own old blocks before anyone else's. Blocks
-// in use (ref >= 1) are not cached: they neither count against a share nor are victims.
-// Ties in time are broken by the stamp's sequence number: the order is deterministic.
+// indexed children), each under the tenant whose request indexed it, with its LRU stamp and
+// its class: kNormal, or kRetained for a block a request asked to keep (prompt cache
+// retention). Separately it counts each tenant's cached blocks (leaves or not). A tenant
+// holding more cached blocks than its share is "over its share"; Pop takes the first of
+//   1. the least recently used normal leaf among the tenants over their share,
+//   2. the least recently used normal leaf of all,
+//   3. the least recently used retained leaf among the tenants over their share,
+//   4. the least recently used retained leaf of all,
+// so a tenant that floods the pool evicts its own old blocks before anyone else's, and a
+// retained block goes only after every normal one. Blocks in use (ref >= 1) are not cached:
+// they neither count against a share nor are victims. Ties in time are broken by the
+// stamp's sequence number: the order is deterministic.
 //
 // Invariants (Check() verifies them):
-//  1. Every entry is in by_time_ once (with its tenant) and in its tenant's leaves once,
-//     nowhere else.
+//  1. Every entry is in by_time_[class] once (with its tenant) and in its tenant's
+//     leaves[class] once, nowhere else.
 //  2. over_ is exactly the set of tenants with cached > share.
 //  3. A tenant over its share has at least one leaf (KvCache keeps cached blocks closed
 //     under children, so a tenant's cached blocks have leaves), checked by Pop.
@@ -37,6 +42,13 @@ class EvictionQueue {
  public:
   // (time, sequence number, block): the LRU stamp of a block's last release, and its id.
   using Key = std::tuple<int64_t, uint64_t, int32_t>;
+  enum Class { kNormal = 0, kRetained = 1 };
+  struct Entry {
+    Key key;
+    TenantId tenant = 0;
+    Class cls = kNormal;
+    auto operator<=>(const Entry&) const = default;
+  };
 
   // `default_share` cached blocks per tenant (the pool's size: no share applies).
   explicit EvictionQueue(int64_t default_share);
@@ -51,30 +63,30 @@ class EvictionQueue {
   void RemoveCached(TenantId tenant);
   int64_t Cached(TenantId tenant) const;
 
-  void Insert(const Key& key, TenantId tenant);
+  void Insert(const Entry& e);
   // CHECKs that the entry was there.
-  void Erase(const Key& key, TenantId tenant);
-  bool empty() const { return by_time_.empty(); }
-  size_t size() const { return by_time_.size(); }
+  void Erase(const Entry& e);
+  bool empty() const { return size() == 0; }
+  size_t size() const { return by_time_[kNormal].size() + by_time_[kRetained].size(); }
   // The next victim (see the top), removed. CHECKs !empty().
   int32_t Pop();
 
-  // Verifies the invariants; `leaves` are the pool's evictable leaves with their tenants and
-  // `cached` the cached blocks per tenant, recomputed from scratch by the caller.
-  void Check(const std::set<std::pair<Key, TenantId>>& leaves,
+  // Verifies the invariants; `leaves` are the pool's evictable leaves and `cached` the
+  // cached blocks per tenant, recomputed from scratch by the caller.
+  void Check(const std::set<Entry>& leaves,
              const absl::flat_hash_map<TenantId, int64_t>& cached) const;
 
  private:
   struct Tenant {
     int64_t cached = 0;
     int64_t share = 0;
-    std::set<Key> leaves;
+    std::set<Key> leaves[2];  // by class
   };
   Tenant& Get(TenantId tenant);
   void UpdateOver(TenantId tenant, const Tenant& t);
 
   int64_t default_share_;
-  std::map<Key, TenantId> by_time_;
+  std::map<Key, TenantId> by_time_[2];  // by class
   absl::flat_hash_map<TenantId, Tenant> tenants_;
   std::set<TenantId> over_;
 };

@@ -40,6 +40,7 @@ struct AdmissionPlan::Internal {
   int32_t evict = 0;
   bool readmission = false;
   TenantId tenant = 0;
+  int64_t retain_until = 0;
 };
 
 KvCache::KvCache(const KvCacheOptions& options)
@@ -81,8 +82,7 @@ void KvCache::Acquire(int32_t b) {
   Block& blk = blocks_[b];
   if (blk.ref == 0) {
     PREFIXD_CHECK(blk.indexed);  // a free block is handed out only by PopFree
-    if (blk.num_children == 0)
-      evictable_.Erase(LruKey{blk.stamp_time, blk.stamp_seq, b}, blk.tenant);
+    if (blk.num_children == 0) evictable_.Erase(QueueEntry(b));
     evictable_.RemoveCached(blk.tenant);
     --num_cached_;
     ++num_active_;
@@ -103,8 +103,57 @@ void KvCache::Unref(int32_t b) {
   blk.stamp_time = options_.clock ? options_.clock() : 0;
   blk.stamp_seq = ++stamp_counter_;
   evictable_.AddCached(blk.tenant);
-  if (blk.num_children == 0)
-    evictable_.Insert(LruKey{blk.stamp_time, blk.stamp_seq, b}, blk.tenant);
+  if (blk.num_children == 0) evictable_.Insert(QueueEntry(b));
+}
+
+EvictionQueue::Entry KvCache::QueueEntry(int32_t b) const {
+  const Block& blk = blocks_[b];
+  return {.key = LruKey{blk.stamp_time, blk.stamp_seq, b},
+          .tenant = blk.tenant,
+          .cls = blk.retain_until > 0 ? EvictionQueue::kRetained : EvictionQueue::kNormal};
+}
+
+void KvCache::SetRetention(int32_t b, int64_t until) {
+  Block& blk = blocks_[b];
+  if (blk.retain_until == until) return;
+  const bool queued = blk.ref == 0 && blk.indexed && blk.num_children == 0;
+  if (queued) evictable_.Erase(QueueEntry(b));
+  if (blk.retain_until > 0) {
+    PREFIXD_CHECK(retained_.erase({blk.retain_until, b}) == 1);
+    PREFIXD_CHECK(retained_by_tenant_[blk.tenant].erase({blk.retain_until, b}) == 1);
+  }
+  blk.retain_until = until;
+  if (until > 0) {
+    retained_.insert({until, b});
+    retained_by_tenant_[blk.tenant].insert({until, b});
+  }
+  if (queued) evictable_.Insert(QueueEntry(b));
+}
+
+void KvCache::Retain(int32_t b, int64_t until) {
+  const Block& blk = blocks_[b];
+  if (until <= blk.retain_until) return;  // a retention only ever extends
+  if (blk.retain_until == 0) {
+    // A tenant retains at most its share: the retention that lapses soonest goes first.
+    const int64_t share = evictable_.Share(blk.tenant);
+    if (share == 0) return;
+    std::set<std::pair<int64_t, int32_t>>& mine = retained_by_tenant_[blk.tenant];
+    if (static_cast<int64_t>(mine.size()) >= share) {
+      if (mine.begin()->first >= until) return;  // every one of them lasts longer
+      SetRetention(mine.begin()->second, 0);
+    }
+  }
+  SetRetention(b, until);
+}
+
+int32_t KvCache::ExpireRetention(int64_t now) {
+  int32_t n = 0;
+  while (!retained_.empty() && retained_.begin()->first <= now) {
+    SetRetention(retained_.begin()->second, 0);
+    ++n;
+  }
+  if (n > 0) ++generation_;
+  return n;
 }
 
 void KvCache::EvictOne() {
@@ -131,8 +180,13 @@ void KvCache::EvictOne() {
     Block& p = blocks_[blk.parent];
     // Leaves before parents: the parent becomes evictable only with its last child gone.
     if (--p.num_children == 0 && p.ref == 0) {
-      evictable_.Insert(LruKey{p.stamp_time, p.stamp_seq, blk.parent}, p.tenant);
+      evictable_.Insert(QueueEntry(blk.parent));
     }
+  }
+  if (blk.retain_until > 0) {  // out of the queue already: only the retained sets
+    PREFIXD_CHECK(retained_.erase({blk.retain_until, b}) == 1);
+    PREFIXD_CHECK(retained_by_tenant_[blk.tenant].erase({blk.retain_until, b}) == 1);
+    blk.retain_until = 0;
   }
   blk.indexed = false;
   blk.parent = -1;
@@ -188,6 +242,7 @@ absl::StatusOr<AdmissionPlan> KvCache::PlanAdmission(const AdmissionRequest& req
   in->chain = request.chain;
   in->readmission = request.readmission;
   in->tenant = request.tenant;
+  in->retain_until = request.retain_until;
   const uint32_t* prompt = chain_in.tokens().data();
   const absl::Span<const Digest> keys = chain_in.keys();
 
@@ -311,13 +366,21 @@ Admission KvCache::Commit(const AdmissionPlan& plan) {
   Sequence& s = seqs_[out.seq];
   s.chain = in.chain;
   s.tenant = in.tenant;
+  s.retain_until = in.retain_until;
+  s.prompt_blocks = static_cast<int32_t>(s.chain->size() / bs_);
   s.num_tokens = s.chain->size();
   s.num_computed = plan.num_cached;
   s.table.reserve(in.capacity_blocks);
   for (int32_t b : in.shared) {
+    if (blocks_[b].retain_until > 0) out.retained_tokens += bs_;
     Acquire(b);
     s.table.push_back(b);
+    if (s.retain_until > 0) Retain(b, s.retain_until);
   }
+  if (in.partial_src >= 0 && blocks_[in.partial_src].retain_until > 0) {
+    out.retained_tokens += in.partial_rows;
+  }
+  out.retained_tokens = std::min(out.retained_tokens, plan.num_cached);
   // Hold the copy source so that the evictions below cannot take it.
   if (in.partial_src >= 0) Acquire(in.partial_src);
   for (int32_t i = 0; i < in.evict; ++i) EvictOne();
@@ -417,6 +480,7 @@ void KvCache::IndexOrDedup(Sequence& s, int32_t i) {
       Acquire(other);
       s.table[i] = other;
       Unref(b);
+      if (s.retain_until > 0 && i < s.prompt_blocks) Retain(other, s.retain_until);
     }
     // A different block under the same key is a SHA-256 collision: ours stays unindexed.
     return;
@@ -437,6 +501,7 @@ void KvCache::IndexOrDedup(Sequence& s, int32_t i) {
   std::copy(toks, toks + bs_, &block_tokens_[int64_t{b} * bs_]);
   index_.emplace(key, b);
   children_[i == 0 ? s.chain->root() : keys[i - 1]].push_back(b);
+  if (s.retain_until > 0 && i < s.prompt_blocks) Retain(b, s.retain_until);
   if (options_.on_index) {
     options_.on_index(IndexedBlock{.block = b,
                                    .key = &blk.key,
@@ -481,6 +546,8 @@ std::vector<SequenceId> KvCache::Fork(SequenceId id,
                         "the chain already backs a live sequence");
       child.chain = chain;
       child.tenant = p.tenant;
+      child.retain_until = p.retain_until;
+      child.prompt_blocks = p.prompt_blocks;
       child.num_tokens = p.num_tokens;
       child.num_computed = p.num_computed;
       const size_t shared =
@@ -561,7 +628,12 @@ void KvCache::SetTenantShare(TenantId tenant, int64_t blocks) {
 
 absl::flat_hash_map<TenantId, TenantCacheStats> KvCache::TenantStats() const {
   absl::flat_hash_map<TenantId, TenantCacheStats> out = tenant_stats_;
-  for (auto& [tenant, stats] : out) stats.cached_blocks = evictable_.Cached(tenant);
+  for (auto& [tenant, stats] : out) {
+    stats.cached_blocks = evictable_.Cached(tenant);
+    auto it = retained_by_tenant_.find(tenant);
+    stats.retained_blocks =
+        it == retained_by_tenant_.end() ? 0 : static_cast<int64_t>(it->second.size());
+  }
   return out;
 }
 

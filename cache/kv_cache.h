@@ -124,6 +124,12 @@ struct AdmissionRequest {
   // Whose request this is, for the cache shares (cache/eviction_queue.h): the blocks the
   // sequence indexes are the tenant's. The chain's root already keeps tenants' blocks apart.
   TenantId tenant = 0;
+  // Prompt cache retention: keep the prompt's full blocks (those shared now and those its
+  // prefill indexes) until this time, in the unit of ExpireRetention's `now` (0: a normal
+  // request). A retained block is evicted only after every normal one (eviction_queue.h)
+  // and counts against its tenant's share; a tenant retains at most its share of blocks, the
+  // retention that lapses soonest giving way. A later retention of a block extends it.
+  int64_t retain_until = 0;
   // Share whole matching blocks only, no token-granular partial copy after them: the caller
   // fills the following blocks itself (from a disk tier) before marking them computed.
   bool whole_blocks_only = false;
@@ -157,6 +163,9 @@ struct Admission {
   SequenceId seq = -1;
   int32_t num_cached = 0;
   std::vector<BlockCopy> copies;  // execute before the first Forward of `seq`
+  // Of num_cached, the tokens read from retained blocks (before this admission's retention,
+  // if any, extended them).
+  int32_t retained_tokens = 0;
 };
 
 // One indexed block (KvCacheTestPeer::IndexedBlocks).
@@ -223,7 +232,11 @@ class KvCache {
   // Evicts up to `max_blocks` cached blocks (LRU leaves first). Returns how many.
   int32_t Evict(int32_t max_blocks);
   // A tenant's share in cached blocks from now on (>= 0; the pool's size turns it off).
+  // Retentions beyond a lowered share stay until they lapse or are replaced.
   void SetTenantShare(TenantId tenant, int64_t blocks);
+  // Ends every retention with retain_until <= now (the blocks stay cached, as normal ones).
+  // Returns how many ended.
+  int32_t ExpireRetention(int64_t now);
 
   // ---- Queries ----------------------------------------------------------------------------
   bool HasSequence(SequenceId seq) const;
@@ -286,6 +299,7 @@ class KvCache {
     int64_t stamp_time = 0;    // cached: LRU time of the last release
     uint64_t stamp_seq = 0;    // cached: tie-break (increases on every release)
     TenantId tenant = 0;       // indexed: the tenant of the sequence that indexed it
+    int64_t retain_until = 0;  // indexed: retained until then (0: not retained)
   };
   struct Sequence {
     std::shared_ptr<TokenChain> chain;  // tokens and (prefix-cache mode) keys
@@ -293,6 +307,8 @@ class KvCache {
     int32_t num_computed = 0;
     std::vector<int32_t> table;
     TenantId tenant = 0;
+    int64_t retain_until = 0;   // AdmissionRequest::retain_until
+    int32_t prompt_blocks = 0;  // full blocks of the prompt: those a retention covers
   };
   using LruKey = EvictionQueue::Key;  // (time, seq, block)
 
@@ -305,6 +321,11 @@ class KvCache {
   void Acquire(int32_t b);
   void Unref(int32_t b);
   void EvictOne();
+  EvictionQueue::Entry QueueEntry(int32_t b) const;
+  // Sets a block's retention (0: none), keeping the queue and the retained sets in step.
+  void SetRetention(int32_t b, int64_t until);
+  // Retains an indexed block until `until` at least, within its tenant's share.
+  void Retain(int32_t b, int64_t until);
   bool Private(int32_t b) const { return blocks_[b].ref == 1 && !blocks_[b].indexed; }
   const uint32_t* StoredTokens(int32_t b) const { return &block_tokens_[int64_t{b} * bs_]; }
   void IndexOrDedup(Sequence& s, int32_t i);
@@ -328,6 +349,9 @@ class KvCache {
   absl::flat_hash_map<Digest, int32_t, DigestHash> index_;
   absl::flat_hash_map<Digest, std::vector<int32_t>, DigestHash> children_;
   EvictionQueue evictable_;
+  // Retained blocks by (retain_until, block), all and per tenant: for expiry and the cap.
+  std::set<std::pair<int64_t, int32_t>> retained_;
+  absl::flat_hash_map<TenantId, std::set<std::pair<int64_t, int32_t>>> retained_by_tenant_;
   absl::flat_hash_map<TenantId, TenantCacheStats> tenant_stats_;
   absl::flat_hash_map<Digest, int32_t, DigestHash> pending_;
   absl::flat_hash_map<SequenceId, Sequence> seqs_;

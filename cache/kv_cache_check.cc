@@ -60,7 +60,8 @@ void KvCache::CheckInvariants() const {
   }
   int64_t n_free = 0, n_active = 0, n_cached = 0;
   size_t n_indexed = 0;
-  std::set<std::pair<LruKey, TenantId>> leaves;
+  std::set<EvictionQueue::Entry> leaves;
+  std::set<std::pair<int64_t, int32_t>> retained;
   absl::flat_hash_map<TenantId, int64_t> cached_by_tenant;
   std::vector<int32_t> children(num_blocks_, 0);
   for (int32_t b = 0; b < num_blocks_; ++b) {
@@ -101,9 +102,8 @@ void KvCache::CheckInvariants() const {
     if (!blk.indexed) continue;
     PREFIXD_CHECK(blk.num_children == children[b]);
     if (blk.ref == 0) ++cached_by_tenant[blk.tenant];
-    if (blk.ref == 0 && blk.num_children == 0) {
-      leaves.insert({LruKey{blk.stamp_time, blk.stamp_seq, b}, blk.tenant});
-    }
+    if (blk.ref == 0 && blk.num_children == 0) leaves.insert(QueueEntry(b));
+    if (blk.retain_until > 0) retained.insert({blk.retain_until, b});
   }
   PREFIXD_CHECK(index_.size() == n_indexed);
   size_t n_child_entries = 0;
@@ -113,6 +113,19 @@ void KvCache::CheckInvariants() const {
   }
   PREFIXD_CHECK(n_child_entries == n_indexed);
   evictable_.Check(leaves, cached_by_tenant);
+  for (int32_t b = 0; b < num_blocks_; ++b) {
+    PREFIXD_CHECK_MSG(blocks_[b].indexed || blocks_[b].retain_until == 0,
+                      "a block outside the index is retained");
+  }
+  PREFIXD_CHECK_MSG(retained == retained_, "retained set is not the retained blocks");
+  size_t retained_total = 0;
+  for (const auto& [tenant, mine] : retained_by_tenant_) {
+    for (const auto& [until, b] : mine) {
+      PREFIXD_CHECK(blocks_[b].tenant == tenant && retained.count({until, b}) == 1);
+    }
+    retained_total += mine.size();
+  }
+  PREFIXD_CHECK(retained_total == retained_.size());
   PREFIXD_CHECK(n_free == free_count_);
   PREFIXD_CHECK(n_active == num_active_);
   PREFIXD_CHECK(n_cached == num_cached_);
@@ -149,7 +162,7 @@ std::vector<int32_t> KvCache::EvictionOrder() const {
     out.push_back(b);
     const int32_t p = blocks_[b].parent;
     if (p >= 0 && --children[p] == 0 && blocks_[p].ref == 0) {
-      queue.Insert(LruKey{blocks_[p].stamp_time, blocks_[p].stamp_seq, p}, blocks_[p].tenant);
+      queue.Insert(QueueEntry(p));
     }
   }
   return out;
@@ -165,7 +178,7 @@ std::string KvCache::DebugState() const {
     if (blk.indexed) {
       absl::StrAppend(&out, " key=", DigestHex(blk.key).substr(0, 16), " parent=", blk.parent,
                       " children=", blk.num_children, " stamp=", blk.stamp_time, "/", blk.stamp_seq,
-                      " tenant=", blk.tenant, " tokens=[",
+                      " tenant=", blk.tenant, " retain=", blk.retain_until, " tokens=[",
                       absl::StrJoin(StoredTokens(b), StoredTokens(b) + bs_, ","), "]");
     }
     absl::StrAppend(&out, "\n");

@@ -28,11 +28,11 @@ TenantId ByHundreds(int32_t block) { return block / 100; }
 TEST(EvictionQueueTest, WithoutSharesTheOrderIsLru) {
   EvictionQueue q(8);
   q.AddCached(0);
-  q.Insert(Key{5, 1, 10}, 0);
+  q.Insert({Key{5, 1, 10}, 0});
   q.AddCached(1);
-  q.Insert(Key{3, 2, 11}, 1);
+  q.Insert({Key{3, 2, 11}, 1});
   q.AddCached(1);
-  q.Insert(Key{5, 0, 12}, 1);
+  q.Insert({Key{5, 0, 12}, 1});
   EXPECT_THAT(Drain(q, [](int32_t b) { return b == 10 ? 0 : 1; }), ElementsAre(11, 12, 10));
 }
 
@@ -42,10 +42,10 @@ TEST(EvictionQueueTest, ATenantOverItsShareIsEvictedFirst) {
   EvictionQueue q(8);
   q.SetShare(1, 1);
   q.AddCached(0);
-  q.Insert(Key{1, 1, 20}, 0);  // the oldest
+  q.Insert({Key{1, 1, 20}, 0});  // the oldest
   for (int i = 0; i < 3; ++i) {
     q.AddCached(1);
-    q.Insert(Key{10 + i, 2 + i, 30 + i}, 1);
+    q.Insert({Key{10 + i, 2 + i, 30 + i}, 1});
   }
   EXPECT_EQ(q.Cached(1), 3);
   EXPECT_EQ(q.Pop(), 30);
@@ -66,22 +66,39 @@ TEST(EvictionQueueTest, OverShareTenantsCompeteByAgeAndSharesCanChange) {
   for (TenantId t : {1, 2}) {
     for (int i = 0; i < 2; ++i) {
       q.AddCached(t);
-      q.Insert(Key{t * 10 + i, 0, t * 100 + i}, t);
+      q.Insert({Key{t * 10 + i, 0, t * 100 + i}, t});
     }
   }
   q.AddCached(3);
-  q.Insert(Key{0, 0, 300}, 3);  // within its share: last despite being the oldest
+  q.Insert({Key{0, 0, 300}, 3});  // within its share: last despite being the oldest
   // Each over-share tenant drops to its share, then plain LRU.
   EXPECT_THAT(Drain(q, ByHundreds), ElementsAre(100, 200, 300, 101, 201));
   q.SetShare(1, 5);
   EXPECT_THAT(Drain(q, ByHundreds), ElementsAre(200, 300, 100, 101, 201));
 }
 
+// Retained leaves go after every normal one, over-share tenants first within each class.
+TEST(EvictionQueueTest, RetainedLeavesGoLast) {
+  EvictionQueue q(1);
+  constexpr auto kRetained = EvictionQueue::kRetained;
+  q.AddCached(1);
+  q.Insert({Key{1, 0, 100}, 1, kRetained});  // the oldest of all
+  q.AddCached(1);
+  q.Insert({Key{5, 0, 101}, 1});
+  q.AddCached(2);
+  q.Insert({Key{2, 0, 200}, 2, kRetained});
+  q.AddCached(3);
+  q.Insert({Key{9, 0, 300}, 3});
+  // Tenant 1 is over its share (2 > 1): its normal leaf first, then the other normal leaf,
+  // then the retained ones by age.
+  EXPECT_THAT(Drain(q, ByHundreds), ElementsAre(101, 300, 100, 200));
+}
+
 // Check() recomputes the state from scratch and catches a count that drifted.
 TEST(EvictionQueueTest, CheckCatchesDrift) {
   EvictionQueue q(1);
   q.AddCached(4);
-  q.Insert(Key{1, 1, 7}, 4);
+  q.Insert({Key{1, 1, 7}, 4});
   q.Check({{Key{1, 1, 7}, 4}}, {{4, 1}});
   EXPECT_DEATH(q.Check({{Key{1, 1, 7}, 4}}, {{4, 2}}), "cached count");
   EXPECT_DEATH(q.Check({}, {{4, 1}}), "not exactly the cached leaves");

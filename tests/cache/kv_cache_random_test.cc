@@ -67,6 +67,8 @@ class RandomRun {
   void Run(int ops) {
     for (step_ = 0; step_ < ops && !::testing::Test::HasFailure(); ++step_) {
       if (rng_() % 3 == 0) now_ += rng_() % 3;  // the clock sometimes stands still
+      // Retentions (configurations with shares) lapse on the same clock.
+      if (cfg_.tenant_share >= 0 && rng_() % 4 == 0) cache_->ExpireRetention(now_);
       const uint32_t op = rng_() % 100;
       if (op < 25 || seqs_.empty()) {
         OpAdmit();
@@ -183,6 +185,7 @@ class RandomRun {
     r.reserve_uncached_tokens = static_cast<int32_t>(rng_() % 6);
     r.readmission = rng_() % 5 == 0;
     r.tenant = m.root;
+    if (cfg_.tenant_share >= 0 && rng_() % 3 == 0) r.retain_until = now_ + rng_() % 50 + 1;
 
     const int32_t expect_hit = cfg_.prefix_cache ? NaiveHit(m.root, m.tokens) : 0;
     const KvCacheStats before = cache_->Stats();

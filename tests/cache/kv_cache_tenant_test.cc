@@ -33,16 +33,19 @@ class KvCacheTenantTest : public ::testing::Test {
 
   // Admits an 8-token prompt of `tenant` starting at `first`, computes it and releases it:
   // two cached blocks of that tenant. Returns them.
-  std::vector<int32_t> CachePrompt(TenantId tenant, uint32_t first) {
+  std::vector<int32_t> CachePrompt(TenantId tenant, uint32_t first, int64_t retain_until = 0,
+                                   int32_t* retained_tokens = nullptr) {
     std::vector<uint32_t> tokens(8);
     for (uint32_t i = 0; i < 8; ++i) tokens[i] = first + i;
     AdmissionRequest r;
     r.chain = std::make_shared<TokenChain>(Root(tenant), 4, tokens);
     r.reserve_tokens = 8;
     r.tenant = tenant;
+    r.retain_until = retain_until;
     absl::StatusOr<Admission> a = cache_->Admit(r);
     EXPECT_TRUE(a.ok()) << a.status();
     if (!a.ok()) return {};
+    if (retained_tokens != nullptr) *retained_tokens = a->retained_tokens;
     cache_->MarkComputed(a->seq, 8);
     const absl::Span<const int32_t> t = cache_->BlockTable(a->seq);
     std::vector<int32_t> blocks(t.begin(), t.end());
@@ -132,6 +135,52 @@ TEST_F(KvCacheTenantTest, BlocksInUseDoNotCountAgainstTheShare) {
   EXPECT_EQ(cache_->TenantStats().at(kNoisy).cached_blocks, 2);
   EXPECT_THAT(KvCacheTestPeer::EvictionOrder(*cache_),
               ElementsAre(noisy[1], quiet[1], quiet[0], noisy[0]));
+  cache_->CheckInvariants();
+}
+
+// A retained prompt survives a flood by its own tenant and by another (every normal block
+// goes first), reports its retained hit tokens, and lapses at its time.
+TEST_F(KvCacheTenantTest, RetentionSurvivesPressureAndLapses) {
+  Make(-1);
+  const std::vector<int32_t> kept = CachePrompt(kQuiet, 0, /*retain_until=*/1000);
+  CachePrompt(kQuiet, 50);
+  for (uint32_t first = 100; first < 1000; first += 100) {
+    CachePrompt(kNoisy, first);
+    EXPECT_EQ(Hit(kQuiet, 0), 7) << "retained prefix evicted at " << first;
+  }
+  EXPECT_EQ(cache_->TenantStats().at(kQuiet).retained_blocks, 2);
+  // The retained blocks are the last victims.
+  const std::vector<int32_t> order = KvCacheTestPeer::EvictionOrder(*cache_);
+  ASSERT_GE(order.size(), 2u);
+  EXPECT_THAT(std::vector<int32_t>(order.end() - 2, order.end()), ElementsAre(kept[1], kept[0]));
+  int32_t retained = -1;
+  CachePrompt(kQuiet, 0, 0, &retained);  // a hit from retained blocks
+  EXPECT_EQ(retained, 7);
+  EXPECT_EQ(cache_->ExpireRetention(999), 0);
+  EXPECT_EQ(cache_->ExpireRetention(1000), 2);
+  EXPECT_EQ(cache_->TenantStats().at(kQuiet).retained_blocks, 0);
+  cache_->CheckInvariants();
+  // Normal blocks now: a flood of a whole pool evicts them.
+  for (uint32_t first = 1000; first < 1400; first += 100) CachePrompt(kNoisy, first);
+  EXPECT_EQ(Hit(kQuiet, 0), 0);
+  cache_->CheckInvariants();
+}
+
+// A tenant retains at most its share: the retention that lapses soonest gives way, and a
+// retention shorter than all of them is not taken. A later retention extends a block's.
+TEST_F(KvCacheTenantTest, RetentionIsCappedByTheShare) {
+  Make(-1);
+  cache_->SetTenantShare(kQuiet, 3);
+  const std::vector<int32_t> a = CachePrompt(kQuiet, 0, 500);
+  const std::vector<int32_t> b = CachePrompt(kQuiet, 100, 900);  // 4 > 3: a block of a lapses
+  EXPECT_EQ(cache_->TenantStats().at(kQuiet).retained_blocks, 3);
+  CachePrompt(kQuiet, 200, 100);  // shorter than every retention held: not retained
+  EXPECT_EQ(cache_->ExpireRetention(100), 0);
+  EXPECT_EQ(cache_->ExpireRetention(500), 1);  // what was left of a
+  EXPECT_EQ(cache_->TenantStats().at(kQuiet).retained_blocks, 2);
+  CachePrompt(kQuiet, 100, 2000);  // b again: extended
+  EXPECT_EQ(cache_->ExpireRetention(900), 0);
+  EXPECT_EQ(cache_->ExpireRetention(2000), 2);
   cache_->CheckInvariants();
 }
 
