@@ -6,8 +6,8 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
-#include "cache/block_key.h"
 #include "base/check.h"
+#include "cache/block_key.h"
 
 namespace prefixd {
 
@@ -39,6 +39,8 @@ struct AdmissionPlan::Internal {
   int32_t allocate = 0;
   int32_t evict = 0;
   bool readmission = false;
+  TenantId tenant = 0;
+  int64_t retain_until = 0;
 };
 
 KvCache::KvCache(const KvCacheOptions& options)
@@ -47,7 +49,9 @@ KvCache::KvCache(const KvCacheOptions& options)
       num_blocks_(static_cast<int32_t>(options.pool.num_blocks)),
       blocks_(num_blocks_),
       block_tokens_(static_cast<size_t>(num_blocks_) * bs_),
-      free_ring_(num_blocks_) {
+      free_ring_(num_blocks_),
+      evictable_(options.tenant_share_blocks >= 0 ? options.tenant_share_blocks
+                                                  : options.pool.num_blocks) {
   for (int32_t b = 0; b < num_blocks_; ++b) free_ring_[b] = b;
   free_count_ = num_blocks_;
   stats_.block_size = bs_;
@@ -78,9 +82,8 @@ void KvCache::Acquire(int32_t b) {
   Block& blk = blocks_[b];
   if (blk.ref == 0) {
     PREFIXD_CHECK(blk.indexed);  // a free block is handed out only by PopFree
-    if (blk.num_children == 0) {
-      PREFIXD_CHECK(lru_.erase(LruKey{blk.stamp_time, blk.stamp_seq, b}) == 1);
-    }
+    if (blk.num_children == 0) evictable_.Erase(QueueEntry(b));
+    evictable_.RemoveCached(blk.tenant);
     --num_cached_;
     ++num_active_;
   }
@@ -99,13 +102,62 @@ void KvCache::Unref(int32_t b) {
   ++num_cached_;
   blk.stamp_time = options_.clock ? options_.clock() : 0;
   blk.stamp_seq = ++stamp_counter_;
-  if (blk.num_children == 0) lru_.insert(LruKey{blk.stamp_time, blk.stamp_seq, b});
+  evictable_.AddCached(blk.tenant);
+  if (blk.num_children == 0) evictable_.Insert(QueueEntry(b));
+}
+
+EvictionQueue::Entry KvCache::QueueEntry(int32_t b) const {
+  const Block& blk = blocks_[b];
+  return {.key = LruKey{blk.stamp_time, blk.stamp_seq, b},
+          .tenant = blk.tenant,
+          .cls = blk.retain_until > 0 ? EvictionQueue::kRetained : EvictionQueue::kNormal};
+}
+
+void KvCache::SetRetention(int32_t b, int64_t until) {
+  Block& blk = blocks_[b];
+  if (blk.retain_until == until) return;
+  const bool queued = blk.ref == 0 && blk.indexed && blk.num_children == 0;
+  if (queued) evictable_.Erase(QueueEntry(b));
+  if (blk.retain_until > 0) {
+    PREFIXD_CHECK(retained_.erase({blk.retain_until, b}) == 1);
+    PREFIXD_CHECK(retained_by_tenant_[blk.tenant].erase({blk.retain_until, b}) == 1);
+  }
+  blk.retain_until = until;
+  if (until > 0) {
+    retained_.insert({until, b});
+    retained_by_tenant_[blk.tenant].insert({until, b});
+  }
+  if (queued) evictable_.Insert(QueueEntry(b));
+}
+
+void KvCache::Retain(int32_t b, int64_t until) {
+  const Block& blk = blocks_[b];
+  if (until <= blk.retain_until) return;  // a retention only ever extends
+  if (blk.retain_until == 0) {
+    // A tenant retains at most its share: the retention that lapses soonest goes first.
+    const int64_t share = evictable_.Share(blk.tenant);
+    if (share == 0) return;
+    std::set<std::pair<int64_t, int32_t>>& mine = retained_by_tenant_[blk.tenant];
+    if (static_cast<int64_t>(mine.size()) >= share) {
+      if (mine.begin()->first >= until) return;  // every one of them lasts longer
+      SetRetention(mine.begin()->second, 0);
+    }
+  }
+  SetRetention(b, until);
+}
+
+int32_t KvCache::ExpireRetention(int64_t now) {
+  int32_t n = 0;
+  while (!retained_.empty() && retained_.begin()->first <= now) {
+    SetRetention(retained_.begin()->second, 0);
+    ++n;
+  }
+  if (n > 0) ++generation_;
+  return n;
 }
 
 void KvCache::EvictOne() {
-  PREFIXD_CHECK(!lru_.empty());
-  const int32_t b = std::get<2>(*lru_.begin());
-  lru_.erase(lru_.begin());
+  const int32_t b = evictable_.Pop();
   Block& blk = blocks_[b];
   PREFIXD_CHECK(blk.ref == 0 && blk.indexed && blk.num_children == 0);
   const Digest& parent_key = blk.parent >= 0 ? blocks_[blk.parent].key : blk.root;
@@ -128,13 +180,20 @@ void KvCache::EvictOne() {
     Block& p = blocks_[blk.parent];
     // Leaves before parents: the parent becomes evictable only with its last child gone.
     if (--p.num_children == 0 && p.ref == 0) {
-      lru_.insert(LruKey{p.stamp_time, p.stamp_seq, blk.parent});
+      evictable_.Insert(QueueEntry(blk.parent));
     }
+  }
+  if (blk.retain_until > 0) {  // out of the queue already: only the retained sets
+    PREFIXD_CHECK(retained_.erase({blk.retain_until, b}) == 1);
+    PREFIXD_CHECK(retained_by_tenant_[blk.tenant].erase({blk.retain_until, b}) == 1);
+    blk.retain_until = 0;
   }
   blk.indexed = false;
   blk.parent = -1;
   --num_cached_;
   ++stats_.evictions;
+  evictable_.RemoveCached(blk.tenant);
+  ++tenant_stats_[blk.tenant].evictions;
   PushFree(b);
 }
 
@@ -145,7 +204,7 @@ int32_t KvCache::KnownKeys(const TokenChain& chain) const {
 }
 
 void KvCache::UpdatePending(const Sequence& s, int32_t old_lo, int32_t old_hi, int32_t new_lo,
-                                  int32_t new_hi) {
+                            int32_t new_hi) {
   if (!options_.enable_prefix_cache) return;
   const int32_t lo = std::min(old_lo, new_lo);
   const int32_t hi = std::max(old_hi, new_hi);
@@ -182,6 +241,8 @@ absl::StatusOr<AdmissionPlan> KvCache::PlanAdmission(const AdmissionRequest& req
   in->generation = generation_;
   in->chain = request.chain;
   in->readmission = request.readmission;
+  in->tenant = request.tenant;
+  in->retain_until = request.retain_until;
   const uint32_t* prompt = chain_in.tokens().data();
   const absl::Span<const Digest> keys = chain_in.keys();
 
@@ -252,9 +313,9 @@ absl::StatusOr<AdmissionPlan> KvCache::PlanAdmission(const AdmissionRequest& req
   for (int32_t b : in->shared) reused_cached += blocks_[b].ref == 0;
   const int64_t available = free_count_ + num_cached_ - reused_cached;
   auto capacity_blocks_for = [&](int64_t num_cached) {
-    const int64_t capacity = std::max<int64_t>({int64_t{request.reserve_tokens},
-                                                num_cached + request.reserve_uncached_tokens,
-                                                num_cached + 1});
+    const int64_t capacity =
+        std::max<int64_t>({int64_t{request.reserve_tokens},
+                           num_cached + request.reserve_uncached_tokens, num_cached + 1});
     return (capacity + bs_ - 1) / bs_;
   };
   int64_t capacity_blocks = capacity_blocks_for(plan.num_cached);
@@ -304,13 +365,22 @@ Admission KvCache::Commit(const AdmissionPlan& plan) {
                     "the chain already backs a live sequence");
   Sequence& s = seqs_[out.seq];
   s.chain = in.chain;
+  s.tenant = in.tenant;
+  s.retain_until = in.retain_until;
+  s.prompt_blocks = static_cast<int32_t>(s.chain->size() / bs_);
   s.num_tokens = s.chain->size();
   s.num_computed = plan.num_cached;
   s.table.reserve(in.capacity_blocks);
   for (int32_t b : in.shared) {
+    if (blocks_[b].retain_until > 0) out.retained_tokens += bs_;
     Acquire(b);
     s.table.push_back(b);
+    if (s.retain_until > 0) Retain(b, s.retain_until);
   }
+  if (in.partial_src >= 0 && blocks_[in.partial_src].retain_until > 0) {
+    out.retained_tokens += in.partial_rows;
+  }
+  out.retained_tokens = std::min(out.retained_tokens, plan.num_cached);
   // Hold the copy source so that the evictions below cannot take it.
   if (in.partial_src >= 0) Acquire(in.partial_src);
   for (int32_t i = 0; i < in.evict; ++i) EvictOne();
@@ -326,6 +396,12 @@ Admission KvCache::Commit(const AdmissionPlan& plan) {
   if (!in.readmission) {
     stats_.queried_tokens += s.num_tokens;
     stats_.hit_tokens += plan.num_cached;
+    tenant_stats_[in.tenant].hit_tokens += static_cast<uint64_t>(plan.num_cached);
+    if (options_.on_reuse && (!in.shared.empty() || in.partial_src >= 0)) {
+      std::vector<int32_t> read = in.shared;
+      if (in.partial_src >= 0) read.push_back(in.partial_src);
+      options_.on_reuse(read);
+    }
   }
   return out;
 }
@@ -361,8 +437,9 @@ absl::StatusOr<std::vector<BlockCopy>> KvCache::Reserve(SequenceId id, int32_t t
   }
   const int64_t need = int64_t{want_blocks - old_blocks} + static_cast<int64_t>(cow.size());
   if (need > NumAvailableBlocks()) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "KV pool full: sequence needs %d more blocks, %d can be freed", need, NumAvailableBlocks()));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("KV pool full: sequence needs %d more blocks, %d can be freed", need,
+                        NumAvailableBlocks()));
   }
   std::vector<BlockCopy> copies;
   if (need == 0) return copies;
@@ -403,6 +480,7 @@ void KvCache::IndexOrDedup(Sequence& s, int32_t i) {
       Acquire(other);
       s.table[i] = other;
       Unref(b);
+      if (s.retain_until > 0 && i < s.prompt_blocks) Retain(other, s.retain_until);
     }
     // A different block under the same key is a SHA-256 collision: ours stays unindexed.
     return;
@@ -417,11 +495,13 @@ void KvCache::IndexOrDedup(Sequence& s, int32_t i) {
   blk.indexed = true;
   blk.key = key;
   blk.root = s.chain->root();
+  blk.tenant = s.tenant;
   blk.parent = parent;
   blk.num_children = 0;
   std::copy(toks, toks + bs_, &block_tokens_[int64_t{b} * bs_]);
   index_.emplace(key, b);
   children_[i == 0 ? s.chain->root() : keys[i - 1]].push_back(b);
+  if (s.retain_until > 0 && i < s.prompt_blocks) Retain(b, s.retain_until);
   if (options_.on_index) {
     options_.on_index(IndexedBlock{.block = b,
                                    .key = &blk.key,
@@ -465,6 +545,9 @@ std::vector<SequenceId> KvCache::Fork(SequenceId id,
       PREFIXD_CHECK_MSG(live_chains_.insert(chain.get()).second,
                         "the chain already backs a live sequence");
       child.chain = chain;
+      child.tenant = p.tenant;
+      child.retain_until = p.retain_until;
+      child.prompt_blocks = p.prompt_blocks;
       child.num_tokens = p.num_tokens;
       child.num_computed = p.num_computed;
       const size_t shared =
@@ -516,8 +599,8 @@ void KvCache::Release(SequenceId id) {
 
 int32_t KvCache::Evict(int32_t max_blocks) {
   int32_t n = 0;
-  if (max_blocks > 0 && !lru_.empty()) ++generation_;
-  while (n < max_blocks && !lru_.empty()) {
+  if (max_blocks > 0 && !evictable_.empty()) ++generation_;
+  while (n < max_blocks && !evictable_.empty()) {
     EvictOne();
     ++n;
   }
@@ -536,6 +619,22 @@ const KvCache::Sequence& KvCache::Seq(SequenceId id) const {
 
 KvCache::Sequence& KvCache::Seq(SequenceId id) {
   return const_cast<Sequence&>(std::as_const(*this).Seq(id));
+}
+
+void KvCache::SetTenantShare(TenantId tenant, int64_t blocks) {
+  PREFIXD_CHECK(blocks >= 0);
+  evictable_.SetShare(tenant, blocks);
+}
+
+absl::flat_hash_map<TenantId, TenantCacheStats> KvCache::TenantStats() const {
+  absl::flat_hash_map<TenantId, TenantCacheStats> out = tenant_stats_;
+  for (auto& [tenant, stats] : out) {
+    stats.cached_blocks = evictable_.Cached(tenant);
+    auto it = retained_by_tenant_.find(tenant);
+    stats.retained_blocks =
+        it == retained_by_tenant_.end() ? 0 : static_cast<int64_t>(it->second.size());
+  }
+  return out;
 }
 
 KvCacheStats KvCache::Stats() const {

@@ -49,6 +49,7 @@
 #include "absl/types/span.h"
 #include "cache/block_copy.h"
 #include "cache/digest_hash.h"
+#include "cache/eviction_queue.h"
 #include "cache/kv_cache_stats.h"
 #include "cache/kv_pool.h"
 #include "cache/sha256.h"
@@ -98,6 +99,13 @@ struct KvCacheOptions {
   // (deduplication) is not reported. Must not call back into the KvCache. With on_evict it
   // describes the index exactly: every reported block is indexed until on_evict reports it.
   std::function<void(const IndexedBlock&)> on_index;
+  // Called once per first admission (not a readmission) that reads indexed blocks: the blocks
+  // it shares by reference, then the block a partial match copies from, all still indexed
+  // during the call. Must not call back into the KvCache. For residency metrics (reuse gaps).
+  std::function<void(absl::Span<const int32_t> blocks)> on_reuse;
+  // Cached (unreferenced) blocks a tenant may hold before its own are evicted first
+  // (cache/eviction_queue.h); -1: the pool's size, no share. SetTenantShare overrides it.
+  int64_t tenant_share_blocks = -1;
 };
 
 struct AdmissionRequest {
@@ -113,6 +121,15 @@ struct AdmissionRequest {
   int32_t reserve_uncached_tokens = 0;
   // A request coming back after preemption: not counted in queried/hit stats.
   bool readmission = false;
+  // Whose request this is, for the cache shares (cache/eviction_queue.h): the blocks the
+  // sequence indexes are the tenant's. The chain's root already keeps tenants' blocks apart.
+  TenantId tenant = 0;
+  // Prompt cache retention: keep the prompt's full blocks (those shared now and those its
+  // prefill indexes) until this time, in the unit of ExpireRetention's `now` (0: a normal
+  // request). A retained block is evicted only after every normal one (eviction_queue.h)
+  // and counts against its tenant's share; a tenant retains at most its share of blocks, the
+  // retention that lapses soonest giving way. A later retention of a block extends it.
+  int64_t retain_until = 0;
   // Share whole matching blocks only, no token-granular partial copy after them: the caller
   // fills the following blocks itself (from a disk tier) before marking them computed.
   bool whole_blocks_only = false;
@@ -146,6 +163,9 @@ struct Admission {
   SequenceId seq = -1;
   int32_t num_cached = 0;
   std::vector<BlockCopy> copies;  // execute before the first Forward of `seq`
+  // Of num_cached, the tokens read from retained blocks (before this admission's retention,
+  // if any, extended them).
+  int32_t retained_tokens = 0;
 };
 
 // One indexed block (KvCacheTestPeer::IndexedBlocks).
@@ -211,6 +231,12 @@ class KvCache {
   void Release(SequenceId seq);
   // Evicts up to `max_blocks` cached blocks (LRU leaves first). Returns how many.
   int32_t Evict(int32_t max_blocks);
+  // A tenant's share in cached blocks from now on (>= 0; the pool's size turns it off).
+  // Retentions beyond a lowered share stay until they lapse or are replaced.
+  void SetTenantShare(TenantId tenant, int64_t blocks);
+  // Ends every retention with retain_until <= now (the blocks stay cached, as normal ones).
+  // Returns how many ended.
+  int32_t ExpireRetention(int64_t now);
 
   // ---- Queries ----------------------------------------------------------------------------
   bool HasSequence(SequenceId seq) const;
@@ -226,6 +252,8 @@ class KvCache {
   int32_t block_size() const;
   int32_t num_blocks() const;
   KvCacheStats Stats() const;
+  // Per tenant that has had a block or an admission: cached blocks now, hits, evictions.
+  absl::flat_hash_map<TenantId, TenantCacheStats> TenantStats() const;
 
   // ---- Verification -----------------------------------------------------------------------
   // Verifies the invariants above from scratch (O(pool + sequences)); PREFIXD_CHECK fails on
@@ -257,7 +285,8 @@ class KvCache {
   //    block ids predictable).
   //  - index_: chain key -> indexed block; children_: parent key (root or block key) -> the
   //    indexed blocks one level below it, for token-granular partial matches.
-  //  - lru_: the evictable leaves (cached and without indexed children), oldest first.
+  //  - evictable_: the evictable leaves (cached and without indexed children) in eviction
+  //    order, with each tenant's cached-block count (cache/eviction_queue.h).
   //  - pending_: chain key -> number of running sequences whose block of that key has all its
   //    tokens but is not computed yet (admissions may wait for them).
   struct Block {
@@ -269,14 +298,19 @@ class KvCache {
     Digest root{};             // indexed: root key of the chain
     int64_t stamp_time = 0;    // cached: LRU time of the last release
     uint64_t stamp_seq = 0;    // cached: tie-break (increases on every release)
+    TenantId tenant = 0;       // indexed: the tenant of the sequence that indexed it
+    int64_t retain_until = 0;  // indexed: retained until then (0: not retained)
   };
   struct Sequence {
     std::shared_ptr<TokenChain> chain;  // tokens and (prefix-cache mode) keys
     size_t num_tokens = 0;  // chain->size() as this cache left it (a check on outside changes)
     int32_t num_computed = 0;
     std::vector<int32_t> table;
+    TenantId tenant = 0;
+    int64_t retain_until = 0;   // AdmissionRequest::retain_until
+    int32_t prompt_blocks = 0;  // full blocks of the prompt: those a retention covers
   };
-  using LruKey = std::tuple<int64_t, uint64_t, int32_t>;  // (time, seq, block)
+  using LruKey = EvictionQueue::Key;  // (time, seq, block)
 
   explicit KvCache(const KvCacheOptions& options);
 
@@ -287,6 +321,11 @@ class KvCache {
   void Acquire(int32_t b);
   void Unref(int32_t b);
   void EvictOne();
+  EvictionQueue::Entry QueueEntry(int32_t b) const;
+  // Sets a block's retention (0: none), keeping the queue and the retained sets in step.
+  void SetRetention(int32_t b, int64_t until);
+  // Retains an indexed block until `until` at least, within its tenant's share.
+  void Retain(int32_t b, int64_t until);
   bool Private(int32_t b) const { return blocks_[b].ref == 1 && !blocks_[b].indexed; }
   const uint32_t* StoredTokens(int32_t b) const { return &block_tokens_[int64_t{b} * bs_]; }
   void IndexOrDedup(Sequence& s, int32_t i);
@@ -309,7 +348,11 @@ class KvCache {
 
   absl::flat_hash_map<Digest, int32_t, DigestHash> index_;
   absl::flat_hash_map<Digest, std::vector<int32_t>, DigestHash> children_;
-  std::set<LruKey> lru_;
+  EvictionQueue evictable_;
+  // Retained blocks by (retain_until, block), all and per tenant: for expiry and the cap.
+  std::set<std::pair<int64_t, int32_t>> retained_;
+  absl::flat_hash_map<TenantId, std::set<std::pair<int64_t, int32_t>>> retained_by_tenant_;
+  absl::flat_hash_map<TenantId, TenantCacheStats> tenant_stats_;
   absl::flat_hash_map<Digest, int32_t, DigestHash> pending_;
   absl::flat_hash_map<SequenceId, Sequence> seqs_;
   absl::flat_hash_set<const TokenChain*> live_chains_;  // one per sequence (invariant 6)

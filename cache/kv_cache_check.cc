@@ -6,8 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "cache/block_key.h"
 #include "base/check.h"
+#include "cache/block_key.h"
 #include "cache/kv_cache.h"
 
 namespace prefixd {
@@ -60,7 +60,9 @@ void KvCache::CheckInvariants() const {
   }
   int64_t n_free = 0, n_active = 0, n_cached = 0;
   size_t n_indexed = 0;
-  std::set<LruKey> leaves;
+  std::set<EvictionQueue::Entry> leaves;
+  std::set<std::pair<int64_t, int32_t>> retained;
+  absl::flat_hash_map<TenantId, int64_t> cached_by_tenant;
   std::vector<int32_t> children(num_blocks_, 0);
   for (int32_t b = 0; b < num_blocks_; ++b) {
     const Block& blk = blocks_[b];
@@ -99,9 +101,9 @@ void KvCache::CheckInvariants() const {
     const Block& blk = blocks_[b];
     if (!blk.indexed) continue;
     PREFIXD_CHECK(blk.num_children == children[b]);
-    if (blk.ref == 0 && blk.num_children == 0) {
-      leaves.insert(LruKey{blk.stamp_time, blk.stamp_seq, b});
-    }
+    if (blk.ref == 0) ++cached_by_tenant[blk.tenant];
+    if (blk.ref == 0 && blk.num_children == 0) leaves.insert(QueueEntry(b));
+    if (blk.retain_until > 0) retained.insert({blk.retain_until, b});
   }
   PREFIXD_CHECK(index_.size() == n_indexed);
   size_t n_child_entries = 0;
@@ -110,7 +112,20 @@ void KvCache::CheckInvariants() const {
     n_child_entries += list.size();
   }
   PREFIXD_CHECK(n_child_entries == n_indexed);
-  PREFIXD_CHECK_MSG(leaves == lru_, "LRU set is not exactly the cached leaves");
+  evictable_.Check(leaves, cached_by_tenant);
+  for (int32_t b = 0; b < num_blocks_; ++b) {
+    PREFIXD_CHECK_MSG(blocks_[b].indexed || blocks_[b].retain_until == 0,
+                      "a block outside the index is retained");
+  }
+  PREFIXD_CHECK_MSG(retained == retained_, "retained set is not the retained blocks");
+  size_t retained_total = 0;
+  for (const auto& [tenant, mine] : retained_by_tenant_) {
+    for (const auto& [until, b] : mine) {
+      PREFIXD_CHECK(blocks_[b].tenant == tenant && retained.count({until, b}) == 1);
+    }
+    retained_total += mine.size();
+  }
+  PREFIXD_CHECK(retained_total == retained_.size());
   PREFIXD_CHECK(n_free == free_count_);
   PREFIXD_CHECK(n_active == num_active_);
   PREFIXD_CHECK(n_cached == num_cached_);
@@ -137,17 +152,17 @@ std::vector<IndexedBlockInfo> KvCache::IndexedBlocks() const {
 }
 
 std::vector<int32_t> KvCache::EvictionOrder() const {
-  std::set<LruKey> lru = lru_;
+  EvictionQueue queue = evictable_;
   std::vector<int32_t> children(num_blocks_);
   for (int32_t b = 0; b < num_blocks_; ++b) children[b] = blocks_[b].num_children;
   std::vector<int32_t> out;
-  while (!lru.empty()) {
-    const int32_t b = std::get<2>(*lru.begin());
-    lru.erase(lru.begin());
+  while (!queue.empty()) {
+    const int32_t b = queue.Pop();
+    queue.RemoveCached(blocks_[b].tenant);
     out.push_back(b);
     const int32_t p = blocks_[b].parent;
     if (p >= 0 && --children[p] == 0 && blocks_[p].ref == 0) {
-      lru.insert(LruKey{blocks_[p].stamp_time, blocks_[p].stamp_seq, p});
+      queue.Insert(QueueEntry(p));
     }
   }
   return out;
@@ -163,7 +178,8 @@ std::string KvCache::DebugState() const {
     if (blk.indexed) {
       absl::StrAppend(&out, " key=", DigestHex(blk.key).substr(0, 16), " parent=", blk.parent,
                       " children=", blk.num_children, " stamp=", blk.stamp_time, "/", blk.stamp_seq,
-                      " tokens=[", absl::StrJoin(StoredTokens(b), StoredTokens(b) + bs_, ","), "]");
+                      " tenant=", blk.tenant, " retain=", blk.retain_until, " tokens=[",
+                      absl::StrJoin(StoredTokens(b), StoredTokens(b) + bs_, ","), "]");
     }
     absl::StrAppend(&out, "\n");
   }
@@ -185,6 +201,12 @@ std::string KvCache::DebugState() const {
                 "stats queried=%d hit=%d free=%d active=%d cached=%d evictions=%d cow=%d/%d\n",
                 st.queried_tokens, st.hit_tokens, st.blocks_free, st.blocks_active,
                 st.blocks_cached, st.evictions, st.cow_copies, st.cow_rows));
+  const absl::flat_hash_map<TenantId, TenantCacheStats> tenants = TenantStats();
+  for (const auto& [id, t] : std::map<TenantId, TenantCacheStats>(tenants.begin(), tenants.end())) {
+    absl::StrAppend(
+        &out, absl::StrFormat("tenant %d share=%d cached=%d hit=%d evictions=%d\n", id,
+                              evictable_.Share(id), t.cached_blocks, t.hit_tokens, t.evictions));
+  }
   return out;
 }
 

@@ -26,6 +26,14 @@ struct KvCacheStats {
   int64_t num_sequences = 0;
 };
 
+// One tenant's part of the pool (KvCache::TenantStats).
+struct TenantCacheStats {
+  int64_t cached_blocks = 0;    // indexed, unowned blocks it indexed
+  int64_t retained_blocks = 0;  // indexed blocks it retains (in use or not)
+  uint64_t hit_tokens = 0;      // num_cached of its first admissions
+  uint64_t evictions = 0;       // its cached blocks evicted
+};
+
 }  // namespace prefixd
 
 #endif  // PREFIXD_CACHE_KV_CACHE_STATS_H_

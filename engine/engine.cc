@@ -22,6 +22,7 @@
 #include "cache/disk/disk_tier.h"
 #include "cache/kv_cache.h"
 #include "cache/remote/remote_tier.h"
+#include "engine/block_residency.h"
 #include "engine/dtype.h"
 #include "engine/kv_event_recorder.h"
 #include "engine/kv_offloader.h"
@@ -51,13 +52,15 @@ struct Engine::Shared {
 Engine::Engine(const EngineOptions& options, std::unique_ptr<DiskTier> tier,
                std::unique_ptr<RemoteTier> remote, std::unique_ptr<ScoreStore> scores,
                std::unique_ptr<KvOffloader> offloader, std::unique_ptr<KvEventRecorder> events,
-               std::unique_ptr<KvCache> cache, std::shared_ptr<Shared> shared)
+               std::unique_ptr<BlockResidency> residency, std::unique_ptr<KvCache> cache,
+               std::shared_ptr<Shared> shared)
     : options_(options),
       tier_(std::move(tier)),
       remote_(std::move(remote)),
       scores_(std::move(scores)),
       offloader_(std::move(offloader)),
       events_(std::move(events)),
+      residency_(std::move(residency)),
       cache_(std::move(cache)),
       shared_(std::move(shared)),
       scheduler_(std::make_unique<Scheduler>(SchedulerOptions{
@@ -273,9 +276,21 @@ void Engine::PublishStats() {
   if (remote_ != nullptr) stats_.remote = remote_->Stats();
   scheduler_->DrainLatencies(&latencies_.ttft, &latencies_.tpot, &latencies_.disk_load,
                              &latencies_.remote_load);
+  if (residency_ != nullptr) {
+    BlockResidency::Observations residency{
+        .lifetime = std::move(latencies_.block_lifetime),
+        .idle_before_eviction = std::move(latencies_.block_idle_before_eviction),
+        .reuse_gap = std::move(latencies_.block_reuse_gap)};
+    residency_->Drain(&residency);
+    latencies_.block_lifetime = std::move(residency.lifetime);
+    latencies_.block_idle_before_eviction = std::move(residency.idle_before_eviction);
+    latencies_.block_reuse_gap = std::move(residency.reuse_gap);
+  }
   scheduler_->DrainAdapterTokens(&adapter_tokens_);
-  for (std::vector<double>* v : {&latencies_.ttft, &latencies_.tpot, &latencies_.disk_load,
-                                 &latencies_.remote_load}) {
+  for (std::vector<double>* v :
+       {&latencies_.ttft, &latencies_.tpot, &latencies_.disk_load, &latencies_.remote_load,
+        &latencies_.block_lifetime, &latencies_.block_idle_before_eviction,
+        &latencies_.block_reuse_gap}) {
     if (v->size() > kMaxPendingLatencies) {
       v->erase(v->begin(), v->end() - kMaxPendingLatencies / 2);  // keep the latest half
     }
@@ -374,13 +389,29 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
         .sink = options.kv_events,
         .pool_medium = PoolMediumOfNumerics(options.backend->kv_numerics()),
         .block_size = options.backend->kv_pool().block_size});
-    cache_options.on_index = [ev = events.get()](const IndexedBlock& b) { ev->OnIndexed(b); };
   }
-  cache_options.on_evict = [o = offloader.get(), store = scores.get(),
-                            ev = events.get()](const EvictedBlock& e) {
+  // Only indexed blocks have a residency: none without the prefix cache.
+  std::unique_ptr<BlockResidency> residency;
+  if (options.enable_prefix_cache) {
+    residency = std::make_unique<BlockResidency>(
+        cache_options.pool.num_blocks,
+        options.clock ? options.clock : std::function<absl::Time()>([] { return absl::Now(); }));
+    cache_options.on_reuse = [r = residency.get()](absl::Span<const int32_t> blocks) {
+      r->OnReused(blocks);
+    };
+  }
+  if (events != nullptr || residency != nullptr) {
+    cache_options.on_index = [ev = events.get(), r = residency.get()](const IndexedBlock& b) {
+      if (ev != nullptr) ev->OnIndexed(b);
+      if (r != nullptr) r->OnIndexed(b.block);
+    };
+  }
+  cache_options.on_evict = [o = offloader.get(), store = scores.get(), ev = events.get(),
+                            r = residency.get()](const EvictedBlock& e) {
     const bool spilled = o->Spill(e, store->Find(*e.key));
     store->Forget(*e.key);
     if (ev != nullptr) ev->OnEvicted(e, spilled);
+    if (r != nullptr) r->OnEvicted(e.block);
   };
   absl::StatusOr<std::unique_ptr<KvCache>> cache = KvCache::Create(cache_options);
   if (!cache.ok()) return cache.status();
@@ -388,7 +419,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   if (!resolved.clock) resolved.clock = [] { return absl::Now(); };
   return std::unique_ptr<Engine>(new Engine(resolved, std::move(tier), std::move(remote),
                                             std::move(scores), std::move(offloader),
-                                            std::move(events), *std::move(cache),
+                                            std::move(events), std::move(residency),
+                                            *std::move(cache),
                                             std::move(shared)));
 }
 

@@ -28,6 +28,7 @@
 
 namespace prefixd {
 
+class BlockResidency;
 class DiskTier;
 class KvCache;
 class KvEventRecorder;
@@ -68,6 +69,11 @@ class Engine {
     std::vector<double> tpot;
     std::vector<double> disk_load;    // per block read from the disk tier (read, verify, upload)
     std::vector<double> remote_load;  // per block read from the remote tier (GET, verify, upload)
+    // Of the pool's indexed blocks (engine/block_residency.h): at eviction, the time since
+    // indexing and since the last use; at each reuse, the time since the previous use.
+    std::vector<double> block_lifetime;
+    std::vector<double> block_idle_before_eviction;
+    std::vector<double> block_reuse_gap;
   };
   // Observations waiting for DrainLatencies are bounded: with nobody draining (no metrics
   // scrape) a long-running server would otherwise grow by 8 bytes per token. Past this many
@@ -89,7 +95,8 @@ class Engine {
   Engine(const EngineOptions& options, std::unique_ptr<DiskTier> tier,
          std::unique_ptr<RemoteTier> remote, std::unique_ptr<ScoreStore> scores,
          std::unique_ptr<KvOffloader> offloader, std::unique_ptr<KvEventRecorder> events,
-         std::unique_ptr<KvCache> cache, std::shared_ptr<Shared> shared);
+         std::unique_ptr<BlockResidency> residency, std::unique_ptr<KvCache> cache,
+         std::shared_ptr<Shared> shared);
 
   // Runs `task` on the engine thread between two steps, or on the calling thread once the
   // engine thread has stopped; returns after it ran. The task may use the engine thread's
@@ -115,6 +122,9 @@ class Engine {
   // The KV events of the pool's hooks (engine/kv_event_recorder.h), or null without
   // --kv-events: the hooks call it, so it outlives the cache too.
   std::unique_ptr<KvEventRecorder> events_;
+  // The residency histograms' observations (engine/block_residency.h), fed by the pool's
+  // hooks too, so it outlives the cache as well.
+  std::unique_ptr<BlockResidency> residency_;
   std::unique_ptr<KvCache> cache_;
   // Held by shared_ptr so a RequestStream that outlives the engine can still Cancel().
   std::shared_ptr<Shared> shared_;

@@ -22,6 +22,10 @@ const prometheus::Histogram::BucketBoundaries kDiskLoadBuckets = {
 // One block from the remote tier: a GET of ~1 MB over a LAN is ~1 ms; its timeout is 20 ms.
 const prometheus::Histogram::BucketBoundaries kRemoteLoadBuckets = {
     0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25};
+// A cached block's residency: a burst of requests reuses it within seconds, a chat's next
+// turn within minutes, a shared system prompt for hours.
+const prometheus::Histogram::BucketBoundaries kResidencyBuckets = {
+    0.01, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 600, 1800, 3600, 7200, 21600, 86400};
 const prometheus::Histogram::BucketBoundaries kTpotBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025,
                                                               0.05,  0.1,    0.25,  0.5,  1};
 
@@ -44,6 +48,11 @@ ServerMetrics::ServerMetrics(MetricsSources sources)
                      .Help("Prompt tokens served from the prefix cache, RAM pool or disk or "
                            "remote tier (cached_prompt_tokens), by adapter")
                      .Register(r);
+  // = the part of prefixd_prefix_cache_hit_tokens_total found in the RAM/GPU pool
+  //   (KvCacheStats::hit_tokens): with the disk and remote parts below, the per-tier hits.
+  AddStatsCounter("prefixd_pool_cache_hit_tokens_total",
+                  "Prompt tokens served from the KV pool itself (part of the hit tokens)",
+                  [](const EngineStats& s) { return s.cache.hit_tokens; });
   // = the part of prefixd_prefix_cache_hit_tokens_total read back from the disk tier.
   AddStatsCounter("prefixd_disk_cache_hit_tokens_total",
                   "Prompt tokens served from the disk cache tier (part of the hit tokens)",
@@ -228,6 +237,26 @@ ServerMetrics::ServerMetrics(MetricsSources sources)
                       .Help("Seconds to fetch, verify and copy one block from the remote tier")
                       .Register(r)
                       .Add({}, kRemoteLoadBuckets);
+  // vLLM's cache-residency histograms (engine/block_residency.h), over every indexed block
+  // of the pool: observed at eviction (lifetime, idle) and at each reuse (gap).
+  block_lifetime_ = &BuildHistogram()
+                         .Name("prefixd_kv_block_lifetime_seconds")
+                         .Help("Seconds a pool block stayed in the prefix index, observed at "
+                               "its eviction")
+                         .Register(r)
+                         .Add({}, kResidencyBuckets);
+  block_idle_ = &BuildHistogram()
+                     .Name("prefixd_kv_block_idle_before_evict_seconds")
+                     .Help("Seconds from a pool block's last use (indexing or a prefix hit) "
+                           "to its eviction")
+                     .Register(r)
+                     .Add({}, kResidencyBuckets);
+  block_reuse_gap_ = &BuildHistogram()
+                          .Name("prefixd_kv_block_reuse_gap_seconds")
+                          .Help("Seconds between consecutive uses of a pool block (its "
+                                "indexing, then each prefix hit that reads it)")
+                          .Register(r)
+                          .Add({}, kResidencyBuckets);
   // = KvEventPublisher::published(): batches sent on the --kv-events PUB socket.
   kv_events_published_ = &BuildCounter()
                               .Name("prefixd_kv_events_published_total")
@@ -381,6 +410,9 @@ void ServerMetrics::RefreshLocked() const {
     for (double s : lat.tpot) tpot_->Observe(s);
     for (double s : lat.disk_load) disk_load_->Observe(s);
     for (double s : lat.remote_load) remote_load_->Observe(s);
+    for (double s : lat.block_lifetime) block_lifetime_->Observe(s);
+    for (double s : lat.block_idle_before_eviction) block_idle_->Observe(s);
+    for (double s : lat.block_reuse_gap) block_reuse_gap_->Observe(s);
   }
   int64_t adapters = 0;
   if (sources_.memory) {

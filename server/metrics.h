@@ -134,6 +134,9 @@ class ServerMetrics : public prometheus::Collectable {
   mutable uint64_t kv_events_published_last_ ABSL_GUARDED_BY(mu_) = 0;
   mutable uint64_t kv_events_dropped_last_ ABSL_GUARDED_BY(mu_) = 0;
   prometheus::Histogram* remote_load_;
+  prometheus::Histogram* block_lifetime_;
+  prometheus::Histogram* block_idle_;
+  prometheus::Histogram* block_reuse_gap_;
   prometheus::Gauge* mem_weights_;
   prometheus::Gauge* mem_kv_pool_;
   prometheus::Gauge* mem_workspace_;

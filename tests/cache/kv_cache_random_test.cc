@@ -24,8 +24,8 @@
 #include "cache/block_key.h"
 #include "cache/kv_cache.h"
 #include "cache/token_chain.h"
-#include "tests/cache/fork_chains.h"
 #include "gtest/gtest.h"
+#include "tests/cache/fork_chains.h"
 #include "tests/cache/kv_cache_test_peer.h"
 
 namespace prefixd {
@@ -35,6 +35,8 @@ struct Config {
   int32_t num_blocks;
   int32_t block_size;
   bool prefix_cache;
+  // Cached blocks per tenant before its own go first (-1: no shares); each root is a tenant.
+  int64_t tenant_share = -1;
 };
 
 using Prefix = std::pair<int, std::vector<uint32_t>>;  // (root index, tokens)
@@ -53,6 +55,7 @@ class RandomRun {
     o.pool.bytes_per_token = 8;
     o.enable_prefix_cache = cfg_.prefix_cache;
     o.clock = [this] { return now_; };
+    o.tenant_share_blocks = cfg_.tenant_share;
     cache_ = std::move(*KvCache::Create(o));
     roots_ = {CacheRootKey("m1", CacheNamespace("a", "")),
               CacheRootKey("m1", CacheNamespace("b", "")),
@@ -64,6 +67,8 @@ class RandomRun {
   void Run(int ops) {
     for (step_ = 0; step_ < ops && !::testing::Test::HasFailure(); ++step_) {
       if (rng_() % 3 == 0) now_ += rng_() % 3;  // the clock sometimes stands still
+      // Retentions (configurations with shares) lapse on the same clock.
+      if (cfg_.tenant_share >= 0 && rng_() % 4 == 0) cache_->ExpireRetention(now_);
       const uint32_t op = rng_() % 100;
       if (op < 25 || seqs_.empty()) {
         OpAdmit();
@@ -179,6 +184,8 @@ class RandomRun {
     r.reserve_tokens = static_cast<int32_t>(rng_() % (p + 1));
     r.reserve_uncached_tokens = static_cast<int32_t>(rng_() % 6);
     r.readmission = rng_() % 5 == 0;
+    r.tenant = m.root;
+    if (cfg_.tenant_share >= 0 && rng_() % 3 == 0) r.retain_until = now_ + rng_() % 50 + 1;
 
     const int32_t expect_hit = cfg_.prefix_cache ? NaiveHit(m.root, m.tokens) : 0;
     const KvCacheStats before = cache_->Stats();
@@ -397,8 +404,8 @@ int TotalOps() {
 }
 
 TEST(KvCacheRandomTest, MatchesNaiveModel) {
-  const Config configs[] = {
-      {24, 4, true}, {8, 4, true}, {16, 2, true}, {12, 1, true}, {24, 4, false}};
+  const Config configs[] = {{24, 4, true},  {8, 4, true},     {16, 2, true},   {12, 1, true},
+                            {24, 4, false}, {24, 4, true, 3}, {16, 2, true, 0}};
   std::vector<uint64_t> seeds;
   if (const char* s = std::getenv("PREFIXD_CACHE_SEED")) {
     seeds.push_back(std::strtoull(s, nullptr, 10));
@@ -409,9 +416,9 @@ TEST(KvCacheRandomTest, MatchesNaiveModel) {
   for (size_t i = 0; i < seeds.size(); ++i) {
     const Config& c = configs[seeds[i] % std::size(configs)];
     // Printed first, so that even a PREFIXD_CHECK abort names the seed.
-    std::fprintf(stderr, "seed=%llu blocks=%d block_size=%d prefix_cache=%d ops=%d\n",
+    std::fprintf(stderr, "seed=%llu blocks=%d block_size=%d prefix_cache=%d share=%lld ops=%d\n",
                  static_cast<unsigned long long>(seeds[i]), c.num_blocks, c.block_size,
-                 c.prefix_cache, ops_per_seed);
+                 c.prefix_cache, static_cast<long long>(c.tenant_share), ops_per_seed);
     RandomRun run(c, seeds[i]);
     run.Run(ops_per_seed);
     std::fprintf(stderr, "  %s\n", run.Summary().c_str());

@@ -616,5 +616,45 @@ TEST(KvCacheHooksTest, IndexAndEvictHooksDescribeTheIndex) {
   cache.Release(other);
 }
 
+// on_reuse names the indexed blocks a first admission reads: those it shares, then a partial
+// match's copy source; a readmission and a miss report nothing.
+TEST(KvCacheHooksTest, ReuseHookNamesTheBlocksAnAdmissionReads) {
+  std::vector<std::vector<int32_t>> reads;
+  KvCacheOptions o;
+  o.pool = {.num_blocks = 8, .block_size = 4, .bytes_per_token = 100};
+  o.on_reuse = [&](absl::Span<const int32_t> blocks) {
+    reads.emplace_back(blocks.begin(), blocks.end());
+  };
+  auto c = KvCache::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  KvCache& cache = **c;
+  auto admit = [&](std::vector<uint32_t> prompt, bool readmission) {
+    AdmissionRequest r;
+    r.chain = std::make_shared<TokenChain>(kRoot, 4, prompt);
+    r.reserve_tokens = static_cast<int32_t>(prompt.size());
+    r.readmission = readmission;
+    absl::StatusOr<Admission> a = cache.Admit(r);
+    EXPECT_TRUE(a.ok()) << a.status();
+    return a.ok() ? a->seq : SequenceId{-1};
+  };
+  const SequenceId first = admit(Iota(12), false);  // a miss: nothing read
+  EXPECT_TRUE(reads.empty());
+  cache.MarkComputed(first, 12);
+  const std::vector<int32_t> table(cache.BlockTable(first).begin(),
+                                   cache.BlockTable(first).end());
+  cache.Release(first);
+  // Blocks 0 and 1 shared whole, then 2 rows of block 2 copied (the prompt diverges there).
+  std::vector<uint32_t> diverging = Iota(10);
+  diverging.push_back(999);
+  const SequenceId second = admit(diverging, false);
+  ASSERT_EQ(reads.size(), 1u);
+  EXPECT_THAT(reads[0], ElementsAre(table[0], table[1], table[2]));
+  cache.Release(second);
+  const SequenceId again = admit(Iota(12), true);  // a readmission is not a reuse
+  EXPECT_EQ(reads.size(), 1u);
+  cache.Release(again);
+  cache.CheckInvariants();
+}
+
 }  // namespace
 }  // namespace prefixd

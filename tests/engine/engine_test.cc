@@ -558,6 +558,33 @@ TEST(EngineTest, StatsAndLatenciesCountWhatHappened) {
   EXPECT_TRUE(h.engine->DrainLatencies().ttft.empty());
 }
 
+// The residency observations follow the pool: a repeated prompt reuses its two full blocks
+// (two gaps), and a prompt that needs the whole pool evicts them (two lifetimes and idles).
+TEST(EngineTest, ResidencyObservationsFollowThePool) {
+  Harness h({.blocks = 4, .block_size = 4, .max_batch_tokens = 64});
+  std::mt19937 rng(5);
+  EngineRequest a = MakeRequest(&rng, 9, 1);
+  a.ignore_eos = true;
+  ExpectMatchesReference(Collect(**h.engine->Submit(a)), a);
+  ExpectMatchesReference(Collect(**h.engine->Submit(a)), a);
+  Engine::Latencies l = h.engine->DrainLatencies();
+  ASSERT_EQ(l.block_reuse_gap.size(), 2u);
+  for (double gap : l.block_reuse_gap) EXPECT_GT(gap, 0.0);
+  EXPECT_TRUE(l.block_lifetime.empty());
+  EngineRequest b = MakeRequest(&rng, 13, 1);
+  b.ignore_eos = true;
+  ExpectMatchesReference(Collect(**h.engine->Submit(b)), b);
+  l = h.engine->DrainLatencies();
+  ASSERT_EQ(l.block_lifetime.size(), 2u);
+  ASSERT_EQ(l.block_idle_before_eviction.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    // Reused after indexing, so idle for less than the block lived.
+    EXPECT_GT(l.block_idle_before_eviction[i], 0.0);
+    EXPECT_LT(l.block_idle_before_eviction[i], l.block_lifetime[i]);
+  }
+  EXPECT_TRUE(l.block_reuse_gap.empty());
+}
+
 TEST(EngineTest, SoakEveryRequestEndsOnceWithReferenceOutputAndThePoolIsClean) {
   Harness h({.blocks = 10, .block_size = 8, .max_batch_tokens = 32});
   SoakOptions o;

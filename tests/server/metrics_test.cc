@@ -157,6 +157,23 @@ TEST(MetricsTest, HistogramsTakeEachDrainedLatencyOnce) {
   EXPECT_EQ(Value(text, "prefixd_time_to_first_token_seconds_count"), 2);
 }
 
+// The residency histograms take the engine's block observations (engine/block_residency.h).
+TEST(MetricsTest, ResidencyHistogramsTakeTheBlockObservations) {
+  FakeEngine fake;
+  ServerMetrics m(fake.Sources());
+  fake.latencies.block_lifetime = {20, 4000};
+  fake.latencies.block_idle_before_eviction = {0.05, 3000};
+  fake.latencies.block_reuse_gap = {0.2, 0.3, 90};
+  const std::string text = m.ExpositionText();
+  EXPECT_EQ(Value(text, "prefixd_kv_block_lifetime_seconds_count"), 2);
+  EXPECT_EQ(Value(text, "prefixd_kv_block_lifetime_seconds_bucket{le=\"30\"}"), 1);
+  EXPECT_EQ(Value(text, "prefixd_kv_block_lifetime_seconds_sum"), 4020);
+  EXPECT_EQ(Value(text, "prefixd_kv_block_idle_before_evict_seconds_bucket{le=\"0.1\"}"), 1);
+  EXPECT_EQ(Value(text, "prefixd_kv_block_idle_before_evict_seconds_count"), 2);
+  EXPECT_EQ(Value(text, "prefixd_kv_block_reuse_gap_seconds_bucket{le=\"0.5\"}"), 2);
+  EXPECT_EQ(Value(text, "prefixd_kv_block_reuse_gap_seconds_count"), 3);
+}
+
 TEST(MetricsTest, RequestsAreCountedByCode) {
   FakeEngine fake;
   ServerMetrics m(fake.Sources());
