@@ -44,6 +44,38 @@ struct SamplingParams {
   std::vector<TokenBias> logit_bias;  // at most 300, ids distinct and < vocab_size
 };
 
+// The fields of a request, as the engine's rules name them (engine/request_validation.h): a
+// refusal carries the field it concerns, and each front end names it in its own vocabulary
+// (GenerateRequest's proto fields for gRPC, OpenAI's JSON names for HTTP). A new request
+// field gets a value here, its member below, its rule in request_validation.cc and its name
+// in each front end's parser.
+enum class RequestField {
+  kNone = 0,
+  kRequestId,
+  kPrompt,  // the prompt, as text or as token ids
+  kMaxNewTokens,
+  kTemperature,
+  kTopK,
+  kTopP,
+  kSeed,
+  kPresencePenalty,
+  kFrequencyPenalty,
+  kRepetitionPenalty,
+  kMinP,
+  kLogitBias,
+  kStopTokenIds,
+  kIgnoreEos,
+  kNumSamples,
+  kTopLogprobs,
+  kEchoPrompt,
+  kPromptLogprobs,
+  kAdapter,  // the adapter's name, resolved by the front end's request path
+  // What only the front ends hold (server/request_path.h GenerateCall), checked by the same
+  // rules.
+  kStop,
+  kCacheSalt,
+};
+
 struct EngineRequest {
   std::string request_id;
   std::vector<uint32_t> prompt;

@@ -5,7 +5,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/escape.h"
+#include "engine/lora_adapter.h"
 #include "engine/request_validation.h"
+#include "server/wire_field.h"
 
 namespace prefixd {
 namespace {
@@ -89,10 +91,8 @@ absl::StatusOr<AdapterInfo> AdapterRegistry::Load(const std::string& name,
   if (absl::Status s = ValidateAdapterName(name, options_.base_name); !s.ok()) return s;
   // The file calls would read the path only up to its first NUL, and load another directory.
   if (const size_t nul = dir.find('\0'); nul != std::string::npos) {
-    absl::Status s = absl::InvalidArgumentError(absl::StrCat(
-        "lora_path holds a NUL byte (at byte ", nul, "): give a directory's path without one"));
-    s.SetPayload(kInvalidFieldPayload, absl::Cord("lora_path"));
-    return s;
+    return WireFieldError("lora_path", absl::StrCat("lora_path holds a NUL byte (at byte ", nul,
+                                                    "): give a directory's path without one"));
   }
   auto check_room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
     if (loaded_.contains(name)) {
@@ -142,13 +142,14 @@ absl::StatusOr<std::shared_ptr<const LoraAdapter>> AdapterRegistry::Find(
   if (it != loaded_.end()) return it->second;
   std::vector<std::string> names;
   for (const auto& [n, a] : loaded_) names.push_back(n);
-  absl::Status s = absl::NotFoundError(absl::StrCat(
-      "no adapter named `", EscapeBytes(name), "`: this server serves the base model `",
-      options_.base_name, "`",
-      names.empty() ? " and no adapter" : absl::StrCat(" and the adapters ", absl::StrJoin(names, ", ")),
-      " (GET /v1/models and GetModelInfo list them)"));
-  s.SetPayload(kInvalidFieldPayload, absl::Cord("adapter"));
-  return s;
+  return WithField(
+      absl::NotFoundError(absl::StrCat(
+          "`", EscapeBytes(name), "` is not loaded: this server serves the base model `",
+          options_.base_name, "`",
+          names.empty() ? " and no adapter"
+                        : absl::StrCat(" and the adapters ", absl::StrJoin(names, ", ")),
+          " (GET /v1/models and GetModelInfo list them)")),
+      RequestField::kAdapter);
 }
 
 std::vector<AdapterInfo> AdapterRegistry::List() const {

@@ -6,6 +6,7 @@
 #include "server/executor.h"
 #include "server/grpc_status.h"
 #include "server/inference_service.h"
+#include "server/wire_field.h"
 
 namespace prefixd {
 namespace {
@@ -55,8 +56,11 @@ void GenerateReactor::Begin(grpc::CallbackServerContext* context) {
       absl::MutexLock l(&mu_);
       finished_ = true;
     }
-    // Counted by the request path already: this call never started.
-    Finish(ToGrpcStatus(started.status()));
+    // Counted by the request path already: this call never started. A rule's refusal names
+    // its field as the proto does.
+    Finish(ToGrpcStatus(NameRequestField(started.status(), [this](RequestField f) {
+      return GrpcFieldName(f, *request_);
+    })));
     return;
   }
   request_id_ = started->request_id;

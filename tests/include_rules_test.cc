@@ -66,7 +66,7 @@ const std::map<std::string, Rule>& Rules() {
       {"server/",
        {{"engine/", "cache/", "cache/remote/", "kernels/cpu/", "kernels/cuda/", "prefixd/",
          "base/"},
-        {{"cache/", {"cache/kv_layout.h", "cache/kv_pool.h"}},
+        {{"cache/", {"cache/block_key.h", "cache/kv_layout.h", "cache/kv_pool.h"}},
          {"cache/remote/", {"cache/remote/remote_tier_options.h"}}}}},
       {"client/", {{"prefixd/", "base/"}, {}}},
   };
