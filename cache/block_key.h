@@ -13,9 +13,10 @@
 // tenant, salt or manifest string can produce the bytes of an adapter's root, an adapter's root
 // never equals the base's, and two adapters' roots differ unless their digests do. (vLLM keyed
 // by the adapter's name and let a salt equal to a name collide with it.) The base's root is the
-// same bytes as before adapters existed, so disk tiers written then stay valid. k_{i-1} is 32 bytes and a pool's block size is fixed, so
-// the chain step needs no length prefix. Keys are only an index: a hit still compares the
-// stored token ids, so a collision can never return another prefix's state.
+// same bytes as before adapters existed, so disk tiers written then stay valid. k_{i-1} is 32 bytes
+// and a pool's block size is fixed, so the chain step needs no length prefix. Keys are only an
+// index: a hit still compares the stored token ids, so a collision can never return another
+// prefix's state.
 #ifndef PREFIXD_CACHE_BLOCK_KEY_H_
 #define PREFIXD_CACHE_BLOCK_KEY_H_
 

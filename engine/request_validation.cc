@@ -51,10 +51,12 @@ absl::Status ValidatePromptText(std::string_view text, int32_t context_length,
                                 size_t max_token_bytes) {
   const size_t max_bytes = MaxPromptTextBytes(context_length, max_token_bytes);
   if (text.size() <= max_bytes) return absl::OkStatus();
-  return FieldError(RequestField::kPrompt, absl::StrFormat(
-      "is %d bytes, more than any text of at most %d tokens (the model's context length) can "
-      "be: %d bytes (%d tokens x %d bytes, the longest token); shorten it",
-      text.size(), context_length, max_bytes, context_length, max_token_bytes));
+  return FieldError(
+      RequestField::kPrompt,
+      absl::StrFormat(
+          "is %d bytes, more than any text of at most %d tokens (the model's context length) can "
+          "be: %d bytes (%d tokens x %d bytes, the longest token); shorten it",
+          text.size(), context_length, max_bytes, context_length, max_token_bytes));
 }
 
 absl::Status ValidateStopStrings(const std::vector<std::string>& stop) {
@@ -102,7 +104,8 @@ absl::Status ValidateEngineRequest(const EngineRequest& r, const RequestLimits& 
     }
   }
   if (r.request_id.size() > kMaxRequestIdBytes) {
-    return FieldError(F::kRequestId,
+    return FieldError(
+        F::kRequestId,
         StrFormat("is %d bytes: use at most %d (or leave it empty for the server to name the "
                   "request)",
                   r.request_id.size(), kMaxRequestIdBytes));
@@ -110,7 +113,8 @@ absl::Status ValidateEngineRequest(const EngineRequest& r, const RequestLimits& 
   for (size_t i = 0; i < r.request_id.size(); ++i) {
     const auto c = static_cast<unsigned char>(r.request_id[i]);
     if (c < 0x20 || c > 0x7E) {
-      return FieldError(F::kRequestId,
+      return FieldError(
+          F::kRequestId,
           StrFormat("has byte 0x%02x at offset %d: use printable ASCII only (0x20..0x7e)", c, i));
     }
   }
@@ -148,7 +152,8 @@ absl::Status ValidateEngineRequest(const EngineRequest& r, const RequestLimits& 
   }
   const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_new_tokens;
   if (total > config.n_positions) {
-    return FieldError(F::kMaxNewTokens,
+    return FieldError(
+        F::kMaxNewTokens,
         StrFormat("%d + the prompt's %d tokens = %d, more than the model's context length %d: "
                   "lower it or shorten the prompt",
                   r.max_new_tokens, r.prompt.size(), total, config.n_positions));
@@ -164,30 +169,33 @@ absl::Status ValidateEngineRequest(const EngineRequest& r, const RequestLimits& 
   const SamplingParams& s = r.sampling;
   // %.9g: enough digits that a float is printed as itself (1.0000001 is not "1").
   if (!std::isfinite(s.temperature) || s.temperature < 0.0f) {
-    return FieldError(F::kTemperature, StrFormat(
-        "%.9g is invalid: use a finite value >= 0 (0 = greedy)", s.temperature));
+    return FieldError(
+        F::kTemperature,
+        StrFormat("%.9g is invalid: use a finite value >= 0 (0 = greedy)", s.temperature));
   }
   if (!std::isfinite(s.top_p) || !(s.top_p > 0.0f && s.top_p <= 1.0f)) {
-    return FieldError(F::kTopP, StrFormat(
-        "%.9g is invalid: use a value in (0, 1], or leave it unset", s.top_p));
+    return FieldError(
+        F::kTopP, StrFormat("%.9g is invalid: use a value in (0, 1], or leave it unset", s.top_p));
   }
-  const std::pair<RequestField, float> penalties[] = {
-      {F::kPresencePenalty, s.presence_penalty}, {F::kFrequencyPenalty, s.frequency_penalty}};
+  const std::pair<RequestField, float> penalties[] = {{F::kPresencePenalty, s.presence_penalty},
+                                                      {F::kFrequencyPenalty, s.frequency_penalty}};
   for (const auto& [field, v] : penalties) {
     if (!std::isfinite(v) || !(v >= -kMaxAbsPenalty && v <= kMaxAbsPenalty)) {
       return FieldError(field, StrFormat("%.9g is invalid: use a value in [-2, 2] (0 = off)", v));
     }
   }
   if (!std::isfinite(s.repetition_penalty) || !(s.repetition_penalty >= kMinRepetitionPenalty &&
-                                                  s.repetition_penalty <= kMaxRepetitionPenalty)) {
-    return FieldError(F::kRepetitionPenalty, StrFormat(
-        "%.9g is invalid: use a value in [0.01, 100] (1 = off; above 1 discourages repeats; "
-        "outside the range a penalised logit can overflow)",
-        s.repetition_penalty));
+                                                s.repetition_penalty <= kMaxRepetitionPenalty)) {
+    return FieldError(
+        F::kRepetitionPenalty,
+        StrFormat(
+            "%.9g is invalid: use a value in [0.01, 100] (1 = off; above 1 discourages repeats; "
+            "outside the range a penalised logit can overflow)",
+            s.repetition_penalty));
   }
   if (!std::isfinite(s.min_p) || !(s.min_p >= 0.0f && s.min_p <= 1.0f)) {
-    return FieldError(F::kMinP, StrFormat("%.9g is invalid: use a value in [0, 1] (0 = off)",
-                                          s.min_p));
+    return FieldError(F::kMinP,
+                      StrFormat("%.9g is invalid: use a value in [0, 1] (0 = off)", s.min_p));
   }
   if (s.logit_bias.size() > kMaxLogitBias) {
     return FieldError(F::kLogitBias, StrFormat("has %d entries: give at most %d",
@@ -197,17 +205,19 @@ absl::Status ValidateEngineRequest(const EngineRequest& r, const RequestLimits& 
     absl::flat_hash_set<uint32_t> seen;
     for (const TokenBias& b : s.logit_bias) {
       if (b.token_id >= static_cast<uint32_t>(config.vocab_size)) {
-        return FieldError(F::kLogitBias, StrFormat(
-            "token id %d is out of range: ids must be < vocab_size %d", b.token_id,
-            config.vocab_size));
+        return FieldError(F::kLogitBias,
+                          StrFormat("token id %d is out of range: ids must be < vocab_size %d",
+                                    b.token_id, config.vocab_size));
       }
       if (!std::isfinite(b.bias) || !(b.bias >= -kMaxAbsLogitBias && b.bias <= kMaxAbsLogitBias)) {
-        return FieldError(F::kLogitBias, StrFormat(
-            "for token %d is %.9g: use a value in [-100, 100]", b.token_id, b.bias));
+        return FieldError(
+            F::kLogitBias,
+            StrFormat("for token %d is %.9g: use a value in [-100, 100]", b.token_id, b.bias));
       }
       if (!seen.insert(b.token_id).second) {
-        return FieldError(F::kLogitBias, StrFormat(
-            "gives token %d twice: give each token at most once", b.token_id));
+        return FieldError(
+            F::kLogitBias,
+            StrFormat("gives token %d twice: give each token at most once", b.token_id));
       }
     }
   }
@@ -225,12 +235,14 @@ absl::Status ValidateEngineRequest(const EngineRequest& r, const RequestLimits& 
   }
   const int64_t blocks = BlocksForTokens(total, limits.pool.block_size);
   if (blocks > limits.pool.num_blocks) {
-    return FieldError(F::kMaxNewTokens, StrFormat(
-        "%d + the prompt's %d tokens need %d KV blocks of %d tokens, but the whole pool holds "
-        "%d blocks (%d tokens): lower it, shorten the prompt, or start the server with a "
-        "larger --kv-cache-bytes",
-        r.max_new_tokens, r.prompt.size(), blocks, limits.pool.block_size,
-        limits.pool.num_blocks, limits.pool.num_blocks * limits.pool.block_size));
+    return FieldError(
+        F::kMaxNewTokens,
+        StrFormat(
+            "%d + the prompt's %d tokens need %d KV blocks of %d tokens, but the whole pool holds "
+            "%d blocks (%d tokens): lower it, shorten the prompt, or start the server with a "
+            "larger --kv-cache-bytes",
+            r.max_new_tokens, r.prompt.size(), blocks, limits.pool.block_size,
+            limits.pool.num_blocks, limits.pool.num_blocks * limits.pool.block_size));
   }
   return absl::OkStatus();
 }

@@ -38,7 +38,7 @@ inline constexpr size_t kMaxStopStringBytes = 64;
 struct RequestLimits {
   ModelConfig model_config;
   int32_t max_samples = 16;
-  KvPoolShape pool;  // Backend::kv_pool(): a request must fit in it
+  KvPoolShape pool;                 // Backend::kv_pool(): a request must fit in it
   bool computes_all_logits = true;  // Backend::computes_all_logits(): prompt_logprobs allowed
   bool applies_lora = true;         // Backend::applies_lora(): adapters allowed
 };

@@ -54,8 +54,7 @@ void CheckRefusal(const absl::Status& s) {
 // The oracle's first steps: an object whose keys are all in `fields` and whose model, if
 // any, is a string (null counts as absent); `adapter` is "" for the served model or none,
 // else the model's name.
-bool OracleObject(const json& j, std::initializer_list<const char*> fields,
-                  std::string* adapter) {
+bool OracleObject(const json& j, std::initializer_list<const char*> fields, std::string* adapter) {
   adapter->clear();
   if (!j.is_object()) return false;
   for (const auto& [key, value] : j.items()) {
@@ -99,8 +98,7 @@ void CheckDetokenize(const std::string& body, const json& oracle) {
     accept = it != oracle.end() && it->is_array();
     for (size_t i = 0; accept && i < it->size(); ++i) {
       const json& v = (*it)[i];
-      accept = v.is_number_unsigned() ||
-               (v.is_number_integer() && v.get<int64_t>() >= 0);
+      accept = v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0);
       accept = accept && v.get<uint64_t>() <= std::numeric_limits<uint32_t>::max();
       if (accept) want.push_back(static_cast<uint32_t>(v.get<uint64_t>()));
     }

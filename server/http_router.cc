@@ -108,17 +108,17 @@ HttpRouted HttpRouter::LoadLoraAdapter(const HttpRequestView& request) {
   if (!parsed.ok()) return ErrorReply(parsed.status());
   // Reading and checking an adapter's files takes a while: not on an I/O thread, which
   // serves every other connection (/health among them).
-  return HttpDeferred{[this, authorization = request.authorization,
-                       parsed = *std::move(parsed)]() -> HttpReply {
-    absl::StatusOr<AdapterInfo> info =
-        path_.LoadAdapter(authorization, parsed.first, parsed.second);
-    if (!info.ok()) return ErrorReply(info.status());
-    nlohmann::json body{{"lora_name", info->name},
-                        {"adapter_sha256", info->digest},
-                        {"rank", info->rank},
-                        {"parent", path_.model().name}};
-    return HttpReply{200, body.dump()};
-  }};
+  return HttpDeferred{
+      [this, authorization = request.authorization, parsed = *std::move(parsed)]() -> HttpReply {
+        absl::StatusOr<AdapterInfo> info =
+            path_.LoadAdapter(authorization, parsed.first, parsed.second);
+        if (!info.ok()) return ErrorReply(info.status());
+        nlohmann::json body{{"lora_name", info->name},
+                            {"adapter_sha256", info->digest},
+                            {"rank", info->rank},
+                            {"parent", path_.model().name}};
+        return HttpReply{200, body.dump()};
+      }};
 }
 
 HttpReply HttpRouter::UnloadLoraAdapter(const HttpRequestView& request) {
@@ -143,8 +143,7 @@ HttpReply HttpRouter::Tokenize(const HttpRequestView& request) {
 }
 
 HttpReply HttpRouter::Detokenize(const HttpRequestView& request) {
-  absl::StatusOr<DetokenizeBody> parsed =
-      ParseDetokenizeRequest(*request.body, path_.model().name);
+  absl::StatusOr<DetokenizeBody> parsed = ParseDetokenizeRequest(*request.body, path_.model().name);
   if (!parsed.ok()) return ErrorReply(parsed.status());
   absl::StatusOr<std::string> text =
       path_.Detokenize(request.authorization, parsed->tokens, parsed->adapter);

@@ -290,8 +290,8 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(const std::string& body
   // vLLM's convention: -1 (or 0) turns top-k off.
   sampling.top_k = top_k->has_value() && **top_k > 0 ? static_cast<uint32_t>(**top_k) : 0;
   for (auto [field, target] : {std::pair{"presence_penalty", &sampling.presence_penalty},
-                                std::pair{"frequency_penalty", &sampling.frequency_penalty},
-                                std::pair{"min_p", &sampling.min_p}}) {
+                               std::pair{"frequency_penalty", &sampling.frequency_penalty},
+                               std::pair{"min_p", &sampling.min_p}}) {
     absl::StatusOr<std::optional<double>> v = GetNumber(j, field);
     if (!v.ok()) return v.status();
     if (v->has_value()) *target = static_cast<float>(**v);
@@ -417,7 +417,8 @@ void AppendPromptToChoice(const Tokenizer& tokenizer, const std::vector<PromptTo
       lp.token_logprobs.push_back(t.has_logprob ? t.logprob
                                                 : std::numeric_limits<float>::quiet_NaN());
       std::vector<std::pair<std::string, float>> top;
-      for (const TokenLogprob& e : t.top) top.emplace_back(TokenName(tokenizer, e.token_id), e.logprob);
+      for (const TokenLogprob& e : t.top)
+        top.emplace_back(TokenName(tokenizer, e.token_id), e.logprob);
       lp.top_logprobs.push_back(std::move(top));
       lp.text_offset.push_back(static_cast<uint32_t>(choice->text.size()));
     }
@@ -659,8 +660,8 @@ absl::StatusOr<std::string> ParseUnloadLoraAdapterRequest(const std::string& bod
   if (!parsed.ok()) return parsed.status();
   for (const auto& [key, value] : parsed->items()) {
     if (key != "lora_name") {
-      return Invalid(key, absl::StrCat("unknown field `", absl::CHexEscape(key),
-                                       "` (expected lora_name)"));
+      return Invalid(
+          key, absl::StrCat("unknown field `", absl::CHexEscape(key), "` (expected lora_name)"));
     }
   }
   absl::StatusOr<std::optional<std::string>> name = GetString(*parsed, "lora_name");

@@ -73,8 +73,8 @@ absl::StatusOr<EngineRequest> RequestPath::BuildEngineRequest(const GenerateCall
     }
     // Stops tokenizing once the prompt alone passes the context: the engine's rules refuse
     // it anyway.
-    req.prompt = options_.tokenizer->EncodeAtMost(*call.text,
-                                                  static_cast<size_t>(config.n_positions));
+    req.prompt =
+        options_.tokenizer->EncodeAtMost(*call.text, static_cast<size_t>(config.n_positions));
   }
   if (absl::Status s = ValidateStopStrings(call.stop); !s.ok()) return s;
   if (req.request_id.empty()) {
@@ -96,9 +96,10 @@ absl::StatusOr<std::shared_ptr<const LoraAdapter>> RequestPath::ResolveAdapter(
     std::string_view name) const {
   if (name.empty()) return std::shared_ptr<const LoraAdapter>();
   if (options_.adapters == nullptr) {
-    return WithField(absl::NotFoundError(absl::StrCat(
-                         "`", EscapeBytes(name), "` is not loaded: this server serves the "
-                         "base model `", options_.model.name, "` and no adapter")),
+    return WithField(absl::NotFoundError(absl::StrCat("`", EscapeBytes(name),
+                                                      "` is not loaded: this server serves the "
+                                                      "base model `",
+                                                      options_.model.name, "` and no adapter")),
                      RequestField::kAdapter);
   }
   return options_.adapters->Find(name);
@@ -142,8 +143,7 @@ absl::StatusOr<StartedGenerate> RequestPath::StartGenerate(const GenerateCall& c
   return started;
 }
 
-void RequestPath::FinishGenerate(Api api, std::string_view adapter_label,
-                                 absl::StatusCode code) {
+void RequestPath::FinishGenerate(Api api, std::string_view adapter_label, absl::StatusCode code) {
   Count(api, code, adapter_label);
 }
 
@@ -169,9 +169,9 @@ absl::StatusOr<std::vector<uint32_t>> RequestPath::Tokenize(
   return options_.tokenizer->Encode(text);
 }
 
-absl::StatusOr<std::string> RequestPath::Detokenize(
-    const std::optional<std::string>& authorization, const std::vector<uint32_t>& ids,
-    std::string_view adapter) const {
+absl::StatusOr<std::string> RequestPath::Detokenize(const std::optional<std::string>& authorization,
+                                                    const std::vector<uint32_t>& ids,
+                                                    std::string_view adapter) const {
   if (absl::StatusOr<std::string> tenant = Authorize(authorization); !tenant.ok()) {
     return tenant.status();
   }
@@ -208,9 +208,9 @@ absl::StatusOr<AdapterInfo> RequestPath::LoadAdapter(
   absl::StatusOr<Caller> caller = Identify(authorization);
   if (!caller.ok()) return caller.status();
   if (!caller->admin) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "loading adapters changes what every tenant is served: tenant \"", caller->tenant,
-        "\" is not marked admin in the --auth-tokens file"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("loading adapters changes what every tenant is served: tenant \"",
+                     caller->tenant, "\" is not marked admin in the --auth-tokens file"));
   }
   if (options_.adapters == nullptr) {
     return absl::FailedPreconditionError("this server has no adapter registry");
@@ -223,9 +223,9 @@ absl::Status RequestPath::UnloadAdapter(const std::optional<std::string>& author
   absl::StatusOr<Caller> caller = Identify(authorization);
   if (!caller.ok()) return caller.status();
   if (!caller->admin) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "unloading adapters changes what every tenant is served: tenant \"", caller->tenant,
-        "\" is not marked admin in the --auth-tokens file"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("unloading adapters changes what every tenant is served: tenant \"",
+                     caller->tenant, "\" is not marked admin in the --auth-tokens file"));
   }
   if (options_.adapters == nullptr) return absl::NotFoundError("no adapter is loaded");
   return options_.adapters->Unload(name);
@@ -236,9 +236,9 @@ absl::StatusOr<EngineStats> RequestPath::CacheStats(
   absl::StatusOr<Caller> caller = Identify(authorization);
   if (!caller.ok()) return caller.status();
   if (!caller->admin) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "cache statistics are pool-wide (they show every tenant's traffic): tenant \"",
-        caller->tenant, "\" is not marked admin in the --auth-tokens file"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("cache statistics are pool-wide (they show every tenant's traffic): tenant \"",
+                     caller->tenant, "\" is not marked admin in the --auth-tokens file"));
   }
   return options_.engine->Stats();
 }

@@ -78,8 +78,8 @@ struct ServedModel {
   std::string name;  // the model directory's base name
   std::string manifest_sha256;
   ModelConfig config;
-  std::string dtype;   // "f32" | "f16" | "bf16"
-  std::string device;  // "cpu" | "cuda:0" | ...
+  std::string dtype;    // "f32" | "f16" | "bf16"
+  std::string device;   // "cpu" | "cuda:0" | ...
   KvPoolShape kv_pool;  // Backend::kv_pool()
   // The adapters loaded when ModelInfo was asked (they come and go at run time).
   std::vector<AdapterInfo> adapters;
@@ -87,10 +87,10 @@ struct ServedModel {
 };
 
 struct RequestPathOptions {
-  Engine* engine = nullptr;              // not owned
-  const Tokenizer* tokenizer = nullptr;  // not owned
+  Engine* engine = nullptr;                   // not owned
+  const Tokenizer* tokenizer = nullptr;       // not owned
   std::shared_ptr<const Authenticator> auth;  // replaced by SetAuthenticator
-  ServerMetrics* metrics = nullptr;      // not owned; may be null
+  ServerMetrics* metrics = nullptr;           // not owned; may be null
   ServedModel model;
   // The adapters requests may name; null: none can be (every name is NOT_FOUND).
   std::shared_ptr<AdapterRegistry> adapters;
@@ -120,9 +120,7 @@ class RequestPath {
   void FinishGenerate(Api api, std::string_view adapter_label, absl::StatusCode code);
   // A generate request the front end refused before it could become a GenerateCall
   // (malformed JSON, an unknown field): counted like any other refusal, with no adapter.
-  void CountRefused(Api api, absl::StatusCode code) {
-    Count(api, code, kUnresolvedAdapter);
-  }
+  void CountRefused(Api api, absl::StatusCode code) { Count(api, code, kUnresolvedAdapter); }
 
   // The `adapter` label value of a call naming `adapter` (GenerateCall::adapter): the base
   // model's name for "", the name itself while it is loaded, else "" (so a client's unknown

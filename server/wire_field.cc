@@ -31,8 +31,8 @@ absl::Status NameRequestField(const absl::Status& status, FieldNamer name) {
   const RequestField field = ErrorField(status);
   if (field == RequestField::kNone) return status;
   const std::string_view wire = name(field);
-  return WithWireField(absl::Status(status.code(), absl::StrCat(std::string(wire), " ", status.message())),
-                       wire);
+  return WithWireField(
+      absl::Status(status.code(), absl::StrCat(std::string(wire), " ", status.message())), wire);
 }
 
 }  // namespace prefixd

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "engine/lora_adapter.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "engine/lora_adapter.h"
 
 namespace prefixd {
 namespace {

@@ -14,9 +14,9 @@
 namespace prefixd {
 namespace {
 
+using nlohmann::json;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using nlohmann::json;
 
 absl::StatusOr<CompletionRequest> Parse(const json& body) {
   return ParseCompletionRequest(body.dump(), "gpt2");
@@ -99,8 +99,8 @@ TEST(OpenAiApiTest, EveryFieldIsCarried) {
   EXPECT_EQ(c.request.sampling.repetition_penalty, 1.1f);
   EXPECT_EQ(c.request.sampling.min_p, 0.05f);
   // Sorted by id: an object's order means nothing.
-  EXPECT_THAT(c.request.sampling.logit_bias, ElementsAre(TokenBias{7, 0.0f}, TokenBias{13, 2.5f},
-                                        TokenBias{50256, -100.0f}));
+  EXPECT_THAT(c.request.sampling.logit_bias,
+              ElementsAre(TokenBias{7, 0.0f}, TokenBias{13, 2.5f}, TokenBias{50256, -100.0f}));
 }
 
 TEST(OpenAiApiTest, SamplingControlsDefaultToOff) {
@@ -172,8 +172,7 @@ TEST(OpenAiApiTest, RefusalsNameTheField) {
                 C::kInvalidArgument, "stream_options", "only allowed with `stream: true`");
   ExpectRefused({{"prompt", "x"}, {"stream", true}, {"stream_options", {{"x", 1}}}},
                 C::kInvalidArgument, "stream_options", "unknown field `stream_options.x`");
-  ExpectRefused({{"prompt", "x"}, {"best_of", 2}}, C::kInvalidArgument, "best_of",
-                "not supported");
+  ExpectRefused({{"prompt", "x"}, {"best_of", 2}}, C::kInvalidArgument, "best_of", "not supported");
   // The penalties' ranges are the request path's (tests/server/http_api_test.cc); the
   // wire format refuses only what is not even a number, or not a token id.
   ExpectRefused({{"prompt", "x"}, {"presence_penalty", "high"}}, C::kInvalidArgument,
@@ -188,14 +187,13 @@ TEST(OpenAiApiTest, RefusalsNameTheField) {
                 "logit_bias", "must be an object from token ids to biases");
   ExpectRefused({{"prompt", "x"}, {"logit_bias", {{"hello", 1}}}}, C::kInvalidArgument,
                 "logit_bias", "key `hello` is not a token id");
-  ExpectRefused({{"prompt", "x"}, {"logit_bias", {{"-5", 1}}}}, C::kInvalidArgument,
-                "logit_bias", "key `-5` is not a token id");
+  ExpectRefused({{"prompt", "x"}, {"logit_bias", {{"-5", 1}}}}, C::kInvalidArgument, "logit_bias",
+                "key `-5` is not a token id");
   ExpectRefused({{"prompt", "x"}, {"logit_bias", {{"99999999999", 1}}}}, C::kInvalidArgument,
                 "logit_bias", "is not a token id");
-  ExpectRefused({{"prompt", "x"}, {"logit_bias", {{"5", "up"}}}}, C::kInvalidArgument,
-                "logit_bias", "value for token 5 must be a number from -100 to 100");
-  ExpectRefused({{"prompt", "x"}, {"suffix", "y"}}, C::kInvalidArgument, "suffix",
-                "not supported");
+  ExpectRefused({{"prompt", "x"}, {"logit_bias", {{"5", "up"}}}}, C::kInvalidArgument, "logit_bias",
+                "value for token 5 must be a number from -100 to 100");
+  ExpectRefused({{"prompt", "x"}, {"suffix", "y"}}, C::kInvalidArgument, "suffix", "not supported");
   ExpectRefused({{"prompt", "x"}, {"echo", 1}}, C::kInvalidArgument, "echo",
                 "must be true or false");
   ExpectRefused({{"prompt", "x"}, {"mystery", 1}}, C::kInvalidArgument, "mystery",
@@ -234,19 +232,28 @@ TEST(OpenAiApiTest, RuleRefusalsNameTheApisField) {
   const Case cases[] = {
       // OpenAI's `n` is at least 1: the parser passes 0 on, the engine's one rule refuses it.
       {{{"prompt", json::array({1})}, {"n", 0}}, "n", "n is 0: ask for at least 1 sample"},
-      {{{"prompt", json::array({1})}, {"n", 17}}, "n", "n 17 exceeds this server's limit 16 (--max-samples)"},
+      {{{"prompt", json::array({1})}, {"n", 17}},
+       "n",
+       "n 17 exceeds this server's limit 16 (--max-samples)"},
       {{{"prompt", json::array({1, 2, 3})}, {"max_tokens", 300}},
        "max_tokens",
        "max_tokens 300 + the prompt's 3 tokens = 303, more than the model's context length 256: "
        "lower it or shorten the prompt"},
-      {{{"prompt", json::array({1})}, {"max_tokens", 0}}, "max_tokens", "max_tokens is 0: ask for at least 1"},
+      {{{"prompt", json::array({1})}, {"max_tokens", 0}},
+       "max_tokens",
+       "max_tokens is 0: ask for at least 1"},
       {{{"prompt", json::array({json::array()})}},
        "prompt",
        "prompt is an empty prompt (or no prompt was given)"},
-      {{{"prompt", json::array({50257})}}, "prompt", "prompt has token id 50257 at position 0, out of range"},
-      {{{"prompt", json::array({1})}, {"stop_token_ids", json::array({50257})}}, "stop_token_ids",
+      {{{"prompt", json::array({50257})}},
+       "prompt",
+       "prompt has token id 50257 at position 0, out of range"},
+      {{{"prompt", json::array({1})}, {"stop_token_ids", json::array({50257})}},
+       "stop_token_ids",
        "stop_token_ids has token id 50257"},
-      {{{"prompt", json::array({1})}, {"temperature", -1}}, "temperature", "temperature -1 is invalid"},
+      {{{"prompt", json::array({1})}, {"temperature", -1}},
+       "temperature",
+       "temperature -1 is invalid"},
   };
   for (const Case& c : cases) {
     const absl::Status s = RuleRefusal(c.body);

@@ -34,9 +34,8 @@ TEST(WireFieldTest, ARuleRefusalGetsTheFrontEndsNameFirst) {
   EXPECT_EQ(ErrorField(named), RequestField::kNone);
   EXPECT_EQ(NameRequestField(named, Names), named);
   // Other codes keep theirs.
-  const absl::Status missing =
-      NameRequestField(WithField(absl::NotFoundError("`x` is not loaded"),
-                                 RequestField::kAdapter), Names);
+  const absl::Status missing = NameRequestField(
+      WithField(absl::NotFoundError("`x` is not loaded"), RequestField::kAdapter), Names);
   EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(missing.message(), "other `x` is not loaded");
 }
