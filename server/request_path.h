@@ -1,12 +1,14 @@
 // The one request path that every front end calls: authenticate → tenant namespace →
 // tokenize → validate → submit → stream → finish and count. A front end (gRPC, HTTP) only
-// translates its protocol into a GenerateCall, the results back into its messages, and a
-// Status into its protocol's status; it adds no rule of its own, so every front end refuses
-// the same requests with the same messages.
+// parses its protocol into a GenerateCall, turns the results back into its messages, and a
+// Status into its protocol's status, naming a refused field in its own vocabulary
+// (server/wire_field.h); it adds no rule of its own, so every front end refuses the same
+// requests for the same reasons.
 //
-// The rules themselves live with what they protect: request limits in
-// engine/request_validation.h (the engine enforces them on Submit), tokens in server/auth.h,
-// namespaces in server/cache_namespace.h. This class puts them in one order.
+// The rules themselves live with what they protect: every request rule in
+// engine/request_validation.h (the engine applies them on Submit; this path those on the
+// text and the stop strings, which the engine never sees), tokens in server/auth.h, the
+// namespace encoding in cache/block_key.h. This class puts them in one order.
 #ifndef PREFIXD_SERVER_REQUEST_PATH_H_
 #define PREFIXD_SERVER_REQUEST_PATH_H_
 
