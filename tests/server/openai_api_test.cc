@@ -134,6 +134,18 @@ TEST(OpenAiApiTest, PromptForms) {
   EXPECT_EQ(r->prompts[0].request.max_new_tokens, 16u);
 }
 
+// A seed the client gave is every prompt's; without one each prompt draws its own, so that
+// identical prompts sample differently (as separate requests would).
+TEST(OpenAiApiTest, EachPromptWithoutASeedDrawsItsOwn) {
+  absl::StatusOr<CompletionRequest> r = Parse({{"prompt", json::array({"a", "a"})}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_NE(r->prompts[0].request.sampling.seed, r->prompts[1].request.sampling.seed);
+  r = Parse({{"prompt", json::array({"a", "a"})}, {"seed", -1}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->prompts[0].request.sampling.seed, ~uint64_t{0});
+  EXPECT_EQ(r->prompts[1].request.sampling.seed, ~uint64_t{0});
+}
+
 // `model` other than the served one names a LoRA adapter; the request path resolves it
 // (NOT_FOUND, 404, for one that is not loaded: http_api_test, server_lora_test).
 TEST(OpenAiApiTest, AnotherModelNameIsAnAdapterName) {
