@@ -35,9 +35,8 @@ absl::Status WithField(absl::Status status, RequestField field) {
 RequestField ErrorField(const absl::Status& status) {
   const auto payload = status.GetPayload(kRequestFieldPayload);
   int value = 0;
-  if (!payload.has_value() || !absl::SimpleAtoi(std::string(*payload), &value) ||
-      value <= static_cast<int>(RequestField::kNone) ||
-      value > static_cast<int>(RequestField::kCacheSalt)) {
+  // Only WithField sets the payload, from a RequestField: any value it holds is one.
+  if (!payload.has_value() || !absl::SimpleAtoi(std::string(*payload), &value)) {
     return RequestField::kNone;
   }
   return static_cast<RequestField>(value);
