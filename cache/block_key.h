@@ -29,9 +29,12 @@
 
 namespace prefixd {
 
-// The opaque namespace string for a tenant and an optional cache salt: LP(tenant) ‖ LP(salt).
-// Tenant "ab" + salt "c" and tenant "a" + salt "bc" give different namespaces. The server
-// derives the tenant from authentication; the client never chooses it alone.
+// The opaque namespace string for a tenant and an optional cache salt: LP(tenant) ‖ LP(salt)
+// (8-byte little-endian lengths). Tenant "ab" + salt "c" and tenant "a" + salt "bc" give
+// different namespaces, and no salt can make one tenant's namespace equal another's: the
+// salt only narrows within a tenant. The server (server/request_path.cc) derives the tenant
+// from authentication, never from the client alone. A LoRA adapter is not part of the
+// namespace but a typed field of its own in the root key (below).
 std::string CacheNamespace(std::string_view tenant, std::string_view salt);
 
 // k0 for a (model manifest, namespace) pair. Different manifests or namespaces never share a

@@ -40,8 +40,40 @@ struct SamplingParams {
   float repetition_penalty = 1.0f;  // [kMinRepetitionPenalty, kMaxRepetitionPenalty]
   // Tokens whose probability (at this temperature) is below min_p times the most likely
   // one's are not drawn. 0 = off.
-  float min_p = 0.0f;  // [0, 1]
+  float min_p = 0.0f;                 // [0, 1]
   std::vector<TokenBias> logit_bias;  // at most 300, ids distinct and < vocab_size
+};
+
+// The fields of a request, as the engine's rules name them (engine/request_validation.h): a
+// refusal carries the field it concerns, and each front end names it in its own vocabulary
+// (GenerateRequest's proto fields for gRPC, OpenAI's JSON names for HTTP). A new request
+// field gets a value here, its member below, its rule in request_validation.cc and its name
+// in each front end's parser.
+enum class RequestField {
+  kNone = 0,
+  kRequestId,
+  kPrompt,  // the prompt, as text or as token ids
+  kMaxNewTokens,
+  kTemperature,
+  kTopK,
+  kTopP,
+  kSeed,
+  kPresencePenalty,
+  kFrequencyPenalty,
+  kRepetitionPenalty,
+  kMinP,
+  kLogitBias,
+  kStopTokenIds,
+  kIgnoreEos,
+  kNumSamples,
+  kTopLogprobs,
+  kEchoPrompt,
+  kPromptLogprobs,
+  kAdapter,  // the adapter's name, resolved by the front end's request path
+  // What only the front ends hold (server/request_path.h GenerateCall), checked by the same
+  // rules.
+  kStop,
+  kCacheSalt,
 };
 
 struct EngineRequest {
@@ -98,7 +130,7 @@ struct Usage {
   // from the remote tier; the rest (cached_prompt_tokens - both) were the pool's.
   uint32_t cached_disk_tokens = 0;
   uint32_t cached_remote_tokens = 0;
-  uint32_t completion_tokens = 0;     // all samples; stop/EOS tokens not counted
+  uint32_t completion_tokens = 0;  // all samples; stop/EOS tokens not counted
 };
 
 // What a request's stream yields, in order: with echo_prompt or prompt_logprobs one kPrompt
@@ -109,12 +141,12 @@ struct RequestEvent {
   enum class Kind { kToken, kSampleFinished, kDone, kPrompt };
   Kind kind = Kind::kToken;
   uint32_t sample_index = 0;
-  TokenLogprob token;               // kToken: the token and its log-probability
-  std::vector<TokenLogprob> top;    // kToken: top_logprobs entries, descending, ties by id
+  TokenLogprob token;             // kToken: the token and its log-probability
+  std::vector<TokenLogprob> top;  // kToken: top_logprobs entries, descending, ties by id
   FinishReason finish_reason = FinishReason::kNone;  // kSampleFinished
-  Usage usage;                      // kDone
-  absl::Status status;              // kDone
-  std::vector<PromptToken> prompt;  // kPrompt: one entry per prompt position
+  Usage usage;                                       // kDone
+  absl::Status status;                               // kDone
+  std::vector<PromptToken> prompt;                   // kPrompt: one entry per prompt position
 };
 
 }  // namespace prefixd

@@ -11,10 +11,11 @@
 //   null model (or none), and a string prompt (tokenize) or an array of uint32 ids
 //   (detokenize), and return that prompt or those ids, and as adapter "" for the served
 //   model or none, else the model's name (which the request path resolves);
-// - an accepted completion has at least one prompt, each a text or ids, n ≥ 1, logprobs ≤ 5
-//   and usage only when streamed; each prompt then goes through the request path's
-//   translation and the engine's rules as generate_request_fuzz does, and what they accept
-//   has what the engine relies on (fuzz/engine_request_checks.h);
+// - an accepted completion has at least one prompt, each a text or ids, logprobs ≤ 5 and
+//   usage only when streamed; each prompt then goes through the request path's translation
+//   and the engine's rules as generate_request_fuzz does, whose refusals the API reports
+//   naming their field, and what they accept has what the engine relies on
+//   (fuzz/engine_request_checks.h);
 // - parsing is deterministic: the same body parses to the same answer twice.
 #include <cstdint>
 #include <limits>
@@ -28,6 +29,7 @@
 #include "nlohmann/json.hpp"
 #include "server/openai_api.h"
 #include "server/request_path.h"
+#include "server/wire_field.h"
 
 namespace prefixd::fuzz {
 namespace {
@@ -52,8 +54,7 @@ void CheckRefusal(const absl::Status& s) {
 // The oracle's first steps: an object whose keys are all in `fields` and whose model, if
 // any, is a string (null counts as absent); `adapter` is "" for the served model or none,
 // else the model's name.
-bool OracleObject(const json& j, std::initializer_list<const char*> fields,
-                  std::string* adapter) {
+bool OracleObject(const json& j, std::initializer_list<const char*> fields, std::string* adapter) {
   adapter->clear();
   if (!j.is_object()) return false;
   for (const auto& [key, value] : j.items()) {
@@ -97,8 +98,7 @@ void CheckDetokenize(const std::string& body, const json& oracle) {
     accept = it != oracle.end() && it->is_array();
     for (size_t i = 0; accept && i < it->size(); ++i) {
       const json& v = (*it)[i];
-      accept = v.is_number_unsigned() ||
-               (v.is_number_integer() && v.get<int64_t>() >= 0);
+      accept = v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0);
       accept = accept && v.get<uint64_t>() <= std::numeric_limits<uint32_t>::max();
       if (accept) want.push_back(static_cast<uint32_t>(v.get<uint64_t>()));
     }
@@ -126,9 +126,9 @@ void CheckCompletion(const std::string& body, RequestPath& path, const RequestLi
   if (got->logprobs.has_value()) PREFIXD_CHECK(*got->logprobs <= kMaxOpenAiLogprobs);
   for (const GenerateCall& call : got->prompts) {
     PREFIXD_CHECK(call.api == Api::kHttp);
-    PREFIXD_CHECK(call.prompt_kind != GenerateCall::PromptKind::kNone);
-    PREFIXD_CHECK(call.num_samples >= 1);
-    PREFIXD_CHECK(call.top_logprobs == got->logprobs.value_or(0));
+    // A text prompt, or token ids.
+    PREFIXD_CHECK(!call.text.has_value() || call.request.prompt.empty());
+    PREFIXD_CHECK(call.request.top_logprobs == got->logprobs.value_or(0));
     absl::StatusOr<EngineRequest> built = path.BuildEngineRequest(call, "tenant");
     absl::Status valid = built.ok() ? ValidateEngineRequest(*built, limits) : built.status();
     if (!valid.ok()) {
@@ -137,9 +137,10 @@ void CheckCompletion(const std::string& body, RequestPath& path, const RequestLi
       PREFIXD_CHECK(valid.code() == absl::StatusCode::kInvalidArgument ||
                     (valid.code() == absl::StatusCode::kNotFound && !call.adapter.empty()));
       PREFIXD_CHECK(!valid.message().empty());
-      // What the front end sends: the same refusal under the API's field names.
-      const absl::Status http = ToHttpFieldNames(valid);
+      // What the front end sends: the same refusal, naming the field as the API does.
+      const absl::Status http = ToOpenAiError(valid);
       PREFIXD_CHECK(http.code() == valid.code() && !http.message().empty());
+      PREFIXD_CHECK(!InvalidField(http).empty());
       CheckRefusal(http);
       continue;
     }

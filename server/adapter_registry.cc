@@ -5,7 +5,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/escape.h"
+#include "engine/lora_adapter.h"
 #include "engine/request_validation.h"
+#include "server/wire_field.h"
 
 namespace prefixd {
 namespace {
@@ -13,8 +15,8 @@ namespace {
 absl::string_view ToAbsl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
 bool NameByte(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-         c == '.' || c == '_' || c == '-' || c == ':' || c == '/';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+         c == '_' || c == '-' || c == ':' || c == '/';
 }
 
 }  // namespace
@@ -22,18 +24,17 @@ bool NameByte(char c) {
 absl::StatusOr<std::pair<std::string, std::string>> ParseAdapterFlag(std::string_view value) {
   const size_t eq = value.find('=');
   if (eq == std::string_view::npos || eq == 0 || eq + 1 == value.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--adapter must be NAME=DIR (a name, then the adapter's directory), got \"",
-        EscapeBytes(value), "\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--adapter must be NAME=DIR (a name, then the adapter's directory), got \"",
+                     EscapeBytes(value), "\""));
   }
   return std::make_pair(std::string(value.substr(0, eq)), std::string(value.substr(eq + 1)));
 }
 
 absl::Status ValidateAdapterName(std::string_view name, std::string_view base_name) {
   if (name.empty() || name.size() > kMaxAdapterNameBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("an adapter name is 1 to ",
-                                                   kMaxAdapterNameBytes, " bytes, got ",
-                                                   name.size()));
+    return absl::InvalidArgumentError(absl::StrCat("an adapter name is 1 to ", kMaxAdapterNameBytes,
+                                                   " bytes, got ", name.size()));
   }
   for (char c : name) {
     if (!NameByte(c)) {
@@ -43,16 +44,16 @@ absl::Status ValidateAdapterName(std::string_view name, std::string_view base_na
     }
   }
   if (name == base_name) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "adapter name \"", ToAbsl(name), "\" is the base model's name: choose another"));
+    return absl::InvalidArgumentError(absl::StrCat("adapter name \"", ToAbsl(name),
+                                                   "\" is the base model's name: choose another"));
   }
   return absl::OkStatus();
 }
 
 absl::Status ValidateAdapterOptions(const AdapterOptions& o) {
   if (o.max_adapters < 0 || o.max_adapters > kMaxAdaptersLimit) {
-    return absl::InvalidArgumentError(absl::StrCat("--max-adapters must be 0 to ",
-                                                   kMaxAdaptersLimit, ", got ", o.max_adapters));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-adapters must be 0 to ", kMaxAdaptersLimit, ", got ", o.max_adapters));
   }
   if (static_cast<int64_t>(o.adapters.size()) > o.max_adapters) {
     return absl::InvalidArgumentError(absl::StrCat(o.adapters.size(),
@@ -79,20 +80,17 @@ AdapterInfo InfoOf(const std::string& name, const LoraAdapter& a) {
 
 AdapterRegistry::AdapterRegistry(AdapterRegistryOptions options) : options_(std::move(options)) {}
 
-absl::StatusOr<AdapterInfo> AdapterRegistry::Load(const std::string& name,
-                                                  const std::string& dir) {
+absl::StatusOr<AdapterInfo> AdapterRegistry::Load(const std::string& name, const std::string& dir) {
   if (!options_.backend_applies_lora) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the ", options_.backend_name,
-        " backend cannot apply LoRA adapters (the CPU backend can: --device cpu)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the ", options_.backend_name,
+                     " backend cannot apply LoRA adapters (the CPU backend can: --device cpu)"));
   }
   if (absl::Status s = ValidateAdapterName(name, options_.base_name); !s.ok()) return s;
   // The file calls would read the path only up to its first NUL, and load another directory.
   if (const size_t nul = dir.find('\0'); nul != std::string::npos) {
-    absl::Status s = absl::InvalidArgumentError(absl::StrCat(
-        "lora_path holds a NUL byte (at byte ", nul, "): give a directory's path without one"));
-    s.SetPayload(kInvalidFieldPayload, absl::Cord("lora_path"));
-    return s;
+    return WireFieldError("lora_path", absl::StrCat("lora_path holds a NUL byte (at byte ", nul,
+                                                    "): give a directory's path without one"));
   }
   auto check_room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::Status {
     if (loaded_.contains(name)) {
@@ -100,9 +98,9 @@ absl::StatusOr<AdapterInfo> AdapterRegistry::Load(const std::string& name,
           "adapter \"", name, "\" is already loaded: unload it first to load other files"));
     }
     if (static_cast<int64_t>(loaded_.size()) >= options_.max_adapters) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "already ", loaded_.size(), " adapters loaded (--max-adapters ", options_.max_adapters,
-          "): unload one first"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("already ", loaded_.size(), " adapters loaded (--max-adapters ",
+                       options_.max_adapters, "): unload one first"));
     }
     return absl::OkStatus();
   };
@@ -128,8 +126,7 @@ absl::Status AdapterRegistry::Unload(std::string_view name) {
   absl::MutexLock lock(&mu_);
   auto it = loaded_.find(name);
   if (it == loaded_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("adapter \"", EscapeBytes(name), "\" is not loaded"));
+    return absl::NotFoundError(absl::StrCat("adapter \"", EscapeBytes(name), "\" is not loaded"));
   }
   loaded_.erase(it);
   return absl::OkStatus();
@@ -142,13 +139,14 @@ absl::StatusOr<std::shared_ptr<const LoraAdapter>> AdapterRegistry::Find(
   if (it != loaded_.end()) return it->second;
   std::vector<std::string> names;
   for (const auto& [n, a] : loaded_) names.push_back(n);
-  absl::Status s = absl::NotFoundError(absl::StrCat(
-      "no adapter named `", EscapeBytes(name), "`: this server serves the base model `",
-      options_.base_name, "`",
-      names.empty() ? " and no adapter" : absl::StrCat(" and the adapters ", absl::StrJoin(names, ", ")),
-      " (GET /v1/models and GetModelInfo list them)"));
-  s.SetPayload(kInvalidFieldPayload, absl::Cord("adapter"));
-  return s;
+  return WithField(
+      absl::NotFoundError(absl::StrCat(
+          "`", EscapeBytes(name), "` is not loaded: this server serves the base model `",
+          options_.base_name, "`",
+          names.empty() ? " and no adapter"
+                        : absl::StrCat(" and the adapters ", absl::StrJoin(names, ", ")),
+          " (GET /v1/models and GetModelInfo list them)")),
+      RequestField::kAdapter);
 }
 
 std::vector<AdapterInfo> AdapterRegistry::List() const {

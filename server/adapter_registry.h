@@ -25,10 +25,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "engine/lora_adapter.h"
 #include "engine/model_config.h"
 
 namespace prefixd {
+
+struct LoraAdapter;  // engine/lora_adapter.h
 
 // The adapter flags of `prefixd`, kept apart from the other server options.
 struct AdapterOptions {
@@ -80,7 +81,7 @@ class AdapterRegistry {
   absl::StatusOr<AdapterInfo> Load(const std::string& name, const std::string& dir);
   // NOT_FOUND when `name` is not loaded.
   absl::Status Unload(std::string_view name);
-  // The adapter loaded under `name`; NOT_FOUND (field "adapter") when there is none.
+  // The adapter loaded under `name`; NOT_FOUND (RequestField::kAdapter) when there is none.
   absl::StatusOr<std::shared_ptr<const LoraAdapter>> Find(std::string_view name) const;
   // Every loaded adapter, by name.
   std::vector<AdapterInfo> List() const;

@@ -6,6 +6,7 @@
 #include "server/executor.h"
 #include "server/grpc_status.h"
 #include "server/inference_service.h"
+#include "server/wire_field.h"
 
 namespace prefixd {
 namespace {
@@ -55,8 +56,10 @@ void GenerateReactor::Begin(grpc::CallbackServerContext* context) {
       absl::MutexLock l(&mu_);
       finished_ = true;
     }
-    // Counted by the request path already: this call never started.
-    Finish(ToGrpcStatus(started.status()));
+    // Counted by the request path already: this call never started. A rule's refusal names
+    // its field as the proto does.
+    Finish(ToGrpcStatus(NameRequestField(
+        started.status(), [this](RequestField f) { return GrpcFieldName(f, *request_); })));
     return;
   }
   request_id_ = started->request_id;
@@ -167,10 +170,10 @@ void GenerateReactor::Pump() {
       // request took to get here (this side counts the timeout from arrival), hence the
       // margin; a client that cancels itself that close to its deadline is counted as a
       // deadline too.
-      finish_status = std::chrono::system_clock::now() + std::chrono::milliseconds(250) >= deadline_
-                          ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                                         "the call's deadline passed")
-                          : grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled");
+      finish_status =
+          std::chrono::system_clock::now() + std::chrono::milliseconds(250) >= deadline_
+              ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "the call's deadline passed")
+              : grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled");
     } else if (BuildMessageLocked()) {
       write_in_flight_ = true;
       action = Action::kWrite;

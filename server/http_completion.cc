@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "engine/request_stream.h"
 
 namespace prefixd {
 
@@ -30,7 +31,7 @@ absl::StatusOr<std::unique_ptr<HttpCompletion>> HttpCompletion::Start(
     if (!started.ok()) {
       // The prompts already queued go back (Abandon, in the destructor), so that the call
       // is all or nothing.
-      return ToHttpFieldNames(started.status());
+      return ToOpenAiError(started.status());
     }
     Generation& g = c->gens_.emplace_back();
     g.output.emplace(path.tokenizer(), started->num_samples, started->stop);

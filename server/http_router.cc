@@ -4,9 +4,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "engine/request_validation.h"
+#include "engine/model_config.h"
 #include "nlohmann/json.hpp"
 #include "server/openai_api.h"
+#include "server/wire_field.h"
 
 namespace prefixd {
 namespace {
@@ -39,10 +40,8 @@ HttpRouted HttpRouter::Route(const HttpRequestView& request) {
   }
   if (path == "/v1/chat/completions") {
     if (request.method != "POST") return MethodNotAllowed("POST");
-    absl::Status s = absl::InvalidArgumentError(
-        "model has no chat template: GPT-2 is a base model; use POST /v1/completions");
-    s.SetPayload(kInvalidFieldPayload, absl::Cord("model"));
-    return ErrorReply(s);
+    return ErrorReply(WireFieldError(
+        "model", "model has no chat template: GPT-2 is a base model; use POST /v1/completions"));
   }
   if (path == "/v1/load_lora_adapter") {
     if (request.method != "POST") return MethodNotAllowed("POST");
@@ -109,17 +108,17 @@ HttpRouted HttpRouter::LoadLoraAdapter(const HttpRequestView& request) {
   if (!parsed.ok()) return ErrorReply(parsed.status());
   // Reading and checking an adapter's files takes a while: not on an I/O thread, which
   // serves every other connection (/health among them).
-  return HttpDeferred{[this, authorization = request.authorization,
-                       parsed = *std::move(parsed)]() -> HttpReply {
-    absl::StatusOr<AdapterInfo> info =
-        path_.LoadAdapter(authorization, parsed.first, parsed.second);
-    if (!info.ok()) return ErrorReply(info.status());
-    nlohmann::json body{{"lora_name", info->name},
-                        {"adapter_sha256", info->digest},
-                        {"rank", info->rank},
-                        {"parent", path_.model().name}};
-    return HttpReply{200, body.dump()};
-  }};
+  return HttpDeferred{
+      [this, authorization = request.authorization, parsed = *std::move(parsed)]() -> HttpReply {
+        absl::StatusOr<AdapterInfo> info =
+            path_.LoadAdapter(authorization, parsed.first, parsed.second);
+        if (!info.ok()) return ErrorReply(info.status());
+        nlohmann::json body{{"lora_name", info->name},
+                            {"adapter_sha256", info->digest},
+                            {"rank", info->rank},
+                            {"parent", path_.model().name}};
+        return HttpReply{200, body.dump()};
+      }};
 }
 
 HttpReply HttpRouter::UnloadLoraAdapter(const HttpRequestView& request) {
@@ -136,7 +135,7 @@ HttpReply HttpRouter::Tokenize(const HttpRequestView& request) {
   if (!parsed.ok()) return ErrorReply(parsed.status());
   absl::StatusOr<std::vector<uint32_t>> ids =
       path_.Tokenize(request.authorization, parsed->prompt, parsed->adapter);
-  if (!ids.ok()) return ErrorReply(ToHttpFieldNames(ids.status()));
+  if (!ids.ok()) return ErrorReply(ToOpenAiError(ids.status()));
   nlohmann::json body{{"tokens", *ids},
                       {"count", ids->size()},
                       {"max_model_len", path_.model().config.n_positions}};
@@ -144,12 +143,16 @@ HttpReply HttpRouter::Tokenize(const HttpRequestView& request) {
 }
 
 HttpReply HttpRouter::Detokenize(const HttpRequestView& request) {
-  absl::StatusOr<DetokenizeBody> parsed =
-      ParseDetokenizeRequest(*request.body, path_.model().name);
+  absl::StatusOr<DetokenizeBody> parsed = ParseDetokenizeRequest(*request.body, path_.model().name);
   if (!parsed.ok()) return ErrorReply(parsed.status());
   absl::StatusOr<std::string> text =
       path_.Detokenize(request.authorization, parsed->tokens, parsed->adapter);
-  if (!text.ok()) return ErrorReply(ToHttpFieldNames(text.status()));
+  // The ids to detokenize are this endpoint's `tokens`.
+  if (!text.ok()) {
+    return ErrorReply(NameRequestField(text.status(), [](RequestField f) {
+      return f == RequestField::kPrompt ? std::string_view("tokens") : OpenAiFieldName(f);
+    }));
+  }
   nlohmann::json body{{"prompt", *text}};
   return HttpReply{200, body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)};
 }

@@ -1,11 +1,12 @@
 #include "server/inference_service.h"
 
 #include <algorithm>
-
 #include <utility>
 
+#include "engine/engine_stats.h"
 #include "server/generate_reactor.h"
 #include "server/grpc_status.h"
+#include "server/wire_field.h"
 
 namespace prefixd {
 
@@ -19,41 +20,92 @@ std::optional<std::string> AuthorizationOf(const grpc::CallbackServerContext& co
 
 GenerateCall ToGenerateCall(const v1::GenerateRequest& request) {
   GenerateCall call;
-  call.request_id = request.request_id();
+  EngineRequest& r = call.request;
+  r.request_id = request.request_id();
   switch (request.prompt_case()) {
     case v1::GenerateRequest::kText:
-      call.prompt_kind = GenerateCall::PromptKind::kText;
       call.text = request.text();
       break;
     case v1::GenerateRequest::kTokenIds:
-      call.prompt_kind = GenerateCall::PromptKind::kTokenIds;
-      call.token_ids.assign(request.token_ids().ids().begin(), request.token_ids().ids().end());
+      r.prompt.assign(request.token_ids().ids().begin(), request.token_ids().ids().end());
       break;
-    case v1::GenerateRequest::PROMPT_NOT_SET:
+    case v1::GenerateRequest::PROMPT_NOT_SET:  // an empty prompt, refused by its rule
       break;
   }
   call.cache_salt = request.cache_salt();
   call.adapter = request.adapter();
-  call.max_new_tokens = request.max_new_tokens();
-  call.temperature = request.temperature();
-  call.top_k = request.top_k();
-  if (request.has_top_p()) call.top_p = request.top_p();
-  if (request.has_seed()) call.seed = request.seed();
-  call.num_samples = request.num_samples();
-  call.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
-  call.ignore_eos = request.ignore_eos();
-  call.top_logprobs = request.top_logprobs();
   call.stop.assign(request.stop().begin(), request.stop().end());
-  call.presence_penalty = request.presence_penalty();
-  call.frequency_penalty = request.frequency_penalty();
-  if (request.has_repetition_penalty()) call.repetition_penalty = request.repetition_penalty();
-  call.min_p = request.min_p();
-  if (request.has_prompt_logprobs()) call.prompt_logprobs = request.prompt_logprobs();
+  r.max_new_tokens = request.max_new_tokens();
+  r.sampling.temperature = request.temperature();
+  r.sampling.top_k = request.top_k();
+  if (request.has_top_p()) r.sampling.top_p = request.top_p();
+  r.sampling.seed = request.has_seed() ? request.seed() : RandomSeed();
+  r.sampling.presence_penalty = request.presence_penalty();
+  r.sampling.frequency_penalty = request.frequency_penalty();
+  if (request.has_repetition_penalty()) {
+    r.sampling.repetition_penalty = request.repetition_penalty();
+  }
+  r.sampling.min_p = request.min_p();
   // A proto map has no order: sorted by id, so a request means one thing.
-  for (const auto& [id, bias] : request.logit_bias()) call.logit_bias.push_back({id, bias});
-  std::sort(call.logit_bias.begin(), call.logit_bias.end(),
+  for (const auto& [id, bias] : request.logit_bias()) r.sampling.logit_bias.push_back({id, bias});
+  std::sort(r.sampling.logit_bias.begin(), r.sampling.logit_bias.end(),
             [](const TokenBias& a, const TokenBias& b) { return a.token_id < b.token_id; });
+  r.stop_token_ids.assign(request.stop_token_ids().begin(), request.stop_token_ids().end());
+  r.ignore_eos = request.ignore_eos();
+  // proto3 cannot tell 0 from unset: 0 is the default, one sample.
+  r.num_samples = request.num_samples() == 0 ? 1 : request.num_samples();
+  r.top_logprobs = request.top_logprobs();
+  if (request.has_prompt_logprobs()) r.prompt_logprobs = request.prompt_logprobs();
   return call;
+}
+
+std::string_view GrpcFieldName(RequestField field, const v1::GenerateRequest& request) {
+  switch (field) {
+    case RequestField::kNone:
+      break;
+    case RequestField::kRequestId:
+      return "request_id";
+    case RequestField::kPrompt:
+      return request.has_token_ids() ? "token_ids" : "text";
+    case RequestField::kMaxNewTokens:
+      return "max_new_tokens";
+    case RequestField::kTemperature:
+      return "temperature";
+    case RequestField::kTopK:
+      return "top_k";
+    case RequestField::kTopP:
+      return "top_p";
+    case RequestField::kSeed:
+      return "seed";
+    case RequestField::kPresencePenalty:
+      return "presence_penalty";
+    case RequestField::kFrequencyPenalty:
+      return "frequency_penalty";
+    case RequestField::kRepetitionPenalty:
+      return "repetition_penalty";
+    case RequestField::kMinP:
+      return "min_p";
+    case RequestField::kLogitBias:
+      return "logit_bias";
+    case RequestField::kStopTokenIds:
+      return "stop_token_ids";
+    case RequestField::kIgnoreEos:
+      return "ignore_eos";
+    case RequestField::kNumSamples:
+      return "num_samples";
+    case RequestField::kTopLogprobs:
+      return "top_logprobs";
+    case RequestField::kEchoPrompt:  // no field of its own: prompt_logprobs echoes the prompt
+    case RequestField::kPromptLogprobs:
+      return "prompt_logprobs";
+    case RequestField::kAdapter:
+      return "adapter";
+    case RequestField::kStop:
+      return "stop";
+    case RequestField::kCacheSalt:
+      return "cache_salt";
+  }
+  return "request";
 }
 
 void ToProto(const ServedModel& model, v1::ModelInfo* out) {
@@ -147,7 +199,10 @@ grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext
   if (ids.ok()) {
     for (uint32_t id : *ids) response->add_token_ids(id);
   }
-  reactor->Finish(ToGrpcStatus(ids.status()));
+  // TokenizeRequest's fields: the prompt is its `text`.
+  reactor->Finish(ToGrpcStatus(NameRequestField(ids.status(), [](RequestField f) {
+    return f == RequestField::kAdapter ? std::string_view("adapter") : std::string_view("text");
+  })));
   return reactor;
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -65,8 +66,17 @@ class InferenceService final : public v1::Inference::CallbackService {
 // The call's `authorization` metadata, if it carried one.
 std::optional<std::string> AuthorizationOf(const grpc::CallbackServerContext& context);
 
-// The proto forms of what the request path returns.
+// A GenerateRequest as the request path takes it: each field into the engine's request or
+// the call, and proto3's unset values read as inference.proto says (num_samples 0 is 1;
+// top_p, repetition_penalty and seed unset are 1, 1 and one the server draws; no prompt is
+// an empty one). It checks no rule: the request path and the engine do
+// (engine/request_validation.h), after the caller is authenticated.
 GenerateCall ToGenerateCall(const v1::GenerateRequest& request);
+// GenerateRequest's name for a request field: the proto field's. The prompt's is
+// `token_ids` when the request set them, else `text`.
+std::string_view GrpcFieldName(RequestField field, const v1::GenerateRequest& request);
+
+// The proto forms of what the request path returns.
 void ToProto(const ServedModel& model, v1::ModelInfo* out);
 void ToProto(const EngineStats& stats, v1::CacheStats* out);
 

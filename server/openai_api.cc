@@ -8,9 +8,10 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
 #include "engine/request_validation.h"
 #include "engine/sampler.h"
+#include "engine/tokenizer.h"
+#include "server/wire_field.h"
 
 namespace prefixd {
 namespace {
@@ -18,8 +19,8 @@ namespace {
 using nlohmann::json;
 using ojson = nlohmann::ordered_json;  // responses keep OpenAI's field order
 
-absl::Status Invalid(const std::string& field, const std::string& message) {
-  return FieldError(field, message);
+absl::Status Invalid(std::string_view field, const std::string& message) {
+  return WireFieldError(field, message);
 }
 
 absl::StatusOr<json> ParseObject(const std::string& body) {
@@ -45,8 +46,7 @@ absl::StatusOr<json> ParseObject(const std::string& body) {
     absl::Status s = absl::InvalidArgumentError(
         absl::StrCat("the body is not valid JSON", where, " (", e.what(),
                      "): send a JSON object whose numbers fit a double"));
-    if (!last_key.empty()) s.SetPayload(kInvalidFieldPayload, absl::Cord(last_key.substr(0, 64)));
-    return s;
+    return last_key.empty() ? s : WithWireField(s, last_key.substr(0, 64));
   }
   if (!j.is_object()) {
     return absl::InvalidArgumentError("the body must be a JSON object");
@@ -125,25 +125,15 @@ absl::StatusOr<std::string> ModelAdapter(const json& j, const std::string& serve
 }
 
 // The prompt(s): a string, an array of token ids, an array of strings, or an array of
-// arrays of token ids.
+// arrays of token ids. Each is a call with its `text` set or its ids in request.prompt.
 absl::StatusOr<std::vector<GenerateCall>> ParsePrompts(const json& j) {
   auto it = j.find("prompt");
   if (it == j.end() || it->is_null()) {
     return Invalid("prompt", "`prompt` is required: a string or an array of token ids");
   }
   std::vector<GenerateCall> calls;
-  auto text = [&](const std::string& s) {
-    GenerateCall c;
-    c.prompt_kind = GenerateCall::PromptKind::kText;
-    c.text = s;
-    calls.push_back(std::move(c));
-  };
-  auto ids = [&](std::vector<uint32_t> v) {
-    GenerateCall c;
-    c.prompt_kind = GenerateCall::PromptKind::kTokenIds;
-    c.token_ids = std::move(v);
-    calls.push_back(std::move(c));
-  };
+  auto text = [&](const std::string& s) { calls.emplace_back().text = s; };
+  auto ids = [&](std::vector<uint32_t> v) { calls.emplace_back().request.prompt = std::move(v); };
   const json& p = *it;
   if (p.is_string()) {
     text(p.get<std::string>());
@@ -176,7 +166,7 @@ absl::StatusOr<std::vector<GenerateCall>> ParsePrompts(const json& j) {
 }
 
 // OpenAI's `logit_bias`: an object from token ids (decimal strings, as JSON keys are) to
-// numbers. Ranges, the entry limit and the ids' vocabulary are the request path's rules.
+// numbers. Ranges, the entry limit and the ids' vocabulary are the engine's rules.
 absl::StatusOr<std::vector<TokenBias>> ParseLogitBias(const json& j) {
   std::vector<TokenBias> out;
   auto it = j.find("logit_bias");
@@ -185,10 +175,6 @@ absl::StatusOr<std::vector<TokenBias>> ParseLogitBias(const json& j) {
     return Invalid("logit_bias",
                    "`logit_bias` must be an object from token ids to biases, e.g. "
                    "{\"50256\": -100}");
-  }
-  if (it->size() > kMaxLogitBias) {
-    return Invalid("logit_bias", absl::StrCat("`logit_bias` has ", it->size(),
-                                              " entries: give at most ", kMaxLogitBias));
   }
   for (const auto& [key, value] : it->items()) {
     uint32_t id = 0;
@@ -278,46 +264,47 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(const std::string& body
   GenerateCall base;
   base.api = Api::kHttp;
   base.adapter = *std::move(adapter);
-  // Numbers are range-checked here only as far as their type needs; the request path's
-  // rules (engine/request_validation.h) decide the rest, with the same messages as gRPC.
+  EngineRequest& r = base.request;
+  SamplingParams& sampling = r.sampling;
+  // Numbers are range-checked here only as far as their type needs; the engine's rules
+  // (engine/request_validation.h) decide the rest, for both front ends.
   constexpr int64_t kU32 = std::numeric_limits<uint32_t>::max();
   absl::StatusOr<std::optional<int64_t>> max_tokens = GetInt(j, "max_tokens", 0, kU32);
   if (!max_tokens.ok()) return max_tokens.status();
-  base.max_new_tokens = static_cast<uint32_t>(max_tokens->value_or(16));
+  r.max_new_tokens = static_cast<uint32_t>(max_tokens->value_or(16));
   absl::StatusOr<std::optional<double>> temperature = GetNumber(j, "temperature");
   if (!temperature.ok()) return temperature.status();
-  base.temperature = static_cast<float>(temperature->value_or(1.0));
+  sampling.temperature = static_cast<float>(temperature->value_or(1.0));
   absl::StatusOr<std::optional<double>> top_p = GetNumber(j, "top_p");
   if (!top_p.ok()) return top_p.status();
-  if (top_p->has_value()) base.top_p = static_cast<float>(**top_p);
+  if (top_p->has_value()) sampling.top_p = static_cast<float>(**top_p);
+  // OpenAI's `n` is at least 1: 0 reaches the engine's rule, which refuses it naming `n`.
   absl::StatusOr<std::optional<int64_t>> n = GetInt(j, "n", 0, kU32);
   if (!n.ok()) return n.status();
-  base.num_samples = static_cast<uint32_t>(n->value_or(1));
-  if (base.num_samples == 0) return Invalid("n", "`n` must be at least 1");
+  r.num_samples = static_cast<uint32_t>(n->value_or(1));
   absl::StatusOr<std::optional<int64_t>> seed =
       GetInt(j, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
   if (!seed.ok()) return seed.status();
-  if (seed->has_value()) base.seed = static_cast<uint64_t>(**seed);
   absl::StatusOr<std::optional<int64_t>> top_k = GetInt(j, "top_k", -1, kU32);
   if (!top_k.ok()) return top_k.status();
   // vLLM's convention: -1 (or 0) turns top-k off.
-  base.top_k = top_k->has_value() && **top_k > 0 ? static_cast<uint32_t>(**top_k) : 0;
-  for (auto [field, target] : {std::pair{"presence_penalty", &base.presence_penalty},
-                                std::pair{"frequency_penalty", &base.frequency_penalty},
-                                std::pair{"min_p", &base.min_p}}) {
+  sampling.top_k = top_k->has_value() && **top_k > 0 ? static_cast<uint32_t>(**top_k) : 0;
+  for (auto [field, target] : {std::pair{"presence_penalty", &sampling.presence_penalty},
+                               std::pair{"frequency_penalty", &sampling.frequency_penalty},
+                               std::pair{"min_p", &sampling.min_p}}) {
     absl::StatusOr<std::optional<double>> v = GetNumber(j, field);
     if (!v.ok()) return v.status();
     if (v->has_value()) *target = static_cast<float>(**v);
   }
   absl::StatusOr<std::optional<double>> repetition = GetNumber(j, "repetition_penalty");
   if (!repetition.ok()) return repetition.status();
-  if (repetition->has_value()) base.repetition_penalty = static_cast<float>(**repetition);
+  if (repetition->has_value()) sampling.repetition_penalty = static_cast<float>(**repetition);
   absl::StatusOr<std::vector<TokenBias>> bias = ParseLogitBias(j);
   if (!bias.ok()) return bias.status();
-  base.logit_bias = *std::move(bias);
+  sampling.logit_bias = *std::move(bias);
   absl::StatusOr<std::optional<bool>> ignore_eos = GetBool(j, "ignore_eos");
   if (!ignore_eos.ok()) return ignore_eos.status();
-  base.ignore_eos = ignore_eos->value_or(false);
+  r.ignore_eos = ignore_eos->value_or(false);
   absl::StatusOr<std::optional<std::string>> salt = GetString(j, "cache_salt");
   if (!salt.ok()) return salt.status();
   base.cache_salt = salt->value_or("");
@@ -328,7 +315,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(const std::string& body
     if (!it->is_array()) return Invalid("stop_token_ids", "`stop_token_ids` must be an array");
     absl::StatusOr<std::vector<uint32_t>> v = TokenIdArray(*it, "stop_token_ids");
     if (!v.ok()) return v.status();
-    base.stop_token_ids = *std::move(v);
+    r.stop_token_ids = *std::move(v);
   }
   if (auto it = j.find("stop"); it != j.end() && !it->is_null()) {
     if (it->is_string()) {
@@ -349,7 +336,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(const std::string& body
   if (!logprobs.ok()) return logprobs.status();
   if (logprobs->has_value()) {
     req.logprobs = static_cast<uint32_t>(**logprobs);
-    base.top_logprobs = *req.logprobs;
+    r.top_logprobs = *req.logprobs;
   }
   absl::StatusOr<std::optional<bool>> echo = GetBool(j, "echo");
   if (!echo.ok()) return echo.status();
@@ -357,8 +344,8 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(const std::string& body
   if (req.echo) {
     // The prompt first in every choice; its logprobs only when asked for (only then are the
     // logits of every prompt position computed).
-    base.echo_prompt = true;
-    if (req.logprobs.has_value()) base.prompt_logprobs = req.logprobs;
+    r.echo_prompt = true;
+    if (req.logprobs.has_value()) r.prompt_logprobs = req.logprobs;
   }
   absl::StatusOr<std::optional<bool>> stream = GetBool(j, "stream");
   if (!stream.ok()) return stream.status();
@@ -383,9 +370,10 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(const std::string& body
   if (!prompts.ok()) return prompts.status();
   for (GenerateCall& p : *prompts) {
     GenerateCall call = base;
-    call.prompt_kind = p.prompt_kind;
     call.text = std::move(p.text);
-    call.token_ids = std::move(p.token_ids);
+    call.request.prompt = std::move(p.request.prompt);
+    // Without a seed each prompt draws its own, so identical prompts sample differently.
+    call.request.sampling.seed = seed->has_value() ? static_cast<uint64_t>(**seed) : RandomSeed();
     req.prompts.push_back(std::move(call));
   }
   return req;
@@ -429,7 +417,8 @@ void AppendPromptToChoice(const Tokenizer& tokenizer, const std::vector<PromptTo
       lp.token_logprobs.push_back(t.has_logprob ? t.logprob
                                                 : std::numeric_limits<float>::quiet_NaN());
       std::vector<std::pair<std::string, float>> top;
-      for (const TokenLogprob& e : t.top) top.emplace_back(TokenName(tokenizer, e.token_id), e.logprob);
+      for (const TokenLogprob& e : t.top)
+        top.emplace_back(TokenName(tokenizer, e.token_id), e.logprob);
       lp.top_logprobs.push_back(std::move(top));
       lp.text_offset.push_back(static_cast<uint32_t>(choice->text.size()));
     }
@@ -594,28 +583,57 @@ std::string ErrorJson(const absl::Status& status) {
   return Dump(ojson{{"error", std::move(error)}});
 }
 
-absl::Status ToHttpFieldNames(const absl::Status& status) {
-  static constexpr std::pair<const char*, const char*> kNames[] = {
-      {"max_new_tokens", "max_tokens"}, {"num_samples", "n"}, {"top_logprobs", "logprobs"},
-      {"token_ids", "prompt"},          {"text", "prompt"},   {"--max-samples", "--max-samples"},
-      {"adapter", "model"}};
-  const std::string field = InvalidField(status);
-  if (field.empty()) return status;
-  std::string message(status.message());
-  std::string http_field = field;
-  for (const auto& [grpc_name, http_name] : kNames) {
-    if (field == grpc_name) http_field = http_name;
+std::string_view OpenAiFieldName(RequestField field) {
+  switch (field) {
+    case RequestField::kNone:
+      break;
+    case RequestField::kRequestId:
+      return "request_id";  // the API has none: the server names every request
+    case RequestField::kPrompt:
+      return "prompt";
+    case RequestField::kMaxNewTokens:
+      return "max_tokens";
+    case RequestField::kTemperature:
+      return "temperature";
+    case RequestField::kTopK:
+      return "top_k";
+    case RequestField::kTopP:
+      return "top_p";
+    case RequestField::kSeed:
+      return "seed";
+    case RequestField::kPresencePenalty:
+      return "presence_penalty";
+    case RequestField::kFrequencyPenalty:
+      return "frequency_penalty";
+    case RequestField::kRepetitionPenalty:
+      return "repetition_penalty";
+    case RequestField::kMinP:
+      return "min_p";
+    case RequestField::kLogitBias:
+      return "logit_bias";
+    case RequestField::kStopTokenIds:
+      return "stop_token_ids";
+    case RequestField::kIgnoreEos:
+      return "ignore_eos";
+    case RequestField::kNumSamples:
+      return "n";
+    case RequestField::kEchoPrompt:
+      return "echo";
+    case RequestField::kTopLogprobs:
+    case RequestField::kPromptLogprobs:  // `logprobs` with `echo`
+      return "logprobs";
+    case RequestField::kAdapter:
+      return "model";
+    case RequestField::kStop:
+      return "stop";
+    case RequestField::kCacheSalt:
+      return "cache_salt";
   }
-  // Rename the fields the message mentions, whichever rule it came from.
-  message = absl::StrReplaceAll(message, {{"max_new_tokens", "max_tokens"},
-                                          {"num_samples", "n"},
-                                          {"top_logprobs", "logprobs"},
-                                          {"`token_ids.ids`", "`prompt`"},
-                                          {"`token_ids`", "`prompt`"},
-                                          {"`text`", "`prompt`"}});
-  absl::Status out(status.code(), message);
-  out.SetPayload(kInvalidFieldPayload, absl::Cord(http_field));
-  return out;
+  return "body";
+}
+
+absl::Status ToOpenAiError(const absl::Status& status) {
+  return NameRequestField(status, OpenAiFieldName);
 }
 
 absl::StatusOr<std::pair<std::string, std::string>> ParseLoadLoraAdapterRequest(
@@ -642,8 +660,8 @@ absl::StatusOr<std::string> ParseUnloadLoraAdapterRequest(const std::string& bod
   if (!parsed.ok()) return parsed.status();
   for (const auto& [key, value] : parsed->items()) {
     if (key != "lora_name") {
-      return Invalid(key, absl::StrCat("unknown field `", absl::CHexEscape(key),
-                                       "` (expected lora_name)"));
+      return Invalid(
+          key, absl::StrCat("unknown field `", absl::CHexEscape(key), "` (expected lora_name)"));
     }
   }
   absl::StatusOr<std::optional<std::string>> name = GetString(*parsed, "lora_name");

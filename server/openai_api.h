@@ -20,12 +20,14 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/tokenizer.h"
+#include "engine/request.h"
 #include "nlohmann/json.hpp"
 #include "server/generate_output.h"
 #include "server/request_path.h"
 
 namespace prefixd {
+
+class Tokenizer;  // engine/tokenizer.h
 
 // OpenAI's limit on `logprobs` for completions.
 inline constexpr uint32_t kMaxOpenAiLogprobs = 5;
@@ -41,7 +43,9 @@ struct CompletionRequest {
 
 // POST /v1/completions. `model` is `served_model` (or absent) for the base; any other name
 // is taken as a LoRA adapter's (GenerateCall::adapter), which the request path resolves.
-// INVALID_ARGUMENT names the offending field (InvalidField) and what to change.
+// INVALID_ARGUMENT names the offending JSON key (InvalidField, server/wire_field.h) and what
+// to change. Values are checked only as far as their JSON types go: every other rule is the
+// request path's and the engine's, reported through ToOpenAiError.
 absl::StatusOr<CompletionRequest> ParseCompletionRequest(const std::string& body,
                                                          const std::string& served_model);
 
@@ -90,9 +94,12 @@ inline constexpr std::string_view kDoneEvent = "data: [DONE]\n\n";
 // {"error": {"message", "type", "param", "code"}}, and the HTTP status it goes with.
 int HttpStatusFor(absl::StatusCode code);
 std::string ErrorJson(const absl::Status& status);
-// The request path names fields as gRPC does; this maps them to the API's names (and says
-// so in the message): max_new_tokens → max_tokens, num_samples → n, ...
-absl::Status ToHttpFieldNames(const absl::Status& status);
+// The API's name for a request field (max_tokens, n, logprobs, prompt, model, ...).
+std::string_view OpenAiFieldName(RequestField field);
+// A refusal of the request rules (engine/request_validation.h) as this API reports it: the
+// field's name first in the message and as the error's `param` (server/wire_field.h).
+// Parse errors name their JSON key already and are returned as they are.
+absl::Status ToOpenAiError(const absl::Status& status);
 
 // vLLM's /v1/load_lora_adapter {"lora_name", "lora_path"} and /v1/unload_lora_adapter
 // {"lora_name"} bodies: (name, path), and the name.

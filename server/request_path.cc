@@ -5,10 +5,11 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "base/escape.h"
+#include "cache/block_key.h"
+#include "engine/engine.h"
 #include "engine/request_validation.h"
-#include "server/cache_namespace.h"
+#include "engine/tokenizer.h"
 #include "openssl/rand.h"
 #include "server/metrics.h"
 
@@ -26,12 +27,12 @@ absl::StatusOr<std::string> RandomRequestId() {
                                       reinterpret_cast<const char*>(bytes), sizeof(bytes))));
 }
 
+}  // namespace
+
 uint64_t RandomSeed() {
   std::random_device rd;
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();
 }
-
-}  // namespace
 
 RequestPath::RequestPath(RequestPathOptions options) : options_(std::move(options)) {}
 
@@ -60,86 +61,34 @@ void RequestPath::SetAuthenticator(std::shared_ptr<const Authenticator> auth) {
   options_.auth = std::move(auth);
 }
 
-size_t RequestPath::max_text_bytes() const {
-  return static_cast<size_t>(options_.model.config.n_positions) *
-         options_.tokenizer->max_token_bytes();
-}
-
-absl::Status RequestPath::CheckTextBytes(std::string_view text) const {
-  if (text.size() <= max_text_bytes()) return absl::OkStatus();
-  return FieldError("text", absl::StrFormat(
-      "text is %d bytes, more than any text of at most %d tokens (the model's context "
-      "length) can be: %d bytes (%d tokens x %d bytes, the longest token); shorten it",
-      text.size(), options_.model.config.n_positions, max_text_bytes(),
-      options_.model.config.n_positions, options_.tokenizer->max_token_bytes()));
-}
-
 absl::StatusOr<EngineRequest> RequestPath::BuildEngineRequest(const GenerateCall& call,
-                                                              const std::string& tenant) {
-  EngineRequest req;
-  switch (call.prompt_kind) {
-    case GenerateCall::PromptKind::kNone:
-      return FieldError("text", "no prompt: set `text` or `token_ids`");
-    case GenerateCall::PromptKind::kText: {
-      if (absl::Status s = CheckTextBytes(call.text); !s.ok()) return s;
-      // Stops tokenizing once the prompt alone passes the context: it is refused anyway.
-      const size_t context = static_cast<size_t>(options_.model.config.n_positions);
-      req.prompt = options_.tokenizer->EncodeAtMost(call.text, context);
-      if (req.prompt.empty()) {
-        return FieldError("text", "empty prompt: `text` must produce at least one token");
-      }
-      if (req.prompt.size() > context) {
-        return FieldError("text", absl::StrFormat(
-            "text has more than %d tokens, the model's context length: shorten the prompt",
-            context));
-      }
-      break;
+                                                              const std::string& tenant) const {
+  EngineRequest req = call.request;
+  const ModelConfig& config = options_.model.config;
+  if (call.text.has_value()) {
+    if (absl::Status s = ValidatePromptText(*call.text, config.n_positions,
+                                            options_.tokenizer->max_token_bytes());
+        !s.ok()) {
+      return s;
     }
-    case GenerateCall::PromptKind::kTokenIds:
-      req.prompt = call.token_ids;
-      break;
+    // Stops tokenizing once the prompt alone passes the context: the engine's rules refuse
+    // it anyway.
+    req.prompt =
+        options_.tokenizer->EncodeAtMost(*call.text, static_cast<size_t>(config.n_positions));
   }
-  if (call.stop.size() > kMaxStopStrings) {
-    return FieldError("stop", absl::StrCat("stop has ", call.stop.size(),
-                                           " strings: at most ", kMaxStopStrings));
-  }
-  for (const std::string& s : call.stop) {
-    if (s.empty() || s.size() > kMaxStopStringBytes) {
-      return FieldError("stop", absl::StrCat("a stop string of ", s.size(),
-                                             " bytes: each must be 1 to ", kMaxStopStringBytes,
-                                             " bytes"));
-    }
-  }
-  if (call.request_id.empty()) {
+  if (absl::Status s = ValidateStopStrings(call.stop); !s.ok()) return s;
+  if (req.request_id.empty()) {
     absl::StatusOr<std::string> id = RandomRequestId();
     if (!id.ok()) return id.status();
     req.request_id = *std::move(id);
-  } else {
-    req.request_id = call.request_id;
   }
-  req.cache_namespace = DeriveCacheNamespace(tenant, call.cache_salt);
+  req.cache_namespace = CacheNamespace(tenant, call.cache_salt);
   // The adapter is held by the request from here on (unloading its name lets it finish);
   // its digest, not its name, keys the cache (cache/block_key.h); the name labels its counts.
   absl::StatusOr<std::shared_ptr<const LoraAdapter>> adapter = ResolveAdapter(call.adapter);
   if (!adapter.ok()) return adapter.status();
   req.adapter = *std::move(adapter);
-  if (req.adapter != nullptr) req.adapter_name = call.adapter;
-  req.max_new_tokens = call.max_new_tokens;
-  req.sampling.temperature = call.temperature;
-  req.sampling.top_k = call.top_k;
-  req.sampling.top_p = call.top_p.value_or(1.0f);
-  req.sampling.seed = call.seed.has_value() ? *call.seed : RandomSeed();
-  req.sampling.presence_penalty = call.presence_penalty;
-  req.sampling.frequency_penalty = call.frequency_penalty;
-  req.sampling.repetition_penalty = call.repetition_penalty.value_or(1.0f);
-  req.sampling.min_p = call.min_p;
-  req.sampling.logit_bias = call.logit_bias;
-  req.echo_prompt = call.echo_prompt;
-  req.prompt_logprobs = call.prompt_logprobs;
-  req.stop_token_ids = call.stop_token_ids;
-  req.ignore_eos = call.ignore_eos;
-  req.num_samples = call.num_samples == 0 ? 1 : call.num_samples;
-  req.top_logprobs = call.top_logprobs;
+  req.adapter_name = req.adapter != nullptr ? call.adapter : std::string();
   return req;
 }
 
@@ -147,11 +96,11 @@ absl::StatusOr<std::shared_ptr<const LoraAdapter>> RequestPath::ResolveAdapter(
     std::string_view name) const {
   if (name.empty()) return std::shared_ptr<const LoraAdapter>();
   if (options_.adapters == nullptr) {
-    absl::Status s = absl::NotFoundError(absl::StrCat(
-        "no adapter named `", EscapeBytes(name), "`: this server serves the base model `",
-        options_.model.name, "` and no adapter"));
-    s.SetPayload(kInvalidFieldPayload, absl::Cord("adapter"));
-    return s;
+    return WithField(absl::NotFoundError(absl::StrCat("`", EscapeBytes(name),
+                                                      "` is not loaded: this server serves the "
+                                                      "base model `",
+                                                      options_.model.name, "` and no adapter")),
+                     RequestField::kAdapter);
   }
   return options_.adapters->Find(name);
 }
@@ -194,8 +143,7 @@ absl::StatusOr<StartedGenerate> RequestPath::StartGenerate(const GenerateCall& c
   return started;
 }
 
-void RequestPath::FinishGenerate(Api api, std::string_view adapter_label,
-                                 absl::StatusCode code) {
+void RequestPath::FinishGenerate(Api api, std::string_view adapter_label, absl::StatusCode code) {
   Count(api, code, adapter_label);
 }
 
@@ -213,26 +161,27 @@ absl::StatusOr<std::vector<uint32_t>> RequestPath::Tokenize(
   if (absl::StatusOr<std::shared_ptr<const LoraAdapter>> a = ResolveAdapter(adapter); !a.ok()) {
     return a.status();
   }
-  if (absl::Status s = CheckTextBytes(text); !s.ok()) return s;
+  if (absl::Status s = ValidatePromptText(text, options_.model.config.n_positions,
+                                          options_.tokenizer->max_token_bytes());
+      !s.ok()) {
+    return s;
+  }
   return options_.tokenizer->Encode(text);
 }
 
-absl::StatusOr<std::string> RequestPath::Detokenize(
-    const std::optional<std::string>& authorization, const std::vector<uint32_t>& ids,
-    std::string_view adapter) const {
+absl::StatusOr<std::string> RequestPath::Detokenize(const std::optional<std::string>& authorization,
+                                                    const std::vector<uint32_t>& ids,
+                                                    std::string_view adapter) const {
   if (absl::StatusOr<std::string> tenant = Authorize(authorization); !tenant.ok()) {
     return tenant.status();
   }
   if (absl::StatusOr<std::shared_ptr<const LoraAdapter>> a = ResolveAdapter(adapter); !a.ok()) {
     return a.status();
   }
-  const uint32_t vocab = static_cast<uint32_t>(options_.model.config.vocab_size);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] >= vocab) {
-      return FieldError("tokens", absl::StrCat("token id ", ids[i], " at position ", i,
-                                               " is out of range: ids must be < vocab_size ",
-                                               vocab));
-    }
+  if (absl::Status s =
+          ValidateTokenIds(ids, options_.model.config.vocab_size, RequestField::kPrompt);
+      !s.ok()) {
+    return s;
   }
   Utf8StreamDecoder decoder;
   std::string text;
@@ -259,9 +208,9 @@ absl::StatusOr<AdapterInfo> RequestPath::LoadAdapter(
   absl::StatusOr<Caller> caller = Identify(authorization);
   if (!caller.ok()) return caller.status();
   if (!caller->admin) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "loading adapters changes what every tenant is served: tenant \"", caller->tenant,
-        "\" is not marked admin in the --auth-tokens file"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("loading adapters changes what every tenant is served: tenant \"",
+                     caller->tenant, "\" is not marked admin in the --auth-tokens file"));
   }
   if (options_.adapters == nullptr) {
     return absl::FailedPreconditionError("this server has no adapter registry");
@@ -274,9 +223,9 @@ absl::Status RequestPath::UnloadAdapter(const std::optional<std::string>& author
   absl::StatusOr<Caller> caller = Identify(authorization);
   if (!caller.ok()) return caller.status();
   if (!caller->admin) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "unloading adapters changes what every tenant is served: tenant \"", caller->tenant,
-        "\" is not marked admin in the --auth-tokens file"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("unloading adapters changes what every tenant is served: tenant \"",
+                     caller->tenant, "\" is not marked admin in the --auth-tokens file"));
   }
   if (options_.adapters == nullptr) return absl::NotFoundError("no adapter is loaded");
   return options_.adapters->Unload(name);
@@ -287,9 +236,9 @@ absl::StatusOr<EngineStats> RequestPath::CacheStats(
   absl::StatusOr<Caller> caller = Identify(authorization);
   if (!caller.ok()) return caller.status();
   if (!caller->admin) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "cache statistics are pool-wide (they show every tenant's traffic): tenant \"",
-        caller->tenant, "\" is not marked admin in the --auth-tokens file"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("cache statistics are pool-wide (they show every tenant's traffic): tenant \"",
+                     caller->tenant, "\" is not marked admin in the --auth-tokens file"));
   }
   return options_.engine->Stats();
 }

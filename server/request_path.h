@@ -1,12 +1,14 @@
 // The one request path that every front end calls: authenticate → tenant namespace →
 // tokenize → validate → submit → stream → finish and count. A front end (gRPC, HTTP) only
-// translates its protocol into a GenerateCall, the results back into its messages, and a
-// Status into its protocol's status; it adds no rule of its own, so every front end refuses
-// the same requests with the same messages.
+// parses its protocol into a GenerateCall, turns the results back into its messages, and a
+// Status into its protocol's status, naming a refused field in its own vocabulary
+// (server/wire_field.h); it adds no rule of its own, so every front end refuses the same
+// requests for the same reasons.
 //
-// The rules themselves live with what they protect: request limits in
-// engine/request_validation.h (the engine enforces them on Submit), tokens in server/auth.h,
-// namespaces in server/cache_namespace.h. This class puts them in one order.
+// The rules themselves live with what they protect: every request rule in
+// engine/request_validation.h (the engine applies them on Submit; this path those on the
+// text and the stop strings, which the engine never sees), tokens in server/auth.h, the
+// namespace encoding in cache/block_key.h. This class puts them in one order.
 #ifndef PREFIXD_SERVER_REQUEST_PATH_H_
 #define PREFIXD_SERVER_REQUEST_PATH_H_
 
@@ -21,50 +23,46 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "engine/engine.h"
-#include "engine/tokenizer.h"
-#include "server/auth.h"
+#include "cache/kv_pool.h"
+#include "engine/model_config.h"
+#include "engine/request.h"
 #include "server/adapter_registry.h"
 #include "server/api.h"
+#include "server/auth.h"
 
 namespace prefixd {
 
-class ServerMetrics;  // server/metrics.h
+// Forward declarations keep this header (and the front ends that include it) free of the
+// engine's and the tiers' headers: engine/engine.h, engine/engine_stats.h,
+// engine/request_stream.h, engine/tokenizer.h, server/metrics.h.
+class Engine;
+struct EngineStats;
+class RequestStream;
+class ServerMetrics;
+class Tokenizer;
 
-// A generate request as every front end hands it over, before any rule is applied.
+// A generate request as a front end hands it over: the engine's request, as its parser
+// filled it in, plus what only the front end holds. Every rule is checked after (the request
+// path's, then the engine's, all in engine/request_validation.h), never by the parser.
 struct GenerateCall {
   Api api = Api::kGrpc;  // the front end it came through (counted by it)
   // The `authorization` header or metadata value, absent when the call carried none.
   std::optional<std::string> authorization;
-  std::string request_id;  // empty: the server names the request
-  enum class PromptKind { kNone, kText, kTokenIds };
-  PromptKind prompt_kind = PromptKind::kNone;
-  std::string text;                 // kText
-  std::vector<uint32_t> token_ids;  // kTokenIds
-  std::string cache_salt;
-  std::string adapter;  // a LoRA adapter's name (server/adapter_registry.h); empty: the base
-  uint32_t max_new_tokens = 0;
-  float temperature = 0.0f;
-  uint32_t top_k = 0;
-  std::optional<float> top_p;      // unset = 1
-  std::optional<uint64_t> seed;    // unset = the server picks one
-  uint32_t num_samples = 0;        // 0 = 1
-  std::vector<uint32_t> stop_token_ids;
-  bool ignore_eos = false;
-  uint32_t top_logprobs = 0;
-  std::vector<std::string> stop;  // stop strings
-  float presence_penalty = 0.0f;
-  float frequency_penalty = 0.0f;
-  std::optional<float> repetition_penalty;  // unset = 1 (off)
-  float min_p = 0.0f;
-  std::vector<TokenBias> logit_bias;  // in the order given
-  bool echo_prompt = false;                // the prompt's ids come back first
-  std::optional<uint32_t> prompt_logprobs;  // ... with their logprobs and top entries
+  // What the engine runs. The request path fills in what the client cannot: request_id
+  // when empty (the server names the request), cache_namespace (from the tenant and
+  // cache_salt), adapter and adapter_name (from `adapter`), and, with `text`, prompt.
+  EngineRequest request;
+  // The prompt as text, tokenized by the request path into request.prompt; unset when the
+  // client gave token ids (request.prompt).
+  std::optional<std::string> text;
+  std::vector<std::string> stop;  // stop strings (server/generate_output.h matches them)
+  std::string cache_salt;         // narrows the caller's cache namespace
+  std::string adapter;            // a LoRA adapter's name (server/adapter_registry.h); "": the base
 };
 
-// Stop strings: at most this many, each 1 to kMaxStopStringBytes bytes.
-inline constexpr size_t kMaxStopStrings = 4;
-inline constexpr size_t kMaxStopStringBytes = 64;
+// The seed of a request whose client gave none: drawn per request, so that identical
+// prompts without a seed sample differently. Each front end's parser calls it.
+uint64_t RandomSeed();
 
 // A generate call that passed every rule and is queued in the engine.
 struct StartedGenerate {
@@ -82,8 +80,8 @@ struct ServedModel {
   std::string name;  // the model directory's base name
   std::string manifest_sha256;
   ModelConfig config;
-  std::string dtype;   // "f32" | "f16" | "bf16"
-  std::string device;  // "cpu" | "cuda:0" | ...
+  std::string dtype;    // "f32" | "f16" | "bf16"
+  std::string device;   // "cpu" | "cuda:0" | ...
   KvPoolShape kv_pool;  // Backend::kv_pool()
   // The adapters loaded when ModelInfo was asked (they come and go at run time).
   std::vector<AdapterInfo> adapters;
@@ -91,10 +89,10 @@ struct ServedModel {
 };
 
 struct RequestPathOptions {
-  Engine* engine = nullptr;              // not owned
-  const Tokenizer* tokenizer = nullptr;  // not owned
+  Engine* engine = nullptr;                   // not owned
+  const Tokenizer* tokenizer = nullptr;       // not owned
   std::shared_ptr<const Authenticator> auth;  // replaced by SetAuthenticator
-  ServerMetrics* metrics = nullptr;      // not owned; may be null
+  ServerMetrics* metrics = nullptr;           // not owned; may be null
   ServedModel model;
   // The adapters requests may name; null: none can be (every name is NOT_FOUND).
   std::shared_ptr<AdapterRegistry> adapters;
@@ -124,9 +122,7 @@ class RequestPath {
   void FinishGenerate(Api api, std::string_view adapter_label, absl::StatusCode code);
   // A generate request the front end refused before it could become a GenerateCall
   // (malformed JSON, an unknown field): counted like any other refusal, with no adapter.
-  void CountRefused(Api api, absl::StatusCode code) {
-    Count(api, code, kUnresolvedAdapter);
-  }
+  void CountRefused(Api api, absl::StatusCode code) { Count(api, code, kUnresolvedAdapter); }
 
   // The `adapter` label value of a call naming `adapter` (GenerateCall::adapter): the base
   // model's name for "", the name itself while it is loaded, else "" (so a client's unknown
@@ -134,13 +130,14 @@ class RequestPath {
   std::string AdapterLabel(std::string_view adapter) const;
 
   // `adapter` names a loaded adapter ("" the base), which shares the base's tokenizer: an
-  // unknown name is NOT_FOUND as for a generate request. Texts longer than max_text_bytes()
-  // are refused, as for a Generate prompt.
+  // unknown name is NOT_FOUND as for a generate request. A text longer than any prompt can
+  // be is refused as a Generate prompt's (RequestField::kPrompt).
   absl::StatusOr<std::vector<uint32_t>> Tokenize(const std::optional<std::string>& authorization,
                                                  std::string_view text,
                                                  std::string_view adapter = "") const;
   // The text of `ids` (invalid UTF-8 as U+FFFD); INVALID_ARGUMENT for an id past the
-  // vocabulary, NOT_FOUND for an unknown `adapter` as Tokenize.
+  // vocabulary (RequestField::kPrompt, the prompt's rule), NOT_FOUND for an unknown
+  // `adapter` as Tokenize.
   absl::StatusOr<std::string> Detokenize(const std::optional<std::string>& authorization,
                                          const std::vector<uint32_t>& ids,
                                          std::string_view adapter = "") const;
@@ -156,16 +153,13 @@ class RequestPath {
   // Pool-wide counters: PERMISSION_DENIED unless the caller is admin.
   absl::StatusOr<EngineStats> CacheStats(const std::optional<std::string>& authorization) const;
 
-  // The longest text a prompt or Tokenize accepts: context length × the longest token's
-  // bytes. A longer text has more tokens than the context holds, so it is refused before
-  // any tokenizing.
-  size_t max_text_bytes() const;
-
   // The engine request for a call whose caller is `tenant`, before the engine validates it
-  // (engine/request_validation.h). Public for the request fuzz target (fuzz/), which runs
-  // this translation and the rules without an engine; uses only the tokenizer.
+  // (engine/request_validation.h): the rules on the text and the stop strings applied, the
+  // text tokenized, the request named, its namespace derived and its adapter resolved.
+  // Public for the request fuzz targets (fuzz/), which run this and the rules without an
+  // engine; uses only the tokenizer, the model's config and the adapters.
   absl::StatusOr<EngineRequest> BuildEngineRequest(const GenerateCall& call,
-                                                   const std::string& tenant);
+                                                   const std::string& tenant) const;
 
   const Tokenizer& tokenizer() const { return *options_.tokenizer; }
   const ServedModel& model() const { return options_.model; }
@@ -177,12 +171,11 @@ class RequestPath {
   uint64_t accepted_generates() const { return accepted_generates_.load(); }
 
   void Count(Api api, absl::StatusCode code, std::string_view adapter_label);
-  // The adapter loaded under `name` (null for ""); NOT_FOUND (field "adapter") otherwise.
+  // The adapter loaded under `name` (null for ""); NOT_FOUND (RequestField::kAdapter)
+  // otherwise.
   absl::StatusOr<std::shared_ptr<const LoraAdapter>> ResolveAdapter(std::string_view name) const;
   // Authorize's gate, returning the whole caller.
   absl::StatusOr<Caller> Identify(const std::optional<std::string>& authorization) const;
-  // INVALID_ARGUMENT (field "text") for a text over max_text_bytes().
-  absl::Status CheckTextBytes(std::string_view text) const;
 
   RequestPathOptions options_;  // options_.auth is guarded by auth_mu_
   mutable absl::Mutex auth_mu_;

@@ -66,7 +66,7 @@ const std::map<std::string, Rule>& Rules() {
       {"server/",
        {{"engine/", "cache/", "cache/remote/", "kernels/cpu/", "kernels/cuda/", "prefixd/",
          "base/"},
-        {{"cache/", {"cache/kv_layout.h", "cache/kv_pool.h"}},
+        {{"cache/", {"cache/block_key.h", "cache/kv_layout.h", "cache/kv_pool.h"}},
          {"cache/remote/", {"cache/remote/remote_tier_options.h"}}}}},
       {"client/", {{"prefixd/", "base/"}, {}}},
   };
@@ -119,6 +119,46 @@ TEST(IncludeRulesTest, NoIncludePointsUpward) {
   }
   EXPECT_GT(checked, 100) << "the scan found too few includes to mean anything";
   for (const std::string& v : violations) ADD_FAILURE() << v;
+}
+
+// The project headers `header` reaches through its includes, itself excluded.
+std::set<std::string> Reached(const std::string& header) {
+  static const std::regex kInclude(R"re(^\s*#\s*include\s+"([^"]+)")re");
+  const fs::path root(PREFIXD_SOURCE_DIR);
+  std::set<std::string> seen;
+  std::vector<std::string> todo = {header};
+  while (!todo.empty()) {
+    std::ifstream in(root / todo.back());
+    todo.pop_back();
+    std::string line;
+    std::smatch m;
+    while (std::getline(in, line)) {
+      if (!std::regex_search(line, m, kInclude)) continue;
+      const std::string target = m[1];
+      if (!fs::is_regular_file(root / target) || !seen.insert(target).second) continue;
+      todo.push_back(target);
+    }
+  }
+  return seen;
+}
+
+// The front ends' headers include only what they need: the request path's and the OpenAI
+// wire format's forward-declare the engine, its stats, streams and tokenizer, so no tier's
+// header (nor the disk record format) reaches the front ends through them.
+TEST(IncludeRulesTest, FrontEndHeadersReachNoTierHeader) {
+  for (const std::string header :
+       {"server/request_path.h", "server/openai_api.h", "server/http_completion.h"}) {
+    const std::set<std::string> reached = Reached(header);
+    EXPECT_TRUE(reached.count("engine/request.h")) << header << ": the scan found nothing";
+    for (const std::string& h : reached) {
+      const std::string room = RoomOf(h);
+      if (room == "cache/" || room == "cache/disk/" || room == "cache/remote/") {
+        EXPECT_EQ(h, "cache/kv_pool.h") << header << " reaches " << h;
+      }
+      EXPECT_NE(h, "engine/engine.h") << header;
+      EXPECT_NE(h, "engine/engine_options.h") << header;
+    }
+  }
 }
 
 // The table's shape: paths match their most specific room, and the upward arrows are absent.

@@ -1,5 +1,7 @@
 #include "cache/block_key.h"
 
+#include <set>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -23,6 +25,21 @@ TEST(BlockKeyTest, NamespaceLengthPrefixesTenantAndSalt) {
             CacheRootKey("m", CacheNamespace("a", "bc")));
   // Manifest and namespace cannot trade bytes either.
   EXPECT_NE(CacheRootKey("ab", "c"), CacheRootKey("a", "bc"));
+}
+
+TEST(BlockKeyTest, NamespaceSaltNarrowsWithinATenantOnly) {
+  std::set<std::string> seen;
+  for (const char* tenant : {"alice", "bob", "", "default"}) {
+    for (const char* salt : {"", "x", "salt", "alice", "bob"}) {
+      EXPECT_TRUE(seen.insert(CacheNamespace(tenant, salt)).second) << tenant << " / " << salt;
+    }
+  }
+  EXPECT_EQ(CacheNamespace("alice", "s"), CacheNamespace("alice", "s"));
+  // A salt that embeds another tenant's encoded fields still yields a different namespace,
+  // because the tenant's own length prefix comes first.
+  const std::string bob = CacheNamespace("bob", "");
+  EXPECT_NE(CacheNamespace("", bob), bob);
+  EXPECT_NE(CacheNamespace("alice", bob.substr(8)), bob);
 }
 
 TEST(BlockKeyTest, AdapterIsATypedLengthPrefixedFieldAfterTheNamespace) {

@@ -141,57 +141,61 @@ void ExpectPoolQuiet(Engine& engine) {
   });
 }
 
+// Submit applies the one set of request rules (engine/request_validation.h, tested rule by
+// rule there): each refusal carries its field.
 TEST(EngineTest, SubmitRefusesRequestsThatCouldNeverRun) {
   Harness h({.blocks = 8, .block_size = 16});
-  auto refused = [&](EngineRequest r, const char* hint) {
+  auto refused = [&](EngineRequest r, RequestField field, const char* hint) {
     auto s = h.engine->Submit(std::move(r));
     ASSERT_FALSE(s.ok()) << hint;
     EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << s.status();
+    EXPECT_EQ(ErrorField(s.status()), field) << s.status();
     EXPECT_THAT(s.status().message(), HasSubstr(hint));
   };
+  using F = RequestField;
   EngineRequest ok;
   ok.prompt = {1, 2, 3};
   ok.max_new_tokens = 4;
   EngineRequest r = ok;
   r.prompt.clear();
-  refused(r, "empty prompt");
+  refused(r, F::kPrompt, "empty prompt");
   r = ok;
   r.prompt[1] = kVocab;
-  refused(r, "ids must be < vocab_size 64");
+  refused(r, F::kPrompt, "ids must be < vocab_size 64");
   r = ok;
   r.max_new_tokens = 0;
-  refused(r, "max_new_tokens is 0");
+  refused(r, F::kMaxNewTokens, "is 0");
   r = ok;
   r.prompt.assign(200, 1);
   r.max_new_tokens = 57;
-  refused(r, "context length 256");
+  refused(r, F::kMaxNewTokens, "context length 256");
   r = ok;
   r.num_samples = 0;
-  refused(r, "num_samples is 0");
+  refused(r, F::kNumSamples, "is 0");
   r.num_samples = 17;
-  refused(r, "exceeds this server's limit 16");
+  refused(r, F::kNumSamples, "exceeds this server's limit 16");
   r = ok;
   r.sampling.temperature = -1.0f;
-  refused(r, "temperature");
+  refused(r, F::kTemperature, "is invalid");
   r.sampling.temperature = std::numeric_limits<float>::infinity();
-  refused(r, "temperature");
+  refused(r, F::kTemperature, "is invalid");
   r = ok;
   r.sampling.top_p = 0.0f;
-  refused(r, "top_p");
+  refused(r, F::kTopP, "is invalid");
   r.sampling.top_p = 1.5f;
-  refused(r, "top_p");
+  refused(r, F::kTopP, "is invalid");
   r.sampling.top_p = std::numeric_limits<float>::quiet_NaN();
-  refused(r, "top_p");
+  refused(r, F::kTopP, "is invalid");
   r = ok;
   r.top_logprobs = 21;
-  refused(r, "use 0..20");
+  refused(r, F::kTopLogprobs, "use 0..20");
   r = ok;
   r.stop_token_ids = {5, kVocab + 3};
-  refused(r, "stop token id 67");
+  refused(r, F::kStopTokenIds, "has token id 67");
   r = ok;
   r.prompt.assign(120, 1);
   r.max_new_tokens = 9;  // 129 tokens = 9 blocks of 16; the pool has 8
-  refused(r, "whole pool holds 8 blocks (128 tokens)");
+  refused(r, F::kMaxNewTokens, "whole pool holds 8 blocks (128 tokens)");
   r.max_new_tokens = 8;  // exactly the pool: accepted
   EXPECT_TRUE(RunOne(*h.engine, r).status.ok());
 }

@@ -521,14 +521,41 @@ TEST_F(HttpApiTest, EchoStreamsThePromptFirstAndMaxTokensZeroScoresOnly) {
 }
 
 TEST_F(HttpApiTest, ErrorsSayWhatToFix) {
+  // The engine's rules name each field as OpenAI's API does, first in the message and as
+  // `param`.
   json e = Post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 300}}, 400);
   EXPECT_EQ(e["error"]["type"], "invalid_request_error");
   EXPECT_EQ(e["error"]["param"], "max_tokens");
-  EXPECT_THAT(e["error"]["message"].get<std::string>(), HasSubstr("lower max_tokens"));
+  EXPECT_THAT(e["error"]["message"].get<std::string>(),
+              HasSubstr("max_tokens 300 + the prompt's 1 tokens = 301, more than the model's "
+                        "context length 256: lower it or shorten the prompt"));
   e = Post("/v1/completions", {{"prompt", "x"}, {"model", "gpt-4"}}, 404);
   EXPECT_EQ(e["error"]["code"], "model_not_found");
+  EXPECT_EQ(e["error"]["param"], "model");
+  EXPECT_THAT(e["error"]["message"].get<std::string>(), HasSubstr("model `gpt-4` is not loaded"));
   e = Post("/v1/completions", {{"prompt", "x"}, {"n", 17}}, 400);
   EXPECT_EQ(e["error"]["param"], "n");
+  EXPECT_THAT(e["error"]["message"].get<std::string>(),
+              HasSubstr("n 17 exceeds this server's limit 16 (--max-samples)"));
+  // OpenAI's n is at least 1 (gRPC's num_samples 0 is "unset", one sample).
+  e = Post("/v1/completions", {{"prompt", "x"}, {"n", 0}}, 400);
+  EXPECT_EQ(e["error"]["param"], "n");
+  EXPECT_THAT(e["error"]["message"].get<std::string>(),
+              HasSubstr("n is 0: ask for at least 1 sample"));
+  e = Post("/v1/completions", {{"prompt", ""}}, 400);
+  EXPECT_EQ(e["error"]["param"], "prompt");
+  EXPECT_THAT(e["error"]["message"].get<std::string>(), HasSubstr("prompt is an empty prompt"));
+  e = Post("/v1/completions", {{"prompt", json::array({1, 50257})}}, 400);
+  EXPECT_EQ(e["error"]["param"], "prompt");
+  EXPECT_THAT(e["error"]["message"].get<std::string>(),
+              HasSubstr("prompt has token id 50257 at position 1, out of range"));
+  e = Post("/v1/completions", {{"prompt", "x"}, {"stop", json::array({""})}}, 400);
+  EXPECT_EQ(e["error"]["param"], "stop");
+  EXPECT_THAT(e["error"]["message"].get<std::string>(),
+              HasSubstr("stop has a string of 0 bytes: each must be 1 to 64 bytes"));
+  e = Post("/detokenize", {{"tokens", json::array({1, 50257})}}, 400);
+  EXPECT_EQ(e["error"]["param"], "tokens");
+  EXPECT_THAT(e["error"]["message"].get<std::string>(), HasSubstr("tokens has token id 50257"));
   e = Post("/v1/completions", {{"prompt", "x"}, {"frobnicate", true}}, 400);
   EXPECT_EQ(e["error"]["param"], "frobnicate");
   e = Post("/v1/chat/completions", {{"messages", json::array()}}, 400);

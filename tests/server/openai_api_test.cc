@@ -9,13 +9,14 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "server/wire_field.h"
 
 namespace prefixd {
 namespace {
 
+using nlohmann::json;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using nlohmann::json;
 
 absl::StatusOr<CompletionRequest> Parse(const json& body) {
   return ParseCompletionRequest(body.dump(), "gpt2");
@@ -36,14 +37,14 @@ TEST(OpenAiApiTest, DefaultsAreOpenAis) {
   ASSERT_EQ(r->prompts.size(), 1u);
   const GenerateCall& c = r->prompts[0];
   EXPECT_EQ(c.api, Api::kHttp);
-  EXPECT_EQ(c.prompt_kind, GenerateCall::PromptKind::kText);
   EXPECT_EQ(c.text, "Hello");
-  EXPECT_EQ(c.max_new_tokens, 16u);
-  EXPECT_EQ(c.temperature, 1.0f);
-  EXPECT_FALSE(c.top_p.has_value());
-  EXPECT_FALSE(c.seed.has_value());
-  EXPECT_EQ(c.num_samples, 1u);
-  EXPECT_EQ(c.top_logprobs, 0u);
+  EXPECT_TRUE(c.request.prompt.empty()) << "the request path tokenizes the text";
+  EXPECT_EQ(c.request.max_new_tokens, 16u);
+  EXPECT_EQ(c.request.sampling.temperature, 1.0f);
+  EXPECT_EQ(c.request.sampling.top_p, 1.0f);
+  EXPECT_EQ(c.request.num_samples, 1u);
+  EXPECT_EQ(c.request.top_logprobs, 0u);
+  EXPECT_TRUE(c.request.request_id.empty()) << "the request path names the request";
   EXPECT_FALSE(r->stream);
   EXPECT_FALSE(r->include_usage);
   EXPECT_FALSE(r->logprobs.has_value());
@@ -77,29 +78,29 @@ TEST(OpenAiApiTest, EveryFieldIsCarried) {
              {"stop_token_ids", json::array({50256})}});
   ASSERT_TRUE(r.ok()) << r.status();
   const GenerateCall& c = r->prompts[0];
-  EXPECT_EQ(c.prompt_kind, GenerateCall::PromptKind::kTokenIds);
-  EXPECT_THAT(c.token_ids, ElementsAre(1u, 2u, 3u));
-  EXPECT_EQ(c.max_new_tokens, 7u);
-  EXPECT_EQ(c.temperature, 0.5f);
-  EXPECT_EQ(c.top_p, 0.9f);
-  EXPECT_EQ(c.num_samples, 3u);
-  EXPECT_EQ(c.seed, 42u);
+  EXPECT_FALSE(c.text.has_value());
+  EXPECT_THAT(c.request.prompt, ElementsAre(1u, 2u, 3u));
+  EXPECT_EQ(c.request.max_new_tokens, 7u);
+  EXPECT_EQ(c.request.sampling.temperature, 0.5f);
+  EXPECT_EQ(c.request.sampling.top_p, 0.9f);
+  EXPECT_EQ(c.request.num_samples, 3u);
+  EXPECT_EQ(c.request.sampling.seed, 42u);
   EXPECT_THAT(c.stop, ElementsAre("\n", "END"));
-  EXPECT_EQ(c.top_logprobs, 2u);
+  EXPECT_EQ(c.request.top_logprobs, 2u);
   EXPECT_EQ(r->logprobs, 2u);
   EXPECT_TRUE(r->stream);
   EXPECT_TRUE(r->include_usage);
-  EXPECT_EQ(c.top_k, 40u);
-  EXPECT_TRUE(c.ignore_eos);
+  EXPECT_EQ(c.request.sampling.top_k, 40u);
+  EXPECT_TRUE(c.request.ignore_eos);
   EXPECT_EQ(c.cache_salt, "s");
-  EXPECT_THAT(c.stop_token_ids, ElementsAre(50256u));
-  EXPECT_EQ(c.presence_penalty, 0.5f);
-  EXPECT_EQ(c.frequency_penalty, -1.25f);
-  EXPECT_EQ(c.repetition_penalty, 1.1f);
-  EXPECT_EQ(c.min_p, 0.05f);
+  EXPECT_THAT(c.request.stop_token_ids, ElementsAre(50256u));
+  EXPECT_EQ(c.request.sampling.presence_penalty, 0.5f);
+  EXPECT_EQ(c.request.sampling.frequency_penalty, -1.25f);
+  EXPECT_EQ(c.request.sampling.repetition_penalty, 1.1f);
+  EXPECT_EQ(c.request.sampling.min_p, 0.05f);
   // Sorted by id: an object's order means nothing.
-  EXPECT_THAT(c.logit_bias, ElementsAre(TokenBias{7, 0.0f}, TokenBias{13, 2.5f},
-                                        TokenBias{50256, -100.0f}));
+  EXPECT_THAT(c.request.sampling.logit_bias,
+              ElementsAre(TokenBias{7, 0.0f}, TokenBias{13, 2.5f}, TokenBias{50256, -100.0f}));
 }
 
 TEST(OpenAiApiTest, SamplingControlsDefaultToOff) {
@@ -107,11 +108,11 @@ TEST(OpenAiApiTest, SamplingControlsDefaultToOff) {
       Parse({{"prompt", "x"}, {"presence_penalty", nullptr}, {"logit_bias", nullptr}});
   ASSERT_TRUE(r.ok()) << r.status();
   const GenerateCall& c = r->prompts[0];
-  EXPECT_EQ(c.presence_penalty, 0.0f);
-  EXPECT_EQ(c.frequency_penalty, 0.0f);
-  EXPECT_FALSE(c.repetition_penalty.has_value());
-  EXPECT_EQ(c.min_p, 0.0f);
-  EXPECT_TRUE(c.logit_bias.empty());
+  EXPECT_EQ(c.request.sampling.presence_penalty, 0.0f);
+  EXPECT_EQ(c.request.sampling.frequency_penalty, 0.0f);
+  EXPECT_EQ(c.request.sampling.repetition_penalty, 1.0f);
+  EXPECT_EQ(c.request.sampling.min_p, 0.0f);
+  EXPECT_TRUE(c.request.sampling.logit_bias.empty());
 }
 
 TEST(OpenAiApiTest, PromptForms) {
@@ -122,15 +123,27 @@ TEST(OpenAiApiTest, PromptForms) {
   r = Parse({{"prompt", json::array({json::array({5}), json::array({6, 7})})}, {"n", 2}});
   ASSERT_TRUE(r.ok());
   ASSERT_EQ(r->prompts.size(), 2u);
-  EXPECT_THAT(r->prompts[1].token_ids, ElementsAre(6u, 7u));
-  EXPECT_EQ(r->prompts[1].num_samples, 2u) << "every prompt gets the same options";
+  EXPECT_THAT(r->prompts[1].request.prompt, ElementsAre(6u, 7u));
+  EXPECT_EQ(r->prompts[1].request.num_samples, 2u) << "every prompt gets the same options";
   r = Parse({{"prompt", "x"}, {"stop", "\n"}});
   ASSERT_TRUE(r.ok());
   EXPECT_THAT(r->prompts[0].stop, ElementsAre("\n"));
   // null is "not given"
   r = Parse({{"prompt", "x"}, {"max_tokens", nullptr}, {"logprobs", nullptr}, {"stop", nullptr}});
   ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->prompts[0].max_new_tokens, 16u);
+  EXPECT_EQ(r->prompts[0].request.max_new_tokens, 16u);
+}
+
+// A seed the client gave is every prompt's; without one each prompt draws its own, so that
+// identical prompts sample differently (as separate requests would).
+TEST(OpenAiApiTest, EachPromptWithoutASeedDrawsItsOwn) {
+  absl::StatusOr<CompletionRequest> r = Parse({{"prompt", json::array({"a", "a"})}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_NE(r->prompts[0].request.sampling.seed, r->prompts[1].request.sampling.seed);
+  r = Parse({{"prompt", json::array({"a", "a"})}, {"seed", -1}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->prompts[0].request.sampling.seed, ~uint64_t{0});
+  EXPECT_EQ(r->prompts[1].request.sampling.seed, ~uint64_t{0});
 }
 
 // `model` other than the served one names a LoRA adapter; the request path resolves it
@@ -163,7 +176,6 @@ TEST(OpenAiApiTest, RefusalsNameTheField) {
                 "from 0 to");
   ExpectRefused({{"prompt", "x"}, {"temperature", "hot"}}, C::kInvalidArgument, "temperature",
                 "must be a number");
-  ExpectRefused({{"prompt", "x"}, {"n", 0}}, C::kInvalidArgument, "n", "at least 1");
   ExpectRefused({{"prompt", "x"}, {"logprobs", 6}}, C::kInvalidArgument, "logprobs", "0 to 5");
   ExpectRefused({{"prompt", "x"}, {"stop", 3}}, C::kInvalidArgument, "stop", "string");
   ExpectRefused({{"prompt", "x"}, {"stream", "yes"}}, C::kInvalidArgument, "stream",
@@ -172,8 +184,7 @@ TEST(OpenAiApiTest, RefusalsNameTheField) {
                 C::kInvalidArgument, "stream_options", "only allowed with `stream: true`");
   ExpectRefused({{"prompt", "x"}, {"stream", true}, {"stream_options", {{"x", 1}}}},
                 C::kInvalidArgument, "stream_options", "unknown field `stream_options.x`");
-  ExpectRefused({{"prompt", "x"}, {"best_of", 2}}, C::kInvalidArgument, "best_of",
-                "not supported");
+  ExpectRefused({{"prompt", "x"}, {"best_of", 2}}, C::kInvalidArgument, "best_of", "not supported");
   // The penalties' ranges are the request path's (tests/server/http_api_test.cc); the
   // wire format refuses only what is not even a number, or not a token id.
   ExpectRefused({{"prompt", "x"}, {"presence_penalty", "high"}}, C::kInvalidArgument,
@@ -188,20 +199,13 @@ TEST(OpenAiApiTest, RefusalsNameTheField) {
                 "logit_bias", "must be an object from token ids to biases");
   ExpectRefused({{"prompt", "x"}, {"logit_bias", {{"hello", 1}}}}, C::kInvalidArgument,
                 "logit_bias", "key `hello` is not a token id");
-  ExpectRefused({{"prompt", "x"}, {"logit_bias", {{"-5", 1}}}}, C::kInvalidArgument,
-                "logit_bias", "key `-5` is not a token id");
+  ExpectRefused({{"prompt", "x"}, {"logit_bias", {{"-5", 1}}}}, C::kInvalidArgument, "logit_bias",
+                "key `-5` is not a token id");
   ExpectRefused({{"prompt", "x"}, {"logit_bias", {{"99999999999", 1}}}}, C::kInvalidArgument,
                 "logit_bias", "is not a token id");
-  ExpectRefused({{"prompt", "x"}, {"logit_bias", {{"5", "up"}}}}, C::kInvalidArgument,
-                "logit_bias", "value for token 5 must be a number from -100 to 100");
-  {
-    json many = json::object();
-    for (int i = 0; i < 301; ++i) many[std::to_string(i)] = 1;
-    ExpectRefused({{"prompt", "x"}, {"logit_bias", many}}, C::kInvalidArgument, "logit_bias",
-                  "has 301 entries: give at most 300");
-  }
-  ExpectRefused({{"prompt", "x"}, {"suffix", "y"}}, C::kInvalidArgument, "suffix",
-                "not supported");
+  ExpectRefused({{"prompt", "x"}, {"logit_bias", {{"5", "up"}}}}, C::kInvalidArgument, "logit_bias",
+                "value for token 5 must be a number from -100 to 100");
+  ExpectRefused({{"prompt", "x"}, {"suffix", "y"}}, C::kInvalidArgument, "suffix", "not supported");
   ExpectRefused({{"prompt", "x"}, {"echo", 1}}, C::kInvalidArgument, "echo",
                 "must be true or false");
   ExpectRefused({{"prompt", "x"}, {"mystery", 1}}, C::kInvalidArgument, "mystery",
@@ -218,23 +222,78 @@ TEST(OpenAiApiTest, RefusalsNameTheField) {
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("must be a JSON object"));
 }
 
-TEST(OpenAiApiTest, RuleMessagesUseTheApisFieldNames) {
-  absl::Status s = ToHttpFieldNames(FieldError(
-      "max_new_tokens", "prompt (3 tokens) + max_new_tokens (300) = 303 exceeds the model's "
-                        "context length 256: shorten the prompt or lower max_new_tokens"));
-  EXPECT_EQ(InvalidField(s), "max_tokens");
-  EXPECT_EQ(std::string(s.message()),
-            "prompt (3 tokens) + max_tokens (300) = 303 exceeds the model's context length "
-            "256: shorten the prompt or lower max_tokens");
-  s = ToHttpFieldNames(FieldError("num_samples", "num_samples 17 exceeds this server's limit 16"));
-  EXPECT_EQ(InvalidField(s), "n");
-  EXPECT_EQ(std::string(s.message()), "n 17 exceeds this server's limit 16");
-  s = ToHttpFieldNames(FieldError("text", "empty prompt: `text` must produce at least one token"));
-  EXPECT_EQ(InvalidField(s), "prompt");
-  EXPECT_THAT(std::string(s.message()), HasSubstr("`prompt` must produce"));
+// Parsed bodies the engine's rules refuse (engine/request_validation.h), reported as the API
+// names the field: first in the message and as `param`.
+absl::Status RuleRefusal(const json& body) {
+  absl::StatusOr<CompletionRequest> r = Parse(body);
+  if (!r.ok()) return absl::InternalError(absl::StrCat("did not parse: ", r.status().ToString()));
+  RequestLimits limits;
+  limits.model_config.vocab_size = 50257;
+  limits.model_config.n_positions = 256;
+  limits.max_samples = 16;
+  limits.pool = {.num_blocks = 64, .block_size = 16};
+  return ToOpenAiError(ValidateEngineRequest(r->prompts[0].request, limits));
+}
+
+TEST(OpenAiApiTest, RuleRefusalsNameTheApisField) {
+  struct Case {
+    json body;
+    std::string param;
+    std::string message;
+  };
+  const Case cases[] = {
+      // OpenAI's `n` is at least 1: the parser passes 0 on, the engine's one rule refuses it.
+      {{{"prompt", json::array({1})}, {"n", 0}}, "n", "n is 0: ask for at least 1 sample"},
+      {{{"prompt", json::array({1})}, {"n", 17}},
+       "n",
+       "n 17 exceeds this server's limit 16 (--max-samples)"},
+      {{{"prompt", json::array({1, 2, 3})}, {"max_tokens", 300}},
+       "max_tokens",
+       "max_tokens 300 + the prompt's 3 tokens = 303, more than the model's context length 256: "
+       "lower it or shorten the prompt"},
+      {{{"prompt", json::array({1})}, {"max_tokens", 0}},
+       "max_tokens",
+       "max_tokens is 0: ask for at least 1"},
+      {{{"prompt", json::array({json::array()})}},
+       "prompt",
+       "prompt is an empty prompt (or no prompt was given)"},
+      {{{"prompt", json::array({50257})}},
+       "prompt",
+       "prompt has token id 50257 at position 0, out of range"},
+      {{{"prompt", json::array({1})}, {"stop_token_ids", json::array({50257})}},
+       "stop_token_ids",
+       "stop_token_ids has token id 50257"},
+      {{{"prompt", json::array({1})}, {"temperature", -1}},
+       "temperature",
+       "temperature -1 is invalid"},
+  };
+  for (const Case& c : cases) {
+    const absl::Status s = RuleRefusal(c.body);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.body.dump() << " " << s;
+    EXPECT_EQ(InvalidField(s), c.param) << c.body.dump();
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.message)) << c.body.dump();
+  }
+  json many = json::object();
+  for (int i = 0; i < 301; ++i) many[std::to_string(i)] = 1;
+  const absl::Status s = RuleRefusal({{"prompt", json::array({1})}, {"logit_bias", many}});
+  EXPECT_EQ(InvalidField(s), "logit_bias");
+  EXPECT_EQ(s.message(), "logit_bias has 301 entries: give at most 300");
   // A status without a field is left as it is.
-  s = ToHttpFieldNames(absl::ResourceExhaustedError("request queue is full"));
-  EXPECT_EQ(s, absl::ResourceExhaustedError("request queue is full"));
+  EXPECT_EQ(ToOpenAiError(absl::ResourceExhaustedError("request queue is full")),
+            absl::ResourceExhaustedError("request queue is full"));
+}
+
+TEST(OpenAiApiTest, EveryRequestFieldHasAnApiName) {
+  EXPECT_EQ(OpenAiFieldName(RequestField::kMaxNewTokens), "max_tokens");
+  EXPECT_EQ(OpenAiFieldName(RequestField::kNumSamples), "n");
+  EXPECT_EQ(OpenAiFieldName(RequestField::kPrompt), "prompt");
+  EXPECT_EQ(OpenAiFieldName(RequestField::kTopLogprobs), "logprobs");
+  EXPECT_EQ(OpenAiFieldName(RequestField::kPromptLogprobs), "logprobs");
+  EXPECT_EQ(OpenAiFieldName(RequestField::kAdapter), "model");
+  for (int f = static_cast<int>(RequestField::kNone) + 1;
+       f <= static_cast<int>(RequestField::kCacheSalt); ++f) {
+    EXPECT_NE(OpenAiFieldName(static_cast<RequestField>(f)), "body") << f;
+  }
 }
 
 TEST(OpenAiApiTest, ErrorsHaveOpenAisShapeAndStatus) {
@@ -245,7 +304,7 @@ TEST(OpenAiApiTest, ErrorsHaveOpenAisShapeAndStatus) {
   EXPECT_EQ(HttpStatusFor(absl::StatusCode::kResourceExhausted), 429);
   EXPECT_EQ(HttpStatusFor(absl::StatusCode::kUnavailable), 503);
   EXPECT_EQ(HttpStatusFor(absl::StatusCode::kInternal), 500);
-  const json e = json::parse(ErrorJson(FieldError("stop", "stop has 5 strings: at most 4")));
+  const json e = json::parse(ErrorJson(WireFieldError("stop", "stop has 5 strings: at most 4")));
   EXPECT_EQ(e["error"]["message"], "stop has 5 strings: at most 4");
   EXPECT_EQ(e["error"]["type"], "invalid_request_error");
   EXPECT_EQ(e["error"]["param"], "stop");

@@ -117,7 +117,8 @@ TEST_F(ServerLoraTest, ServesEachAdapterByNameUnderItsOwnCacheIdentity) {
 
   const GenerateResult unknown = Generate(*stub, Request("nope"));
   EXPECT_EQ(unknown.status.error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_THAT(unknown.status.error_message(), HasSubstr("no adapter named `nope`"));
+  // Named as the proto names the field.
+  EXPECT_THAT(unknown.status.error_message(), HasSubstr("adapter `nope` is not loaded"));
   EXPECT_THAT(unknown.status.error_message(), HasSubstr("chat, sql"));
 
   // HTTP: /v1/models lists the base and each adapter with "parent" and its digest.
@@ -234,10 +235,9 @@ TEST_F(ServerLoraTest, UnloadingLetsRequestsInFlightFinish) {
 
   RequestPath& path = ServerTestPeer::request_path(**server);
   GenerateCall call;
-  call.prompt_kind = GenerateCall::PromptKind::kTokenIds;
-  call.token_ids = RandomIds(3, 40);
-  call.max_new_tokens = 40;
-  call.ignore_eos = true;
+  call.request.prompt = RandomIds(3, 40);
+  call.request.max_new_tokens = 40;
+  call.request.ignore_eos = true;
   call.adapter = "sql";
   absl::StatusOr<StartedGenerate> started = path.StartGenerate(call);
   ASSERT_TRUE(started.ok()) << started.status();
@@ -483,7 +483,7 @@ TEST_F(ServerLoraTest, TokenizeTakesAnAdapterName) {
     const json j = json::parse(e.body);
     EXPECT_EQ(j["error"]["code"], "model_not_found") << e.body;
     EXPECT_EQ(j["error"]["param"], "model") << e.body;
-    EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr("no adapter named `nope`"));
+    EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr("model `nope` is not loaded"));
   }
 
   auto stub = v1::Inference::NewStub(InsecureChannel((*server)->grpc_address()));
@@ -498,7 +498,7 @@ TEST_F(ServerLoraTest, TokenizeTakesAnAdapterName) {
   grpc::ClientContext ctx2;
   const grpc::Status s = stub->Tokenize(&ctx2, req, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_THAT(s.error_message(), HasSubstr("no adapter named `nope`"));
+  EXPECT_THAT(s.error_message(), HasSubstr("adapter `nope` is not loaded"));
 }
 
 }  // namespace

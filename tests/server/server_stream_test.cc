@@ -156,19 +156,22 @@ TEST_F(ServerTest, EveryValidationCaseIsInvalidArgument) {
   expect_invalid(r, "empty prompt");
   r = ok;
   r.set_text("");
-  expect_invalid(r, "empty prompt");
+  expect_invalid(r, "text is an empty prompt");
   r = ok;
   r.mutable_token_ids()->add_ids(50257);
-  expect_invalid(r, "vocab_size 50257");
+  // Each refusal names the proto's field first.
+  expect_invalid(r, "token_ids has token id 50257 at position 3, out of range: ids must be < "
+                    "vocab_size 50257");
   r = ok;
   r.set_max_new_tokens(254);  // 3 + 254 > 256
-  expect_invalid(r, "context length 256");
+  expect_invalid(r, "max_new_tokens 254 + the prompt's 3 tokens = 257, more than the model's "
+                    "context length 256");
   r = ok;
   r.set_max_new_tokens(0);
   expect_invalid(r, "max_new_tokens is 0");
   r = ok;
   r.set_num_samples(17);
-  expect_invalid(r, "--max-samples");
+  expect_invalid(r, "num_samples 17 exceeds this server's limit 16 (--max-samples)");
   r = ok;
   r.set_temperature(-1);
   expect_invalid(r, "temperature");
@@ -183,10 +186,10 @@ TEST_F(ServerTest, EveryValidationCaseIsInvalidArgument) {
   expect_invalid(r, "top_p");
   r = ok;
   r.set_top_logprobs(21);
-  expect_invalid(r, "top_logprobs");
+  expect_invalid(r, "top_logprobs 21 is too large: use 0..20");
   r = ok;
   r.add_stop_token_ids(60000);
-  expect_invalid(r, "stop token id 60000");
+  expect_invalid(r, "stop_token_ids has token id 60000 at position 0, out of range");
   r = ok;
   r.set_presence_penalty(2.01f);
   expect_invalid(r, "presence_penalty 2.00999999 is invalid: use a value in [-2, 2]");
@@ -219,7 +222,7 @@ TEST_F(ServerTest, EveryValidationCaseIsInvalidArgument) {
   expect_invalid(r, "request_id has byte 0x09 at offset 3");
   r = ok;
   for (int i = 0; i < 1025; ++i) r.add_stop_token_ids(i);
-  expect_invalid(r, "1025 stop_token_ids is too many");
+  expect_invalid(r, "stop_token_ids has 1025 ids: give at most 1024");
   r = ok;
   r.set_text(std::string(256 * 128 + 1, 'a'));  // context 256 x 128 bytes, GPT-2's longest
   expect_invalid(r, "text is 32769 bytes, more than any text of at most 256 tokens");
@@ -231,6 +234,13 @@ TEST_F(ServerTest, EveryValidationCaseIsInvalidArgument) {
   // Nothing was queued by any of them.
   EXPECT_EQ(GetStats(*stub_).blocks_active(), 0u);
   EXPECT_TRUE(Generate(*stub_, ok).status.ok());
+  // proto3's 0 is "unset": num_samples 0 is one sample (the gRPC parser's default, not a
+  // rule; OpenAI's n = 0 is refused, tests/server/http_api_test.cc).
+  r = ok;
+  r.set_num_samples(0);
+  const GenerateResult one = Generate(*stub_, r);
+  ASSERT_TRUE(one.status.ok()) << one.status.error_message();
+  EXPECT_EQ(one.samples.size(), 1u);
 }
 
 // Sends `raw` bytes as the request of `method` (a Inference method name) and returns the status.
