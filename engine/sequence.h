@@ -73,14 +73,9 @@ struct RequestState {
   bool ended = false;  // kDone queued
   uint32_t samples_finished = 0;
   Usage usage;
-  // Prompt logprobs: one entry per prompt position (kScoreTopK top entries until sent),
-  // filled from score records and computed rows; `scored[p]` says whether entry p is.
-  // recorded_blocks: leading full blocks whose records are in the store or were taken from it.
-  std::vector<PromptToken> prompt_scores;
-  std::vector<bool> scored;
-  int32_t recorded_blocks = 0;
-  uint32_t cached_scores = 0;  // entries taken from records
-  bool prompt_sent = false;  // the kPrompt event is in the outbox
+  // The kPrompt event is in the outbox. Its prompt logprobs, until then, are the
+  // PromptScorer's (engine/prompt_scorer.h).
+  bool prompt_sent = false;
   std::vector<std::unique_ptr<Sequence>> sequences;
   std::vector<RequestEvent> outbox;  // flushed to the stream at the end of each step
 };
