@@ -15,6 +15,12 @@ namespace {
 // Tokens of a sequence: prompt + emitted.
 int32_t Len(const Sequence& seq) { return static_cast<int32_t>(seq.chain->size()); }
 
+// Read while the members are built, before the constructor's body can check the options.
+int32_t BlockSizeOf(const KvCache* cache) {
+  PREFIXD_CHECK(cache != nullptr);
+  return cache->block_size();
+}
+
 }  // namespace
 
 Scheduler::Scheduler(const SchedulerOptions& options)
@@ -22,7 +28,7 @@ Scheduler::Scheduler(const SchedulerOptions& options)
       backend_(options.backend),
       cache_(options.cache),
       scorer_(PromptScorer::Options{.scores = options.scores,
-                                    .block_size = options.cache->block_size(),
+                                    .block_size = BlockSizeOf(options.cache),
                                     .vocab_size = options.model_config.vocab_size}),
       output_(StepOutput::Options{.cache = options.cache,
                                   .scorer = &scorer_,
@@ -212,7 +218,7 @@ bool Scheduler::Step() {
     }
     row += rows;
     if (!ends) continue;
-    // Forks join running_ as the newest, as admissions do: it stays sorted.
+    // Forks join running_ (sorted again at the next step).
     output_.Emit(s.seq, absl::MakeConstSpan(logits_).subspan((row - 1) * vocab, vocab), now,
                  &running_);
   }
