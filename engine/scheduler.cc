@@ -44,12 +44,7 @@ Scheduler::Scheduler(const SchedulerOptions& options)
 Scheduler::~Scheduler() = default;
 
 void Scheduler::Enqueue(std::unique_ptr<RequestState> request) {
-  const std::vector<uint32_t>& stops = request->request.stop_token_ids;
-  request->stop_ids.insert(stops.begin(), stops.end());
-  if (request->request.sampling.repetition_penalty != 1.0f) {
-    const std::vector<uint32_t>& prompt = request->request.prompt;
-    request->prompt_token_set.insert(prompt.begin(), prompt.end());
-  }
+  output_.Prepare(request.get());
   if (request->request.prompt_logprobs.has_value()) {
     scorer_.Begin(request.get(), request->request.prompt);
   }

@@ -59,10 +59,10 @@ struct Sequence {
 
 struct RequestState {
   EngineRequest request;
-  // request.stop_token_ids as a set (filled by Scheduler::Enqueue): checked once per
+  // request.stop_token_ids as a set (filled by StepOutput::Prepare): checked once per
   // sampled token.
   absl::flat_hash_set<uint32_t> stop_ids;
-  // The prompt's distinct ids, filled by Scheduler::Enqueue only when repetition_penalty
+  // The prompt's distinct ids, filled by StepOutput::Prepare only when repetition_penalty
   // is on (the one penalty that reads the prompt).
   absl::flat_hash_set<uint32_t> prompt_token_set;
   std::shared_ptr<RequestStream> stream;

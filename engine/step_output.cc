@@ -14,6 +14,15 @@ StepOutput::StepOutput(const Options& options) : options_(options) {
                 options_.tpot != nullptr);
 }
 
+void StepOutput::Prepare(RequestState* r) const {
+  const std::vector<uint32_t>& stops = r->request.stop_token_ids;
+  r->stop_ids.insert(stops.begin(), stops.end());
+  if (r->request.sampling.repetition_penalty != 1.0f) {
+    const std::vector<uint32_t>& prompt = r->request.prompt;
+    r->prompt_token_set.insert(prompt.begin(), prompt.end());
+  }
+}
+
 void StepOutput::Emit(Sequence* seq, absl::Span<const float> logits, absl::Time now,
                       std::vector<Sequence*>* forked) {
   RequestState* r = seq->request;

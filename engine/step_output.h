@@ -3,7 +3,8 @@
 // emits the prompt (engine/prompt_scorer.h gives its logprobs), forks a prompt with
 // num_samples = n into n samples, samples each one's next token (engine/sampler.h), appends
 // it, builds the request's events and detects the end of each sample (EOS, a stop id,
-// max_new_tokens). It also ends requests for the scheduler (errors, cancellations).
+// max_new_tokens). It also prepares what sampling reads of a new request and ends requests
+// for the scheduler (errors, cancellations).
 //
 // The scheduler calls it per batch entry, right after that entry's blocks were marked
 // computed, not once after the whole batch: a sample that ends here releases blocks that a
@@ -46,6 +47,10 @@ class StepOutput {
     std::vector<double>* tpot = nullptr;
   };
   explicit StepOutput(const Options& options);
+
+  // Fills what sampling reads of a request that was just enqueued: its stop ids as a set
+  // and, only with repetition_penalty on, its prompt's distinct ids.
+  void Prepare(RequestState* request) const;
 
   // `seq` reached the end of its tokens and `logits` is the row of its last one: emits the
   // prompt when the request asked for it and has not had it (with max_new_tokens = 0 that

@@ -26,6 +26,7 @@ namespace prefixd {
 namespace {
 
 using ::testing::ElementsAre;
+using ::testing::UnorderedElementsAre;
 
 constexpr int32_t kVocab = 8;
 constexpr int32_t kBlock = 4;
@@ -94,7 +95,7 @@ class StepOutputTest : public ::testing::Test {
     request.prompt = {1, 2, 3};
     auto r = std::make_unique<RequestState>();
     r->request = std::move(request);
-    r->stop_ids.insert(r->request.stop_token_ids.begin(), r->request.stop_token_ids.end());
+    output_->Prepare(r.get());
     r->root = CacheRootKey("manifest", "ns");
     r->submit_time = Time(0);
     requests_.push_back(std::move(r));
@@ -183,6 +184,15 @@ TEST_F(StepOutputTest, EosEndsTheSampleWithStopAndReleasesItsBlocks) {
   EXPECT_EQ(counters_.generated_tokens, 0u);
   EXPECT_TRUE(ttft_.empty());
   cache_->CheckInvariants();
+}
+
+TEST_F(StepOutputTest, PrepareSetsUpTheStopIdsAndOnlyWithRepetitionPenaltyThePromptIds) {
+  RequestState* plain = Add({.stop_token_ids = {5, 6, 5}});
+  EXPECT_THAT(plain->stop_ids, UnorderedElementsAre(5, 6));
+  EXPECT_TRUE(plain->prompt_token_set.empty());
+  RequestState* penalised = Add({.sampling = {.repetition_penalty = 1.5f}});
+  EXPECT_TRUE(penalised->stop_ids.empty());
+  EXPECT_THAT(penalised->prompt_token_set, UnorderedElementsAre(1, 2, 3));
 }
 
 TEST_F(StepOutputTest, IgnoreEosEmitsEosLikeAnyToken) {
