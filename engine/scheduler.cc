@@ -1,14 +1,12 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
-#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "base/check.h"
-#include "engine/sampler.h"
 #include "engine/score_store.h"
 
 namespace prefixd {
@@ -17,10 +15,28 @@ namespace {
 // Tokens of a sequence: prompt + emitted.
 int32_t Len(const Sequence& seq) { return static_cast<int32_t>(seq.chain->size()); }
 
+// Read while the members are built, before the constructor's body can check the options.
+int32_t BlockSizeOf(const KvCache* cache) {
+  PREFIXD_CHECK(cache != nullptr);
+  return cache->block_size();
+}
+
 }  // namespace
 
 Scheduler::Scheduler(const SchedulerOptions& options)
-    : options_(options), backend_(options.backend), cache_(options.cache) {
+    : options_(options),
+      backend_(options.backend),
+      cache_(options.cache),
+      scorer_(PromptScorer::Options{.scores = options.scores,
+                                    .block_size = BlockSizeOf(options.cache),
+                                    .vocab_size = options.model_config.vocab_size}),
+      output_(StepOutput::Options{.cache = options.cache,
+                                  .scorer = &scorer_,
+                                  .eos_token_id = options.model_config.eos_token_id,
+                                  .clock = options.clock,
+                                  .counters = &counters_,
+                                  .ttft = &ttft_,
+                                  .tpot = &tpot_}) {
   PREFIXD_CHECK(backend_ != nullptr && cache_ != nullptr && options_.clock);
   PREFIXD_CHECK(options_.max_batch_tokens > 0 && options_.model_config.vocab_size > 0);
 }
@@ -28,26 +44,17 @@ Scheduler::Scheduler(const SchedulerOptions& options)
 Scheduler::~Scheduler() = default;
 
 void Scheduler::Enqueue(std::unique_ptr<RequestState> request) {
-  const std::vector<uint32_t>& stops = request->request.stop_token_ids;
-  request->stop_ids.insert(stops.begin(), stops.end());
-  if (request->request.sampling.repetition_penalty != 1.0f) {
-    const std::vector<uint32_t>& prompt = request->request.prompt;
-    request->prompt_token_set.insert(prompt.begin(), prompt.end());
-  }
+  output_.Prepare(request.get());
   if (request->request.prompt_logprobs.has_value()) {
-    const std::vector<uint32_t>& prompt = request->request.prompt;
-    request->prompt_scores.resize(prompt.size());
-    for (size_t p = 0; p < prompt.size(); ++p) request->prompt_scores[p].token_id = prompt[p];
-    request->scored.assign(prompt.size(), false);
-    request->scored[0] = true;  // nothing comes before position 0
+    scorer_.Begin(request.get(), request->request.prompt);
   }
   auto seq = std::make_unique<Sequence>();
   seq->request = request.get();
   seq->pre_fork = request->request.num_samples > 1;
   // Hashed once here: every admission attempt, the disk tier's match and the pool's index
   // read these keys.
-  seq->chain = std::make_shared<TokenChain>(request->root, cache_->block_size(),
-                                            request->request.prompt);
+  seq->chain =
+      std::make_shared<TokenChain>(request->root, cache_->block_size(), request->request.prompt);
   waiting_.push_back(seq.get());
   request->sequences.push_back(std::move(seq));
   requests_.push_back(std::move(request));
@@ -59,7 +66,7 @@ void Scheduler::HandleCancellations() {
   for (auto& r : requests_) {
     if (r->ended) continue;
     if (r->stream->cancel_requested()) {
-      EndRequest(r.get(), absl::CancelledError("request cancelled"));
+      output_.EndRequest(r.get(), absl::CancelledError("request cancelled"));
       any = true;
       continue;
     }
@@ -68,7 +75,7 @@ void Scheduler::HandleCancellations() {
         // A pre-fork sequence has emitted nothing yet, so no caller can have stopped it.
         if (seq->sample_index == sample && !seq->pre_fork &&
             seq->state != Sequence::State::kFinished) {
-          FinishSequence(seq.get(), FinishReason::kStop);
+          output_.FinishSequence(seq.get(), FinishReason::kStop);
           any = true;
         }
       }
@@ -80,14 +87,13 @@ void Scheduler::HandleCancellations() {
 
 void Scheduler::EndAll(const absl::Status& status) {
   for (auto& r : requests_) {
-    if (!r->ended) EndRequest(r.get(), status);
+    if (!r->ended) output_.EndRequest(r.get(), status);
   }
   Prune();
 }
 
 void Scheduler::DrainLatencies(std::vector<double>* ttft, std::vector<double>* tpot,
-                               std::vector<double>* disk_load,
-                               std::vector<double>* remote_load) {
+                               std::vector<double>* disk_load, std::vector<double>* remote_load) {
   ttft->insert(ttft->end(), ttft_.begin(), ttft_.end());
   tpot->insert(tpot->end(), tpot_.begin(), tpot_.end());
   disk_load->insert(disk_load->end(), disk_load_.begin(), disk_load_.end());
@@ -144,7 +150,7 @@ bool Scheduler::Step() {
     Prune();
     return false;
   }
-  for (Scheduled& s : batch) s.all_logits = !s.decode && Scoring(s.seq);
+  for (Scheduled& s : batch) s.all_logits = !s.decode && scorer_.Scoring(s.seq->request);
 
   if (!pending_copies_.empty()) {
     const absl::Status copied = backend_->CopyBlocks(pending_copies_);
@@ -197,7 +203,8 @@ bool Scheduler::Step() {
     const size_t rows = s.all_logits ? static_cast<size_t>(s.count) : ends ? 1 : 0;
     PREFIXD_CHECK((row + rows) * vocab <= logits_.size());
     if (s.all_logits) {
-      ScoreRows(s, absl::MakeConstSpan(logits_).subspan(row * vocab, rows * vocab));
+      scorer_.ScoreRows(s.seq->request, s.seq->chain->keys(), s.start, s.count,
+                        absl::MakeConstSpan(logits_).subspan(row * vocab, rows * vocab));
     }
     // After ScoreRows: the blocks it recorded are published with their scores.
     if (options_.offloader != nullptr) {
@@ -206,13 +213,9 @@ bool Scheduler::Step() {
     }
     row += rows;
     if (!ends) continue;
-    RequestState* r = s.seq->request;
-    const bool echo = r->request.echo_prompt || r->request.prompt_logprobs.has_value();
-    if (echo && !r->prompt_sent) {
-      EmitPrompt(s.seq);
-      if (r->request.max_new_tokens == 0) continue;  // EmitPrompt ended the request
-    }
-    SampleAndEmit(s.seq, absl::MakeConstSpan(logits_).subspan((row - 1) * vocab, vocab), now);
+    // Forks join running_ (sorted again at the next step).
+    output_.Emit(s.seq, absl::MakeConstSpan(logits_).subspan((row - 1) * vocab, vocab), now,
+                 &running_);
   }
   Prune();
   return true;
@@ -230,11 +233,12 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
     ar.chain = seq->chain;
     ar.reserve_tokens = Len(*seq);  // the whole prompt: chunks never need blocks
     ar.readmission = r->admitted_once;
-    const bool scoring = Scoring(seq);
+    const bool scoring = scorer_.Scoring(r);
     // A scoring request takes only leading blocks with records in the store (all indexed),
     // less the last one's last row: its logits score the first position after them, so it
     // is recomputed (into a copy of the block).
-    const int32_t scored_pool = scoring ? ScoredPrefixBlocks(seq) : 0;
+    // While it scores, the sequence holds the prompt alone: its chain's keys are the prompt's.
+    const int32_t scored_pool = scoring ? scorer_.RecordedPrefixBlocks(seq->chain->keys()) : 0;
     if (scoring) ar.max_cached_tokens = scored_pool > 0 ? scored_pool * bs - 1 : 0;
     absl::StatusOr<AdmissionPlan> plan = cache_->PlanAdmission(ar);
     // Another running sequence is computing blocks of this prefix: wait for them to be
@@ -246,9 +250,8 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
     const int32_t pool_blocks = scoring ? scored_pool : plan.ok() ? plan->matched_tokens / bs : 0;
     int32_t tier_blocks = 0;
     if (plan.ok() && options_.offloader != nullptr) {
-      const KvOffloader::Continuation c =
-          options_.offloader->Continue(*seq->chain, pool_blocks, scoring, match_deadline,
-                                       &seq->tiers);
+      const KvOffloader::Continuation c = options_.offloader->Continue(
+          *seq->chain, pool_blocks, scoring, match_deadline, &seq->tiers);
       if (c.parked) {
         ++it;  // its blocks are being loaded
         continue;
@@ -270,7 +273,7 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
     }
     if (!plan.ok()) {
       if (absl::IsResourceExhausted(plan.status())) break;  // in order: wait for room
-      EndRequest(r, absl::InternalError(plan.status().message()));
+      output_.EndRequest(r, absl::InternalError(plan.status().message()));
       it = waiting_.erase(it);
       continue;
     }
@@ -300,7 +303,10 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
     seq->tiers.load.reset();  // taken (its budget returns once the write has run)
     // With loaded blocks after them, the pool's blocks are shared whole; their records score
     // positions up to the last block's end, the loaded blocks' records the rest.
-    if (scoring) TakeScores(seq, tier_blocks > 0 ? pool_blocks * bs - 1 : admission.num_cached);
+    if (scoring) {
+      scorer_.TakeRecorded(r, seq->chain->keys(),
+                           tier_blocks > 0 ? pool_blocks * bs - 1 : admission.num_cached);
+    }
     if (!r->admitted_once) {
       r->admitted_once = true;
       r->usage.cached_prompt_tokens = static_cast<uint32_t>(admission.num_cached);
@@ -327,41 +333,19 @@ absl::Status Scheduler::RunTierWrites(const std::vector<Scheduled>& batch) {
     auto entry = std::find_if(batch.begin(), batch.end(),
                               [seq](const Scheduled& s) { return s.seq == seq; });
     PREFIXD_CHECK(entry != batch.end());
-    absl::StatusOr<KvOffloader::Written> written = options_.offloader->Write(
-        *w.load, w.first_block, w.count, cache_->BlockTable(seq->cache_seq), &disk_load_,
-        &remote_load_);
+    absl::StatusOr<KvOffloader::Written> written =
+        options_.offloader->Write(*w.load, w.first_block, w.count,
+                                  cache_->BlockTable(seq->cache_seq), &disk_load_, &remote_load_);
     if (!written.ok()) return written.status();
     const int32_t pool_cached = w.first_block * bs;
     const int32_t end = w.first_block + w.count;
     const int32_t cached = w.scoring ? end * bs - 1 : std::min(end * bs, Len(*seq) - 1);
     PREFIXD_CHECK(cached == entry->start);
     cache_->MarkComputed(seq->cache_seq, cached);
-    // Records come back with their blocks, once the pool indexes them (MarkComputed just did
-    // for every block now full); a last block still private gets its own after the forward
-    // (ScoreRows, for a scoring request) or stays in its tier only.
-    const absl::Span<const Digest> keys = seq->chain->keys();
-    const int32_t full = cached / bs;
-    if (options_.scores != nullptr) {
-      for (int32_t b = w.first_block; b < full; ++b) {
-        const std::shared_ptr<const BlockScores>& record = written->records[b - w.first_block];
-        if (record != nullptr) options_.scores->Insert(keys[b], record);
-      }
-    }
-    if (w.scoring) {
-      // The loaded blocks' records score their positions; position `cached` + 1 on, the rows.
-      for (int32_t i = 0; i < w.count; ++i) {
-        const BlockScores& record = *written->records[i];
-        const int32_t b = w.first_block + i;
-        for (int32_t j = 0; j < bs; ++j) {
-          const int32_t p = b * bs + j;
-          if (r->scored[p]) continue;
-          r->prompt_scores[p] = record.positions[j];
-          r->scored[p] = true;
-          ++r->cached_scores;
-        }
-      }
-      r->recorded_blocks = std::max(r->recorded_blocks, full);
-    }
+    // After MarkComputed: a record enters the store only once its block is indexed.
+    PREFIXD_CHECK(written->records.size() == static_cast<size_t>(w.count));
+    scorer_.RestoreLoaded(w.scoring ? r : nullptr, seq->chain->keys(), w.first_block,
+                          written->records, cached);
     if (w.first_admission) {
       r->usage.cached_prompt_tokens += static_cast<uint32_t>(cached - pool_cached);
       // The tokens of the disk's blocks first, the rest the remote tier's.
@@ -392,9 +376,10 @@ bool Scheduler::ReserveOrPreempt(Sequence* seq, int32_t total_tokens) {
     if (victim == seq && running_.size() == 1) {
       // Validation admits only requests that fit the pool alone; reaching this is a bug,
       // but ending one request beats spinning forever.
-      EndRequest(seq->request, absl::InternalError(absl::StrFormat(
-                                   "the KV pool cannot hold this sequence (%d tokens) even alone",
-                                   total_tokens)));
+      output_.EndRequest(
+          seq->request,
+          absl::InternalError(absl::StrFormat(
+              "the KV pool cannot hold this sequence (%d tokens) even alone", total_tokens)));
       return false;
     }
     Preempt(victim);
@@ -422,217 +407,8 @@ void Scheduler::FailRunning(const absl::Status& status) {
   std::vector<RequestState*> failed;
   for (Sequence* seq : running_) failed.push_back(seq->request);
   for (RequestState* r : failed) {
-    if (!r->ended) EndRequest(r, error);
+    if (!r->ended) output_.EndRequest(r, error);
   }
-}
-
-void Scheduler::SampleAndEmit(Sequence* seq, absl::Span<const float> logits, absl::Time now) {
-  RequestState* r = seq->request;
-  const EngineRequest& req = r->request;
-  std::vector<Sequence*> samples = {seq};
-  if (seq->pre_fork) {
-    // The prompt is computed once; each sample continues from a copy-on-write fork.
-    seq->pre_fork = false;
-    // Each sample's chain starts as a copy of the prompt's, keys included.
-    std::vector<std::shared_ptr<TokenChain>> chains(req.num_samples - 1);
-    for (auto& c : chains) c = std::make_shared<TokenChain>(*seq->chain);
-    const std::vector<SequenceId> children = cache_->Fork(seq->cache_seq, chains);
-    for (size_t i = 0; i < children.size(); ++i) {
-      auto child = std::make_unique<Sequence>();
-      child->request = r;
-      child->sample_index = static_cast<uint32_t>(i + 1);
-      child->state = Sequence::State::kRunning;
-      child->chain = chains[i];
-      child->generated_counts = seq->generated_counts;
-      child->cache_seq = children[i];
-      child->admit_order = seq->admit_order;
-      running_.push_back(child.get());
-      samples.push_back(child.get());
-      r->sequences.push_back(std::move(child));
-    }
-  }
-  for (Sequence* s : samples) {
-    const SampleKey key{.seed = req.sampling.seed,
-                        .sample_index = s->sample_index,
-                        .position = static_cast<uint32_t>(s->chain->size())};
-    const SampleHistory history{.prompt_tokens = &r->prompt_token_set,
-                                .generated_counts = &s->generated_counts};
-    SampledToken t = SampleToken(logits, req.sampling, key, req.top_logprobs, history);
-    const uint32_t id = t.token.token_id;
-    const bool is_stop = (!req.ignore_eos && id == options_.model_config.eos_token_id) ||
-                         r->stop_ids.contains(id);
-    if (is_stop) {
-      FinishSequence(s, FinishReason::kStop);
-      continue;
-    }
-    RequestEvent event;
-    event.kind = RequestEvent::Kind::kToken;
-    event.sample_index = s->sample_index;
-    event.token = t.token;
-    event.top = std::move(t.top);
-    r->outbox.push_back(std::move(event));
-    ++s->generated;
-    ++s->generated_counts[id];
-    ++r->usage.completion_tokens;
-    ++counters_.generated_tokens;
-    if (!r->has_first_token) {
-      r->has_first_token = true;
-      ttft_.push_back(absl::ToDoubleSeconds(now - r->submit_time));
-    }
-    // Time per output token: one observation per token after the sample's first, the time
-    // since that sample's previous token (also for samples that end early).
-    if (s->generated >= 2) tpot_.push_back(absl::ToDoubleSeconds(now - s->last_token_time));
-    s->last_token_time = now;
-    if (s->generated == req.max_new_tokens) {
-      FinishSequence(s, FinishReason::kLength);
-      continue;
-    }
-    cache_->AppendTokens(s->cache_seq, {id});  // onto s->chain: the one list of its tokens
-    s->decoding = true;
-  }
-}
-
-bool Scheduler::Scoring(const Sequence* seq) const {
-  const RequestState* r = seq->request;
-  return r->request.prompt_logprobs.has_value() && !r->prompt_sent;
-}
-
-int32_t Scheduler::ScoredPrefixBlocks(const Sequence* seq) const {
-  if (options_.scores == nullptr) return 0;
-  // While it scores, the sequence holds the prompt alone: its chain's keys are the prompt's.
-  const absl::Span<const Digest> keys = seq->chain->keys();
-  int32_t m = 0;
-  while (m < static_cast<int32_t>(keys.size()) && options_.scores->Find(keys[m]) != nullptr) ++m;
-  return m;
-}
-
-void Scheduler::TakeScores(const Sequence* seq, int32_t num_cached) {
-  RequestState* r = seq->request;
-  // Entries 1..num_cached are scored by rows the request does not compute: they come from
-  // the records of their blocks (each present: the admission took only scored blocks).
-  const int32_t bs = cache_->block_size();
-  for (int32_t p = 1; p <= num_cached; ++p) {
-    if (r->scored[p]) continue;
-    const BlockScores* record = options_.scores->Find(seq->chain->keys()[p / bs]);
-    PREFIXD_CHECK(record != nullptr);
-    const PromptToken& entry = record->positions[p % bs];
-    PREFIXD_CHECK(entry.token_id == r->request.prompt[p] && entry.has_logprob);
-    r->prompt_scores[p] = entry;
-    r->scored[p] = true;
-    ++r->cached_scores;
-  }
-  r->recorded_blocks = std::max(r->recorded_blocks, (num_cached + 1) / bs);
-}
-
-void Scheduler::ScoreRows(const Scheduled& s, absl::Span<const float> rows) {
-  RequestState* r = s.seq->request;
-  const std::vector<uint32_t>& prompt = r->request.prompt;
-  const size_t vocab = static_cast<size_t>(options_.model_config.vocab_size);
-  // Row q's logits score position q + 1.
-  for (int32_t i = 0; i < s.count; ++i) {
-    const int32_t p = s.start + i + 1;
-    if (p >= static_cast<int32_t>(prompt.size())) break;
-    const SampledToken t =
-        ScoreToken(rows.subspan(static_cast<size_t>(i) * vocab, vocab), prompt[p], kScoreTopK);
-    r->prompt_scores[p] = {.token_id = prompt[p], .has_logprob = true,
-                           .logprob = t.token.logprob, .top = t.top};
-    r->scored[p] = true;
-  }
-  if (options_.scores == nullptr) return;
-  // Record every block now full, indexed (MarkComputed ran) and scored at each position.
-  const int32_t bs = cache_->block_size();
-  const int32_t computed = s.start + s.count;
-  const absl::Span<const Digest> keys = s.seq->chain->keys();
-  while ((r->recorded_blocks + 1) * bs <= computed &&
-         r->recorded_blocks < static_cast<int32_t>(keys.size())) {
-    const int32_t b = r->recorded_blocks;
-    auto record = std::make_shared<BlockScores>();
-    for (int32_t j = 0; j < bs; ++j) {
-      PREFIXD_CHECK(r->scored[b * bs + j]);
-      record->positions.push_back(r->prompt_scores[b * bs + j]);
-    }
-    options_.scores->Insert(keys[b], std::move(record));
-    ++r->recorded_blocks;
-  }
-}
-
-void Scheduler::EmitPrompt(Sequence* seq) {
-  RequestState* r = seq->request;
-  const EngineRequest& req = r->request;
-  RequestEvent event;
-  event.kind = RequestEvent::Kind::kPrompt;
-  if (req.prompt_logprobs.has_value()) {
-    event.prompt = std::move(r->prompt_scores);
-    for (size_t p = 0; p < event.prompt.size(); ++p) {
-      PREFIXD_CHECK(r->scored[p]);
-      if (event.prompt[p].top.size() > *req.prompt_logprobs) {
-        event.prompt[p].top.resize(*req.prompt_logprobs);
-      }
-    }
-    counters_.prompt_logprob_tokens += req.prompt.size() - 1;
-    counters_.prompt_logprob_tokens_cached += r->cached_scores;
-    r->prompt_scores = {};
-    r->scored = {};
-  } else {
-    event.prompt.resize(req.prompt.size());
-    for (size_t p = 0; p < req.prompt.size(); ++p) event.prompt[p].token_id = req.prompt[p];
-  }
-  r->outbox.push_back(std::move(event));
-  r->prompt_sent = true;
-  if (req.max_new_tokens > 0) return;
-  // The prompt alone: every sample ends here, with nothing generated.
-  PREFIXD_CHECK(seq->sample_index == 0);
-  seq->pre_fork = false;
-  for (uint32_t i = 1; i < req.num_samples; ++i) {
-    RequestEvent finished;
-    finished.kind = RequestEvent::Kind::kSampleFinished;
-    finished.sample_index = i;
-    finished.finish_reason = FinishReason::kLength;
-    r->outbox.push_back(std::move(finished));
-    ++r->samples_finished;
-  }
-  if (!r->has_first_token) {
-    r->has_first_token = true;
-    ttft_.push_back(absl::ToDoubleSeconds(options_.clock() - r->submit_time));
-  }
-  FinishSequence(seq, FinishReason::kLength);
-}
-
-void Scheduler::FinishSequence(Sequence* seq, FinishReason reason) {
-  RequestState* r = seq->request;
-  ReleaseSequence(seq);
-  RequestEvent event;
-  event.kind = RequestEvent::Kind::kSampleFinished;
-  event.sample_index = seq->sample_index;
-  event.finish_reason = reason;
-  r->outbox.push_back(std::move(event));
-  if (++r->samples_finished == r->request.num_samples) {
-    RequestEvent done;
-    done.kind = RequestEvent::Kind::kDone;
-    done.usage = r->usage;
-    done.status = absl::OkStatus();
-    r->outbox.push_back(std::move(done));
-    r->ended = true;
-  }
-}
-
-void Scheduler::EndRequest(RequestState* r, const absl::Status& status) {
-  PREFIXD_CHECK(!r->ended && !status.ok());
-  for (auto& seq : r->sequences) {
-    if (seq->state != Sequence::State::kFinished) ReleaseSequence(seq.get());
-  }
-  RequestEvent done;
-  done.kind = RequestEvent::Kind::kDone;
-  done.usage = r->usage;
-  done.status = status;
-  r->outbox.push_back(std::move(done));
-  r->ended = true;
-}
-
-void Scheduler::ReleaseSequence(Sequence* seq) {
-  if (seq->state == Sequence::State::kRunning) cache_->Release(seq->cache_seq);
-  seq->cache_seq = -1;
-  seq->state = Sequence::State::kFinished;
 }
 
 void Scheduler::Prune() {
@@ -649,6 +425,9 @@ void Scheduler::FlushEvents() {
       r->stream->Push(std::move(r->outbox));
       r->outbox.clear();
     }
+  }
+  for (const auto& r : requests_) {
+    if (r->ended) scorer_.Forget(r.get());  // one that ended before its prompt was scored
   }
   requests_.erase(
       std::remove_if(requests_.begin(), requests_.end(), [](const auto& r) { return r->ended; }),

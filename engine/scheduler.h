@@ -18,9 +18,12 @@
 //     admitted with the blocks that arrived (a block that was gone or failed verification,
 //     and every one after it, are computed).
 // Then the copies cache/ asked for run, the offloader writes the loaded blocks into the
-// admitted sequences' fresh blocks, the backend runs the batch, computed rows are marked
-// (full blocks become shareable, and the offloader publishes them to the remote tier), and
-// tokens are sampled and streamed.
+// admitted sequences' fresh blocks, the backend runs the batch and computed rows are marked
+// (full blocks become shareable, and the offloader publishes them to the remote tier). The
+// logits go to two components the scheduler only points at rows: a prompt chunk of a request
+// with prompt logprobs to the PromptScorer (engine/prompt_scorer.h), the row of a sequence
+// at the end of its tokens to the StepOutput stage (engine/step_output.h), which samples,
+// appends and builds the events.
 //
 // Invariants: every request in the scheduler ends with exactly one kDone; a finished or
 // preempted sequence holds no KvCache sequence; a backend error ends every request that was
@@ -43,8 +46,10 @@
 #include "engine/engine_stats.h"
 #include "engine/kv_offloader.h"
 #include "engine/model_config.h"
+#include "engine/prompt_scorer.h"
 #include "engine/score_store.h"
 #include "engine/sequence.h"
+#include "engine/step_output.h"
 
 namespace prefixd {
 
@@ -107,14 +112,14 @@ class Scheduler {
     int32_t first_block;
     int32_t count;
     bool first_admission;
-    bool scoring;  // the blocks' records score their positions
+    bool scoring;  // the request scores its prompt: the blocks' records score positions
     std::shared_ptr<TierLoad> load;
   };
 
   void Admit(std::vector<Scheduled>* batch, int32_t* budget);
   // Writes the blocks of pending_writes_ into the pool (KvOffloader::Write), marks them
-  // computed, restores their score records and counts the hits. Non-OK only for a backend
-  // failure.
+  // computed, hands their score records to the scorer and counts the hits. Non-OK only for
+  // a backend failure.
   absl::Status RunTierWrites(const std::vector<Scheduled>& batch);
   // Reserves rows up to `total_tokens` for `seq`, preempting the newest running sequences
   // while the pool is short. False if `seq` itself was preempted.
@@ -122,22 +127,6 @@ class Scheduler {
   void Preempt(Sequence* seq);
   void SortRunning();
   void FailRunning(const absl::Status& status);
-  // Samples the token at the end of `seq` from `logits`, emits it, and finishes the
-  // sequence on a stop condition.
-  void SampleAndEmit(Sequence* seq, absl::Span<const float> logits, absl::Time now);
-  void FinishSequence(Sequence* seq, FinishReason reason);
-  // Prompt logprobs (engine/score_store.h): whether `seq` still scores its prompt; the
-  // tokens an admission may take from the pool (only blocks that carry score records, and
-  // the last row of the last one recomputed, since its logits score the next position);
-  // scoring the rows of a computed chunk and recording the blocks it completed; the kPrompt
-  // event, and for max_new_tokens = 0 the request's end.
-  bool Scoring(const Sequence* seq) const;
-  int32_t ScoredPrefixBlocks(const Sequence* seq) const;
-  void TakeScores(const Sequence* seq, int32_t num_cached);
-  void ScoreRows(const Scheduled& s, absl::Span<const float> rows);
-  void EmitPrompt(Sequence* seq);
-  void EndRequest(RequestState* request, const absl::Status& status);
-  void ReleaseSequence(Sequence* seq);
   void Prune();  // drops finished sequences from the queues
   void UpdateCounts();
 
@@ -155,6 +144,8 @@ class Scheduler {
   std::vector<double> ttft_, tpot_, disk_load_, remote_load_;
   AdapterTokenCounts adapter_tokens_;  // since the last DrainAdapterTokens
   std::vector<float> logits_;
+  PromptScorer scorer_;
+  StepOutput output_;  // after scorer_ and the counters it points at
 };
 
 }  // namespace prefixd

@@ -8,8 +8,9 @@
 // computation.
 //
 // Invariants: a key has a record only while the pool indexes a block under that key (the
-// scheduler inserts right after MarkComputed indexed it; the pool's on_evict hook calls
-// Forget), so a record never outlives its block and the store is bounded by the pool.
+// PromptScorer, engine/prompt_scorer.h, inserts right after MarkComputed indexed it; the
+// pool's on_evict hook calls Forget), so a record never outlives its block and the store is
+// bounded by the pool.
 // Engine-thread only.
 //
 // Records follow their blocks into the disk tier: a spilled block that has one is written

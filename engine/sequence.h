@@ -59,10 +59,10 @@ struct Sequence {
 
 struct RequestState {
   EngineRequest request;
-  // request.stop_token_ids as a set (filled by Scheduler::Enqueue): checked once per
+  // request.stop_token_ids as a set (filled by StepOutput::Prepare): checked once per
   // sampled token.
   absl::flat_hash_set<uint32_t> stop_ids;
-  // The prompt's distinct ids, filled by Scheduler::Enqueue only when repetition_penalty
+  // The prompt's distinct ids, filled by StepOutput::Prepare only when repetition_penalty
   // is on (the one penalty that reads the prompt).
   absl::flat_hash_set<uint32_t> prompt_token_set;
   std::shared_ptr<RequestStream> stream;
@@ -73,14 +73,9 @@ struct RequestState {
   bool ended = false;  // kDone queued
   uint32_t samples_finished = 0;
   Usage usage;
-  // Prompt logprobs: one entry per prompt position (kScoreTopK top entries until sent),
-  // filled from score records and computed rows; `scored[p]` says whether entry p is.
-  // recorded_blocks: leading full blocks whose records are in the store or were taken from it.
-  std::vector<PromptToken> prompt_scores;
-  std::vector<bool> scored;
-  int32_t recorded_blocks = 0;
-  uint32_t cached_scores = 0;  // entries taken from records
-  bool prompt_sent = false;  // the kPrompt event is in the outbox
+  // The kPrompt event is in the outbox. Its prompt logprobs, until then, are the
+  // PromptScorer's (engine/prompt_scorer.h).
+  bool prompt_sent = false;
   std::vector<std::unique_ptr<Sequence>> sequences;
   std::vector<RequestEvent> outbox;  // flushed to the stream at the end of each step
 };
