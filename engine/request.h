@@ -82,6 +82,9 @@ struct EngineRequest {
   // Opaque cache namespace, derived by the caller from the authenticated tenant and the
   // request's cache salt. Requests in different namespaces never share a block.
   std::string cache_namespace;
+  // The authenticated tenant's name, set by the caller like the namespace: whose admission
+  // share, cache share and waiting cap (engine/tenant_policy.h) the request counts against.
+  std::string tenant;
   // The LoRA adapter to apply (null: the base model). Its digest enters the request's cache
   // root key (cache/block_key.h), so it never shares a block with the base or another
   // adapter. Held by the request until its stream ends, so unloading an adapter's name lets

@@ -1,12 +1,16 @@
 // Bearer-token authentication of Inference calls.
 //
-// With an --auth-tokens file (lines "token tenant" or "token tenant admin"; blank lines and
-// lines starting with '#' ignored), every call must carry `authorization: Bearer <token>`
-// naming one of its tokens; the tenant it maps to owns the call's cache namespace, and
-// `admin` lets it read pool-wide statistics (which show other tenants' traffic). Without a
-// file every call belongs to kDefaultTenant, which is then admin. Token comparison is constant time: the presented token's SHA-256 is
-// compared with every stored token's digest with CRYPTO_memcmp, with no early exit, so the
-// time taken reveals neither which token nor how much of one matched.
+// With an --auth-tokens file (lines "token tenant [admin] [weight=N] [share=F]
+// [max_waiting=N]"; blank lines and lines starting with '#' ignored), every call must carry
+// `authorization: Bearer <token>` naming one of its tokens; the tenant it maps to owns the
+// call's cache namespace, and `admin` lets it read pool-wide statistics (which show other
+// tenants' traffic). weight, share and max_waiting are the tenant's policy
+// (engine/tenant_policy.h); a tenant named on several lines has one policy, so the lines
+// that give one of them must agree. Without a
+// file every call belongs to kDefaultTenant, which is then admin. Token comparison is constant
+// time: the presented token's SHA-256 is compared with every stored token's digest with
+// CRYPTO_memcmp, with no early exit, so the time taken reveals neither which token nor how much of
+// one matched.
 #ifndef PREFIXD_SERVER_AUTH_H_
 #define PREFIXD_SERVER_AUTH_H_
 
@@ -17,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/tenant_policy.h"
 
 namespace prefixd {
 
@@ -39,6 +44,8 @@ class Authenticator {
 
   bool enabled() const { return enabled_; }
   size_t num_tokens() const { return entries_.size(); }
+  // One per tenant of the file, in the order of their first lines (none without a file).
+  const std::vector<TenantPolicy>& policies() const { return policies_; }
 
   // `authorization` is the metadata value, absent when the call carried none. Returns the
   // caller, or UNAUTHENTICATED (missing header, not "Bearer", unknown token).
@@ -54,6 +61,7 @@ class Authenticator {
   };
   bool enabled_ = false;
   std::vector<Entry> entries_;
+  std::vector<TenantPolicy> policies_;
 };
 
 }  // namespace prefixd

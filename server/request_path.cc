@@ -83,6 +83,7 @@ absl::StatusOr<EngineRequest> RequestPath::BuildEngineRequest(const GenerateCall
     req.request_id = *std::move(id);
   }
   req.cache_namespace = CacheNamespace(tenant, call.cache_salt);
+  req.tenant = tenant;
   // The adapter is held by the request from here on (unloading its name lets it finish);
   // its digest, not its name, keys the cache (cache/block_key.h); the name labels its counts.
   absl::StatusOr<std::shared_ptr<const LoraAdapter>> adapter = ResolveAdapter(call.adapter);

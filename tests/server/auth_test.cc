@@ -3,6 +3,9 @@
 #include <sys/stat.h>
 
 #include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -61,13 +64,45 @@ TEST(AuthTest, RejectsMalformedFiles) {
   EXPECT_THAT(std::string(Authenticator::FromText("a b\nonlytoken\n").status().message()),
               HasSubstr("line 2"));
   EXPECT_THAT(std::string(Authenticator::FromText("a b c\n").status().message()),
-              HasSubstr("line 1: the third field may only be \"admin\""));
+              HasSubstr("line 1: unknown field \"c\" (expected admin, weight=N"));
   EXPECT_THAT(std::string(Authenticator::FromText("a b admin d\n").status().message()),
-              HasSubstr("line 1: expected"));
+              HasSubstr("line 1: unknown field \"d\""));
   EXPECT_THAT(std::string(Authenticator::FromText("t x\nt y\n").status().message()),
               HasSubstr("duplicate token"));
   EXPECT_EQ(Authenticator::FromText("# nothing\n\n").status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// weight=, share= and max_waiting= are the tenant's policy, in any order after the tenant,
+// each checked against its range; a tenant's lines may add to its policy, not contradict it.
+TEST(AuthTest, ReadsTenantPolicies) {
+  absl::StatusOr<Authenticator> a = Authenticator::FromText(
+      "t1 quiet weight=3 share=0.25\n"
+      "t2 noisy max_waiting=8 admin\n"
+      "t3 quiet max_waiting=2\n"
+      "t4 quiet weight=3\n"
+      "t5 plain\n");
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_EQ(a->policies().size(), 3u);
+  EXPECT_EQ(a->policies()[0],
+            (TenantPolicy{.name = "quiet", .weight = 3, .cache_share = 0.25, .max_waiting = 2}));
+  EXPECT_EQ(a->policies()[1], (TenantPolicy{.name = "noisy", .max_waiting = 8}));
+  EXPECT_EQ(a->policies()[2], (TenantPolicy{.name = "plain"}));
+  EXPECT_TRUE(a->Identify("Bearer t2")->admin);
+  EXPECT_TRUE(Authenticator::AllowAll().policies().empty());
+
+  for (const auto& [text, why] : std::vector<std::pair<std::string, std::string>>{
+           {"t q weight=0\n", "weight must be an integer in [1, 1000], got \"0\""},
+           {"t q weight=2.5\n", "weight must be an integer"},
+           {"t q share=0\n", "share must be a fraction of the pool in (0, 1], got \"0\""},
+           {"t q share=1.5\n", "share must be a fraction"},
+           {"t q max_waiting=-1\n", "max_waiting must be a count of requests >= 0"},
+           {"t q weight=2\nu q weight=3\n", "line 2: tenant \"q\" has another weight"},
+           {"t q share=0.5\nu q share=0.2\n", "line 2: tenant \"q\" has another"},
+       }) {
+    EXPECT_THAT(std::string(Authenticator::FromText(text).status().message()), HasSubstr(why))
+        << text;
+  }
 }
 
 TEST(AuthTest, ReadsAFile) {
