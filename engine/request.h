@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 
 namespace prefixd {
 
@@ -74,6 +75,7 @@ enum class RequestField {
   // rules.
   kStop,
   kCacheSalt,
+  kCacheRetention,  // prompt_cache_retention: a wire value the request path reads
 };
 
 struct EngineRequest {
@@ -85,6 +87,11 @@ struct EngineRequest {
   // The authenticated tenant's name, set by the caller like the namespace: whose admission
   // share, cache share and waiting cap (engine/tenant_policy.h) the request counts against.
   std::string tenant;
+  // Prompt cache retention (OpenAI's prompt_cache_retention): zero keeps today's behaviour
+  // ("in_memory"); otherwise the prompt's full blocks stay resident for this long after
+  // their last use, evicted only after every other block (cache/eviction_queue.h). At most
+  // kMaxCacheRetention; the engine caps it further at EngineOptions::max_cache_retention.
+  absl::Duration cache_retention = absl::ZeroDuration();
   // The LoRA adapter to apply (null: the base model). Its digest enters the request's cache
   // root key (cache/block_key.h), so it never shares a block with the base or another
   // adapter. Held by the request until its stream ends, so unloading an adapter's name lets
@@ -133,6 +140,8 @@ struct Usage {
   // from the remote tier; the rest (cached_prompt_tokens - both) were the pool's.
   uint32_t cached_disk_tokens = 0;
   uint32_t cached_remote_tokens = 0;
+  // Of cached_prompt_tokens, those read from blocks a retention kept (prompt_cache_retention).
+  uint32_t cached_retained_tokens = 0;
   uint32_t completion_tokens = 0;  // all samples; stop/EOS tokens not counted
 };
 

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -84,6 +85,15 @@ absl::Status ValidateTokenIds(absl::Span<const uint32_t> ids, int32_t vocab_size
     }
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<absl::Duration> ParseCacheRetention(std::string_view value) {
+  if (value.empty() || value == "in_memory") return absl::ZeroDuration();
+  if (value == "24h") return kMaxCacheRetention;
+  return FieldError(
+      RequestField::kCacheRetention,
+      absl::StrCat("must be \"in_memory\" or \"24h\", got \"",
+                   absl::CHexEscape(absl::string_view(value.data(), value.size())), "\""));
 }
 
 absl::Status ValidateEngineRequest(const EngineRequest& r, const RequestLimits& limits) {

@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "cache/kv_pool.h"
 #include "engine/model_config.h"
@@ -55,6 +57,12 @@ absl::Status FieldError(RequestField field, const std::string& message);
 absl::Status WithField(absl::Status status, RequestField field);
 // The field a refusal carries; kNone when it carries none.
 RequestField ErrorField(const absl::Status& status);
+
+// The longest retention a request may ask for: OpenAI's "24h".
+inline constexpr absl::Duration kMaxCacheRetention = absl::Hours(24);
+// OpenAI's prompt_cache_retention values: "" or "in_memory" (zero: today's cache), "24h".
+// INVALID_ARGUMENT on kCacheRetention for any other value.
+absl::StatusOr<absl::Duration> ParseCacheRetention(std::string_view value);
 
 // OK, or the refusal of the first rule the request breaks.
 absl::Status ValidateEngineRequest(const EngineRequest& request, const RequestLimits& limits);

@@ -97,6 +97,10 @@ void GenerateReactor::SetUsageLocked() {
                                 u.cached_remote_tokens);
   usage->set_cached_disk_tokens(u.cached_disk_tokens);
   usage->set_cached_remote_tokens(u.cached_remote_tokens);
+  usage->set_cached_retained_tokens(u.cached_retained_tokens);
+  if (!request_->prompt_cache_key().empty()) {
+    usage->set_prompt_cache_key(request_->prompt_cache_key());
+  }
   usage->set_completion_tokens(u.completion_tokens);
   usage_sent_ = true;
 }

@@ -25,6 +25,8 @@ absl::StatusOr<std::unique_ptr<HttpCompletion>> HttpCompletion::Start(
   c->header_.model = c->request_.prompts.empty() || c->request_.prompts[0].adapter.empty()
                          ? path.model().name
                          : c->request_.prompts[0].adapter;
+  if (!c->request_.prompts.empty())
+    c->header_.prompt_cache_key = c->request_.prompts[0].prompt_cache_key;
   for (GenerateCall& call : c->request_.prompts) {
     call.authorization = authorization;
     absl::StatusOr<StartedGenerate> started = path.StartGenerate(call);
@@ -89,6 +91,7 @@ Usage HttpCompletion::TotalUsage() const {
     total.cached_prompt_tokens += u.cached_prompt_tokens;
     total.cached_disk_tokens += u.cached_disk_tokens;
     total.cached_remote_tokens += u.cached_remote_tokens;
+    total.cached_retained_tokens += u.cached_retained_tokens;
     total.completion_tokens += u.completion_tokens;
   }
   return total;

@@ -33,6 +33,8 @@ GenerateCall ToGenerateCall(const v1::GenerateRequest& request) {
       break;
   }
   call.cache_salt = request.cache_salt();
+  call.cache_retention = request.prompt_cache_retention();
+  call.prompt_cache_key = request.prompt_cache_key();
   call.adapter = request.adapter();
   call.stop.assign(request.stop().begin(), request.stop().end());
   r.max_new_tokens = request.max_new_tokens();
@@ -104,6 +106,8 @@ std::string_view GrpcFieldName(RequestField field, const v1::GenerateRequest& re
       return "stop";
     case RequestField::kCacheSalt:
       return "cache_salt";
+    case RequestField::kCacheRetention:
+      return "prompt_cache_retention";
   }
   return "request";
 }

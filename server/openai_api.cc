@@ -238,6 +238,8 @@ constexpr const char* kKnownFields[] = {"model",
                                         "repetition_penalty",
                                         "ignore_eos",
                                         "cache_salt",
+                                        "prompt_cache_retention",
+                                        "prompt_cache_key",
                                         "stop_token_ids"};
 
 }  // namespace
@@ -308,6 +310,12 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(const std::string& body
   absl::StatusOr<std::optional<std::string>> salt = GetString(j, "cache_salt");
   if (!salt.ok()) return salt.status();
   base.cache_salt = salt->value_or("");
+  for (auto [field, target] : {std::pair{"prompt_cache_retention", &base.cache_retention},
+                               std::pair{"prompt_cache_key", &base.prompt_cache_key}}) {
+    absl::StatusOr<std::optional<std::string>> v = GetString(j, field);
+    if (!v.ok()) return v.status();
+    *target = v->value_or("");
+  }
   if (absl::StatusOr<std::optional<std::string>> user = GetString(j, "user"); !user.ok()) {
     return user.status();
   }
@@ -427,17 +435,21 @@ void AppendPromptToChoice(const Tokenizer& tokenizer, const std::vector<PromptTo
   choice->text += decoder.Flush();
 }
 
-ojson UsageJson(const Usage& u) {
-  return ojson{{"prompt_tokens", u.prompt_tokens},
-               {"completion_tokens", u.completion_tokens},
-               {"total_tokens", u.prompt_tokens + u.completion_tokens},
-               // OpenAI's cached_tokens, and prefixd's split of it by where it came from.
-               {"prompt_tokens_details",
-                {{"cached_tokens", u.cached_prompt_tokens},
-                 {"cached_pool_tokens",
-                  u.cached_prompt_tokens - u.cached_disk_tokens - u.cached_remote_tokens},
-                 {"cached_disk_tokens", u.cached_disk_tokens},
-                 {"cached_remote_tokens", u.cached_remote_tokens}}}};
+ojson UsageJson(const Usage& u, const std::string& prompt_cache_key) {
+  ojson j{{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          // OpenAI's cached_tokens, prefixd's split of it by where it came from, and the part
+          // retained blocks served.
+          {"prompt_tokens_details",
+           {{"cached_tokens", u.cached_prompt_tokens},
+            {"cached_pool_tokens",
+             u.cached_prompt_tokens - u.cached_disk_tokens - u.cached_remote_tokens},
+            {"cached_disk_tokens", u.cached_disk_tokens},
+            {"cached_remote_tokens", u.cached_remote_tokens},
+            {"cached_retained_tokens", u.cached_retained_tokens}}}};
+  if (!prompt_cache_key.empty()) j["prompt_cache_key"] = prompt_cache_key;
+  return j;
 }
 
 ojson ChoiceJson(const Choice& c) {
@@ -503,7 +515,7 @@ std::string CompletionJson(const ResponseHeader& header, const std::vector<Choic
   ojson j = Header(header);
   j["choices"] = ojson::array();
   for (const Choice& c : choices) j["choices"].push_back(ChoiceJson(c));
-  j["usage"] = UsageJson(usage);
+  j["usage"] = UsageJson(usage, header.prompt_cache_key);
   return Dump(j);
 }
 
@@ -516,7 +528,7 @@ std::string CompletionChunk(const ResponseHeader& header, const Choice& delta) {
 std::string UsageChunk(const ResponseHeader& header, const Usage& usage) {
   ojson j = Header(header);
   j["choices"] = ojson::array();
-  j["usage"] = UsageJson(usage);
+  j["usage"] = UsageJson(usage, header.prompt_cache_key);
   return absl::StrCat("data: ", Dump(j), "\n\n");
 }
 
@@ -628,6 +640,8 @@ std::string_view OpenAiFieldName(RequestField field) {
       return "stop";
     case RequestField::kCacheSalt:
       return "cache_salt";
+    case RequestField::kCacheRetention:
+      return "prompt_cache_retention";
   }
   return "body";
 }

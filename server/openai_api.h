@@ -78,9 +78,11 @@ struct ResponseHeader {
   std::string id;  // "cmpl-<request id>"
   int64_t created = 0;
   std::string model;
+  std::string prompt_cache_key;  // the request's, echoed in the usage ("" : none)
 };
 
-nlohmann::ordered_json UsageJson(const Usage& usage);
+// `prompt_cache_key` is echoed when not empty.
+nlohmann::ordered_json UsageJson(const Usage& usage, const std::string& prompt_cache_key = "");
 nlohmann::ordered_json ChoiceJson(const Choice& choice);
 // The whole non-streamed response.
 std::string CompletionJson(const ResponseHeader& header, const std::vector<Choice>& choices,

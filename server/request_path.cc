@@ -84,6 +84,9 @@ absl::StatusOr<EngineRequest> RequestPath::BuildEngineRequest(const GenerateCall
   }
   req.cache_namespace = CacheNamespace(tenant, call.cache_salt);
   req.tenant = tenant;
+  absl::StatusOr<absl::Duration> retention = ParseCacheRetention(call.cache_retention);
+  if (!retention.ok()) return retention.status();
+  req.cache_retention = *retention;
   // The adapter is held by the request from here on (unloading its name lets it finish);
   // its digest, not its name, keys the cache (cache/block_key.h); the name labels its counts.
   absl::StatusOr<std::shared_ptr<const LoraAdapter>> adapter = ResolveAdapter(call.adapter);

@@ -57,7 +57,12 @@ struct GenerateCall {
   std::optional<std::string> text;
   std::vector<std::string> stop;  // stop strings (server/generate_output.h matches them)
   std::string cache_salt;         // narrows the caller's cache namespace
-  std::string adapter;            // a LoRA adapter's name (server/adapter_registry.h); "": the base
+  // OpenAI's prompt_cache_retention as sent ("", "in_memory" or "24h"): the request path
+  // reads it into request.cache_retention (ParseCacheRetention).
+  std::string cache_retention;
+  // OpenAI's prompt_cache_key: echoed in the usage; proxies route by it (deploy/haproxy).
+  std::string prompt_cache_key;
+  std::string adapter;  // a LoRA adapter's name (server/adapter_registry.h); "": the base
 };
 
 // The seed of a request whose client gave none: drawn per request, so that identical

@@ -57,6 +57,19 @@ TEST(RequestValidationTest, ARefusalCarriesItsField) {
   EXPECT_EQ(ErrorField(absl::OkStatus()), RequestField::kNone);
 }
 
+// prompt_cache_retention takes OpenAI's two values; anything else names the field.
+TEST(RequestValidationTest, CacheRetentionIsInMemoryOr24h) {
+  EXPECT_EQ(*ParseCacheRetention(""), absl::ZeroDuration());
+  EXPECT_EQ(*ParseCacheRetention("in_memory"), absl::ZeroDuration());
+  EXPECT_EQ(*ParseCacheRetention("24h"), absl::Hours(24));
+  for (const char* bad : {"1h", "24H", "in-memory", "86400"}) {
+    const absl::Status s = ParseCacheRetention(bad).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(ErrorField(s), RequestField::kCacheRetention) << bad;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("must be \"in_memory\" or \"24h\""));
+  }
+}
+
 TEST(RequestValidationTest, AcceptsAValidRequest) { EXPECT_TRUE(Check(Valid()).ok()); }
 
 // An adapter changing c_attn of a 1-layer, 4-wide model.

@@ -75,6 +75,8 @@ TEST(OpenAiApiTest, EveryFieldIsCarried) {
              {"top_k", 40},
              {"ignore_eos", true},
              {"cache_salt", "s"},
+             {"prompt_cache_retention", "24h"},
+             {"prompt_cache_key", "conversation-7"},
              {"stop_token_ids", json::array({50256})}});
   ASSERT_TRUE(r.ok()) << r.status();
   const GenerateCall& c = r->prompts[0];
@@ -93,6 +95,9 @@ TEST(OpenAiApiTest, EveryFieldIsCarried) {
   EXPECT_EQ(c.request.sampling.top_k, 40u);
   EXPECT_TRUE(c.request.ignore_eos);
   EXPECT_EQ(c.cache_salt, "s");
+  // Read as sent: the request path reads the retention (one rule for both front ends).
+  EXPECT_EQ(c.cache_retention, "24h");
+  EXPECT_EQ(c.prompt_cache_key, "conversation-7");
   EXPECT_THAT(c.request.stop_token_ids, ElementsAre(50256u));
   EXPECT_EQ(c.request.sampling.presence_penalty, 0.5f);
   EXPECT_EQ(c.request.sampling.frequency_penalty, -1.25f);
@@ -344,6 +349,13 @@ TEST(OpenAiApiTest, ResponseAndChunkShapes) {
   EXPECT_EQ(r["usage"]["completion_tokens"], 1);
   EXPECT_EQ(r["usage"]["total_tokens"], 5);
   EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_tokens"], 3);
+  EXPECT_EQ(r["usage"]["prompt_tokens_details"]["cached_retained_tokens"], 0);
+  EXPECT_FALSE(r["usage"].contains("prompt_cache_key"));
+  h.prompt_cache_key = "conversation-7";
+  u.cached_retained_tokens = 2;
+  const json keyed = json::parse(CompletionJson(h, {c}, u));
+  EXPECT_EQ(keyed["usage"]["prompt_cache_key"], "conversation-7");
+  EXPECT_EQ(keyed["usage"]["prompt_tokens_details"]["cached_retained_tokens"], 2);
 
   const std::string chunk = CompletionChunk(h, c);
   ASSERT_TRUE(chunk.starts_with("data: "));
