@@ -46,8 +46,8 @@ void Scheduler::Enqueue(std::unique_ptr<RequestState> request) {
   seq->pre_fork = request->request.num_samples > 1;
   // Hashed once here: every admission attempt, the disk tier's match and the pool's index
   // read these keys.
-  seq->chain = std::make_shared<TokenChain>(request->root, cache_->block_size(),
-                                            request->request.prompt);
+  seq->chain =
+      std::make_shared<TokenChain>(request->root, cache_->block_size(), request->request.prompt);
   waiting_.push_back(seq.get());
   request->sequences.push_back(std::move(seq));
   requests_.push_back(std::move(request));
@@ -86,8 +86,7 @@ void Scheduler::EndAll(const absl::Status& status) {
 }
 
 void Scheduler::DrainLatencies(std::vector<double>* ttft, std::vector<double>* tpot,
-                               std::vector<double>* disk_load,
-                               std::vector<double>* remote_load) {
+                               std::vector<double>* disk_load, std::vector<double>* remote_load) {
   ttft->insert(ttft->end(), ttft_.begin(), ttft_.end());
   tpot->insert(tpot->end(), tpot_.begin(), tpot_.end());
   disk_load->insert(disk_load->end(), disk_load_.begin(), disk_load_.end());
@@ -201,8 +200,8 @@ bool Scheduler::Step() {
     }
     // After ScoreRows: the blocks it recorded are published with their scores.
     if (options_.offloader != nullptr) {
-      options_.offloader->PublishComputed(*s.seq->chain, cache_->BlockTable(s.seq->cache_seq),
-                                          s.start, s.count);
+      options_.offloader->OfferComputed(*s.seq->chain, cache_->BlockTable(s.seq->cache_seq),
+                                        s.start, s.count);
     }
     row += rows;
     if (!ends) continue;
@@ -220,8 +219,8 @@ bool Scheduler::Step() {
 
 void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
   const int32_t bs = cache_->block_size();
-  // The remote tier's match answers are waited for this long in all, then the sequences
-  // whose answer has not come stay parked until it wakes the engine.
+  // The tiers' match answers are waited for this long in all, then the sequences whose
+  // answer has not come stay parked until it wakes the engine.
   const absl::Time match_deadline = absl::Now() + KvOffloader::kMatchWait;
   for (auto it = waiting_.begin(); it != waiting_.end() && *budget > 0;) {
     Sequence* seq = *it;
@@ -245,15 +244,15 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
     }
     const int32_t pool_blocks = scoring ? scored_pool : plan.ok() ? plan->matched_tokens / bs : 0;
     int32_t tier_blocks = 0;
+    std::shared_ptr<const TierLoad> load;
     if (plan.ok() && options_.offloader != nullptr) {
-      const KvOffloader::Continuation c =
-          options_.offloader->Continue(*seq->chain, pool_blocks, scoring, match_deadline,
-                                       &seq->tiers);
+      KvOffloader::TierLookup c = options_.offloader->LookUpTiers(*seq->chain, pool_blocks, scoring,
+                                                                  match_deadline, &seq->tiers);
       if (c.parked) {
         ++it;  // its blocks are being loaded
         continue;
       }
-      if (c.blocks > 0) {
+      if (c.ready_blocks > 0) {
         // The loaded blocks fill whole blocks after the pool's whole blocks: no partial copy
         // into the first of them, and a scoring request shares its scored blocks whole (the
         // last loaded block's last row is recomputed instead).
@@ -263,7 +262,8 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
         absl::StatusOr<AdmissionPlan> p = cache_->PlanAdmission(whole);
         if (p.ok() && p->pending_match_tokens == 0 && p->num_cached == pool_blocks * bs) {
           plan = std::move(p);
-          tier_blocks = c.blocks;
+          tier_blocks = c.ready_blocks;
+          load = std::move(c.load);
         }
         // Otherwise the pool serves less than its match promised: computed as without tiers.
       }
@@ -295,9 +295,10 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
       // A scoring request recomputes the last loaded row: its logits score the next position.
       start = scoring ? end * bs - 1 : std::min(end * bs, Len(*seq) - 1);
       pending_writes_.push_back(
-          {seq, pool_blocks, tier_blocks, !r->admitted_once, scoring, seq->tiers.load});
+          {seq, pool_blocks, tier_blocks, !r->admitted_once, scoring, std::move(load)});
     }
-    seq->tiers.load.reset();  // taken (its budget returns once the write has run)
+    // Taken (its budget returns once the write has run).
+    if (seq->tiers != nullptr) seq->tiers->load.reset();
     // With loaded blocks after them, the pool's blocks are shared whole; their records score
     // positions up to the last block's end, the loaded blocks' records the rest.
     if (scoring) TakeScores(seq, tier_blocks > 0 ? pool_blocks * bs - 1 : admission.num_cached);
@@ -327,10 +328,12 @@ absl::Status Scheduler::RunTierWrites(const std::vector<Scheduled>& batch) {
     auto entry = std::find_if(batch.begin(), batch.end(),
                               [seq](const Scheduled& s) { return s.seq == seq; });
     PREFIXD_CHECK(entry != batch.end());
-    absl::StatusOr<KvOffloader::Written> written = options_.offloader->Write(
-        *w.load, w.first_block, w.count, cache_->BlockTable(seq->cache_seq), &disk_load_,
-        &remote_load_);
+    absl::StatusOr<std::vector<KvOffloader::WrittenBlock>> written = options_.offloader->Write(
+        *w.load, w.first_block, w.count, cache_->BlockTable(seq->cache_seq));
     if (!written.ok()) return written.status();
+    for (const KvOffloader::WrittenBlock& b : *written) {
+      (b.medium == TierMedium::kDisk ? disk_load_ : remote_load_).push_back(b.seconds);
+    }
     const int32_t pool_cached = w.first_block * bs;
     const int32_t end = w.first_block + w.count;
     const int32_t cached = w.scoring ? end * bs - 1 : std::min(end * bs, Len(*seq) - 1);
@@ -343,14 +346,14 @@ absl::Status Scheduler::RunTierWrites(const std::vector<Scheduled>& batch) {
     const int32_t full = cached / bs;
     if (options_.scores != nullptr) {
       for (int32_t b = w.first_block; b < full; ++b) {
-        const std::shared_ptr<const BlockScores>& record = written->records[b - w.first_block];
+        const std::shared_ptr<const BlockScores>& record = (*written)[b - w.first_block].record;
         if (record != nullptr) options_.scores->Insert(keys[b], record);
       }
     }
     if (w.scoring) {
       // The loaded blocks' records score their positions; position `cached` + 1 on, the rows.
       for (int32_t i = 0; i < w.count; ++i) {
-        const BlockScores& record = *written->records[i];
+        const BlockScores& record = *(*written)[i].record;
         const int32_t b = w.first_block + i;
         for (int32_t j = 0; j < bs; ++j) {
           const int32_t p = b * bs + j;
@@ -364,14 +367,17 @@ absl::Status Scheduler::RunTierWrites(const std::vector<Scheduled>& batch) {
     }
     if (w.first_admission) {
       r->usage.cached_prompt_tokens += static_cast<uint32_t>(cached - pool_cached);
-      // The tokens of the disk's blocks first, the rest the remote tier's.
-      const int32_t disk_cached = std::min(cached, (w.first_block + written->disk_blocks) * bs);
-      const int32_t disk_tokens = std::max(disk_cached - pool_cached, 0);
-      const int32_t remote_tokens = cached - std::max(disk_cached, pool_cached);
-      counters_.disk_hit_tokens += static_cast<uint64_t>(disk_tokens);
-      counters_.remote_hit_tokens += static_cast<uint64_t>(remote_tokens);
-      r->usage.cached_disk_tokens += static_cast<uint32_t>(disk_tokens);
-      r->usage.cached_remote_tokens += static_cast<uint32_t>(remote_tokens);
+      // Each block's tokens of the cached ones (the last block's may be recomputed in
+      // part), counted by the medium it came from.
+      for (int32_t i = 0; i < w.count; ++i) {
+        const int32_t b = w.first_block + i;
+        const int32_t tokens = std::max(std::min(cached, (b + 1) * bs) - b * bs, 0);
+        const bool disk = (*written)[i].medium == TierMedium::kDisk;
+        (disk ? counters_.disk_hit_tokens : counters_.remote_hit_tokens) +=
+            static_cast<uint64_t>(tokens);
+        (disk ? r->usage.cached_disk_tokens : r->usage.cached_remote_tokens) +=
+            static_cast<uint32_t>(tokens);
+      }
       adapter_tokens_[r->request.adapter_name].hit_tokens +=
           static_cast<uint64_t>(cached - pool_cached);
     }
@@ -459,8 +465,8 @@ void Scheduler::SampleAndEmit(Sequence* seq, absl::Span<const float> logits, abs
                                 .generated_counts = &s->generated_counts};
     SampledToken t = SampleToken(logits, req.sampling, key, req.top_logprobs, history);
     const uint32_t id = t.token.token_id;
-    const bool is_stop = (!req.ignore_eos && id == options_.model_config.eos_token_id) ||
-                         r->stop_ids.contains(id);
+    const bool is_stop =
+        (!req.ignore_eos && id == options_.model_config.eos_token_id) || r->stop_ids.contains(id);
     if (is_stop) {
       FinishSequence(s, FinishReason::kStop);
       continue;
@@ -534,8 +540,8 @@ void Scheduler::ScoreRows(const Scheduled& s, absl::Span<const float> rows) {
     if (p >= static_cast<int32_t>(prompt.size())) break;
     const SampledToken t =
         ScoreToken(rows.subspan(static_cast<size_t>(i) * vocab, vocab), prompt[p], kScoreTopK);
-    r->prompt_scores[p] = {.token_id = prompt[p], .has_logprob = true,
-                           .logprob = t.token.logprob, .top = t.top};
+    r->prompt_scores[p] = {
+        .token_id = prompt[p], .has_logprob = true, .logprob = t.token.logprob, .top = t.top};
     r->scored[p] = true;
   }
   if (options_.scores == nullptr) return;

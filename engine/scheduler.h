@@ -108,7 +108,7 @@ class Scheduler {
     int32_t count;
     bool first_admission;
     bool scoring;  // the blocks' records score their positions
-    std::shared_ptr<TierLoad> load;
+    std::shared_ptr<const TierLoad> load;
   };
 
   void Admit(std::vector<Scheduled>* batch, int32_t* budget);

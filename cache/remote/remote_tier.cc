@@ -49,9 +49,9 @@ absl::StatusOr<RemoteEndpoint> ParseRemoteUrl(const std::string& url) {
   RemoteEndpoint e;
   absl::string_view rest(url);
   auto bad = [&url](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--kv-remote \"", url, "\": ", why,
-        " (expected redis://HOST:PORT[/DB] or unix:///path/to/redis.sock)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv-remote \"", url, "\": ", why,
+                     " (expected redis://HOST:PORT[/DB] or unix:///path/to/redis.sock)"));
   };
   if (absl::ConsumePrefix(&rest, "unix://")) {
     if (rest.empty() || rest.front() != '/') return bad("the socket path must be absolute");
@@ -63,8 +63,9 @@ absl::StatusOr<RemoteEndpoint> ParseRemoteUrl(const std::string& url) {
     return bad("unknown scheme");
   }
   if (rest.find('@') != absl::string_view::npos) {
-    return bad("a user or password in the URL would show in the process list; put the "
-               "password in --kv-remote-password-file");
+    return bad(
+        "a user or password in the URL would show in the process list; put the "
+        "password in --kv-remote-password-file");
   }
   absl::string_view hostport = rest;
   const size_t slash = rest.find('/');
@@ -203,19 +204,16 @@ class RedisConnection {
   // Closes the connection (its pipeline state is unknown) and starts or doubles the backoff.
   absl::Status Failed(const std::string& what) {
     Close();
-    backoff_ = backoff_ == absl::ZeroDuration()
-                   ? options_.backoff_min
-                   : std::min(backoff_ * 2, options_.backoff_max);
+    backoff_ = backoff_ == absl::ZeroDuration() ? options_.backoff_min
+                                                : std::min(backoff_ * 2, options_.backoff_max);
     retry_at_ns_.store(absl::ToUnixNanos(absl::Now() + backoff_));
     return absl::UnavailableError(absl::StrCat(endpoint_.ToString(), ": ", what));
   }
 
  private:
   std::string DeadlinePassed() const {
-    return absl::StrCat(
-        "the fetch's deadline passed (",
-        absl::FormatDuration(FetchTimeout(options_)),
-        " after it was asked for)");
+    return absl::StrCat("the fetch's deadline passed (",
+                        absl::FormatDuration(FetchTimeout(options_)), " after it was asked for)");
   }
   // Waits until the socket is readable, for at most the command timeout and until the
   // deadline; OK when it is.
@@ -313,7 +311,7 @@ class RedisConnection {
   const RemoteEndpoint endpoint_;
   const RemoteTierOptions& options_;
   redisContext* ctx_ = nullptr;
-  std::unique_ptr<char[]> read_buffer_;  // ReadReply's, made on the first read
+  std::unique_ptr<char[]> read_buffer_;            // ReadReply's, made on the first read
   redisReplyObjectFunctions* defaults_ = nullptr;  // hiredis's, for every reply not sunk
   redisReplyObjectFunctions functions_{};
   std::vector<uint8_t>* sink_ = nullptr;
@@ -326,10 +324,10 @@ class RedisConnection {
 };
 
 absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Open(const RemoteTierOptions& options,
-                                                              const DiskLayout& layout) {
+                                                             const BlockLayout& layout) {
   absl::StatusOr<RemoteEndpoint> endpoint = ParseRemoteUrl(options.url);
   if (!endpoint.ok()) return endpoint.status();
-  if (absl::Status s = ValidateDiskLayout(layout); !s.ok()) return s;
+  if (absl::Status s = ValidateBlockLayout(layout); !s.ok()) return s;
   if (options.timeout <= absl::ZeroDuration() || options.timeout > kMaxRemoteTierTimeout) {
     return absl::InvalidArgumentError(
         absl::StrCat("--kv-remote-timeout must be above 0 and at most ",
@@ -362,7 +360,7 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Open(const RemoteTierOpt
 }
 
 RemoteTier::RemoteTier(const RemoteTierOptions& options, const RemoteEndpoint& endpoint,
-                       const DiskLayout& layout)
+                       const BlockLayout& layout)
     : options_(options), endpoint_(endpoint), layout_(layout), layout_id_(layout.Id()) {
   matcher_conn_ = std::make_unique<RedisConnection>(endpoint_, options_);
   publisher_conn_ = std::make_unique<RedisConnection>(endpoint_, options_);
@@ -401,11 +399,11 @@ void RemoteTier::CountError(uint64_t RemoteTierStats::*counter, const std::strin
   if (options_.log) options_.log(absl::StrCat("remote cache tier: ", what));
 }
 
-absl::StatusOr<std::shared_ptr<const RemoteMatch>> RemoteTier::StartMatch(
+absl::StatusOr<std::shared_ptr<const TierMatch>> RemoteTier::StartMatch(
     absl::Span<const Digest> keys, const MatchOptions& match, std::function<void()> on_done) {
   PREFIXD_CHECK(!keys.empty());
   if (!matcher_conn_->ready()) return absl::UnavailableError("the remote tier is backing off");
-  auto m = std::make_shared<RemoteMatch>();
+  auto m = std::make_shared<TierMatch>();
   const size_t n = std::min(keys.size(), static_cast<size_t>(options_.max_match_blocks));
   m->keys.assign(keys.begin(), keys.begin() + n);
   m->scored_only = match.scored_only;
@@ -417,7 +415,7 @@ absl::StatusOr<std::shared_ptr<const RemoteMatch>> RemoteTier::StartMatch(
 
 size_t RemoteTier::MatchFrom(absl::Span<const Digest> keys, const MatchOptions& match) {
   if (keys.empty()) return 0;
-  absl::StatusOr<std::shared_ptr<const RemoteMatch>> m = StartMatch(keys, match, nullptr);
+  absl::StatusOr<std::shared_ptr<const TierMatch>> m = StartMatch(keys, match, nullptr);
   if (!m.ok()) return 0;
   (*m)->done_.WaitForNotification();
   return (*m)->blocks;
@@ -429,9 +427,8 @@ void RemoteTier::MatcherLoop() {
     bool stopping;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !matches_.empty() || stop_;
-      };
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !matches_.empty() || stop_; };
       mu_.Await(absl::Condition(&ready));
       if (matches_.empty()) return;  // stop_, nothing left
       // Every match queued meanwhile goes in the same round trip.
@@ -462,7 +459,7 @@ void RemoteTier::AnswerMatches(absl::Span<const PendingMatch> batch) {
     return;
   }
   for (const PendingMatch& p : batch) {
-    const RemoteMatch* m = p.match.get();
+    const TierMatch* m = p.match.get();
     for (const Digest& key : m->keys) {
       const std::string name = KeyOf(key);
       // STRLEN tells a value with a score section by its size (0 for an absent key).
@@ -477,7 +474,7 @@ void RemoteTier::AnswerMatches(absl::Span<const PendingMatch> batch) {
   // Every reply is read, so that the pipeline ends empty; a failure closes the connection,
   // and the matches not yet answered stay at 0.
   for (const PendingMatch& p : batch) {
-    RemoteMatch* m = p.match.get();
+    TierMatch* m = p.match.get();
     size_t matched = 0;
     bool prefix = true;
     for (size_t i = 0; i < m->keys.size(); ++i) {
@@ -487,7 +484,7 @@ void RemoteTier::AnswerMatches(absl::Span<const PendingMatch> batch) {
         CountError(&RemoteTierStats::match_errors, std::string(r.status().message()));
         return;
       }
-      const long long want = m->scored_only ? layout_.scored_file_bytes() : 1;
+      const long long want = m->scored_only ? layout_.scored_record_bytes() : 1;
       prefix = prefix && (*r)->type == REDIS_REPLY_INTEGER && (*r)->integer == want &&
                !(m->scored_only && layout_.score_top_k == 0);
       if (prefix) ++matched;
@@ -499,9 +496,10 @@ void RemoteTier::AnswerMatches(absl::Span<const PendingMatch> batch) {
   stats_.up = true;
 }
 
-absl::StatusOr<std::shared_ptr<const RemoteFetch>> RemoteTier::Fetch(
-    const Digest& root, std::vector<Digest> keys, std::vector<uint32_t> tokens,
-    std::function<void()> on_done) {
+absl::StatusOr<std::shared_ptr<const TierFetch>> RemoteTier::Fetch(const Digest& root,
+                                                                   std::vector<Digest> keys,
+                                                                   std::vector<uint32_t> tokens,
+                                                                   std::function<void()> on_done) {
   PREFIXD_CHECK(tokens.size() == keys.size() * layout_.block_size);
   const int64_t n = static_cast<int64_t>(keys.size());
   PREFIXD_CHECK(n > 0 && n <= options_.max_fetch_blocks);
@@ -518,7 +516,7 @@ absl::StatusOr<std::shared_ptr<const RemoteFetch>> RemoteTier::Fetch(
   // Its block buffers are kept for the next fetches (at most the budget's worth): a fresh
   // 1.2 MB buffer costs its page faults on every use, more than the GET and the SHA-256
   // together on a virtual machine (docs/BENCHMARKS.md, "Remote cache tier").
-  std::shared_ptr<RemoteFetch> f(new RemoteFetch, [this, n](RemoteFetch* done) {
+  std::shared_ptr<TierFetch> f(new TierFetch, [this, n](TierFetch* done) {
     std::vector<std::vector<uint8_t>> buffers = std::move(done->values);
     delete done;
     absl::MutexLock l(&mu_);
@@ -623,7 +621,7 @@ bool RemoteTier::TakeAndSend(std::deque<PendingFetch>* sent, bool wait) {
 }
 
 void RemoteTier::EndFetch(PendingFetch& p, uint64_t loads, uint64_t corrupt) {
-  RemoteFetch& f = *p.fetch;
+  TierFetch& f = *p.fetch;
   {
     absl::MutexLock lock(&mu_);
     stats_.loads += loads;
@@ -639,11 +637,11 @@ void RemoteTier::EndFetch(PendingFetch& p, uint64_t loads, uint64_t corrupt) {
   if (on_done) on_done();
 }
 
-bool RemoteTier::SendFetch(const RemoteFetch& f) {
+bool RemoteTier::SendFetch(const TierFetch& f) {
   RedisConnection& c = *fetcher_conn_;
   const size_t n = f.keys.size();
   const std::string max_record_end = absl::StrCat(
-      (layout_.score_top_k > 0 ? layout_.scored_file_bytes() : layout_.file_bytes()) - 1);
+      (layout_.score_top_k > 0 ? layout_.scored_record_bytes() : layout_.record_bytes()) - 1);
   // Every block's commands go out at once, so the whole fetch is one round trip: a server
   // slow to answer costs its delay once, not once per block (16 blocks from a Redis 200 ms
   // late took 3.2 s one GET at a time). A record's size is fixed by the layout, so each block
@@ -667,7 +665,7 @@ bool RemoteTier::SendFetch(const RemoteFetch& f) {
   return true;
 }
 
-bool RemoteTier::ReceiveFetch(RemoteFetch& f, uint64_t* loads, uint64_t* corrupt,
+bool RemoteTier::ReceiveFetch(TierFetch& f, uint64_t* loads, uint64_t* corrupt,
                               std::vector<std::string>* corrupt_names) {
   RedisConnection& c = *fetcher_conn_;
   const size_t bs = layout_.block_size;
@@ -708,18 +706,18 @@ bool RemoteTier::ReceiveFetch(RemoteFetch& f, uint64_t* loads, uint64_t* corrupt
     }
     const bool record_length =
         (*length)->type == REDIS_REPLY_INTEGER &&
-        ((*length)->integer == layout_.file_bytes() ||
-         (layout_.score_top_k > 0 && (*length)->integer == layout_.scored_file_bytes()));
+        ((*length)->integer == layout_.record_bytes() ||
+         (layout_.score_top_k > 0 && (*length)->integer == layout_.scored_record_bytes()));
     std::vector<PositionScore> section;
-    const BlockExpectation expect{
-        .root = f.root, .key = f.keys[i],
-        .tokens = absl::MakeConstSpan(f.tokens).subspan(i * bs, bs)};
+    const BlockExpectation expect{.root = f.root,
+                                  .key = f.keys[i],
+                                  .tokens = absl::MakeConstSpan(f.tokens).subspan(i * bs, bs)};
     absl::StatusOr<absl::Span<const uint8_t>> data =
         (*r)->type != REDIS_REPLY_STRING || !sunk
             ? absl::DataLossError("the remote value is not a string")
         : !record_length
             ? absl::DataLossError("the remote value's length is not a block record's")
-            : DecodeBlockFile(
+            : DecodeBlockRecord(
                   std::string_view(reinterpret_cast<const char*>(value.data()), value.size()),
                   layout_, expect, &section);
     if (!data.ok()) {
@@ -758,7 +756,7 @@ std::vector<uint8_t> RemoteTier::PublishBuffer() {
     b = TakeBufferLocked();
   }
   // A fresh one has room for a whole value, so that a fetch may take it after the publisher.
-  if (b.capacity() == 0) b.reserve(static_cast<size_t>(layout_.scored_file_bytes()));
+  if (b.capacity() == 0) b.reserve(static_cast<size_t>(layout_.scored_record_bytes()));
   b.resize(static_cast<size_t>(layout_.data_bytes()));
   return b;
 }
@@ -802,8 +800,7 @@ bool RemoteTier::Flush(absl::Time deadline) {
   auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return (queue_.empty() && !publishing_) || stop_;
   };
-  return mu_.AwaitWithDeadline(absl::Condition(&done), deadline) && queue_.empty() &&
-         !publishing_;
+  return mu_.AwaitWithDeadline(absl::Condition(&done), deadline) && queue_.empty() && !publishing_;
 }
 
 void RemoteTier::PublisherLoop() {
@@ -818,7 +815,7 @@ void RemoteTier::PublisherLoop() {
       queue_.pop_front();
       publishing_ = true;
     }
-    const std::string value = EncodeBlockFile(layout_, record);
+    const std::string value = EncodeBlockRecord(layout_, record);
     const std::string name = KeyOf(record.key);
     RedisConnection& c = *publisher_conn_;
     absl::Status s = c.ready() ? c.Ensure() : absl::UnavailableError("backing off");

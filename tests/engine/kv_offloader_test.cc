@@ -19,17 +19,18 @@
 #include "absl/time/clock.h"
 #include "base/check.h"
 #include "cache/block_key.h"
-#include "cache/disk/block_file.h"
+#include "cache/block_record.h"
 #include "cache/disk/disk_tier.h"
 #include "cache/kv_cache.h"
 #include "cache/token_chain.h"
 #include "engine/engine_options.h"
+#include "engine/kv_tiers.h"
 #include "engine/request_stream.h"
 #include "engine/scheduler.h"
 #include "engine/score_store.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "tests/cache/disk/disk_test_util.h"
+#include "tests/cache/tier_test_util.h"
 #include "tests/engine/cpu_engine_fixture.h"
 #include "tests/engine/engine_test_util.h"
 
@@ -150,30 +151,29 @@ class KvOffloaderTest : public ::testing::Test {
     d.dir = dir_.path();
     d.max_bytes = int64_t{256} << 20;
     d.read_hook = [this] { gate_.Pass(); };
-    absl::StatusOr<std::unique_ptr<DiskTier>> tier = DiskTier::Open(d, *EngineDiskLayout(e));
+    absl::StatusOr<std::unique_ptr<DiskTier>> tier = DiskTier::Open(d, *EngineBlockLayout(e));
     PREFIXD_CHECK(tier.ok());
     tier_ = *std::move(tier);
     offloader_ = std::make_unique<KvOffloader>(
         KvOffloader::Options{.backend = backend_.get(),
-                             .disk = tier_.get(),
+                             .tiers = {tier_.get()},
                              .scores = &scores_,
                              .vocab_size = static_cast<uint32_t>(c.vocab_size),
                              .wake = [this] { wakes_.Wake(); }});
     KvCacheOptions k;
     k.pool = backend_->kv_pool();
     k.on_evict = [this](const EvictedBlock& evicted) {
-      offloader_->Spill(evicted, scores_.Find(*evicted.key));
+      offloader_->OfferEvicted(evicted, scores_.Find(*evicted.key));
       scores_.Forget(*evicted.key);
     };
     cache_ = *KvCache::Create(k);
-    scheduler_ = std::make_unique<Scheduler>(SchedulerOptions{
-        .backend = backend_.get(),
-        .cache = cache_.get(),
-        .model_config = c,
-        .max_batch_tokens = 256,
-        .clock = [] { return absl::Now(); },
-        .offloader = offloader_.get(),
-        .scores = &scores_});
+    scheduler_ = std::make_unique<Scheduler>(SchedulerOptions{.backend = backend_.get(),
+                                                              .cache = cache_.get(),
+                                                              .model_config = c,
+                                                              .max_batch_tokens = 256,
+                                                              .clock = [] { return absl::Now(); },
+                                                              .offloader = offloader_.get(),
+                                                              .scores = &scores_});
   }
   // A read still held would keep the loader thread from stopping.
   ~KvOffloaderTest() override { gate_.Open(); }
@@ -279,7 +279,7 @@ TEST_F(KvOffloaderTest, AParkedRequestDoesNotStallOtherRequestsDecodeSteps) {
   EXPECT_EQ(again->result.samples[0], first.samples[0]);
   ASSERT_TRUE(decoding->result.status.ok());
   EXPECT_EQ(decoding->tokens, 40);
-  EXPECT_EQ(offloader_->disk_blocks_in_flight(), 0);
+  EXPECT_EQ(tier_->fetch_blocks_in_flight(), 0);
 }
 
 // The third block's file disappears while the load reads the blocks before it: two blocks
@@ -313,7 +313,7 @@ TEST_F(KvOffloaderTest, ACorruptBlockAndEveryOneAfterItAreComputed) {
   const TokenChain chain(Root(), kBlockSize, prompt);
   const std::string damaged = tier_->PathOf(chain.keys()[3]);
   {
-    const int64_t at = kBlockFileHeaderBytes + kBlockSize * 4 + 100;  // in the K/V data
+    const int64_t at = kBlockRecordHeaderBytes + kBlockSize * 4 + 100;  // in the K/V data
     std::fstream f(damaged, std::ios::in | std::ios::out | std::ios::binary);
     f.seekg(at);
     const char c = static_cast<char>(f.get());
@@ -337,7 +337,7 @@ TEST_F(KvOffloaderTest, CancellingAParkedRequestReleasesEverything) {
   std::shared_ptr<Client> parked = Add(prompt, 4);
   Step();
   gate_.WaitArrived(1);
-  EXPECT_EQ(offloader_->disk_blocks_in_flight(), 6);
+  EXPECT_EQ(tier_->fetch_blocks_in_flight(), 6);
   parked->stream->Cancel();
   Step();
   EXPECT_EQ(parked->result.status.code(), absl::StatusCode::kCancelled);
@@ -345,7 +345,7 @@ TEST_F(KvOffloaderTest, CancellingAParkedRequestReleasesEverything) {
   gate_.Open();
   wakes_.WaitFor(1);
   // The loader let go of the load before waking: nothing is held any more.
-  EXPECT_EQ(offloader_->disk_blocks_in_flight(), 0);
+  EXPECT_EQ(tier_->fetch_blocks_in_flight(), 0);
   const KvCacheStats s = cache_->Stats();
   EXPECT_EQ(s.blocks_active, 0);
   EXPECT_EQ(s.num_sequences, 0);
