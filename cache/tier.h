@@ -117,13 +117,17 @@ class KvTier {
   // tier cannot fetch (compute the blocks).
   struct FetchRequest {
     Digest root{};
-    std::vector<Digest> keys;
-    std::vector<uint32_t> tokens;
+    std::vector<Digest> keys = {};
+    std::vector<uint32_t> tokens = {};
     bool scored_only = false;
   };
   virtual absl::StatusOr<std::shared_ptr<const TierFetch>> StartFetch(
       FetchRequest request, std::function<void()> on_done) = 0;
   virtual int32_t max_fetch_blocks() const = 0;
+  // Whether a fetch is waited for only as long as computing its blocks would take (the
+  // engine then computes them and lets the fetch end on the tier's thread): for a tier whose
+  // fetches may cost more than computing, a remote one. A local disk is always waited for.
+  virtual bool wait_capped_at_compute() const = 0;
 
   // Whether a block (with a score section when `offer.scored`) should be built and offered
   // now: false when the tier has it or has it queued (unless only without scores, and this

@@ -58,15 +58,15 @@ Engine::Engine(const EngineOptions& options, std::vector<EngineTier> tiers,
       events_(std::move(events)),
       cache_(std::move(cache)),
       shared_(std::move(shared)),
-      scheduler_(std::make_unique<Scheduler>(
-          SchedulerOptions{.backend = options.backend,
-                           .cache = cache_.get(),
-                           .model_config = options.model_config,
-                           .max_batch_tokens = options.max_batch_tokens,
-                           .clock = options_.clock,
-                           .offloader = offloader_->has_tiers() ? offloader_.get() : nullptr,
-                           // Records live only while their blocks are indexed.
-                           .scores = options.enable_prefix_cache ? scores_.get() : nullptr})) {
+      scheduler_(std::make_unique<Scheduler>(SchedulerOptions{
+          .backend = options.backend,
+          .cache = cache_.get(),
+          .model_config = options.model_config,
+          .max_batch_tokens = options.max_batch_tokens,
+          .clock = options_.clock,
+          .offloader = offloader_->has_tiers() ? offloader_.get() : nullptr,
+          // Records live only while their blocks are indexed.
+          .scores = options.enable_prefix_cache ? scores_.get() : nullptr})) {
   limits_.model_config = options.model_config;
   limits_.max_samples = options.max_samples;
   limits_.pool = options.backend->kv_pool();
@@ -96,8 +96,8 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest requ
     return absl::UnavailableError("server is shutting down: not accepting new requests");
   }
   if (!shared_->fatal.ok()) {
-    return absl::UnavailableError(absl::StrCat("the backend failed and this server is restarting: ",
-                                               shared_->fatal.message()));
+    return absl::UnavailableError(absl::StrCat(
+        "the backend failed and this server is restarting: ", shared_->fatal.message()));
   }
   const int64_t queued =
       static_cast<int64_t>(shared_->incoming.size()) + shared_->scheduler_waiting.load();
@@ -188,7 +188,8 @@ void Engine::Loop() {
       // loads) waits for the wake instead of spinning through the grace.
       Shared* s = shared_.get();
       auto ready = [s, drain_seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
-        return !s->incoming.empty() || !s->tasks.empty() || s->wake || (s->draining && !drain_seen);
+        return !s->incoming.empty() || !s->tasks.empty() || s->wake ||
+               (s->draining && !drain_seen);
       };
       if (scheduler_->idle()) {
         // Idle and draining: the loop ends below, without waiting.
@@ -270,8 +271,8 @@ void Engine::PublishStats() {
   scheduler_->DrainLatencies(&latencies_.ttft, &latencies_.tpot, &latencies_.disk_load,
                              &latencies_.remote_load);
   scheduler_->DrainAdapterTokens(&adapter_tokens_);
-  for (std::vector<double>* v :
-       {&latencies_.ttft, &latencies_.tpot, &latencies_.disk_load, &latencies_.remote_load}) {
+  for (std::vector<double>* v : {&latencies_.ttft, &latencies_.tpot, &latencies_.disk_load,
+                                 &latencies_.remote_load}) {
     if (v->size() > kMaxPendingLatencies) {
       v->erase(v->begin(), v->end() - kMaxPendingLatencies / 2);  // keep the latest half
     }
@@ -287,9 +288,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
         "EngineOptions.model_config has no vocab_size or n_positions");
   }
   using Named = std::pair<const char*, int32_t>;
-  for (const auto& [flag, value] :
-       {Named{"--max-batch-tokens", options.max_batch_tokens},
-        Named{"--max-queue", options.max_queue}, Named{"--max-samples", options.max_samples}}) {
+  for (const auto& [flag, value] : {Named{"--max-batch-tokens", options.max_batch_tokens},
+                                    Named{"--max-queue", options.max_queue},
+                                    Named{"--max-samples", options.max_samples}}) {
     if (value < 1) {
       return absl::InvalidArgumentError(absl::StrCat(flag, " must be at least 1, got ", value));
     }

@@ -25,7 +25,7 @@ namespace prefixd {
 // and its backend, whatever a ServerOptions holds there).
 struct EngineOptions {
   // ---- Set by whoever builds the engine -------------------------------------------------
-  Backend* backend = nullptr;  // not owned; used only from the engine thread
+  Backend* backend = nullptr;   // not owned; used only from the engine thread
   ModelConfig model_config;
   std::string manifest_sha256;  // part of every cache block's identity
   // Called once, from the engine thread, when the backend reports a fatal device error

@@ -10,7 +10,17 @@
 
 namespace prefixd {
 
-KvOffloader::KvOffloader(const Options& options) : options_(options), backend_(options.backend) {
+void ComputeRate::Observe(int64_t prefill_tokens, int64_t tokens, absl::Duration took) {
+  // Decode-only steps cost more per token (memory-bound) than the prefill a load replaces.
+  if (prefill_tokens < kMinPrefillTokens || tokens <= 0) return;
+  const absl::Duration now = took / tokens;
+  per_token_ = per_token_ == absl::ZeroDuration() ? now : (3 * per_token_ + now) / 4;
+}
+
+KvOffloader::KvOffloader(const Options& options)
+    : options_(options),
+      backend_(options.backend),
+      clock_(options.clock ? options.clock : [] { return absl::Now(); }) {
   PREFIXD_CHECK(backend_ != nullptr);
   for (KvTier* tier : options_.tiers) {
     PREFIXD_CHECK(tier != nullptr);
@@ -26,7 +36,10 @@ KvOffloader::TierLookup KvOffloader::LookUpTiers(const TokenChain& chain, int32_
   if (*state == nullptr) *state = std::make_shared<SequenceTiers>();
   SequenceTiers* tiers = state->get();
   if (TierLoad* load = tiers->load.get(); load != nullptr) {
-    if (!load->done()) return {.parked = true};
+    if (!load->resolved && !load->done()) {
+      if (clock_() < load->wait_until) return {.parked = true};
+      ++waits_cut_;  // computing the rest costs less than waiting longer
+    }
     Resolve(chain, load);
     const int32_t end = load->from + static_cast<int32_t>(load->blocks.size());
     // The pool may have lost blocks since the load started (evicted): loaded blocks after a
@@ -94,6 +107,7 @@ absl::Status KvOffloader::StartLoad(const TokenChain& chain, int32_t from,
   load->scoring = scoring;
   const size_t bs = static_cast<size_t>(chain.block_size());
   int32_t first = from;
+  bool capped = false;
   for (size_t i = 0; i < found.size(); ++i) {
     if (found[i] == 0) continue;
     KvTier& tier = *options_.tiers[i];
@@ -113,9 +127,18 @@ absl::Status KvOffloader::StartLoad(const TokenChain& chain, int32_t from,
       break;
     }
     load->parts.push_back({.medium = tier.medium(), .blocks = n, .fetch = *std::move(f)});
+    capped = capped || tier.wait_capped_at_compute();
     // A later tier's blocks continue the match only after every block of this one.
     if (n < found[i]) break;
     first += n;
+  }
+  // The wait is capped at what computing the load's tokens would cost, when a tier asks.
+  const absl::Duration per_token =
+      options_.compute_per_token ? options_.compute_per_token() : rate_.PerToken();
+  if (capped && per_token > absl::ZeroDuration()) {
+    int64_t tokens = 0;
+    for (const TierLoad::Part& part : load->parts) tokens += int64_t{part.blocks} * bs;
+    load->wait_until = clock_() + std::max(per_token * tokens, kMinCappedWait);
   }
   tiers->load = std::move(load);
   return absl::OkStatus();
@@ -134,6 +157,8 @@ void KvOffloader::Resolve(const TokenChain& chain, TierLoad* load) const {
     return record;
   };
   for (const TierLoad::Part& part : load->parts) {
+    // A load past its wait cap takes the parts done by then, in order.
+    if (!part.fetch->done()) return;
     const TierFetch& f = *part.fetch;
     for (size_t i = 0; i < f.data.size(); ++i) {
       const int32_t b = load->from + static_cast<int32_t>(load->blocks.size());

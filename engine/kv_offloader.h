@@ -17,6 +17,11 @@
 //    and the sequence is admitted with the blocks that arrived. A block that is gone, fails
 //    verification or cannot be read, and every block after it (in its tier and the later
 //    ones), is computed instead: a tier never decides a token.
+//    A load is not worth waiting for longer than computing its tokens would take: when one
+//    of its tiers asks for it (KvTier::wait_capped_at_compute: the remote tier), its wait is
+//    capped at its tokens times the engine's measured compute time per token (ComputeRate),
+//    and at least kMinCappedWait; past it the sequence takes the parts done by then (in
+//    order) and computes the rest, while the tiers end the fetches on their own threads.
 //  - Write. After the admission's Commit, the verified bytes are written into the fresh
 //    pool blocks (Backend::WriteKvBlock, on the engine thread, before the step's Forward).
 //  - Offer. Full blocks the engine computed go to the tiers that take computed blocks (the
@@ -29,8 +34,8 @@
 // sequence that finds a budget in use stays parked and asks again next step.
 //
 // Invariants:
-//  1. A sequence has at most one TierLoad (SequenceTiers::load); while it is not done, the
-//     sequence is not admitted.
+//  1. A sequence has at most one TierLoad (SequenceTiers::load); while it is neither done nor
+//     past its wait cap, the sequence is not admitted.
 //  2. A TierLoad's usable blocks are consecutive from its first block: a tier's part's from
 //     its first, a later tier's only when every block of the parts before it arrived, each
 //     verified against its key, root and the sequence's own tokens.
@@ -65,6 +70,8 @@ namespace prefixd {
 struct TierLoad {
   int32_t from = 0;
   bool scoring = false;  // blocks without a usable score record end the load
+  // Past it the load is not waited for (computing its blocks costs less).
+  absl::Time wait_until = absl::InfiniteFuture();
   struct Part {
     TierMedium medium = TierMedium::kDisk;
     int32_t blocks = 0;  // asked for
@@ -76,7 +83,8 @@ struct TierLoad {
     return std::all_of(parts.begin(), parts.end(), [](const Part& p) { return p.fetch->done(); });
   }
 
-  // Once done, on the engine thread (KvOffloader::Resolve): the usable blocks in order.
+  // Once done or past wait_until, on the engine thread (KvOffloader::Resolve): the usable
+  // blocks in order, from the parts done by then.
   struct Block {
     absl::Span<const uint8_t> data;
     std::shared_ptr<const BlockScores> record;  // null: the block carries no scores
@@ -103,6 +111,21 @@ struct SequenceTiers {
   std::vector<Answer> answers;
 };
 
+// A running estimate of what computing a token costs this engine: the forward passes'
+// duration per token, averaged (exponentially, the latest weighing 1/4) over the steps that
+// prefilled at least kMinPrefillTokens.
+class ComputeRate {
+ public:
+  static constexpr int64_t kMinPrefillTokens = 16;
+  // One forward of `tokens` tokens, `prefill_tokens` of them prefill, that took `took`.
+  void Observe(int64_t prefill_tokens, int64_t tokens, absl::Duration took);
+  // Zero until a step was observed.
+  absl::Duration PerToken() const { return per_token_; }
+
+ private:
+  absl::Duration per_token_ = absl::ZeroDuration();
+};
+
 class KvOffloader {
  public:
   struct Options {
@@ -116,6 +139,11 @@ class KvOffloader {
     // Called from a tier's thread when a load's part or a match is done: the engine wakes
     // and steps.
     std::function<void()> wake;
+    // What computing one token costs, for the cap on a load's wait; injected by tests.
+    // Unset: the rate measured from ObserveForward. Zero: not known yet (no cap).
+    std::function<absl::Duration()> compute_per_token = nullptr;
+    // The clock of the cap on a load's wait; injected by tests. Unset: absl::Now.
+    std::function<absl::Time()> clock = nullptr;
   };
 
   explicit KvOffloader(const Options& options);
@@ -125,8 +153,19 @@ class KvOffloader {
   // How long one step's admissions may wait for the tiers' match answers, in all: a few of
   // Redis's round trips on a local network.
   static constexpr absl::Duration kMatchWait = absl::Milliseconds(1);
+  // A capped load is still waited for this long: the rate is measured on whole prefills, and
+  // a tier's answer within this is within a loaded machine's hiccup (a wrong guess here
+  // costs a recomputation).
+  static constexpr absl::Duration kMinCappedWait = absl::Milliseconds(100);
 
   bool has_tiers() const { return !options_.tiers.empty(); }
+  // Loads whose wait was cut at the compute time of their tokens (ComputeRate).
+  uint64_t waits_cut() const { return waits_cut_; }
+
+  // After each forward: `tokens` tokens, `prefill_tokens` of them prefill, took `took`.
+  void ObserveForward(int64_t prefill_tokens, int64_t tokens, absl::Duration took) {
+    rate_.Observe(prefill_tokens, tokens, took);
+  }
 
   // What the tiers hold after the pool's first `from` whole blocks of a waiting sequence.
   struct TierLookup {
@@ -135,7 +174,8 @@ class KvOffloader {
     std::shared_ptr<const TierLoad> load = nullptr;  // that load, when ready_blocks > 0
   };
   // With no load yet, matches the tiers and starts one when they hold blocks (parked).
-  // With a finished load, the blocks it holds from `from` on (0 when the pool's blocks no
+  // With a finished load (or one past its wait cap: its parts done by then), the blocks it
+  // holds from `from` on (0 when the pool's blocks no
   // longer reach the load's first block). `scoring`: score-carrying blocks only. Match
   // answers are waited for until `match_deadline` (the step's start + kMatchWait); parked
   // while one has not come. Creates *tiers when null.
@@ -182,11 +222,14 @@ class KvOffloader {
 
   const Options options_;
   Backend* const backend_;
+  const std::function<absl::Time()> clock_;
   std::vector<KvTier*> computed_tiers_;  // the tiers offered computed blocks
   std::vector<KvTier*> evicted_tiers_;   // ... and evicted ones
   // Evicted blocks wait for room in a tier's queue until this time (shutdown); by default
   // never.
   absl::Time offer_wait_until_ = absl::InfinitePast();
+  ComputeRate rate_;
+  uint64_t waits_cut_ = 0;
 };
 
 }  // namespace prefixd

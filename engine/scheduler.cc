@@ -46,8 +46,8 @@ void Scheduler::Enqueue(std::unique_ptr<RequestState> request) {
   seq->pre_fork = request->request.num_samples > 1;
   // Hashed once here: every admission attempt, the disk tier's match and the pool's index
   // read these keys.
-  seq->chain =
-      std::make_shared<TokenChain>(request->root, cache_->block_size(), request->request.prompt);
+  seq->chain = std::make_shared<TokenChain>(request->root, cache_->block_size(),
+                                            request->request.prompt);
   waiting_.push_back(seq.get());
   request->sequences.push_back(std::move(seq));
   requests_.push_back(std::move(request));
@@ -86,7 +86,8 @@ void Scheduler::EndAll(const absl::Status& status) {
 }
 
 void Scheduler::DrainLatencies(std::vector<double>* ttft, std::vector<double>* tpot,
-                               std::vector<double>* disk_load, std::vector<double>* remote_load) {
+                               std::vector<double>* disk_load,
+                               std::vector<double>* remote_load) {
   ttft->insert(ttft->end(), ttft_.begin(), ttft_.end());
   tpot->insert(tpot->end(), tpot_.begin(), tpot_.end());
   disk_load->insert(disk_load->end(), disk_load_.begin(), disk_load_.end());
@@ -178,6 +179,7 @@ bool Scheduler::Step() {
     step.adapter = s.seq->request->request.adapter.get();
     steps.push_back(step);
   }
+  const absl::Time forward_start = options_.clock();
   logits_.clear();
   const absl::Status forward = backend_->Forward(steps, &logits_);
   if (!forward.ok()) {
@@ -187,6 +189,15 @@ bool Scheduler::Step() {
   }
   ++counters_.steps;
   const absl::Time now = options_.clock();
+  if (options_.offloader != nullptr) {
+    // What a token costs to compute: the cap on waiting for a tier's load.
+    int64_t prefill = 0, tokens = 0;
+    for (const Scheduled& s : batch) {
+      tokens += s.count;
+      if (!s.decode) prefill += s.count;
+    }
+    options_.offloader->ObserveForward(prefill, tokens, now - forward_start);
+  }
   const size_t vocab = static_cast<size_t>(options_.model_config.vocab_size);
   size_t row = 0;
   for (const Scheduled& s : batch) {
@@ -243,8 +254,8 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
       continue;
     }
     const int32_t pool_blocks = scoring ? scored_pool : plan.ok() ? plan->matched_tokens / bs : 0;
-    int32_t tier_blocks = 0;
     std::shared_ptr<const TierLoad> load;
+    int32_t tier_blocks = 0;
     if (plan.ok() && options_.offloader != nullptr) {
       KvOffloader::TierLookup c = options_.offloader->LookUpTiers(*seq->chain, pool_blocks, scoring,
                                                                   match_deadline, &seq->tiers);
@@ -465,8 +476,8 @@ void Scheduler::SampleAndEmit(Sequence* seq, absl::Span<const float> logits, abs
                                 .generated_counts = &s->generated_counts};
     SampledToken t = SampleToken(logits, req.sampling, key, req.top_logprobs, history);
     const uint32_t id = t.token.token_id;
-    const bool is_stop =
-        (!req.ignore_eos && id == options_.model_config.eos_token_id) || r->stop_ids.contains(id);
+    const bool is_stop = (!req.ignore_eos && id == options_.model_config.eos_token_id) ||
+                         r->stop_ids.contains(id);
     if (is_stop) {
       FinishSequence(s, FinishReason::kStop);
       continue;
@@ -540,8 +551,8 @@ void Scheduler::ScoreRows(const Scheduled& s, absl::Span<const float> rows) {
     if (p >= static_cast<int32_t>(prompt.size())) break;
     const SampledToken t =
         ScoreToken(rows.subspan(static_cast<size_t>(i) * vocab, vocab), prompt[p], kScoreTopK);
-    r->prompt_scores[p] = {
-        .token_id = prompt[p], .has_logprob = true, .logprob = t.token.logprob, .top = t.top};
+    r->prompt_scores[p] = {.token_id = prompt[p], .has_logprob = true,
+                           .logprob = t.token.logprob, .top = t.top};
     r->scored[p] = true;
   }
   if (options_.scores == nullptr) return;

@@ -80,7 +80,7 @@ struct RequestState {
   std::vector<bool> scored;
   int32_t recorded_blocks = 0;
   uint32_t cached_scores = 0;  // entries taken from records
-  bool prompt_sent = false;    // the kPrompt event is in the outbox
+  bool prompt_sent = false;  // the kPrompt event is in the outbox
   std::vector<std::unique_ptr<Sequence>> sequences;
   std::vector<RequestEvent> outbox;  // flushed to the stream at the end of each step
 };

@@ -122,8 +122,9 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
   const int fd = OpenLockFile(lock_path);
   if (fd < 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
-        "cache dir %s is not writable (%s: %s); fix its permissions or choose another", options.dir,
-        lock_path, fd == -EEXIST ? "not a regular file of its own (a link?)" : ErrnoText(-fd)));
+        "cache dir %s is not writable (%s: %s); fix its permissions or choose another",
+        options.dir, lock_path,
+        fd == -EEXIST ? "not a regular file of its own (a link?)" : ErrnoText(-fd)));
   }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
@@ -184,11 +185,11 @@ DiskTier::DiskTier(const DiskTierOptions& options, const BlockLayout& layout, in
       layout_id_(layout.Id()),
       max_queued_(options.max_queued_blocks),
       clock_(options.clock ? options.clock : [] { return absl::ToUnixNanos(absl::Now()); }),
-      write_file_(
-          options.write_file
-              ? options.write_file
-              : [](const std::string& tmp, const std::string& path,
-                   std::string_view bytes) { return WriteFileAtomically(tmp, path, bytes, 0644); }),
+      write_file_(options.write_file ? options.write_file
+                                     : [](const std::string& tmp, const std::string& path,
+                                          std::string_view bytes) {
+                                         return WriteFileAtomically(tmp, path, bytes, 0644);
+                                       }),
       read_hook_(options.read_hook),
       lock_fd_(lock_fd),
       cap_(cap),
@@ -324,7 +325,6 @@ absl::Status DiskTier::Load(const BlockExpectation& expect, absl::Span<uint8_t> 
   ++stats_.loads;
   return absl::OkStatus();
 }
-
 absl::StatusOr<std::shared_ptr<const TierMatch>> DiskTier::StartMatch(
     absl::Span<const Digest> keys, const MatchOptions& match,
     std::function<void()> /*on_done: answered before returning*/) {
@@ -413,6 +413,7 @@ void DiskTier::Read(TierFetch& f, const std::shared_ptr<TierFetch>& held) {
     f.seconds.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
   }
 }
+
 
 bool DiskTier::WantsSpill(const Digest& key, const SpillIntent& spill) {
   const absl::Time deadline = spill.deadline;

@@ -49,9 +49,9 @@ absl::StatusOr<RemoteEndpoint> ParseRemoteUrl(const std::string& url) {
   RemoteEndpoint e;
   absl::string_view rest(url);
   auto bad = [&url](absl::string_view why) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--kv-remote \"", url, "\": ", why,
-                     " (expected redis://HOST:PORT[/DB] or unix:///path/to/redis.sock)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv-remote \"", url, "\": ", why,
+        " (expected redis://HOST:PORT[/DB] or unix:///path/to/redis.sock)"));
   };
   if (absl::ConsumePrefix(&rest, "unix://")) {
     if (rest.empty() || rest.front() != '/') return bad("the socket path must be absolute");
@@ -63,9 +63,8 @@ absl::StatusOr<RemoteEndpoint> ParseRemoteUrl(const std::string& url) {
     return bad("unknown scheme");
   }
   if (rest.find('@') != absl::string_view::npos) {
-    return bad(
-        "a user or password in the URL would show in the process list; put the "
-        "password in --kv-remote-password-file");
+    return bad("a user or password in the URL would show in the process list; put the "
+               "password in --kv-remote-password-file");
   }
   absl::string_view hostport = rest;
   const size_t slash = rest.find('/');
@@ -109,9 +108,15 @@ class RedisConnection {
   bool ready() const { return absl::Now() >= absl::FromUnixNanos(retry_at_ns_.load()); }
   bool connected() const { return ctx_ != nullptr; }
 
-  // Until changed, connecting and every reply must also be done by `deadline` (a fetch's);
-  // absl::InfiniteFuture(): each is bounded by the command timeout only.
-  void SetDeadline(absl::Time deadline) { deadline_ = deadline; }
+  // Until changed, connecting and every reply must also be done by `deadline` (a fetch's or
+  // a match's, `bound` after it was asked for); absl::InfiniteFuture(): each is bounded by
+  // the command timeout only.
+  void SetDeadline(absl::Time deadline, absl::Duration bound) {
+    deadline_ = deadline;
+    deadline_bound_ = bound;
+  }
+  // Whether the last failure was the deadline passing (not the server or the network).
+  bool deadline_passed() const { return deadline_passed_; }
   // While set (and a deadline is), a wait for a reply also wakes when `fd` (an eventfd) is
   // written, drains it, runs `hook` (which may Append commands) and sends what it appended.
   void SetWaitHook(int fd, std::function<void()> hook) {
@@ -122,6 +127,7 @@ class RedisConnection {
   // Connects (and authenticates, selects the database) when not connected. Non-OK (with the
   // backoff started) on a failure.
   absl::Status Ensure() {
+    deadline_passed_ = false;
     if (ctx_ != nullptr) return absl::OkStatus();
     const timeval tv = absl::ToTimeval(options_.timeout);
     const absl::Duration left = std::min(options_.timeout, deadline_ - absl::Now());
@@ -204,16 +210,18 @@ class RedisConnection {
   // Closes the connection (its pipeline state is unknown) and starts or doubles the backoff.
   absl::Status Failed(const std::string& what) {
     Close();
-    backoff_ = backoff_ == absl::ZeroDuration() ? options_.backoff_min
-                                                : std::min(backoff_ * 2, options_.backoff_max);
+    backoff_ = backoff_ == absl::ZeroDuration()
+                   ? options_.backoff_min
+                   : std::min(backoff_ * 2, options_.backoff_max);
     retry_at_ns_.store(absl::ToUnixNanos(absl::Now() + backoff_));
     return absl::UnavailableError(absl::StrCat(endpoint_.ToString(), ": ", what));
   }
 
  private:
-  std::string DeadlinePassed() const {
-    return absl::StrCat("the fetch's deadline passed (",
-                        absl::FormatDuration(FetchTimeout(options_)), " after it was asked for)");
+  std::string DeadlinePassed() {
+    deadline_passed_ = true;
+    return absl::StrCat("the deadline passed (", absl::FormatDuration(deadline_bound_),
+                        " after it was asked for)");
   }
   // Waits until the socket is readable, for at most the command timeout and until the
   // deadline; OK when it is.
@@ -269,6 +277,7 @@ class RedisConnection {
   // a GET of a block costs the client about 40 % less CPU, and Redis about 25 % less
   // (docs/BENCHMARKS.md, "With the shared Redis tier").
   absl::Status ReadReply(void** reply) {
+    deadline_passed_ = false;
     if (ctx_ == nullptr) return absl::UnavailableError("not connected");
     int sent = 0;
     do {
@@ -311,13 +320,15 @@ class RedisConnection {
   const RemoteEndpoint endpoint_;
   const RemoteTierOptions& options_;
   redisContext* ctx_ = nullptr;
-  std::unique_ptr<char[]> read_buffer_;            // ReadReply's, made on the first read
+  std::unique_ptr<char[]> read_buffer_;  // ReadReply's, made on the first read
   redisReplyObjectFunctions* defaults_ = nullptr;  // hiredis's, for every reply not sunk
   redisReplyObjectFunctions functions_{};
   std::vector<uint8_t>* sink_ = nullptr;
   bool sunk_ = false;
   absl::Duration backoff_ = absl::ZeroDuration();
   absl::Time deadline_ = absl::InfiniteFuture();
+  absl::Duration deadline_bound_ = absl::ZeroDuration();
+  bool deadline_passed_ = false;
   int hook_fd_ = -1;
   std::function<void()> hook_;
   std::atomic<int64_t> retry_at_ns_{0};
@@ -340,6 +351,13 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Open(const RemoteTierOpt
         absl::StrCat("the remote tier's fetch_timeout must be 0 (the command timeout) to ",
                      absl::FormatDuration(kMaxRemoteTierTimeout), ", got ",
                      absl::FormatDuration(options.fetch_timeout)));
+  }
+  if (options.match_timeout < absl::ZeroDuration() ||
+      options.match_timeout > kMaxRemoteTierTimeout) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the remote tier's match_timeout must be 0 (the command timeout) to ",
+                     absl::FormatDuration(kMaxRemoteTierTimeout), ", got ",
+                     absl::FormatDuration(options.match_timeout)));
   }
   if (options.backoff_min <= absl::ZeroDuration() || options.backoff_max < options.backoff_min) {
     return absl::InvalidArgumentError("the remote tier needs 0 < backoff_min <= backoff_max");
@@ -407,6 +425,7 @@ absl::StatusOr<std::shared_ptr<const TierMatch>> RemoteTier::StartMatch(
   const size_t n = std::min(keys.size(), static_cast<size_t>(options_.max_match_blocks));
   m->keys.assign(keys.begin(), keys.begin() + n);
   m->scored_only = match.scored_only;
+  m->deadline = absl::Now() + MatchTimeout(options_);
   absl::MutexLock lock(&mu_);
   if (stop_) return absl::UnavailableError("the remote tier is shutting down");
   matches_.push_back({m, std::move(on_done)});
@@ -427,8 +446,9 @@ void RemoteTier::MatcherLoop() {
     bool stopping;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]()
-                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !matches_.empty() || stop_; };
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !matches_.empty() || stop_;
+      };
       mu_.Await(absl::Condition(&ready));
       if (matches_.empty()) return;  // stop_, nothing left
       // Every match queued meanwhile goes in the same round trip.
@@ -437,7 +457,19 @@ void RemoteTier::MatcherLoop() {
       matches_.clear();
       stopping = stop_;
     }
-    if (!stopping) AnswerMatches(batch);  // while stopping, each is answered 0 at once
+    // While stopping, each is answered 0 at once; so is one whose deadline passed while it
+    // waited behind an earlier round trip (a miss: its blocks are computed).
+    if (!stopping) {
+      const absl::Time now = absl::Now();
+      auto expired = std::partition(batch.begin(), batch.end(), [now](const PendingMatch& p) {
+        return p.match->deadline > now;
+      });
+      if (expired != batch.end()) {
+        absl::MutexLock lock(&mu_);
+        stats_.match_timeouts += static_cast<uint64_t>(batch.end() - expired);
+      }
+      AnswerMatches(absl::MakeConstSpan(batch.data(), expired - batch.begin()));
+    }
     std::vector<std::function<void()>> wakes;
     for (PendingMatch& p : batch) {
       p.match->done_.Notify();
@@ -452,10 +484,28 @@ void RemoteTier::MatcherLoop() {
 }
 
 void RemoteTier::AnswerMatches(absl::Span<const PendingMatch> batch) {
+  if (batch.empty()) return;
   RedisConnection& c = *matcher_conn_;
   if (!c.ready()) return;  // backing off since StartMatch: answered 0
+  // The round trip ends by the earliest deadline of the batch: a match not answered by its
+  // deadline is a miss, whatever the command timeout.
+  absl::Time deadline = absl::InfiniteFuture();
+  for (const PendingMatch& p : batch) deadline = std::min(deadline, p.match->deadline);
+  c.SetDeadline(deadline, MatchTimeout(options_));
+  struct Unbound {
+    RedisConnection& c;
+    ~Unbound() { c.SetDeadline(absl::InfiniteFuture(), absl::ZeroDuration()); }
+  } unbound{c};
+  // A failure is a fault (counted by its operation); one of the deadline also leaves every
+  // match of the batch unanswered in time.
+  auto failed = [&](uint64_t RemoteTierStats::*counter, const absl::Status& s) {
+    CountError(counter, std::string(s.message()));
+    if (!c.deadline_passed()) return;
+    absl::MutexLock lock(&mu_);
+    stats_.match_timeouts += batch.size();
+  };
   if (absl::Status s = c.Ensure(); !s.ok()) {
-    CountError(&RemoteTierStats::connect_errors, std::string(s.message()));
+    failed(&RemoteTierStats::connect_errors, s);
     return;
   }
   for (const PendingMatch& p : batch) {
@@ -466,7 +516,7 @@ void RemoteTier::AnswerMatches(absl::Span<const PendingMatch> batch) {
       const char* argv[] = {m->scored_only ? "STRLEN" : "EXISTS", name.data()};
       const size_t lens[] = {6, name.size()};
       if (absl::Status s = c.Append(2, argv, lens); !s.ok()) {
-        CountError(&RemoteTierStats::match_errors, std::string(s.message()));
+        failed(&RemoteTierStats::match_errors, s);
         return;
       }
     }
@@ -481,7 +531,7 @@ void RemoteTier::AnswerMatches(absl::Span<const PendingMatch> batch) {
       // A value of another type under the key (STRLEN's WRONGTYPE) is no match.
       absl::StatusOr<Reply> r = c.GetReply(/*wrong_type_ok=*/m->scored_only);
       if (!r.ok()) {
-        CountError(&RemoteTierStats::match_errors, std::string(r.status().message()));
+        failed(&RemoteTierStats::match_errors, r.status());
         return;
       }
       const long long want = m->scored_only ? layout_.scored_record_bytes() : 1;
@@ -554,7 +604,7 @@ void RemoteTier::FetcherLoop() {
     sent.pop_front();
     uint64_t loads = 0, corrupt = 0;
     if (c.connected()) {
-      c.SetDeadline(p.fetch->deadline);
+      c.SetDeadline(p.fetch->deadline, FetchTimeout(options_));
       // Fetches queued while this one waits for its replies go out at once (after it).
       c.SetWaitHook(fetch_wake_fd_, [this, &sent] { TakeAndSend(&sent, /*wait=*/false); });
       ReceiveFetch(*p.fetch, &loads, &corrupt, &corrupt_names);
@@ -566,7 +616,7 @@ void RemoteTier::FetcherLoop() {
       EndFetch(p, loads, corrupt);
     }
     if (!sent.empty() || after_delete.empty()) continue;
-    c.SetDeadline(after_delete.front().p.fetch->deadline);
+    c.SetDeadline(after_delete.front().p.fetch->deadline, FetchTimeout(options_));
     for (const std::string& name : corrupt_names) {
       if (!c.connected()) break;
       const char* del[] = {"DEL", name.data()};
@@ -603,7 +653,7 @@ bool RemoteTier::TakeAndSend(std::deque<PendingFetch>* sent, bool wait) {
       continue;
     }
     if (!c.connected()) {  // (never while the hook runs: that reads from the connection)
-      c.SetDeadline(p.fetch->deadline);
+      c.SetDeadline(p.fetch->deadline, FetchTimeout(options_));
       absl::Status s = c.ready() ? c.Ensure() : absl::UnavailableError("backing off");
       if (!s.ok()) {
         CountError(&RemoteTierStats::connect_errors, std::string(s.message()));
@@ -709,9 +759,9 @@ bool RemoteTier::ReceiveFetch(TierFetch& f, uint64_t* loads, uint64_t* corrupt,
         ((*length)->integer == layout_.record_bytes() ||
          (layout_.score_top_k > 0 && (*length)->integer == layout_.scored_record_bytes()));
     std::vector<PositionScore> section;
-    const BlockExpectation expect{.root = f.root,
-                                  .key = f.keys[i],
-                                  .tokens = absl::MakeConstSpan(f.tokens).subspan(i * bs, bs)};
+    const BlockExpectation expect{
+        .root = f.root, .key = f.keys[i],
+        .tokens = absl::MakeConstSpan(f.tokens).subspan(i * bs, bs)};
     absl::StatusOr<absl::Span<const uint8_t>> data =
         (*r)->type != REDIS_REPLY_STRING || !sunk
             ? absl::DataLossError("the remote value is not a string")
@@ -800,7 +850,8 @@ bool RemoteTier::Flush(absl::Time deadline) {
   auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return (queue_.empty() && !publishing_) || stop_;
   };
-  return mu_.AwaitWithDeadline(absl::Condition(&done), deadline) && queue_.empty() && !publishing_;
+  return mu_.AwaitWithDeadline(absl::Condition(&done), deadline) && queue_.empty() &&
+         !publishing_;
 }
 
 void RemoteTier::PublisherLoop() {

@@ -64,9 +64,9 @@ namespace prefixd {
 // Where a remote tier's server is: a TCP host and port (with a logical database) or a unix
 // socket.
 struct RemoteEndpoint {
-  std::string host;  // empty for a unix socket
+  std::string host;         // empty for a unix socket
   int port = 0;
-  std::string unix_path;  // empty for TCP
+  std::string unix_path;    // empty for TCP
   int db = 0;
   std::string ToString() const;
 };
@@ -123,6 +123,7 @@ class RemoteTier final : public KvTier {
                                                          std::vector<uint32_t> tokens,
                                                          std::function<void()> on_done);
   int32_t max_fetch_blocks() const override { return options_.max_fetch_blocks; }
+  bool wait_capped_at_compute() const override { return options_.cap_wait_at_compute; }
   // KvTier: Fetch (request.scored_only is the engine's to check: values are read whole).
   absl::StatusOr<std::shared_ptr<const TierFetch>> StartFetch(
       FetchRequest request, std::function<void()> on_done) override {

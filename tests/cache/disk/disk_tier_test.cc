@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -252,6 +253,65 @@ TEST_F(DiskTierTest, CorruptTruncatedOrMissingFilesAreDroppedAndCounted) {
   EXPECT_EQ(LoadInto(*tier, chain[0], &data).code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(tier->WantsSpill(chain[0].key));
 }
+// As a KvTier (cache/tier.h): a match is answered before StartMatch returns; a fetch is read
+// and verified on the loader thread, stops at the first corrupt block (deleted, counted),
+// wakes its caller once, and holds the load budget until the last holder lets go.
+TEST_F(DiskTierTest, AsAKvTierMatchesAtOnceAndFetchesOnItsLoaderThread) {
+  const std::vector<BlockRecord> chain = MakeChain(SmallLayout(), 2, 4);
+  DiskTierOptions o;
+  o.dir = dir_.path();
+  o.max_bytes = int64_t{1} << 20;
+  o.max_load_blocks = 4;
+  absl::StatusOr<std::unique_ptr<DiskTier>> opened = DiskTier::Open(o, SmallLayout());
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  DiskTier& tier = **opened;
+  SpillAll(tier, chain);
+  KvTier& kv = tier;
+  EXPECT_EQ(kv.medium(), TierMedium::kDisk);
+  EXPECT_EQ(kv.offers(), TierOffers::kEvicted);
+  std::vector<Digest> keys;
+  KvTier::FetchRequest request{.root = chain[0].root};
+  for (const BlockRecord& r : chain) {
+    keys.push_back(r.key);
+    request.keys.push_back(r.key);
+    request.tokens.insert(request.tokens.end(), r.tokens.begin(), r.tokens.end());
+  }
+  absl::StatusOr<std::shared_ptr<const TierMatch>> m = kv.StartMatch(keys, {}, nullptr);
+  ASSERT_TRUE(m.ok());
+  ASSERT_TRUE((*m)->done());
+  EXPECT_EQ((*m)->blocks, 4u);
+  m = kv.StartMatch(keys, {.scored_only = true}, nullptr);
+  ASSERT_TRUE(m.ok() && (*m)->done());
+  EXPECT_EQ((*m)->blocks, 0u);  // no file carries scores
+  {                             // block 2 damaged: the fetch keeps blocks 0 and 1
+    std::fstream f(tier.PathOf(chain[2].key), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(kBlockRecordHeaderBytes + 40);
+    f.put('\x5a');
+  }
+  absl::Notification woken;
+  absl::StatusOr<std::shared_ptr<const TierFetch>> f =
+      kv.StartFetch(request, [&woken] { woken.Notify(); });
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(tier.fetch_blocks_in_flight(), 4);
+  // The budget is in use until the fetch is let go of.
+  EXPECT_EQ(kv.StartFetch(request, nullptr).status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(woken.WaitForNotificationWithTimeout(kWait));
+  const TierFetch& got = **f;
+  ASSERT_TRUE(got.done());
+  ASSERT_EQ(got.data.size(), 2u);
+  ASSERT_EQ(got.seconds.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE(std::equal(got.data[i].begin(), got.data[i].end(), chain[i].data.begin(),
+                           chain[i].data.end()))
+        << i;
+    EXPECT_TRUE(got.scores[i].empty());
+  }
+  EXPECT_EQ(tier.Stats().corrupt_blocks, 1u);
+  EXPECT_EQ(tier.Stats().loads, 2u);
+  f = absl::StatusOr<std::shared_ptr<const TierFetch>>(nullptr);
+  EXPECT_EQ(tier.fetch_blocks_in_flight(), 0);
+}
+
 
 TEST_F(DiskTierTest, TheCapDeletesForeignFilesFirstThenTheLeastRecentlyUsed) {
   const int64_t file = SmallLayout().record_bytes();

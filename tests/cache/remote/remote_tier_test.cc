@@ -149,9 +149,13 @@ TEST_F(RemoteTierTest, OpenRefusesBadOptions) {
   RemoteTierOptions o = TestOptions();
   o.url = redis_->url();
   o.key_prefix = "has space";
-  EXPECT_EQ(RemoteTier::Open(o, SmallLayout()).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RemoteTier::Open(o, SmallLayout()).status().code(),
+            absl::StatusCode::kInvalidArgument);
   o.key_prefix = "p:";
   o.timeout = absl::ZeroDuration();
+  EXPECT_EQ(RemoteTier::Open(o, SmallLayout()).status().code(), absl::StatusCode::kInvalidArgument);
+  o.timeout = absl::Seconds(1);
+  o.match_timeout = -absl::Milliseconds(1);
   EXPECT_EQ(RemoteTier::Open(o, SmallLayout()).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -378,8 +382,7 @@ class HoldingProxy {
  private:
   void Run() {
     pollfd lp{.fd = listen_fd_, .events = POLLIN, .revents = 0};
-    while (!stop_ && poll(&lp, 1, 50) == 0) {
-    }
+    while (!stop_ && poll(&lp, 1, 50) == 0) {}
     if (stop_) return;
     const int client = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     const int server = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -595,7 +598,8 @@ TEST_F(RemoteTierTest, ADownServerIsCountedAndBackedOffAndFoundAgainAfterARestar
   EXPECT_EQ(backing_off.match_errors + backing_off.connect_errors, 1u);
   // The fetcher's own connection finds the server gone too: nothing fetched, one fault.
   EXPECT_EQ(Fetched(*tier, {chain[0]}), 0);
-  EXPECT_EQ(tier->Stats().load_errors + tier->Stats().connect_errors + tier->Stats().match_errors,
+  EXPECT_EQ(tier->Stats().load_errors + tier->Stats().connect_errors +
+                tier->Stats().match_errors,
             2u);
   EXPECT_EQ(Fetched(*tier, {chain[0]}), -1) << "refused while backing off";
 
@@ -633,6 +637,41 @@ TEST_F(RemoteTierTest, AHungServerCostsOneTimeoutThenIsSkipped) {
   EXPECT_EQ(tier->Stats().match_errors, 1u);  // skipped while backing off
   redis_->Resume();
 }
+// A match has a deadline of its own (match_timeout), shorter here than the command timeout:
+// while the server hangs, the match is answered 0 (a miss) by then, counted as a timeout and
+// a fault, and wakes its caller; matches asked once the server answers again are answered.
+TEST_F(RemoteTierTest, AMatchNotAnsweredByItsDeadlineIsAMissAndCounted) {
+  std::unique_ptr<RemoteTier> writer = Open();
+  const std::vector<BlockRecord> chain = MakeChain(SmallLayout(), 9, 2);
+  PublishAll(*writer, chain);
+  RemoteTierOptions o = TestOptions();
+  o.timeout = kMaxRemoteTierTimeout;  // never reached: the match's deadline comes first
+  o.match_timeout = absl::Milliseconds(200);
+  o.backoff_min = o.backoff_max = absl::Milliseconds(1);
+  std::unique_ptr<RemoteTier> tier = Open(o);
+  const std::vector<Digest> keys = KeysOf(chain);
+  ASSERT_EQ(tier->MatchFrom(keys), 2u);  // connected
+  redis_->Pause();
+  absl::Notification woken;
+  const absl::Time asked = absl::Now();
+  absl::StatusOr<std::shared_ptr<const TierMatch>> m =
+      tier->StartMatch(keys, {}, [&woken] { woken.Notify(); });
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE(woken.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  const absl::Duration took = absl::Now() - asked;
+  ASSERT_TRUE((*m)->done());
+  EXPECT_EQ((*m)->blocks, 0u);
+  EXPECT_LT(took, kMaxRemoteTierTimeout / 2) << "bounded by the command timeout, not its own";
+  EXPECT_EQ(tier->Stats().match_timeouts, 1u);
+  EXPECT_EQ(tier->Stats().match_errors, 1u);
+  redis_->Resume();
+  size_t found = 0;
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (found != 2 && absl::Now() < until) found = tier->MatchFrom(keys);  // after the backoff
+  EXPECT_EQ(found, 2u);
+  EXPECT_EQ(tier->Stats().match_timeouts, 1u);
+}
+
 
 // A match is answered on the matcher thread: StartMatch returns at once while the server
 // hangs, and the answer (with every match queued meanwhile, in one round trip) comes, and
