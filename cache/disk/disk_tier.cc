@@ -414,7 +414,6 @@ void DiskTier::Read(TierFetch& f, const std::shared_ptr<TierFetch>& held) {
   }
 }
 
-
 bool DiskTier::WantsSpill(const Digest& key, const SpillIntent& spill) {
   const absl::Time deadline = spill.deadline;
   absl::MutexLock lock(&mu_);

@@ -289,5 +289,23 @@ TEST(BlockRecordTest, VersionTwoRecordsAreForeign) {
   EXPECT_TRUE(ValidateBlockLayout(ScoredLayout(kMaxScoreTopK)).ok());
 }
 
+// The record's bytes are the format's, not this code's: files and Redis values written before
+// the record moved out of the disk tier (cache/disk/block_file.h) read the same. The digests
+// and the layout id were computed with that code.
+TEST(BlockRecordTest, BytesArePinned) {
+  const BlockLayout plain_layout = SmallLayout();
+  const std::string plain = EncodeBlockRecord(plain_layout, MakeChain(plain_layout, 1, 2)[1]);
+  EXPECT_EQ(plain.size(), 520u);
+  EXPECT_EQ(DigestHex(Sha256Of(plain)),
+            "3af3bb29fa4f45a220ebfb3f7f033c361a347b04e0d184783bc03d1aaabeead5");
+  const BlockLayout scored_layout = ScoredLayout();
+  const std::string scored = EncodeBlockRecord(
+      scored_layout, WithScores(MakeChain(scored_layout, 1, 2)[1], scored_layout));
+  EXPECT_EQ(scored.size(), 664u);
+  EXPECT_EQ(DigestHex(Sha256Of(scored)),
+            "992775b16ecc9284e06eb83b7cf5050f7e7cb67c0d9ed7b2832c7cf980641af1");
+  EXPECT_EQ(plain_layout.Id(), "00c50c973bdf1c0f");
+}
+
 }  // namespace
 }  // namespace prefixd

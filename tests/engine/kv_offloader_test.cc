@@ -522,6 +522,5 @@ TEST_F(KvOffloaderMemoryTierTest, ALoadSlowerThanComputingItsTokensIsNotWaitedFo
   EXPECT_EQ(offloader_->waits_cut(), 1u);
 }
 
-
 }  // namespace
 }  // namespace prefixd

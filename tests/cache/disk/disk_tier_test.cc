@@ -312,7 +312,6 @@ TEST_F(DiskTierTest, AsAKvTierMatchesAtOnceAndFetchesOnItsLoaderThread) {
   EXPECT_EQ(tier.fetch_blocks_in_flight(), 0);
 }
 
-
 TEST_F(DiskTierTest, TheCapDeletesForeignFilesFirstThenTheLeastRecentlyUsed) {
   const int64_t file = SmallLayout().record_bytes();
   // Files of another model's layout, left by an earlier run.

@@ -672,7 +672,6 @@ TEST_F(RemoteTierTest, AMatchNotAnsweredByItsDeadlineIsAMissAndCounted) {
   EXPECT_EQ(tier->Stats().match_timeouts, 1u);
 }
 
-
 // A match is answered on the matcher thread: StartMatch returns at once while the server
 // hangs, and the answer (with every match queued meanwhile, in one round trip) comes, and
 // wakes its caller, once the server answers again.
