@@ -179,7 +179,9 @@ bool Scheduler::Step() {
     step.adapter = s.seq->request->request.adapter.get();
     steps.push_back(step);
   }
-  const absl::Time forward_start = options_.clock();
+  // Timed only for the offloader (its cap on waiting for a tier's load).
+  const absl::Time forward_start =
+      options_.offloader != nullptr ? options_.clock() : absl::InfinitePast();
   logits_.clear();
   const absl::Status forward = backend_->Forward(steps, &logits_);
   if (!forward.ok()) {
@@ -190,7 +192,6 @@ bool Scheduler::Step() {
   ++counters_.steps;
   const absl::Time now = options_.clock();
   if (options_.offloader != nullptr) {
-    // What a token costs to compute: the cap on waiting for a tier's load.
     int64_t prefill = 0, tokens = 0;
     for (const Scheduled& s : batch) {
       tokens += s.count;

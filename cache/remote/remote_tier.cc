@@ -355,7 +355,7 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Open(const RemoteTierOpt
   if (options.match_timeout < absl::ZeroDuration() ||
       options.match_timeout > kMaxRemoteTierTimeout) {
     return absl::InvalidArgumentError(
-        absl::StrCat("the remote tier's match_timeout must be 0 (the command timeout) to ",
+        absl::StrCat("the remote tier's match_timeout must be 0 (twice the command timeout) to ",
                      absl::FormatDuration(kMaxRemoteTierTimeout), ", got ",
                      absl::FormatDuration(options.match_timeout)));
   }

@@ -96,7 +96,9 @@ class RemoteTier final : public KvTier {
   // max_match_blocks; with `scored_only`, only values that carry a score section (told by
   // their length, as the disk tier tells its files). The matches queued when the matcher
   // turns to them go in one pipelined round trip (EXISTS, or STRLEN); `on_done` runs on the
-  // matcher thread once this one is answered (to wake the engine). Starts nothing and
+  // matcher thread once this one is answered (to wake the engine), at the latest by its
+  // deadline (MatchTimeout(options) from now, its wait in the queue included: a match not
+  // answered by then is answered 0 and counted in match_timeouts). Starts nothing and
   // returns UNAVAILABLE while the tier is down or backing off (the caller computes).
   absl::StatusOr<std::shared_ptr<const TierMatch>> StartMatch(
       absl::Span<const Digest> keys, const MatchOptions& match,

@@ -51,7 +51,10 @@ struct RemoteTierOptions {
   // asking (RemoteTier::StartMatch) to its answer: the wait behind the round trip before it
   // and its own round trip together. A match not answered by then is a miss (counted in
   // match_timeouts; its blocks are computed), and one cut short on the wire is a fault like a
-  // timed-out command. Zero (the default): `timeout` (see MatchTimeout).
+  // timed-out command. Zero (the default): twice `timeout` (see MatchTimeout), as for a
+  // fetch: one for the round trip it may wait behind (the matches queued meanwhile go in
+  // the next one), one for its own. With one timeout, three of four requests arriving
+  // together at a Redis 200 ms late missed: their round trip could not end in time.
   absl::Duration match_timeout = absl::ZeroDuration();
   // Whether the engine waits for a fetch at most as long as computing its blocks would take
   // (KvTier::wait_capped_at_compute, engine/kv_offloader.h); tests that hold a fetch on
@@ -84,9 +87,10 @@ inline absl::Duration FetchTimeout(const RemoteTierOptions& options) {
   return options.fetch_timeout > absl::ZeroDuration() ? options.fetch_timeout : 2 * options.timeout;
 }
 
-// The bound on a whole match that `options` give (match_timeout, or the timeout).
+// The bound on a whole match that `options` give (match_timeout, or twice the timeout).
 inline absl::Duration MatchTimeout(const RemoteTierOptions& options) {
-  return options.match_timeout > absl::ZeroDuration() ? options.match_timeout : options.timeout;
+  return options.match_timeout > absl::ZeroDuration() ? options.match_timeout
+                                                      : 2 * options.timeout;
 }
 
 }  // namespace prefixd
