@@ -1,7 +1,9 @@
 #include "engine/kv_tiers.h"
 
 #include <cstdint>
+#include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "cache/disk/disk_tier.h"
@@ -36,40 +38,42 @@ absl::StatusOr<BlockLayout> EngineBlockLayout(const EngineOptions& options) {
   return l;
 }
 
+namespace {
+
+// Opens a tier of type T (T::Open(tier_options, layout), T::Stats()) and appends it to *tiers
+// with its counters' place in EngineStats. `flag` names it in the error of a tier without the
+// prefix cache.
+template <typename T, typename TierOptions, typename Stats>
+absl::Status AddTier(const EngineOptions& options, const char* flag,
+                     const TierOptions& tier_options, Stats EngineStats::*stats,
+                     std::vector<EngineTier>* tiers) {
+  if (!options.enable_prefix_cache) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " needs the prefix cache: drop --no-prefix-cache"));
+  }
+  absl::StatusOr<BlockLayout> layout = EngineBlockLayout(options);
+  if (!layout.ok()) return layout.status();
+  absl::StatusOr<std::unique_ptr<T>> opened = T::Open(tier_options, *layout);
+  if (!opened.ok()) return opened.status();
+  T* tier = opened->get();
+  tiers->push_back(
+      {*std::move(opened), [tier, stats](EngineStats* s) { s->*stats = tier->Stats(); }});
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<EngineTier>> OpenTiers(const EngineOptions& options) {
   std::vector<EngineTier> tiers;
-  // Each tier in lookup order: whether the options ask for it, its flag (for the prefix
-  // cache's check), how it opens and how its counters are read.
-  auto add = [&](bool wanted, const char* flag, auto open) -> absl::Status {
-    if (!wanted) return absl::OkStatus();
-    if (!options.enable_prefix_cache) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(flag, " needs the prefix cache: drop --no-prefix-cache"));
-    }
-    absl::StatusOr<BlockLayout> layout = EngineBlockLayout(options);
-    if (!layout.ok()) return layout.status();
-    absl::StatusOr<EngineTier> opened = open(*layout);
-    if (!opened.ok()) return opened.status();
-    tiers.push_back(*std::move(opened));
-    return absl::OkStatus();
-  };
-  absl::Status s =
-      add(!options.disk_tier.dir.empty(), "--cache-dir",
-          [&](const BlockLayout& layout) -> absl::StatusOr<EngineTier> {
-            absl::StatusOr<std::unique_ptr<DiskTier>> t = DiskTier::Open(options.disk_tier, layout);
-            if (!t.ok()) return t.status();
-            DiskTier* d = t->get();
-            return EngineTier{*std::move(t), [d](EngineStats* s) { s->disk = d->Stats(); }};
-          });
-  if (!s.ok()) return s;
-  s = add(!options.remote_tier.url.empty(), "--kv-remote",
-          [&](const BlockLayout& layout) -> absl::StatusOr<EngineTier> {
-            absl::StatusOr<std::unique_ptr<RemoteTier>> t =
-                RemoteTier::Open(options.remote_tier, layout);
-            if (!t.ok()) return t.status();
-            RemoteTier* r = t->get();
-            return EngineTier{*std::move(t), [r](EngineStats* s) { s->remote = r->Stats(); }};
-          });
+  absl::Status s;
+  // One statement per tier, in lookup order: the local disk first, then the fleet's Redis.
+  if (s.ok() && !options.disk_tier.dir.empty()) {
+    s = AddTier<DiskTier>(options, "--cache-dir", options.disk_tier, &EngineStats::disk, &tiers);
+  }
+  if (s.ok() && !options.remote_tier.url.empty()) {
+    s = AddTier<RemoteTier>(options, "--kv-remote", options.remote_tier, &EngineStats::remote,
+                            &tiers);
+  }
   if (!s.ok()) return s;
   return tiers;
 }
