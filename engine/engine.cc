@@ -19,13 +19,12 @@
 #include "absl/synchronization/notification.h"
 #include "base/check.h"
 #include "cache/block_key.h"
-#include "cache/disk/disk_tier.h"
 #include "cache/kv_cache.h"
-#include "cache/remote/remote_tier.h"
 #include "engine/block_residency.h"
 #include "engine/dtype.h"
 #include "engine/kv_event_recorder.h"
 #include "engine/kv_offloader.h"
+#include "engine/kv_tiers.h"
 #include "engine/lora_adapter.h"
 #include "engine/request_stream.h"
 #include "engine/scheduler.h"
@@ -49,14 +48,13 @@ struct Engine::Shared {
   std::atomic<int64_t> scheduler_waiting{0};
 };
 
-Engine::Engine(const EngineOptions& options, std::unique_ptr<DiskTier> tier,
-               std::unique_ptr<RemoteTier> remote, std::unique_ptr<ScoreStore> scores,
-               std::unique_ptr<KvOffloader> offloader, std::unique_ptr<KvEventRecorder> events,
-               std::unique_ptr<BlockResidency> residency, std::unique_ptr<KvCache> cache,
+Engine::Engine(const EngineOptions& options, std::vector<EngineTier> tiers,
+               std::unique_ptr<ScoreStore> scores, std::unique_ptr<KvOffloader> offloader,
+               std::unique_ptr<KvEventRecorder> events, std::unique_ptr<BlockResidency> residency,
+               std::unique_ptr<KvCache> cache,
                std::shared_ptr<Shared> shared)
     : options_(options),
-      tier_(std::move(tier)),
-      remote_(std::move(remote)),
+      tiers_(std::move(tiers)),
       scores_(std::move(scores)),
       offloader_(std::move(offloader)),
       events_(std::move(events)),
@@ -136,10 +134,10 @@ EngineStats Engine::Stats() const {
     absl::MutexLock lock(&stats_mu_);
     s = stats_;
   }
-  // The disk tier's writer works between steps: read its counters now, so that an idle
-  // engine's stats still show the spills written since its last step (the tier is
-  // thread-safe and lives as long as the engine).
-  if (tier_ != nullptr) s.disk = tier_->Stats();
+  // The tiers' threads work between steps: read their counters now, so that an idle
+  // engine's stats still show the spills written since its last step (the tiers are
+  // thread-safe and live as long as the engine).
+  for (const EngineTier& t : tiers_) t.read_stats(&s);
   return s;
 }
 
@@ -272,8 +270,7 @@ void Engine::PublishStats() {
   shared_->scheduler_waiting.store(static_cast<int64_t>(now.scheduler.waiting_requests));
   absl::MutexLock lock(&stats_mu_);
   stats_ = now;
-  if (tier_ != nullptr) stats_.disk = tier_->Stats();
-  if (remote_ != nullptr) stats_.remote = remote_->Stats();
+  for (const EngineTier& t : tiers_) t.read_stats(&stats_);
   scheduler_->DrainLatencies(&latencies_.ttft, &latencies_.tpot, &latencies_.disk_load,
                              &latencies_.remote_load);
   if (residency_ != nullptr) {
@@ -297,31 +294,6 @@ void Engine::PublishStats() {
   }
 }
 
-absl::StatusOr<DiskLayout> EngineDiskLayout(const EngineOptions& options) {
-  const ModelConfig& c = options.model_config;
-  const Backend& b = *options.backend;
-  // The stored element is what the backend keeps, not the weights' dtype: the CPU backend
-  // holds fp32 K/V under f16 weights.
-  const int64_t elements_per_token = 2 * int64_t{c.n_layer} * c.n_head * c.head_dim();
-  if (elements_per_token <= 0 || b.kv_bytes_per_token() % elements_per_token != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("disk cache tier: the backend keeps ", b.kv_bytes_per_token(),
-                     " K/V bytes per token, not a whole element size for ", elements_per_token,
-                     " elements (2 x layers x heads x head_dim)"));
-  }
-  DiskLayout l;
-  l.manifest_key = Sha256Of(options.manifest_sha256);
-  l.numerics_key = Sha256Of(b.kv_numerics());
-  l.dtype = static_cast<uint32_t>(b.dtype());
-  l.element_bytes = static_cast<uint32_t>(b.kv_bytes_per_token() / elements_per_token);
-  l.block_size = static_cast<uint32_t>(b.block_size());
-  l.n_layer = static_cast<uint32_t>(c.n_layer);
-  l.n_head = static_cast<uint32_t>(c.n_head);
-  l.head_dim = static_cast<uint32_t>(c.head_dim());
-  l.score_top_k = kScoreTopK;
-  return l;
-}
-
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options) {
   if (options.backend == nullptr)
     return absl::InvalidArgumentError("EngineOptions.backend is null");
@@ -341,47 +313,24 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   KvCacheOptions cache_options;
   cache_options.pool = options.backend->kv_pool();
   cache_options.enable_prefix_cache = options.enable_prefix_cache;
-  std::unique_ptr<DiskTier> tier;
-  if (!options.disk_tier.dir.empty()) {
-    if (!options.enable_prefix_cache) {
-      return absl::InvalidArgumentError(
-          "--cache-dir needs the prefix cache: drop --no-prefix-cache");
-    }
-    absl::StatusOr<DiskLayout> layout = EngineDiskLayout(options);
-    if (!layout.ok()) return layout.status();
-    absl::StatusOr<std::unique_ptr<DiskTier>> opened = DiskTier::Open(options.disk_tier, *layout);
-    if (!opened.ok()) return opened.status();
-    tier = *std::move(opened);
-  }
-  std::unique_ptr<RemoteTier> remote;
-  if (!options.remote_tier.url.empty()) {
-    if (!options.enable_prefix_cache) {
-      return absl::InvalidArgumentError(
-          "--kv-remote needs the prefix cache: drop --no-prefix-cache");
-    }
-    absl::StatusOr<DiskLayout> layout = EngineDiskLayout(options);
-    if (!layout.ok()) return layout.status();
-    absl::StatusOr<std::unique_ptr<RemoteTier>> opened =
-        RemoteTier::Open(options.remote_tier, *layout);
-    if (!opened.ok()) return opened.status();
-    remote = *std::move(opened);
-  }
+  absl::StatusOr<std::vector<EngineTier>> tiers = OpenTiers(options);
+  if (!tiers.ok()) return tiers.status();
+  std::vector<KvTier*> lookup;
+  for (const EngineTier& t : *tiers) lookup.push_back(t.tier.get());
   auto scores = std::make_unique<ScoreStore>();
   // A load's part may end after the engine: the wake holds Shared too.
   auto shared = std::make_shared<Shared>();
-  auto offloader = std::make_unique<KvOffloader>(KvOffloader::Options{
-      .backend = options.backend,
-      .disk = tier.get(),
-      .remote = remote.get(),
-      .scores = scores.get(),
-      .vocab_size = static_cast<uint32_t>(c.vocab_size),
-      .wake =
-          [s = shared] {
-            absl::MutexLock l(&s->mu);
-            s->wake = true;
-          }});
-  // A block's score record leaves with the block (engine/score_store.h), to the disk tier
-  // when it has one.
+  auto offloader = std::make_unique<KvOffloader>(
+      KvOffloader::Options{.backend = options.backend,
+                           .tiers = std::move(lookup),
+                           .scores = scores.get(),
+                           .vocab_size = static_cast<uint32_t>(c.vocab_size),
+                           .wake = [s = shared] {
+                             absl::MutexLock l(&s->mu);
+                             s->wake = true;
+                           }});
+  // A block's score record leaves with the block (engine/score_store.h), to the tiers that
+  // take evicted blocks.
   std::unique_ptr<KvEventRecorder> events;
   if (options.kv_events != nullptr) {
     // vLLM names the pool's medium by its device: "GPU" for the CUDA backend's pool.
@@ -408,7 +357,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   }
   cache_options.on_evict = [o = offloader.get(), store = scores.get(), ev = events.get(),
                             r = residency.get()](const EvictedBlock& e) {
-    const bool spilled = o->Spill(e, store->Find(*e.key));
+    const bool spilled = o->OfferEvicted(e, store->Find(*e.key));
     store->Forget(*e.key);
     if (ev != nullptr) ev->OnEvicted(e, spilled);
     if (r != nullptr) r->OnEvicted(e.block);
@@ -417,10 +366,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   if (!cache.ok()) return cache.status();
   EngineOptions resolved = options;
   if (!resolved.clock) resolved.clock = [] { return absl::Now(); };
-  return std::unique_ptr<Engine>(new Engine(resolved, std::move(tier), std::move(remote),
-                                            std::move(scores), std::move(offloader),
-                                            std::move(events), std::move(residency),
-                                            *std::move(cache),
+  return std::unique_ptr<Engine>(new Engine(resolved, *std::move(tiers), std::move(scores),
+                                            std::move(offloader), std::move(events),
+                                            std::move(residency), *std::move(cache),
                                             std::move(shared)));
 }
 

@@ -4,8 +4,8 @@
 //
 // Threads: callers touch only the state shared under one mutex (new requests, tasks, drain)
 // and their streams; the KvCache, the Backend, the Scheduler and the KvOffloader (the tiers'
-// engine side, engine/kv_offloader.h) belong to the engine thread. Streams' notify callbacks run on the engine thread and may
-// only schedule work.
+// engine side, engine/kv_offloader.h) belong to the engine thread. Streams' notify callbacks run on
+// the engine thread and may only schedule work.
 #ifndef PREFIXD_ENGINE_ENGINE_H_
 #define PREFIXD_ENGINE_ENGINE_H_
 
@@ -29,13 +29,12 @@
 namespace prefixd {
 
 class BlockResidency;
-class DiskTier;
 class KvCache;
 class KvEventRecorder;
 class KvOffloader;
-class RemoteTier;
 class Scheduler;
 class ScoreStore;
+struct EngineTier;  // engine/kv_tiers.h
 
 class Engine {
  public:
@@ -58,8 +57,8 @@ class Engine {
   // BeginShutdown(grace), then returns when the engine thread has stopped.
   void Shutdown(absl::Duration grace);
 
-  // The snapshot published after the last step, with the disk tier's counters read now (its
-  // writer works between steps: an idle engine still shows the spills written since).
+  // The snapshot published after the last step, with the tiers' counters read now (their
+  // threads work between steps: an idle engine still shows the spills written since).
   EngineStats Stats() const;
 
   // Latency observations (seconds) since the last call, for histograms: time to first token
@@ -92,15 +91,15 @@ class Engine {
 
   struct Shared;  // what caller threads and the engine thread exchange (engine.cc)
 
-  Engine(const EngineOptions& options, std::unique_ptr<DiskTier> tier,
-         std::unique_ptr<RemoteTier> remote, std::unique_ptr<ScoreStore> scores,
-         std::unique_ptr<KvOffloader> offloader, std::unique_ptr<KvEventRecorder> events,
-         std::unique_ptr<BlockResidency> residency, std::unique_ptr<KvCache> cache,
+  Engine(const EngineOptions& options, std::vector<EngineTier> tiers,
+         std::unique_ptr<ScoreStore> scores, std::unique_ptr<KvOffloader> offloader,
+         std::unique_ptr<KvEventRecorder> events, std::unique_ptr<BlockResidency> residency,
+         std::unique_ptr<KvCache> cache,
          std::shared_ptr<Shared> shared);
 
   // Runs `task` on the engine thread between two steps, or on the calling thread once the
   // engine thread has stopped; returns after it ran. The task may use the engine thread's
-  // state (cache_, tier_).
+  // state (cache_, tiers_).
   void RunBetweenSteps(std::function<void()> task);
   void Loop();
   // Writes the blocks still cached in the pool to the disk tier, within what is left of the
@@ -110,9 +109,9 @@ class Engine {
 
   const EngineOptions options_;
   RequestLimits limits_;
-  // The tiers outlive the offloader, whose loader thread reads them.
-  std::unique_ptr<DiskTier> tier_;
-  std::unique_ptr<RemoteTier> remote_;
+  // The tiers behind the pool, in lookup order (engine/kv_tiers.h: the disk tier, then the
+  // remote tier, each when configured). They outlive the offloader and every load.
+  std::vector<EngineTier> tiers_;
   // Score records of cached blocks (engine/score_store.h); the pool's eviction hook forgets
   // them, so it outlives the cache too.
   std::unique_ptr<ScoreStore> scores_;

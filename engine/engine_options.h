@@ -1,5 +1,5 @@
-// EngineOptions: what an Engine is built from (engine/engine.h), and the disk tier layout
-// those options give its blocks.
+// EngineOptions: what an Engine is built from (engine/engine.h). The block layout those
+// options give the tiers' records is the engine's own (engine/kv_tiers.h).
 #ifndef PREFIXD_ENGINE_ENGINE_OPTIONS_H_
 #define PREFIXD_ENGINE_ENGINE_OPTIONS_H_
 
@@ -9,9 +9,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "cache/disk/block_file.h"
 #include "cache/disk/disk_tier_options.h"
 #include "cache/remote/remote_tier_options.h"
 #include "engine/backend.h"
@@ -64,12 +62,6 @@ struct EngineOptions {
 // The longest Shutdown spends writing cached blocks to the disk tier (and publishing the
 // remote tier's queue).
 inline constexpr absl::Duration kDiskTierShutdownSpill = absl::Seconds(10);
-
-// The disk tier layout of an engine's blocks: its manifest, the backend's kv_numerics(),
-// dtype, K/V element size and block size, the model's layer and head geometry.
-// INVALID_ARGUMENT when the backend's kv_bytes_per_token() is not a whole element size for
-// that geometry (its blocks could not be described).
-absl::StatusOr<DiskLayout> EngineDiskLayout(const EngineOptions& options);
 
 }  // namespace prefixd
 

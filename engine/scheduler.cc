@@ -185,6 +185,9 @@ bool Scheduler::Step() {
     step.adapter = s.seq->request->request.adapter.get();
     steps.push_back(step);
   }
+  // Timed only for the offloader (its cap on waiting for a tier's load).
+  const absl::Time forward_start =
+      options_.offloader != nullptr ? options_.clock() : absl::InfinitePast();
   logits_.clear();
   const absl::Status forward = backend_->Forward(steps, &logits_);
   if (!forward.ok()) {
@@ -194,6 +197,14 @@ bool Scheduler::Step() {
   }
   ++counters_.steps;
   const absl::Time now = options_.clock();
+  if (options_.offloader != nullptr) {
+    int64_t prefill = 0, tokens = 0;
+    for (const Scheduled& s : batch) {
+      tokens += s.count;
+      if (!s.decode) prefill += s.count;
+    }
+    options_.offloader->ObserveForward(prefill, tokens, now - forward_start);
+  }
   const size_t vocab = static_cast<size_t>(options_.model_config.vocab_size);
   size_t row = 0;
   for (const Scheduled& s : batch) {
@@ -208,8 +219,8 @@ bool Scheduler::Step() {
     }
     // After ScoreRows: the blocks it recorded are published with their scores.
     if (options_.offloader != nullptr) {
-      options_.offloader->PublishComputed(*s.seq->chain, cache_->BlockTable(s.seq->cache_seq),
-                                          s.start, s.count);
+      options_.offloader->OfferComputed(*s.seq->chain, cache_->BlockTable(s.seq->cache_seq),
+                                        s.start, s.count);
     }
     row += rows;
     if (!ends) continue;
@@ -223,8 +234,8 @@ bool Scheduler::Step() {
 
 void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
   const int32_t bs = cache_->block_size();
-  // The remote tier's match answers are waited for this long in all, then the sequences
-  // whose answer has not come stay parked until it wakes the engine.
+  // The tiers' match answers are waited for this long in all, then the sequences whose
+  // answer has not come stay parked until it wakes the engine.
   const absl::Time match_deadline = absl::Now() + KvOffloader::kMatchWait;
   for (auto it = waiting_.begin(); it != waiting_.end() && *budget > 0;) {
     Sequence* seq = *it;
@@ -248,15 +259,16 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
       continue;
     }
     const int32_t pool_blocks = scoring ? scored_pool : plan.ok() ? plan->matched_tokens / bs : 0;
+    std::shared_ptr<const TierLoad> load;
     int32_t tier_blocks = 0;
     if (plan.ok() && options_.offloader != nullptr) {
-      const KvOffloader::Continuation c = options_.offloader->Continue(
-          *seq->chain, pool_blocks, scoring, match_deadline, &seq->tiers);
+      KvOffloader::TierLookup c = options_.offloader->LookUpTiers(*seq->chain, pool_blocks, scoring,
+                                                                  match_deadline, &seq->tiers);
       if (c.parked) {
         ++it;  // its blocks are being loaded
         continue;
       }
-      if (c.blocks > 0) {
+      if (c.ready_blocks > 0) {
         // The loaded blocks fill whole blocks after the pool's whole blocks: no partial copy
         // into the first of them, and a scoring request shares its scored blocks whole (the
         // last loaded block's last row is recomputed instead).
@@ -266,7 +278,8 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
         absl::StatusOr<AdmissionPlan> p = cache_->PlanAdmission(whole);
         if (p.ok() && p->pending_match_tokens == 0 && p->num_cached == pool_blocks * bs) {
           plan = std::move(p);
-          tier_blocks = c.blocks;
+          tier_blocks = c.ready_blocks;
+          load = std::move(c.load);
         }
         // Otherwise the pool serves less than its match promised: computed as without tiers.
       }
@@ -298,9 +311,10 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
       // A scoring request recomputes the last loaded row: its logits score the next position.
       start = scoring ? end * bs - 1 : std::min(end * bs, Len(*seq) - 1);
       pending_writes_.push_back(
-          {seq, pool_blocks, tier_blocks, !r->admitted_once, scoring, seq->tiers.load});
+          {seq, pool_blocks, tier_blocks, !r->admitted_once, scoring, std::move(load)});
     }
-    seq->tiers.load.reset();  // taken (its budget returns once the write has run)
+    // Taken (its budget returns once the write has run).
+    if (seq->tiers != nullptr) seq->tiers->load.reset();
     // With loaded blocks after them, the pool's blocks are shared whole; their records score
     // positions up to the last block's end, the loaded blocks' records the rest.
     if (scoring) {
@@ -333,29 +347,37 @@ absl::Status Scheduler::RunTierWrites(const std::vector<Scheduled>& batch) {
     auto entry = std::find_if(batch.begin(), batch.end(),
                               [seq](const Scheduled& s) { return s.seq == seq; });
     PREFIXD_CHECK(entry != batch.end());
-    absl::StatusOr<KvOffloader::Written> written =
-        options_.offloader->Write(*w.load, w.first_block, w.count,
-                                  cache_->BlockTable(seq->cache_seq), &disk_load_, &remote_load_);
+    absl::StatusOr<std::vector<KvOffloader::WrittenBlock>> written = options_.offloader->Write(
+        *w.load, w.first_block, w.count, cache_->BlockTable(seq->cache_seq));
     if (!written.ok()) return written.status();
+    for (const KvOffloader::WrittenBlock& b : *written) {
+      (b.medium == TierMedium::kDisk ? disk_load_ : remote_load_).push_back(b.seconds);
+    }
     const int32_t pool_cached = w.first_block * bs;
     const int32_t end = w.first_block + w.count;
     const int32_t cached = w.scoring ? end * bs - 1 : std::min(end * bs, Len(*seq) - 1);
     PREFIXD_CHECK(cached == entry->start);
     cache_->MarkComputed(seq->cache_seq, cached);
     // After MarkComputed: a record enters the store only once its block is indexed.
-    PREFIXD_CHECK(written->records.size() == static_cast<size_t>(w.count));
-    scorer_.RestoreLoaded(w.scoring ? r : nullptr, seq->chain->keys(), w.first_block,
-                          written->records, cached);
+    PREFIXD_CHECK(written->size() == static_cast<size_t>(w.count));
+    std::vector<std::shared_ptr<const BlockScores>> records;
+    records.reserve(written->size());
+    for (const KvOffloader::WrittenBlock& b : *written) records.push_back(b.record);
+    scorer_.RestoreLoaded(w.scoring ? r : nullptr, seq->chain->keys(), w.first_block, records,
+                          cached);
     if (w.first_admission) {
       r->usage.cached_prompt_tokens += static_cast<uint32_t>(cached - pool_cached);
-      // The tokens of the disk's blocks first, the rest the remote tier's.
-      const int32_t disk_cached = std::min(cached, (w.first_block + written->disk_blocks) * bs);
-      const int32_t disk_tokens = std::max(disk_cached - pool_cached, 0);
-      const int32_t remote_tokens = cached - std::max(disk_cached, pool_cached);
-      counters_.disk_hit_tokens += static_cast<uint64_t>(disk_tokens);
-      counters_.remote_hit_tokens += static_cast<uint64_t>(remote_tokens);
-      r->usage.cached_disk_tokens += static_cast<uint32_t>(disk_tokens);
-      r->usage.cached_remote_tokens += static_cast<uint32_t>(remote_tokens);
+      // Each block's tokens of the cached ones (the last block's may be recomputed in
+      // part), counted by the medium it came from.
+      for (int32_t i = 0; i < w.count; ++i) {
+        const int32_t b = w.first_block + i;
+        const int32_t tokens = std::max(std::min(cached, (b + 1) * bs) - b * bs, 0);
+        const bool disk = (*written)[i].medium == TierMedium::kDisk;
+        (disk ? counters_.disk_hit_tokens : counters_.remote_hit_tokens) +=
+            static_cast<uint64_t>(tokens);
+        (disk ? r->usage.cached_disk_tokens : r->usage.cached_remote_tokens) +=
+            static_cast<uint32_t>(tokens);
+      }
       adapter_tokens_[r->request.adapter_name].hit_tokens +=
           static_cast<uint64_t>(cached - pool_cached);
     }

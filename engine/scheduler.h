@@ -113,7 +113,7 @@ class Scheduler {
     int32_t count;
     bool first_admission;
     bool scoring;  // the request scores its prompt: the blocks' records score positions
-    std::shared_ptr<TierLoad> load;
+    std::shared_ptr<const TierLoad> load;
   };
 
   void Admit(std::vector<Scheduled>* batch, int32_t* budget);

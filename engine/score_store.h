@@ -14,7 +14,7 @@
 // Engine-thread only.
 //
 // Records follow their blocks into the disk tier: a spilled block that has one is written
-// with a score section (cache/disk/block_file.h), and a block loaded from such a file gets
+// with a score section (cache/block_record.h), and a block loaded from such a file gets
 // its record back once the pool indexes it.
 #ifndef PREFIXD_ENGINE_SCORE_STORE_H_
 #define PREFIXD_ENGINE_SCORE_STORE_H_
@@ -26,7 +26,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/types/span.h"
-#include "cache/disk/block_file.h"
+#include "cache/block_record.h"
 #include "cache/sha256.h"
 #include "engine/request.h"
 

@@ -22,13 +22,13 @@
 #include "cache/kv_cache.h"
 #include "cache/sha256.h"
 #include "cache/token_chain.h"
-#include "engine/kv_offloader.h"
 #include "engine/request.h"
 #include "engine/request_stream.h"
 
 namespace prefixd {
 
 struct RequestState;
+struct SequenceTiers;  // engine/kv_offloader.h
 
 struct Sequence {
   enum class State { kWaiting, kRunning, kFinished };
@@ -51,10 +51,10 @@ struct Sequence {
   // When this sample's latest token was emitted: the next one's time per output token is
   // measured from here (a preemption in between counts, as the client waited through it).
   absl::Time last_token_time;
-  // The offloader's state (engine/kv_offloader.h): the load from the tiers this waiting
-  // sequence is parked on (its admission then takes what arrived), and the remote tier's
-  // latest match.
-  SequenceTiers tiers;
+  // The offloader's state (engine/kv_offloader.h), made by its first lookup: the load from
+  // the tiers this waiting sequence is parked on (its admission then takes what arrived), and
+  // each tier's latest match. Shared only so that this header needs no definition of it.
+  std::shared_ptr<SequenceTiers> tiers;
 };
 
 struct RequestState {

@@ -101,6 +101,11 @@ ServerMetrics::ServerMetrics(MetricsSources sources)
   AddStatsCounter("prefixd_remote_cache_corrupt_blocks_total",
                   "Remote tier values that failed verification (deleted, recomputed)",
                   [](const EngineStats& s) { return s.remote.corrupt_blocks; });
+  // = matches not answered by their deadline (twice --kv-remote-timeout from the request
+  //   asking, its wait behind an earlier round trip included): misses, their blocks computed.
+  AddStatsCounter("prefixd_remote_cache_match_timeouts_total",
+                  "Remote tier matches not answered by their deadline (misses, computed)",
+                  [](const EngineStats& s) { return s.remote.match_timeouts; });
   {
     // = faults by operation (connect incl. AUTH/SELECT, match, load, store); each one also
     //   starts the tier's backoff.

@@ -17,9 +17,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "cache/block_key.h"
 #include "base/check.h"
 #include "base/file.h"
+#include "cache/block_key.h"
 
 namespace prefixd {
 namespace {
@@ -100,15 +100,16 @@ int64_t MtimeNanos(const struct stat& st) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& options,
-                                                         const DiskLayout& layout) {
-  if (absl::Status s = ValidateDiskLayout(layout); !s.ok()) return s;
+                                                         const BlockLayout& layout) {
+  if (absl::Status s = ValidateBlockLayout(layout); !s.ok()) return s;
   if (options.dir.empty()) return absl::InvalidArgumentError("disk tier: empty directory");
   if (options.max_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--cache-dir-bytes must be 0 (the default cap) or positive, got ", options.max_bytes));
   }
-  if (options.max_queued_blocks <= 0) {
-    return absl::InvalidArgumentError("disk tier: max_queued_blocks must be positive");
+  if (options.max_queued_blocks <= 0 || options.max_load_blocks <= 0) {
+    return absl::InvalidArgumentError(
+        "disk tier: max_queued_blocks and max_load_blocks must be positive");
   }
   std::error_code ec;
   std::filesystem::create_directories(options.dir, ec);
@@ -173,10 +174,11 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(const DiskTierOptions& 
   std::unique_ptr<DiskTier> tier(new DiskTier(options, layout, fd, cap));
   if (absl::Status s = tier->Scan(); !s.ok()) return s;
   tier->writer_ = std::thread([t = tier.get()] { t->WriterLoop(); });
+  tier->loader_ = std::thread([t = tier.get()] { t->LoaderLoop(); });
   return tier;
 }
 
-DiskTier::DiskTier(const DiskTierOptions& options, const DiskLayout& layout, int lock_fd,
+DiskTier::DiskTier(const DiskTierOptions& options, const BlockLayout& layout, int lock_fd,
                    int64_t cap)
     : dir_(options.dir),
       layout_(layout),
@@ -190,11 +192,22 @@ DiskTier::DiskTier(const DiskTierOptions& options, const DiskLayout& layout, int
                                        }),
       read_hook_(options.read_hook),
       lock_fd_(lock_fd),
-      cap_(cap) {
+      cap_(cap),
+      max_load_blocks_(options.max_load_blocks) {
   stats_.cap_bytes = cap;
 }
 
 DiskTier::~DiskTier() {
+  std::deque<PendingFetch> left;
+  {
+    absl::MutexLock lock(&load_mu_);
+    loader_stop_ = true;
+    left.swap(fetches_);
+  }
+  if (loader_.joinable()) loader_.join();
+  // Ended with nothing read; outside load_mu_: a fetch's deleter returns its budget under it.
+  for (PendingFetch& p : left) p.fetch->done_.store(true, std::memory_order_release);
+  left.clear();
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
@@ -256,7 +269,7 @@ size_t DiskTier::MatchFrom(absl::Span<const Digest> keys) const {
 }
 
 bool DiskTier::ScoredLocked(const Digest& key) const {
-  return layout_.score_top_k > 0 && index_.BytesOf(key) == layout_.scored_file_bytes();
+  return layout_.score_top_k > 0 && index_.BytesOf(key) == layout_.scored_record_bytes();
 }
 
 size_t DiskTier::MatchScoredFrom(absl::Span<const Digest> keys) const {
@@ -298,7 +311,7 @@ absl::Status DiskTier::Load(const BlockExpectation& expect, absl::Span<uint8_t> 
   }
   absl::StatusOr<absl::Span<const uint8_t>> data =
       err != 0 ? absl::DataLossError(absl::StrCat("cannot read ", path, ": ", ErrnoText(err)))
-               : DecodeBlockFile(load_buffer_, layout_, expect, scores);
+               : DecodeBlockRecord(load_buffer_, layout_, expect, scores);
   absl::MutexLock lock(&mu_);
   if (!data.ok()) {
     if (index_.Erase(expect.key)) ::unlink(path.c_str());
@@ -311,6 +324,94 @@ absl::Status DiskTier::Load(const BlockExpectation& expect, absl::Span<uint8_t> 
   ::utimensat(AT_FDCWD, path.c_str(), nullptr, AT_SYMLINK_NOFOLLOW);
   ++stats_.loads;
   return absl::OkStatus();
+}
+absl::StatusOr<std::shared_ptr<const TierMatch>> DiskTier::StartMatch(
+    absl::Span<const Digest> keys, const MatchOptions& match,
+    std::function<void()> /*on_done: answered before returning*/) {
+  auto m = std::make_shared<TierMatch>();
+  m->scored_only = match.scored_only;
+  m->blocks = match.scored_only ? MatchScoredFrom(keys) : MatchFrom(keys);
+  m->keys.assign(keys.begin(), keys.begin() + m->blocks);
+  m->done_.Notify();
+  return m;
+}
+
+absl::StatusOr<std::shared_ptr<const TierFetch>> DiskTier::StartFetch(
+    FetchRequest request, std::function<void()> on_done) {
+  const int64_t n = static_cast<int64_t>(request.keys.size());
+  PREFIXD_CHECK(n > 0 && n <= max_load_blocks_);
+  PREFIXD_CHECK(request.tokens.size() == request.keys.size() * layout_.block_size);
+  absl::MutexLock lock(&load_mu_);
+  if (loader_stop_) return absl::UnavailableError("the disk tier is shutting down");
+  if (fetch_blocks_in_flight_ + n > max_load_blocks_) {
+    return absl::ResourceExhaustedError("the disk tier's load budget is in use");
+  }
+  fetch_blocks_in_flight_ += n;
+  // The budget comes back when the last holder (the request, or the loader) lets go. The
+  // tier outlives every fetch: the engine drops its loads before its tiers.
+  std::shared_ptr<TierFetch> f(new TierFetch, [this, n](TierFetch* done) {
+    delete done;
+    absl::MutexLock l(&load_mu_);
+    fetch_blocks_in_flight_ -= n;
+  });
+  f->root = request.root;
+  f->keys = std::move(request.keys);
+  f->tokens = std::move(request.tokens);
+  f->scored_only = request.scored_only;
+  fetches_.push_back({f, std::move(on_done)});
+  return f;
+}
+
+void DiskTier::LoaderLoop() {
+  while (true) {
+    PendingFetch p;
+    {
+      absl::MutexLock lock(&load_mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(load_mu_) {
+        return !fetches_.empty() || loader_stop_;
+      };
+      load_mu_.Await(absl::Condition(&ready));
+      if (loader_stop_) return;
+      p = std::move(fetches_.front());
+      fetches_.pop_front();
+    }
+    Read(*p.fetch, p.fetch);
+    p.fetch->done_.store(true, std::memory_order_release);
+    // This thread lets go first, so that whoever on_done wakes holds the only reference.
+    std::function<void()> on_done = std::move(p.on_done);
+    p = PendingFetch();
+    if (on_done) on_done();
+  }
+}
+
+void DiskTier::Read(TierFetch& f, const std::shared_ptr<TierFetch>& held) {
+  const size_t bs = layout_.block_size;
+  // The kernel reads the files ahead while the first ones are verified.
+  Prefetch(f.keys);
+  for (size_t i = 0; i < f.keys.size(); ++i) {
+    {
+      absl::MutexLock lock(&load_mu_);
+      if (loader_stop_) return;
+    }
+    // Nobody waits for it any more (the request was cancelled or ended): stop reading.
+    if (held.use_count() == 1) return;
+    const absl::Time t0 = absl::Now();
+    std::vector<uint8_t> data(static_cast<size_t>(layout_.data_bytes()));
+    std::vector<PositionScore> section;
+    const BlockExpectation expect{.root = f.root,
+                                  .key = f.keys[i],
+                                  .tokens = absl::MakeConstSpan(f.tokens).subspan(i * bs, bs)};
+    // Absent (deleted for the cap since the match) or corrupt (deleted and counted): this
+    // block and every one after it are computed.
+    if (!Load(expect, absl::MakeSpan(data), &section).ok()) return;
+    // A scoring request matched scored files only; one that lost its section (replaced
+    // meanwhile) ends its fetch.
+    if (f.scored_only && section.empty()) return;
+    f.values.push_back(std::move(data));
+    f.data.push_back(f.values.back());
+    f.scores.push_back(std::move(section));
+    f.seconds.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+  }
 }
 
 bool DiskTier::WantsSpill(const Digest& key, const SpillIntent& spill) {
@@ -365,7 +466,7 @@ void DiskTier::WriterLoop() {
       record = std::move(queue_.front());
       queue_.pop_front();
       writing_ = true;
-      file_bytes = record.scores.empty() ? layout_.file_bytes() : layout_.scored_file_bytes();
+      file_bytes = record.scores.empty() ? layout_.record_bytes() : layout_.scored_record_bytes();
       // A file without scores that this one replaces (invariant 2): its bytes leave the index
       // now; the rename below replaces it, or the failure path deletes it.
       index_.Erase(record.key);
@@ -380,7 +481,7 @@ void DiskTier::WriterLoop() {
     int err = 0;
     const std::string path = PathOf(record.key);
     if (fits) {
-      const std::string bytes = EncodeBlockFile(layout_, record);
+      const std::string bytes = EncodeBlockRecord(layout_, record);
       err = write_file_(path + kTempSuffix, path, bytes);
     }
     absl::MutexLock lock(&mu_);

@@ -2,19 +2,23 @@
 // directory, read back into fresh pool blocks on a later hit, and found again after a restart.
 //
 // Identity is the pool's: a file holds one block under its chain key (cache/block_key.h) with
-// its root key, parent key, tokens and the layout it was computed with (block_file.h), and is
-// checked in full before its rows may enter the pool. A file may carry the block's score
-// section (prompt logprobs); its size says whether it does (layout.scored_file_bytes()), so
-// the index answers "which blocks carry scores" without opening a file. A file that fails any check is deleted,
-// counted (corrupt_blocks) and the engine computes the block instead: the tier never decides a
-// token.
+// its root key, parent key, tokens and the layout it was computed with (cache/block_record.h), and
+// is checked in full before its rows may enter the pool. A file may carry the block's score section
+// (prompt logprobs); its size says whether it does (layout.scored_record_bytes()), so the index
+// answers "which blocks carry scores" without opening a file. A file that fails any check is
+// deleted, counted (corrupt_blocks) and the engine computes the block instead: the tier never
+// decides a token.
+//
+// A KvTier (cache/tier.h): the engine offers it the blocks the pool evicts (spills), matches
+// answer at once from the index, and fetches are read on the tier's loader thread.
 //
 // Threads: one writer thread takes spills from a bounded queue and writes them (temporary file,
-// then rename, so a reader sees a whole file or none). Load and Prefetch are called from one
-// thread at a time (the engine's loader thread, engine/kv_offloader.h), the other methods
-// from the engine thread, which never waits for the disk except in WantsSpill/Flush when
-// given a deadline (only at shutdown); all of them share the index under one mutex. When the
-// queue is full a spill is dropped and counted.
+// then rename, so a reader sees a whole file or none). One loader thread reads the fetches
+// (StartFetch) in order; Load and Prefetch are called from one thread at a time (that loader,
+// or a test), the other methods from the engine thread, which never waits for the disk except
+// in WantsSpill/Flush when given a deadline (only at shutdown); all of them share the index
+// under one mutex. When the queue is full a spill is dropped and counted. Fetches hold their
+// blocks' bytes in memory: at most options.max_load_blocks are in flight at once.
 //
 // Invariants:
 //  1. The index (tier_index.h) lists exactly the block files this tier wrote or found at start,
@@ -51,15 +55,16 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "cache/disk/block_file.h"
+#include "cache/block_record.h"
+#include "cache/digest_hash.h"
 #include "cache/disk/disk_tier_options.h"
 #include "cache/disk/disk_tier_stats.h"
 #include "cache/disk/tier_index.h"
-#include "cache/digest_hash.h"
+#include "cache/tier.h"
 
 namespace prefixd {
 
-class DiskTier {
+class DiskTier final : public KvTier {
  public:
   // Creates the directory if needed, takes its lock, rebuilds the index from the *.kvb files
   // (this layout's by name; others as foreign), deletes *.tmp leftovers and enforces the cap.
@@ -67,9 +72,10 @@ class DiskTier {
   // directory cannot be created or written, is writable by group or others or owned by another
   // user (invariant 4), or another process holds its lock.
   static absl::StatusOr<std::unique_ptr<DiskTier>> Open(const DiskTierOptions& options,
-                                                        const DiskLayout& layout);
-  // Stops the writer: a write in progress completes, queued spills are dropped (counted).
-  ~DiskTier();
+                                                        const BlockLayout& layout);
+  // Stops the writer and the loader: a write or read in progress completes, queued spills are
+  // dropped (counted), queued fetches end with nothing read.
+  ~DiskTier() override;
   DiskTier(const DiskTier&) = delete;
   DiskTier& operator=(const DiskTier&) = delete;
 
@@ -86,7 +92,7 @@ class DiskTier {
   // file at a time. Best effort; absent files are skipped.
   void Prefetch(absl::Span<const Digest> keys) const;
 
-  // Reads the block `expect.key` and verifies it (block_file.h) into `out`
+  // Reads the block `expect.key` and verifies it (cache/block_record.h) into `out`
   // (layout().data_bytes() bytes) and, when given, its score section into `scores` (empty
   // when the file has none). NOT_FOUND when absent (also when the writer deleted it a
   // moment ago); DATA_LOSS when it failed verification: the file is deleted and counted.
@@ -108,19 +114,50 @@ class DiskTier {
   // Queues a block WantsSpill accepted (PREFIXD_CHECKs its sizes and the room).
   void Spill(BlockRecord record);
   // Waits until every queued spill is written (true) or `deadline` passes (false).
-  bool Flush(absl::Time deadline);
+  bool Flush(absl::Time deadline) override;
+
+  // KvTier. A match is answered from the index before StartMatch returns (on_done is not
+  // called). A fetch is read on the loader thread (Prefetch, then Load block by block),
+  // stopping at the first block that fails, or has no score section when request.scored_only,
+  // or when nobody holds the fetch any more.
+  TierMedium medium() const override { return TierMedium::kDisk; }
+  TierOffers offers() const override { return TierOffers::kEvicted; }
+  absl::StatusOr<std::shared_ptr<const TierMatch>> StartMatch(
+      absl::Span<const Digest> keys, const MatchOptions& match,
+      std::function<void()> on_done) override;
+  absl::Duration match_reuse() const override { return absl::ZeroDuration(); }
+  absl::StatusOr<std::shared_ptr<const TierFetch>> StartFetch(
+      FetchRequest request, std::function<void()> on_done) override;
+  int32_t max_fetch_blocks() const override { return max_load_blocks_; }
+  // Reading a file is several times cheaper than computing its block (bench/disk_tier_bench).
+  bool wait_capped_at_compute() const override { return false; }
+  // Blocks of fetches reading or read and not yet let go of (their bytes are in memory).
+  int64_t fetch_blocks_in_flight() const {
+    absl::MutexLock lock(&load_mu_);
+    return fetch_blocks_in_flight_;
+  }
+  bool WantsOffer(const Digest& key, const OfferIntent& offer) override {
+    return WantsSpill(key, {.scored = offer.scored, .deadline = offer.deadline});
+  }
+  std::vector<uint8_t> OfferBuffer() override {
+    return std::vector<uint8_t>(static_cast<size_t>(layout_.data_bytes()));
+  }
+  void Offer(BlockRecord record) override { Spill(std::move(record)); }
 
   DiskTierStats Stats() const;
-  const DiskLayout& layout() const { return layout_; }
+  const BlockLayout& layout() const override { return layout_; }
   int64_t cap_bytes() const { return cap_; }
   const std::string& dir() const { return dir_; }
   // The file that holds (or would hold) `key`: DIR/<layout id>-<hex key>.kvb.
   std::string PathOf(const Digest& key) const;
 
  private:
-  DiskTier(const DiskTierOptions& options, const DiskLayout& layout, int lock_fd, int64_t cap);
+  DiskTier(const DiskTierOptions& options, const BlockLayout& layout, int lock_fd, int64_t cap);
   absl::Status Scan();
   void WriterLoop();
+  void LoaderLoop();
+  // Reads f's blocks (the loader thread's part of a fetch).
+  void Read(TierFetch& f, const std::shared_ptr<TierFetch>& held);
   // Whether `key` is indexed with a score section. Requires mu_.
   bool ScoredLocked(const Digest& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Deletes index victims until `incoming` more bytes fit. Requires mu_.
@@ -128,7 +165,7 @@ class DiskTier {
   int64_t Now() const { return clock_(); }
 
   const std::string dir_;
-  const DiskLayout layout_;
+  const BlockLayout layout_;
   const std::string layout_id_;
   const int32_t max_queued_;
   const std::function<int64_t()> clock_;
@@ -136,6 +173,7 @@ class DiskTier {
   const std::function<void()> read_hook_;
   const int lock_fd_;
   const int64_t cap_;
+  const int32_t max_load_blocks_;
 
   mutable absl::Mutex mu_;
   TierIndex index_ ABSL_GUARDED_BY(mu_);
@@ -147,6 +185,16 @@ class DiskTier {
 
   std::string load_buffer_;  // the loading thread's: the file being verified
   std::thread writer_;
+
+  struct PendingFetch {
+    std::shared_ptr<TierFetch> fetch;
+    std::function<void()> on_done;
+  };
+  mutable absl::Mutex load_mu_;
+  std::deque<PendingFetch> fetches_ ABSL_GUARDED_BY(load_mu_);
+  int64_t fetch_blocks_in_flight_ ABSL_GUARDED_BY(load_mu_) = 0;
+  bool loader_stop_ ABSL_GUARDED_BY(load_mu_) = false;
+  std::thread loader_;
 };
 
 }  // namespace prefixd

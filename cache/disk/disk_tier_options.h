@@ -21,6 +21,9 @@ struct DiskTierOptions {
   int64_t max_bytes = 0;
   // Spills waiting for the writer; more are dropped. 64 blocks of full GPT-2 fp32 is ~75 MB.
   int32_t max_queued_blocks = 64;
+  // Blocks being read (or read and not yet taken by their request) at once, over all
+  // fetches: their K/V wait in memory.
+  int32_t max_load_blocks = 128;
   // LRU time in nanoseconds; default the wall clock (file mtimes order blocks after a restart).
   std::function<int64_t()> clock;
   // How the writer thread writes a block file: base/file.h's WriteFileAtomically (0 or an

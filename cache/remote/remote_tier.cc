@@ -24,6 +24,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "base/check.h"
+#include "cache/remote/redis_connection.h"
 #include "cache/sha256.h"
 
 namespace prefixd {
@@ -31,11 +32,6 @@ namespace {
 
 // Keys published or queued that are remembered, so that a block is not sent twice.
 constexpr size_t kRecentKeys = 1 << 16;
-
-struct ReplyDeleter {
-  void operator()(redisReply* r) const { freeReplyObject(r); }
-};
-using Reply = std::unique_ptr<redisReply, ReplyDeleter>;
 
 }  // namespace
 
@@ -96,240 +92,12 @@ absl::StatusOr<RemoteEndpoint> ParseRemoteUrl(const std::string& url) {
   return e;
 }
 
-// One hiredis connection with a timeout on every call and a backoff after every failure.
-// Used by one thread; ready() may be read from any.
-class RedisConnection {
- public:
-  RedisConnection(const RemoteEndpoint& endpoint, const RemoteTierOptions& options)
-      : endpoint_(endpoint), options_(options) {}
-  ~RedisConnection() { Close(); }
-
-  // False while backing off after a failure.
-  bool ready() const { return absl::Now() >= absl::FromUnixNanos(retry_at_ns_.load()); }
-  bool connected() const { return ctx_ != nullptr; }
-
-  // Until changed, connecting and every reply must also be done by `deadline` (a fetch's);
-  // absl::InfiniteFuture(): each is bounded by the command timeout only.
-  void SetDeadline(absl::Time deadline) { deadline_ = deadline; }
-  // While set (and a deadline is), a wait for a reply also wakes when `fd` (an eventfd) is
-  // written, drains it, runs `hook` (which may Append commands) and sends what it appended.
-  void SetWaitHook(int fd, std::function<void()> hook) {
-    hook_fd_ = fd;
-    hook_ = std::move(hook);
-  }
-
-  // Connects (and authenticates, selects the database) when not connected. Non-OK (with the
-  // backoff started) on a failure.
-  absl::Status Ensure() {
-    if (ctx_ != nullptr) return absl::OkStatus();
-    const timeval tv = absl::ToTimeval(options_.timeout);
-    const absl::Duration left = std::min(options_.timeout, deadline_ - absl::Now());
-    if (left <= absl::ZeroDuration()) return Failed(DeadlinePassed());
-    const timeval connect_tv = absl::ToTimeval(left);
-    ctx_ = endpoint_.unix_path.empty()
-               ? redisConnectWithTimeout(endpoint_.host.c_str(), endpoint_.port, connect_tv)
-               : redisConnectUnixWithTimeout(endpoint_.unix_path.c_str(), connect_tv);
-    if (ctx_ == nullptr) return Failed("cannot allocate a connection");
-    if (ctx_->err != 0) return Failed(absl::StrCat("connect: ", ctx_->errstr));
-    if (redisSetTimeout(ctx_, tv) != REDIS_OK) return Failed("cannot set the socket timeout");
-    // Our createString (SinkString) hands top-level bulk strings to the sink when one is set
-    // and every other reply to hiredis's own functions.
-    defaults_ = ctx_->reader->fn;
-    functions_ = *defaults_;
-    functions_.createString = &RedisConnection::SinkString;
-    ctx_->reader->fn = &functions_;
-    ctx_->reader->privdata = this;  // (redisReaderSetPrivdata casts it to int)
-    // Keep the read buffer between replies: by default hiredis frees it once it holds more
-    // than 16 KiB unused, and the next 1.2 MB GET grows a new one through fresh pages.
-    ctx_->reader->maxbuf = 0;
-    if (!options_.password.empty()) {
-      const char* argv[] = {"AUTH", options_.password.data()};
-      const size_t lens[] = {4, options_.password.size()};
-      absl::StatusOr<Reply> r = Run(2, argv, lens);
-      if (!r.ok()) return r.status();
-    }
-    if (endpoint_.db != 0) {
-      const std::string db = absl::StrCat(endpoint_.db);
-      const char* argv[] = {"SELECT", db.data()};
-      const size_t lens[] = {6, db.size()};
-      absl::StatusOr<Reply> r = Run(2, argv, lens);
-      if (!r.ok()) return r.status();
-    }
-    return absl::OkStatus();
-  }
-
-  // One command; an error reply is a failure too (message from the server), except
-  // WRONGTYPE when `wrong_type_ok`: a value that is not a string is the caller's to judge.
-  absl::StatusOr<Reply> Run(int argc, const char** argv, const size_t* lens,
-                            bool wrong_type_ok = false) {
-    if (ctx_ == nullptr) return absl::UnavailableError("not connected");
-    if (absl::Status s = Append(argc, argv, lens); !s.ok()) return s;
-    return GetReply(wrong_type_ok);
-  }
-
-  // Appends a command to the pipeline (sent with the first GetReply).
-  absl::Status Append(int argc, const char** argv, const size_t* lens) {
-    if (redisAppendCommandArgv(ctx_, argc, argv, lens) != REDIS_OK) return Failed(IoError());
-    return absl::OkStatus();
-  }
-  // The next pipelined reply; `wrong_type_ok` as for Run.
-  absl::StatusOr<Reply> GetReply(bool wrong_type_ok = false) {
-    void* raw = nullptr;
-    if (absl::Status s = ReadReply(&raw); !s.ok()) return s;
-    Reply r(static_cast<redisReply*>(raw));
-    if (r->type == REDIS_REPLY_ERROR) {
-      std::string text(r->str, r->len);
-      if (wrong_type_ok && absl::StartsWith(text, "WRONGTYPE")) return r;
-      return Failed(text);
-    }
-    return r;
-  }
-
-  // While set, a reply that is a bulk string (a fetched value) is assigned to `*sink` instead of
-  // a fresh allocation, and the reply returned carries an empty string; sunk() tells it apart
-  // from an empty value. A 1.2 MB allocation per value costs its page faults on every GET
-  // (the allocator returns it to the system when it is freed), and a buffer that held a
-  // value before takes the next one without allocating. Null (the default): as hiredis
-  // allocates them.
-  void SinkStringsInto(std::vector<uint8_t>* sink) {
-    sink_ = sink;
-    sunk_ = false;
-  }
-  // Whether the last reply's string went to the sink.
-  bool sunk() const { return sunk_; }
-
-  void Succeeded() { backoff_ = absl::ZeroDuration(); }
-
-  // Closes the connection (its pipeline state is unknown) and starts or doubles the backoff.
-  absl::Status Failed(const std::string& what) {
-    Close();
-    backoff_ = backoff_ == absl::ZeroDuration()
-                   ? options_.backoff_min
-                   : std::min(backoff_ * 2, options_.backoff_max);
-    retry_at_ns_.store(absl::ToUnixNanos(absl::Now() + backoff_));
-    return absl::UnavailableError(absl::StrCat(endpoint_.ToString(), ": ", what));
-  }
-
- private:
-  std::string DeadlinePassed() const {
-    return absl::StrCat(
-        "the fetch's deadline passed (",
-        absl::FormatDuration(FetchTimeout(options_)),
-        " after it was asked for)");
-  }
-  // Waits until the socket is readable, for at most the command timeout and until the
-  // deadline; OK when it is.
-  absl::Status AwaitReadable() {
-    if (deadline_ == absl::InfiniteFuture()) return absl::OkStatus();  // SO_RCVTIMEO bounds it
-    while (true) {
-      const absl::Duration left = deadline_ - absl::Now();
-      if (left <= absl::ZeroDuration()) return Failed(DeadlinePassed());
-      const bool deadline_first = left < options_.timeout;
-      const absl::Duration wait = deadline_first ? left : options_.timeout;
-      pollfd p[2] = {{.fd = ctx_->fd, .events = POLLIN, .revents = 0},
-                     {.fd = hook_fd_, .events = POLLIN, .revents = 0}};
-      const int n = poll(
-          p, hook_ ? 2 : 1,
-          static_cast<int>(absl::ToInt64Milliseconds(absl::Ceil(wait, absl::Milliseconds(1)))));
-      if (n > 0 && p[0].revents != 0) return absl::OkStatus();
-      if (n > 0) {
-        uint64_t count;
-        if (read(hook_fd_, &count, sizeof(count)) < 0 && errno != EAGAIN) {
-          return Failed(absl::StrCat("eventfd: ", std::strerror(errno)));
-        }
-        hook_();
-        if (ctx_ == nullptr) return absl::UnavailableError("the connection failed");
-        int sent = 0;
-        do {
-          if (redisBufferWrite(ctx_, &sent) != REDIS_OK) return Failed(IoError());
-        } while (!sent);
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return Failed(absl::StrCat("poll: ", std::strerror(errno)));
-      if (!deadline_first) {
-        return Failed(absl::StrCat("timed out after ", absl::FormatDuration(options_.timeout)));
-      }
-    }
-  }
-  std::string IoError() const {
-    if (ctx_ == nullptr || ctx_->err == 0) return "no reply";
-    // hiredis reports a read timeout as an I/O error with errno EAGAIN.
-    if (ctx_->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      return absl::StrCat("timed out after ", absl::FormatDuration(options_.timeout));
-    }
-    return ctx_->errstr;
-  }
-  void Close() {
-    if (ctx_ != nullptr) redisFree(ctx_);
-    ctx_ = nullptr;
-  }
-  // Sends what the pipeline holds and waits for the next reply (in *reply, non-null). What
-  // redisGetReply does, but hiredis reads 16 KiB per read(2): a 1.2 MB value is then about 75
-  // system calls, and Redis is woken as often to refill the socket. This reads up to
-  // kReadBytes at a time and feeds them to hiredis's reader (the protocol stays hiredis's):
-  // a GET of a block costs the client about 40 % less CPU, and Redis about 25 % less
-  // (docs/BENCHMARKS.md, "With the shared Redis tier").
-  absl::Status ReadReply(void** reply) {
-    if (ctx_ == nullptr) return absl::UnavailableError("not connected");
-    int sent = 0;
-    do {
-      if (redisBufferWrite(ctx_, &sent) != REDIS_OK) return Failed(IoError());
-    } while (!sent);
-    if (redisGetReplyFromReader(ctx_, reply) != REDIS_OK) return Failed(IoError());
-    if (read_buffer_ == nullptr && *reply == nullptr) {
-      read_buffer_ = std::make_unique<char[]>(kReadBytes);
-    }
-    while (*reply == nullptr) {
-      if (absl::Status s = AwaitReadable(); !s.ok()) return s;
-      const ssize_t n = read(ctx_->fd, read_buffer_.get(), kReadBytes);
-      if (n < 0 && errno == EINTR) continue;
-      if (n == 0) return Failed("the server closed the connection");
-      if (n < 0) {
-        const int e = errno;
-        return Failed(e == EAGAIN || e == EWOULDBLOCK
-                          ? absl::StrCat("timed out after ", absl::FormatDuration(options_.timeout))
-                          : absl::StrCat("read: ", std::strerror(e)));
-      }
-      if (redisReaderFeed(ctx_->reader, read_buffer_.get(), static_cast<size_t>(n)) != REDIS_OK ||
-          redisGetReplyFromReader(ctx_, reply) != REDIS_OK) {
-        return Failed(IoError());
-      }
-    }
-    return absl::OkStatus();
-  }
-  static constexpr size_t kReadBytes = 512 << 10;
-  static void* SinkString(const redisReadTask* task, char* str, size_t len) {
-    RedisConnection* c = static_cast<RedisConnection*>(task->privdata);
-    if (c->sink_ == nullptr || task->parent != nullptr || task->type != REDIS_REPLY_STRING) {
-      return c->defaults_->createString(task, str, len);
-    }
-    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(str);
-    c->sink_->assign(bytes, bytes + len);  // one memcpy (the same element type)
-    c->sunk_ = true;
-    return c->defaults_->createString(task, str, 0);
-  }
-
-  const RemoteEndpoint endpoint_;
-  const RemoteTierOptions& options_;
-  redisContext* ctx_ = nullptr;
-  std::unique_ptr<char[]> read_buffer_;  // ReadReply's, made on the first read
-  redisReplyObjectFunctions* defaults_ = nullptr;  // hiredis's, for every reply not sunk
-  redisReplyObjectFunctions functions_{};
-  std::vector<uint8_t>* sink_ = nullptr;
-  bool sunk_ = false;
-  absl::Duration backoff_ = absl::ZeroDuration();
-  absl::Time deadline_ = absl::InfiniteFuture();
-  int hook_fd_ = -1;
-  std::function<void()> hook_;
-  std::atomic<int64_t> retry_at_ns_{0};
-};
 
 absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Open(const RemoteTierOptions& options,
-                                                              const DiskLayout& layout) {
+                                                             const BlockLayout& layout) {
   absl::StatusOr<RemoteEndpoint> endpoint = ParseRemoteUrl(options.url);
   if (!endpoint.ok()) return endpoint.status();
-  if (absl::Status s = ValidateDiskLayout(layout); !s.ok()) return s;
+  if (absl::Status s = ValidateBlockLayout(layout); !s.ok()) return s;
   if (options.timeout <= absl::ZeroDuration() || options.timeout > kMaxRemoteTierTimeout) {
     return absl::InvalidArgumentError(
         absl::StrCat("--kv-remote-timeout must be above 0 and at most ",
@@ -342,6 +110,13 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Open(const RemoteTierOpt
         absl::StrCat("the remote tier's fetch_timeout must be 0 (the command timeout) to ",
                      absl::FormatDuration(kMaxRemoteTierTimeout), ", got ",
                      absl::FormatDuration(options.fetch_timeout)));
+  }
+  if (options.match_timeout < absl::ZeroDuration() ||
+      options.match_timeout > kMaxRemoteTierTimeout) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the remote tier's match_timeout must be 0 (twice the command timeout) to ",
+                     absl::FormatDuration(kMaxRemoteTierTimeout), ", got ",
+                     absl::FormatDuration(options.match_timeout)));
   }
   if (options.backoff_min <= absl::ZeroDuration() || options.backoff_max < options.backoff_min) {
     return absl::InvalidArgumentError("the remote tier needs 0 < backoff_min <= backoff_max");
@@ -362,7 +137,7 @@ absl::StatusOr<std::unique_ptr<RemoteTier>> RemoteTier::Open(const RemoteTierOpt
 }
 
 RemoteTier::RemoteTier(const RemoteTierOptions& options, const RemoteEndpoint& endpoint,
-                       const DiskLayout& layout)
+                       const BlockLayout& layout)
     : options_(options), endpoint_(endpoint), layout_(layout), layout_id_(layout.Id()) {
   matcher_conn_ = std::make_unique<RedisConnection>(endpoint_, options_);
   publisher_conn_ = std::make_unique<RedisConnection>(endpoint_, options_);
@@ -401,14 +176,15 @@ void RemoteTier::CountError(uint64_t RemoteTierStats::*counter, const std::strin
   if (options_.log) options_.log(absl::StrCat("remote cache tier: ", what));
 }
 
-absl::StatusOr<std::shared_ptr<const RemoteMatch>> RemoteTier::StartMatch(
+absl::StatusOr<std::shared_ptr<const TierMatch>> RemoteTier::StartMatch(
     absl::Span<const Digest> keys, const MatchOptions& match, std::function<void()> on_done) {
   PREFIXD_CHECK(!keys.empty());
   if (!matcher_conn_->ready()) return absl::UnavailableError("the remote tier is backing off");
-  auto m = std::make_shared<RemoteMatch>();
+  auto m = std::make_shared<TierMatch>();
   const size_t n = std::min(keys.size(), static_cast<size_t>(options_.max_match_blocks));
   m->keys.assign(keys.begin(), keys.begin() + n);
   m->scored_only = match.scored_only;
+  m->deadline = absl::Now() + MatchTimeout(options_);
   absl::MutexLock lock(&mu_);
   if (stop_) return absl::UnavailableError("the remote tier is shutting down");
   matches_.push_back({m, std::move(on_done)});
@@ -417,7 +193,7 @@ absl::StatusOr<std::shared_ptr<const RemoteMatch>> RemoteTier::StartMatch(
 
 size_t RemoteTier::MatchFrom(absl::Span<const Digest> keys, const MatchOptions& match) {
   if (keys.empty()) return 0;
-  absl::StatusOr<std::shared_ptr<const RemoteMatch>> m = StartMatch(keys, match, nullptr);
+  absl::StatusOr<std::shared_ptr<const TierMatch>> m = StartMatch(keys, match, nullptr);
   if (!m.ok()) return 0;
   (*m)->done_.WaitForNotification();
   return (*m)->blocks;
@@ -440,7 +216,19 @@ void RemoteTier::MatcherLoop() {
       matches_.clear();
       stopping = stop_;
     }
-    if (!stopping) AnswerMatches(batch);  // while stopping, each is answered 0 at once
+    // While stopping, each is answered 0 at once; so is one whose deadline passed while it
+    // waited behind an earlier round trip (a miss: its blocks are computed).
+    if (!stopping) {
+      const absl::Time now = absl::Now();
+      auto expired = std::partition(batch.begin(), batch.end(), [now](const PendingMatch& p) {
+        return p.match->deadline > now;
+      });
+      if (expired != batch.end()) {
+        absl::MutexLock lock(&mu_);
+        stats_.match_timeouts += static_cast<uint64_t>(batch.end() - expired);
+      }
+      AnswerMatches(absl::MakeConstSpan(batch.data(), expired - batch.begin()));
+    }
     std::vector<std::function<void()>> wakes;
     for (PendingMatch& p : batch) {
       p.match->done_.Notify();
@@ -455,21 +243,39 @@ void RemoteTier::MatcherLoop() {
 }
 
 void RemoteTier::AnswerMatches(absl::Span<const PendingMatch> batch) {
+  if (batch.empty()) return;
   RedisConnection& c = *matcher_conn_;
   if (!c.ready()) return;  // backing off since StartMatch: answered 0
+  // The round trip ends by the earliest deadline of the batch: a match not answered by its
+  // deadline is a miss, whatever the command timeout.
+  absl::Time deadline = absl::InfiniteFuture();
+  for (const PendingMatch& p : batch) deadline = std::min(deadline, p.match->deadline);
+  c.SetDeadline(deadline, MatchTimeout(options_));
+  struct Unbound {
+    RedisConnection& c;
+    ~Unbound() { c.SetDeadline(absl::InfiniteFuture(), absl::ZeroDuration()); }
+  } unbound{c};
+  // A failure is a fault (counted by its operation); one of the deadline also leaves every
+  // match of the batch unanswered in time.
+  auto failed = [&](uint64_t RemoteTierStats::*counter, const absl::Status& s) {
+    CountError(counter, std::string(s.message()));
+    if (!c.deadline_passed()) return;
+    absl::MutexLock lock(&mu_);
+    stats_.match_timeouts += batch.size();
+  };
   if (absl::Status s = c.Ensure(); !s.ok()) {
-    CountError(&RemoteTierStats::connect_errors, std::string(s.message()));
+    failed(&RemoteTierStats::connect_errors, s);
     return;
   }
   for (const PendingMatch& p : batch) {
-    const RemoteMatch* m = p.match.get();
+    const TierMatch* m = p.match.get();
     for (const Digest& key : m->keys) {
       const std::string name = KeyOf(key);
       // STRLEN tells a value with a score section by its size (0 for an absent key).
       const char* argv[] = {m->scored_only ? "STRLEN" : "EXISTS", name.data()};
       const size_t lens[] = {6, name.size()};
       if (absl::Status s = c.Append(2, argv, lens); !s.ok()) {
-        CountError(&RemoteTierStats::match_errors, std::string(s.message()));
+        failed(&RemoteTierStats::match_errors, s);
         return;
       }
     }
@@ -477,17 +283,17 @@ void RemoteTier::AnswerMatches(absl::Span<const PendingMatch> batch) {
   // Every reply is read, so that the pipeline ends empty; a failure closes the connection,
   // and the matches not yet answered stay at 0.
   for (const PendingMatch& p : batch) {
-    RemoteMatch* m = p.match.get();
+    TierMatch* m = p.match.get();
     size_t matched = 0;
     bool prefix = true;
     for (size_t i = 0; i < m->keys.size(); ++i) {
       // A value of another type under the key (STRLEN's WRONGTYPE) is no match.
       absl::StatusOr<Reply> r = c.GetReply(/*wrong_type_ok=*/m->scored_only);
       if (!r.ok()) {
-        CountError(&RemoteTierStats::match_errors, std::string(r.status().message()));
+        failed(&RemoteTierStats::match_errors, r.status());
         return;
       }
-      const long long want = m->scored_only ? layout_.scored_file_bytes() : 1;
+      const long long want = m->scored_only ? layout_.scored_record_bytes() : 1;
       prefix = prefix && (*r)->type == REDIS_REPLY_INTEGER && (*r)->integer == want &&
                !(m->scored_only && layout_.score_top_k == 0);
       if (prefix) ++matched;
@@ -499,9 +305,10 @@ void RemoteTier::AnswerMatches(absl::Span<const PendingMatch> batch) {
   stats_.up = true;
 }
 
-absl::StatusOr<std::shared_ptr<const RemoteFetch>> RemoteTier::Fetch(
-    const Digest& root, std::vector<Digest> keys, std::vector<uint32_t> tokens,
-    std::function<void()> on_done) {
+absl::StatusOr<std::shared_ptr<const TierFetch>> RemoteTier::Fetch(const Digest& root,
+                                                                   std::vector<Digest> keys,
+                                                                   std::vector<uint32_t> tokens,
+                                                                   std::function<void()> on_done) {
   PREFIXD_CHECK(tokens.size() == keys.size() * layout_.block_size);
   const int64_t n = static_cast<int64_t>(keys.size());
   PREFIXD_CHECK(n > 0 && n <= options_.max_fetch_blocks);
@@ -518,7 +325,7 @@ absl::StatusOr<std::shared_ptr<const RemoteFetch>> RemoteTier::Fetch(
   // Its block buffers are kept for the next fetches (at most the budget's worth): a fresh
   // 1.2 MB buffer costs its page faults on every use, more than the GET and the SHA-256
   // together on a virtual machine (docs/BENCHMARKS.md, "Remote cache tier").
-  std::shared_ptr<RemoteFetch> f(new RemoteFetch, [this, n](RemoteFetch* done) {
+  std::shared_ptr<TierFetch> f(new TierFetch, [this, n](TierFetch* done) {
     std::vector<std::vector<uint8_t>> buffers = std::move(done->values);
     delete done;
     absl::MutexLock l(&mu_);
@@ -556,7 +363,7 @@ void RemoteTier::FetcherLoop() {
     sent.pop_front();
     uint64_t loads = 0, corrupt = 0;
     if (c.connected()) {
-      c.SetDeadline(p.fetch->deadline);
+      c.SetDeadline(p.fetch->deadline, FetchTimeout(options_));
       // Fetches queued while this one waits for its replies go out at once (after it).
       c.SetWaitHook(fetch_wake_fd_, [this, &sent] { TakeAndSend(&sent, /*wait=*/false); });
       ReceiveFetch(*p.fetch, &loads, &corrupt, &corrupt_names);
@@ -568,7 +375,7 @@ void RemoteTier::FetcherLoop() {
       EndFetch(p, loads, corrupt);
     }
     if (!sent.empty() || after_delete.empty()) continue;
-    c.SetDeadline(after_delete.front().p.fetch->deadline);
+    c.SetDeadline(after_delete.front().p.fetch->deadline, FetchTimeout(options_));
     for (const std::string& name : corrupt_names) {
       if (!c.connected()) break;
       const char* del[] = {"DEL", name.data()};
@@ -605,7 +412,7 @@ bool RemoteTier::TakeAndSend(std::deque<PendingFetch>* sent, bool wait) {
       continue;
     }
     if (!c.connected()) {  // (never while the hook runs: that reads from the connection)
-      c.SetDeadline(p.fetch->deadline);
+      c.SetDeadline(p.fetch->deadline, FetchTimeout(options_));
       absl::Status s = c.ready() ? c.Ensure() : absl::UnavailableError("backing off");
       if (!s.ok()) {
         CountError(&RemoteTierStats::connect_errors, std::string(s.message()));
@@ -623,7 +430,7 @@ bool RemoteTier::TakeAndSend(std::deque<PendingFetch>* sent, bool wait) {
 }
 
 void RemoteTier::EndFetch(PendingFetch& p, uint64_t loads, uint64_t corrupt) {
-  RemoteFetch& f = *p.fetch;
+  TierFetch& f = *p.fetch;
   {
     absl::MutexLock lock(&mu_);
     stats_.loads += loads;
@@ -639,11 +446,11 @@ void RemoteTier::EndFetch(PendingFetch& p, uint64_t loads, uint64_t corrupt) {
   if (on_done) on_done();
 }
 
-bool RemoteTier::SendFetch(const RemoteFetch& f) {
+bool RemoteTier::SendFetch(const TierFetch& f) {
   RedisConnection& c = *fetcher_conn_;
   const size_t n = f.keys.size();
   const std::string max_record_end = absl::StrCat(
-      (layout_.score_top_k > 0 ? layout_.scored_file_bytes() : layout_.file_bytes()) - 1);
+      (layout_.score_top_k > 0 ? layout_.scored_record_bytes() : layout_.record_bytes()) - 1);
   // Every block's commands go out at once, so the whole fetch is one round trip: a server
   // slow to answer costs its delay once, not once per block (16 blocks from a Redis 200 ms
   // late took 3.2 s one GET at a time). A record's size is fixed by the layout, so each block
@@ -667,7 +474,7 @@ bool RemoteTier::SendFetch(const RemoteFetch& f) {
   return true;
 }
 
-bool RemoteTier::ReceiveFetch(RemoteFetch& f, uint64_t* loads, uint64_t* corrupt,
+bool RemoteTier::ReceiveFetch(TierFetch& f, uint64_t* loads, uint64_t* corrupt,
                               std::vector<std::string>* corrupt_names) {
   RedisConnection& c = *fetcher_conn_;
   const size_t bs = layout_.block_size;
@@ -708,8 +515,8 @@ bool RemoteTier::ReceiveFetch(RemoteFetch& f, uint64_t* loads, uint64_t* corrupt
     }
     const bool record_length =
         (*length)->type == REDIS_REPLY_INTEGER &&
-        ((*length)->integer == layout_.file_bytes() ||
-         (layout_.score_top_k > 0 && (*length)->integer == layout_.scored_file_bytes()));
+        ((*length)->integer == layout_.record_bytes() ||
+         (layout_.score_top_k > 0 && (*length)->integer == layout_.scored_record_bytes()));
     std::vector<PositionScore> section;
     const BlockExpectation expect{
         .root = f.root, .key = f.keys[i],
@@ -719,7 +526,7 @@ bool RemoteTier::ReceiveFetch(RemoteFetch& f, uint64_t* loads, uint64_t* corrupt
             ? absl::DataLossError("the remote value is not a string")
         : !record_length
             ? absl::DataLossError("the remote value's length is not a block record's")
-            : DecodeBlockFile(
+            : DecodeBlockRecord(
                   std::string_view(reinterpret_cast<const char*>(value.data()), value.size()),
                   layout_, expect, &section);
     if (!data.ok()) {
@@ -758,7 +565,7 @@ std::vector<uint8_t> RemoteTier::PublishBuffer() {
     b = TakeBufferLocked();
   }
   // A fresh one has room for a whole value, so that a fetch may take it after the publisher.
-  if (b.capacity() == 0) b.reserve(static_cast<size_t>(layout_.scored_file_bytes()));
+  if (b.capacity() == 0) b.reserve(static_cast<size_t>(layout_.scored_record_bytes()));
   b.resize(static_cast<size_t>(layout_.data_bytes()));
   return b;
 }
@@ -818,7 +625,7 @@ void RemoteTier::PublisherLoop() {
       queue_.pop_front();
       publishing_ = true;
     }
-    const std::string value = EncodeBlockFile(layout_, record);
+    const std::string value = EncodeBlockRecord(layout_, record);
     const std::string name = KeyOf(record.key);
     RedisConnection& c = *publisher_conn_;
     absl::Status s = c.ready() ? c.Ensure() : absl::UnavailableError("backing off");

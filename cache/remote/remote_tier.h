@@ -1,8 +1,11 @@
 // The shared cache tier: KV blocks published to a Redis (or Valkey) server that every replica
 // of a fleet reads, so that a prefix one replica computed is a hit on the others.
 //
-// Identity and proof are the disk tier's: a value is exactly a block file's bytes
-// (cache/disk/block_file.h: header with format version, layout, manifest, root key, parent
+// A KvTier (cache/tier.h): the engine offers it every full block it computes (publishes),
+// matches and fetches are answered on the tier's threads.
+//
+// Identity and proof are every tier's: a value is exactly a block record's bytes
+// (cache/block_record.h: header with format version, layout, manifest, root key, parent
 // and chain key; tokens; K/V data; SHA-256 over all of it) and is checked in full before its
 // rows may enter the pool. The key is KEY_PREFIX + the layout id + ":" + the hex chain key;
 // the chain key already covers manifest, tenant namespace and every token before the block,
@@ -32,8 +35,8 @@
 #ifndef PREFIXD_CACHE_REMOTE_REMOTE_TIER_H_
 #define PREFIXD_CACHE_REMOTE_REMOTE_TIER_H_
 
-#include <cstdint>
 #include <atomic>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -50,10 +53,11 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "cache/block_record.h"
 #include "cache/digest_hash.h"
-#include "cache/disk/block_file.h"
 #include "cache/remote/remote_tier_options.h"
 #include "cache/remote/remote_tier_stats.h"
+#include "cache/tier.h"
 
 namespace prefixd {
 
@@ -74,59 +78,16 @@ absl::StatusOr<RemoteEndpoint> ParseRemoteUrl(const std::string& url);
 
 class RedisConnection;  // remote_tier.cc
 
-// Blocks fetched for one request, off the engine thread (RemoteTier::Fetch). The engine thread
-// polls done(); after it, data and seconds are the fetcher's and no longer change.
-struct RemoteFetch {
-  // What the fetcher fetches: the request's root, the chain keys of the blocks and their
-  // tokens (block i's are tokens[i * block_size, (i + 1) * block_size)).
-  Digest root{};
-  std::vector<Digest> keys;
-  std::vector<uint32_t> tokens;
-
-  bool done() const { return done_.load(std::memory_order_acquire); }
-  // After done(): the verified K/V of the first data.size() blocks (the fetch stops at the
-  // first block that is gone, fails verification or cannot be fetched), their score sections
-  // (empty for a value without one) and how long each one took (GET + verify), in seconds.
-  // Each block's K/V is a span of its whole value (values[i], as fetched and verified).
-  std::vector<absl::Span<const uint8_t>> data;
-  std::vector<std::vector<uint8_t>> values;
-  std::vector<std::vector<PositionScore>> scores;
-  std::vector<double> seconds;
-
-  // When Fetch started it + options.fetch_timeout: blocks not in by then are not waited for.
-  absl::Time deadline = absl::InfiniteFuture();
-  std::atomic<bool> done_{false};
-};
-
-// One match (RemoteTier::StartMatch), answered on the matcher thread. The engine thread
-// polls done() or waits a bounded while (WaitFor); after it, blocks is the matcher's answer
-// and no longer changes.
-struct RemoteMatch {
-  std::vector<Digest> keys;  // chain keys of consecutive blocks, at most max_match_blocks
-  bool scored_only = false;
-
-  bool done() const { return done_.HasBeenNotified(); }
-  // True once done, waiting at most `timeout`.
-  bool WaitFor(absl::Duration timeout) const {
-    return done_.WaitForNotificationWithTimeout(timeout);
-  }
-  // After done(): how many of keys the server holds, from the first to the first it does
-  // not hold (0 when the tier failed or was stopping).
-  size_t blocks = 0;
-
-  absl::Notification done_;
-};
-
-class RemoteTier {
+class RemoteTier final : public KvTier {
  public:
   // Checks the options (INVALID_ARGUMENT naming the option) and starts its threads. Does
   // not need the server to be up: a tier that cannot connect is down, counted, and tried
   // again after the backoff.
   static absl::StatusOr<std::unique_ptr<RemoteTier>> Open(const RemoteTierOptions& options,
-                                                          const DiskLayout& layout);
+                                                          const BlockLayout& layout);
   // Stops the publisher: a SET in progress completes (or times out); queued blocks are dropped
   // (counted).
-  ~RemoteTier();
+  ~RemoteTier() override;
   RemoteTier(const RemoteTier&) = delete;
   RemoteTier& operator=(const RemoteTier&) = delete;
 
@@ -135,14 +96,16 @@ class RemoteTier {
   // max_match_blocks; with `scored_only`, only values that carry a score section (told by
   // their length, as the disk tier tells its files). The matches queued when the matcher
   // turns to them go in one pipelined round trip (EXISTS, or STRLEN); `on_done` runs on the
-  // matcher thread once this one is answered (to wake the engine). Starts nothing and
+  // matcher thread once this one is answered (to wake the engine), at the latest by its
+  // deadline (MatchTimeout(options) from now, its wait in the queue included: a match not
+  // answered by then is answered 0 and counted in match_timeouts). Starts nothing and
   // returns UNAVAILABLE while the tier is down or backing off (the caller computes).
-  struct MatchOptions {
-    bool scored_only = false;
-  };
-  absl::StatusOr<std::shared_ptr<const RemoteMatch>> StartMatch(absl::Span<const Digest> keys,
-                                                                const MatchOptions& match,
-                                                                std::function<void()> on_done);
+  absl::StatusOr<std::shared_ptr<const TierMatch>> StartMatch(
+      absl::Span<const Digest> keys, const MatchOptions& match,
+      std::function<void()> on_done) override;
+  // A waiting request is matched again every step; one round trip per 50 ms is enough to see
+  // blocks another replica published meanwhile.
+  absl::Duration match_reuse() const override { return absl::Milliseconds(50); }
   // StartMatch and wait for its answer (0 when it could not start), for callers that may
   // block: tests and tools. The engine thread uses StartMatch.
   size_t MatchFrom(absl::Span<const Digest> keys, const MatchOptions& match);
@@ -157,11 +120,18 @@ class RemoteTier {
   // UNAVAILABLE while the tier is down or backing off (the caller computes those blocks), or
   // RESOURCE_EXHAUSTED while that budget has no room (the caller may ask again later: fetches
   // in flight end and return theirs).
-  absl::StatusOr<std::shared_ptr<const RemoteFetch>> Fetch(const Digest& root,
-                                                           std::vector<Digest> keys,
-                                                           std::vector<uint32_t> tokens,
-                                                           std::function<void()> on_done);
-  int32_t max_fetch_blocks() const { return options_.max_fetch_blocks; }
+  absl::StatusOr<std::shared_ptr<const TierFetch>> Fetch(const Digest& root,
+                                                         std::vector<Digest> keys,
+                                                         std::vector<uint32_t> tokens,
+                                                         std::function<void()> on_done);
+  int32_t max_fetch_blocks() const override { return options_.max_fetch_blocks; }
+  bool wait_capped_at_compute() const override { return options_.cap_wait_at_compute; }
+  // KvTier: Fetch (request.scored_only is the engine's to check: values are read whole).
+  absl::StatusOr<std::shared_ptr<const TierFetch>> StartFetch(
+      FetchRequest request, std::function<void()> on_done) override {
+    return Fetch(request.root, std::move(request.keys), std::move(request.tokens),
+                 std::move(on_done));
+  }
 
   // Whether a block (with a score section when `publish.scored`) should be built and queued
   // for publishing now: false while the tier is down, when `key` was published, queued or
@@ -180,17 +150,27 @@ class RemoteTier {
   // Queues a block WantsPublish accepted (PREFIXD_CHECKs its sizes).
   void Publish(BlockRecord record);
   // Waits until the publish queue is empty (true) or `deadline` passes (false).
-  bool Flush(absl::Time deadline);
+  bool Flush(absl::Time deadline) override;
+
+  // KvTier: the engine offers it every full block it computes (publishes); WantsOffer never
+  // waits.
+  TierMedium medium() const override { return TierMedium::kRemote; }
+  TierOffers offers() const override { return TierOffers::kComputed; }
+  bool WantsOffer(const Digest& key, const OfferIntent& offer) override {
+    return WantsPublish(key, {.scored = offer.scored});
+  }
+  std::vector<uint8_t> OfferBuffer() override { return PublishBuffer(); }
+  void Offer(BlockRecord record) override { Publish(std::move(record)); }
 
   RemoteTierStats Stats() const;
-  const DiskLayout& layout() const { return layout_; }
+  const BlockLayout& layout() const override { return layout_; }
   const RemoteEndpoint& endpoint() const { return endpoint_; }
   // The Redis key of `key`: prefix + layout id + ":" + 64 hex digits.
   std::string KeyOf(const Digest& key) const;
 
  private:
   RemoteTier(const RemoteTierOptions& options, const RemoteEndpoint& endpoint,
-             const DiskLayout& layout);
+             const BlockLayout& layout);
   void PublisherLoop();
   void FetcherLoop();
   void MatcherLoop();
@@ -204,11 +184,11 @@ class RemoteTier {
   // nothing.
   bool TakeAndSend(std::deque<PendingFetch>* sent, bool wait);
   // Queues f's commands on the fetcher's connection (connected); false when that failed.
-  bool SendFetch(const RemoteFetch& f);
+  bool SendFetch(const TierFetch& f);
   // Reads f's replies (the connection's next ones), counting the blocks loaded in *loads and
   // the values that fail verification in *corrupt (their keys appended to *corrupt_names, to
   // be deleted once the pipeline is empty). False when the connection failed (closed).
-  bool ReceiveFetch(RemoteFetch& f, uint64_t* loads, uint64_t* corrupt,
+  bool ReceiveFetch(TierFetch& f, uint64_t* loads, uint64_t* corrupt,
                     std::vector<std::string>* corrupt_names);
   // Counts f's outcome, marks it done and wakes its caller; p is emptied.
   void EndFetch(PendingFetch& p, uint64_t loads, uint64_t corrupt);
@@ -221,7 +201,7 @@ class RemoteTier {
 
   const RemoteTierOptions options_;
   const RemoteEndpoint endpoint_;
-  const DiskLayout layout_;
+  const BlockLayout layout_;
   const std::string layout_id_;
 
   std::unique_ptr<RedisConnection> matcher_conn_;    // matcher thread only
@@ -239,12 +219,12 @@ class RemoteTier {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   RemoteTierStats stats_ ABSL_GUARDED_BY(mu_);
   struct PendingFetch {
-    std::shared_ptr<RemoteFetch> fetch;
+    std::shared_ptr<TierFetch> fetch;
     std::function<void()> on_done;
   };
   std::deque<PendingFetch> fetches_ ABSL_GUARDED_BY(mu_);
   struct PendingMatch {
-    std::shared_ptr<RemoteMatch> match;
+    std::shared_ptr<TierMatch> match;
     std::function<void()> on_done;
   };
   std::deque<PendingMatch> matches_ ABSL_GUARDED_BY(mu_);

@@ -47,6 +47,19 @@ struct RemoteTierOptions {
   // (docs/BENCHMARKS.md, "Remote cache tier"). A request so waits at most one timeout for
   // the match and two for its blocks, however many; computing 16 GPT-2 blocks costs more.
   absl::Duration fetch_timeout = absl::ZeroDuration();
+  // Bound on the whole of one match (the existence check before a fetch), from the engine
+  // asking (RemoteTier::StartMatch) to its answer: the wait behind the round trip before it
+  // and its own round trip together. A match not answered by then is a miss (counted in
+  // match_timeouts; its blocks are computed), and one cut short on the wire is a fault like a
+  // timed-out command. Zero (the default): twice `timeout` (see MatchTimeout), as for a
+  // fetch: one for the round trip it may wait behind (the matches queued meanwhile go in
+  // the next one), one for its own. With one timeout, three of four requests arriving
+  // together at a Redis 200 ms late missed: their round trip could not end in time.
+  absl::Duration match_timeout = absl::ZeroDuration();
+  // Whether the engine waits for a fetch at most as long as computing its blocks would take
+  // (KvTier::wait_capped_at_compute, engine/kv_offloader.h); tests that hold a fetch on
+  // purpose turn it off.
+  bool cap_wait_at_compute = true;
   // After a failure, the tier is not asked again for backoff_min, doubling per failure up to
   // backoff_max; one success resets it.
   absl::Duration backoff_min = absl::Milliseconds(100);
@@ -71,7 +84,12 @@ struct RemoteTierOptions {
 
 // The bound on a whole fetch that `options` give (fetch_timeout, or twice the timeout).
 inline absl::Duration FetchTimeout(const RemoteTierOptions& options) {
-  return options.fetch_timeout > absl::ZeroDuration() ? options.fetch_timeout
+  return options.fetch_timeout > absl::ZeroDuration() ? options.fetch_timeout : 2 * options.timeout;
+}
+
+// The bound on a whole match that `options` give (match_timeout, or twice the timeout).
+inline absl::Duration MatchTimeout(const RemoteTierOptions& options) {
+  return options.match_timeout > absl::ZeroDuration() ? options.match_timeout
                                                       : 2 * options.timeout;
 }
 

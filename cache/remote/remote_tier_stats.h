@@ -20,6 +20,9 @@ struct RemoteTierStats {
   uint64_t match_errors = 0;
   uint64_t load_errors = 0;
   uint64_t store_errors = 0;
+  // Matches not answered by their deadline (MatchTimeout: in the matcher's queue or on the
+  // wire), each a miss whose blocks are computed.
+  uint64_t match_timeouts = 0;
 };
 
 }  // namespace prefixd

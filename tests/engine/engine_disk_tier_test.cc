@@ -9,17 +9,18 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/synchronization/notification.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "cache/block_key.h"
-#include "cache/disk/block_file.h"
+#include "cache/block_record.h"
 #include "engine/engine.h"
-#include "tests/engine/engine_test_peer.h"
+#include "engine/kv_tiers.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "tests/cache/disk/disk_test_util.h"
+#include "tests/cache/tier_test_util.h"
 #include "tests/engine/cpu_engine_fixture.h"
+#include "tests/engine/engine_test_peer.h"
 #include "tests/engine/engine_test_util.h"
 #include "tests/engine/fake_backend.h"
 
@@ -176,7 +177,7 @@ TEST(EngineDiskTierTest, CorruptedFilesAreDroppedAndRecomputed) {
   const EngineRequest a = Request(6);
   RunAndShutDown(templ.path(), a);
   const RequestResult cold = Cold(a);
-  const int64_t tokens_end = kBlockFileHeaderBytes + 16 * 4;
+  const int64_t tokens_end = kBlockRecordHeaderBytes + 16 * 4;
   struct Damage {
     std::string name;
     std::function<void(const fs::path&)> apply;
@@ -195,7 +196,7 @@ TEST(EngineDiskTierTest, CorruptedFilesAreDroppedAndRecomputed) {
       static_cast<int64_t>(fs::file_size(FileOfBlock(templ.path(), a.prompt, 2)));
   const std::vector<Damage> damages = {
       {"header byte", flip(60)},
-      {"token byte", flip(kBlockFileHeaderBytes + 5)},
+      {"token byte", flip(kBlockRecordHeaderBytes + 5)},
       {"data byte", flip(tokens_end + 1000)},
       {"checksum byte", flip(file_size - 3)},
       {"cut in the header", cut(100)},
@@ -276,9 +277,9 @@ TEST(EngineDiskTierTest, HalfPrecisionWeightsSpillAndReloadTheirFp32Blocks) {
     const std::vector<fs::path> files = BlockFiles(dir.path());
     ASSERT_FALSE(files.empty());
     EXPECT_EQ(fs::file_size(files[0]),
-              static_cast<uintmax_t>(kBlockFileHeaderBytes + 16 * 4 +
+              static_cast<uintmax_t>(kBlockRecordHeaderBytes + 16 * 4 +
                                      16 * 2 * c.n_layer * c.n_head * c.head_dim() * 4 +
-                                     kBlockFileChecksumBytes));
+                                     kBlockRecordChecksumBytes));
   }
 }
 
@@ -317,9 +318,9 @@ TEST(EngineDiskTierTest, TheLayoutNamesTheBackendsNumericsAndKvElementSize) {
   e.model_config = TinyModel::Get().config();
   e.manifest_sha256 = TinyModel::Get().manifest_sha256();
   e.backend = f32.backend.get();
-  const absl::StatusOr<DiskLayout> a = EngineDiskLayout(e);
+  const absl::StatusOr<BlockLayout> a = EngineBlockLayout(e);
   e.backend = f16.backend.get();
-  const absl::StatusOr<DiskLayout> b = EngineDiskLayout(e);
+  const absl::StatusOr<BlockLayout> b = EngineBlockLayout(e);
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(a->numerics_key, Sha256Of(kCpuKvNumerics));
   EXPECT_EQ(b->numerics_key, Sha256Of(kCpuKvNumerics));
@@ -329,19 +330,19 @@ TEST(EngineDiskTierTest, TheLayoutNamesTheBackendsNumericsAndKvElementSize) {
   EXPECT_NE(a->Id(), b->Id());
   // int8 weights: fp32 K/V of the same size and numerics name, another layout.
   e.backend = int8.backend.get();
-  const absl::StatusOr<DiskLayout> c = EngineDiskLayout(e);
+  const absl::StatusOr<BlockLayout> c = EngineBlockLayout(e);
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->element_bytes, 4u);
   EXPECT_EQ(c->dtype, static_cast<uint32_t>(DType::kI8));
   EXPECT_NE(c->Id(), a->Id());
   EXPECT_NE(c->Id(), b->Id());
-  DiskLayout other_arithmetic = *a;
+  BlockLayout other_arithmetic = *a;
   other_arithmetic.numerics_key = Sha256Of("cuda r1 sm_90 cublas 130000");
   EXPECT_NE(other_arithmetic.Id(), a->Id());
   // 8 bytes a token is no whole element size for 2 x 2 layers x 2 heads x 32 dims.
   FakeBackend fake(16, 16, TinyModel::Get().config().vocab_size);
   e.backend = &fake;
-  const absl::StatusOr<DiskLayout> bad = EngineDiskLayout(e);
+  const absl::StatusOr<BlockLayout> bad = EngineBlockLayout(e);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(bad.status().message(), "8 K/V bytes per token")) << bad.status();
   testing::ScratchDir dir("engine_bad_layout");

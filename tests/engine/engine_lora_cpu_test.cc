@@ -13,7 +13,7 @@
 #include "engine/engine.h"
 #include "engine/lora_adapter.h"
 #include "gtest/gtest.h"
-#include "tests/cache/disk/disk_test_util.h"
+#include "tests/cache/tier_test_util.h"
 #include "tests/engine/cpu_engine_fixture.h"
 #include "tests/engine/engine_test_peer.h"
 #include "tests/engine/engine_test_util.h"

@@ -173,7 +173,7 @@ TEST_F(EngineRemoteTierTest, RedisKilledMidRunAndRestartedNeverFailsARequest) {
                 down.remote.stores_dropped,
             0u);
 
-  ASSERT_TRUE(redis_->Restart().ok());  // empty
+  ASSERT_TRUE(redis_->Restart().ok());      // empty
   absl::SleepFor(absl::Milliseconds(100));  // past the backoff
   const EngineRequest c = Request(7);
   ASSERT_TRUE(RunOne(*engine.engine, c).status.ok());
@@ -195,6 +195,7 @@ TEST_F(EngineRemoteTierTest, ARequestWaitingForItsBlocksIsParkedWhileOthersDecod
   std::atomic<int> gets{0};
   CpuEngineOptions o = WithRemote(redis_->url());
   o.remote_tier.fetch_timeout = kMaxRemoteTierTimeout;  // the hook holds the fetch a while
+  o.remote_tier.cap_wait_at_compute = false;            // ... longer than computing its blocks
   o.remote_tier.fetch_hook = [&] {
     ++gets;
     release.WaitForNotification();
@@ -267,6 +268,7 @@ TEST_F(EngineRemoteTierTest, ASlowRedisCostsARequestAtMostTheFetchDeadline) {
   DelayProxy proxy(redis_->port(), {.chunk_bytes = 6 << 10, .gap = absl::Milliseconds(100)});
   CpuEngineOptions o = WithRemote(proxy.url());
   o.remote_tier.timeout = absl::Milliseconds(200);
+  o.remote_tier.cap_wait_at_compute = false;  // the fetch deadline alone, here
   CpuEngine engine(o);
   const absl::Time t0 = absl::Now();
   const RequestResult out = RunOne(*engine.engine, a);

@@ -13,11 +13,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "cache/block_key.h"
-#include "cache/disk/block_file.h"
+#include "cache/block_record.h"
 #include "engine/engine.h"
 #include "engine/score_store.h"
 #include "gtest/gtest.h"
-#include "tests/cache/disk/disk_test_util.h"
+#include "tests/cache/tier_test_util.h"
 #include "tests/engine/cpu_engine_fixture.h"
 #include "tests/engine/engine_test_peer.h"
 #include "tests/engine/engine_test_util.h"
@@ -102,7 +102,7 @@ int64_t ScoreSectionBytes() { return 16 * (12 + 8 * int64_t{kScoreTopK}); }
 void FlipScoreByte(const fs::path& file) {
   const auto size = static_cast<int64_t>(fs::file_size(file));
   std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-  const int64_t at = size - kBlockFileChecksumBytes - ScoreSectionBytes() / 2;
+  const int64_t at = size - kBlockRecordChecksumBytes - ScoreSectionBytes() / 2;
   f.seekg(at);
   char c = 0;
   f.get(c);

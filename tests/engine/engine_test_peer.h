@@ -1,5 +1,5 @@
 // What tests may reach inside a running Engine (the friend EngineTestPeer): its KvCache and its
-// disk tier, each on the thread that owns it.
+// tiers, each on the thread that owns it.
 #ifndef PREFIXD_TESTS_ENGINE_ENGINE_TEST_PEER_H_
 #define PREFIXD_TESTS_ENGINE_ENGINE_TEST_PEER_H_
 
@@ -7,10 +7,10 @@
 
 #include "absl/time/time.h"
 #include "base/check.h"
-#include "cache/disk/disk_tier.h"
-#include "cache/remote/remote_tier.h"
 #include "cache/kv_cache.h"
+#include "cache/tier.h"
 #include "engine/engine.h"
+#include "engine/kv_tiers.h"
 
 namespace prefixd {
 
@@ -25,12 +25,20 @@ class EngineTestPeer {
   // Waits until the engine's disk tier has written every queued spill (true) or `deadline`
   // passes (false). CHECKs that the engine has a disk tier.
   static bool FlushDiskTier(Engine& engine, absl::Time deadline) {
-    PREFIXD_CHECK(engine.tier_ != nullptr);
-    return engine.tier_->Flush(deadline);
+    return TierOf(engine, TierMedium::kDisk).Flush(deadline);
   }
+  // The same for the remote tier's publish queue.
   static bool FlushRemoteTier(Engine& engine, absl::Time deadline) {
-    PREFIXD_CHECK(engine.remote_ != nullptr);
-    return engine.remote_->Flush(deadline);
+    return TierOf(engine, TierMedium::kRemote).Flush(deadline);
+  }
+
+ private:
+  static KvTier& TierOf(Engine& engine, TierMedium medium) {
+    for (EngineTier& t : engine.tiers_) {
+      if (t.tier->medium() == medium) return *t.tier;
+    }
+    PREFIXD_CHECK_MSG(false, "the engine has no such tier");
+    __builtin_unreachable();
   }
 };
 

@@ -2,14 +2,17 @@
 // GPT-2 and a real disk tier whose reads are held back through its read seam
 // (DiskTierOptions::read_hook): a request whose blocks are being read is parked while the
 // others decode one token per step; a load that loses a block midway computes the rest; a
-// parked request that is cancelled gives back everything it held. Answers equal the ones
-// computed without a tier, bit for bit (==).
+// parked request that is cancelled gives back everything it held. Then a third kind of tier,
+// in memory, that the offloader knows only as a KvTier in its list: its blocks load like the
+// others', and a load slower than computing its tokens is not waited for. Answers equal the
+// ones computed without a tier, bit for bit (==).
 #include "engine/kv_offloader.h"
 
 #include <unistd.h>
 
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -19,17 +22,18 @@
 #include "absl/time/clock.h"
 #include "base/check.h"
 #include "cache/block_key.h"
-#include "cache/disk/block_file.h"
+#include "cache/block_record.h"
 #include "cache/disk/disk_tier.h"
 #include "cache/kv_cache.h"
 #include "cache/token_chain.h"
 #include "engine/engine_options.h"
+#include "engine/kv_tiers.h"
 #include "engine/request_stream.h"
 #include "engine/scheduler.h"
 #include "engine/score_store.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
-#include "tests/cache/disk/disk_test_util.h"
+#include "tests/cache/tier_test_util.h"
 #include "tests/engine/cpu_engine_fixture.h"
 #include "tests/engine/engine_test_util.h"
 
@@ -112,6 +116,81 @@ class Wakes {
   int count_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// A tier of a kind the offloader has never seen, in memory: one class deriving from KvTier,
+// listed. It is offered computed blocks (stored as block records), answers matches at once,
+// and ends a fetch only when the test calls Complete, verifying each record as every tier
+// must. Engine thread only, but for Complete (the test's thread, while the engine steps
+// nothing).
+class MemoryTier final : public KvTier {
+ public:
+  explicit MemoryTier(const BlockLayout& layout) : layout_(layout) {}
+
+  TierMedium medium() const override { return TierMedium::kRemote; }
+  TierOffers offers() const override { return TierOffers::kComputed; }
+  const BlockLayout& layout() const override { return layout_; }
+  absl::StatusOr<std::shared_ptr<const TierMatch>> StartMatch(absl::Span<const Digest> keys,
+                                                              const MatchOptions& match,
+                                                              std::function<void()>) override {
+    auto m = std::make_shared<TierMatch>();
+    while (m->blocks < keys.size() && !match.scored_only && records_.count(keys[m->blocks])) {
+      ++m->blocks;
+    }
+    m->done_.Notify();
+    return m;
+  }
+  absl::Duration match_reuse() const override { return absl::ZeroDuration(); }
+  absl::StatusOr<std::shared_ptr<const TierFetch>> StartFetch(
+      FetchRequest request, std::function<void()> on_done) override {
+    auto f = std::make_shared<TierFetch>();
+    f->root = request.root;
+    f->keys = std::move(request.keys);
+    f->tokens = std::move(request.tokens);
+    fetches_.push_back({f, std::move(on_done)});
+    return f;
+  }
+  int32_t max_fetch_blocks() const override { return 64; }
+  bool wait_capped_at_compute() const override { return true; }
+  bool WantsOffer(const Digest& key, const OfferIntent&) override { return !records_.count(key); }
+  std::vector<uint8_t> OfferBuffer() override {
+    return std::vector<uint8_t>(static_cast<size_t>(layout_.data_bytes()));
+  }
+  void Offer(BlockRecord record) override {
+    records_[record.key] = EncodeBlockRecord(layout_, record);
+  }
+  bool Flush(absl::Time) override { return true; }
+
+  // Ends every fetch started: each block verified against its request, then the wake.
+  void Complete() {
+    for (auto& [f, on_done] : fetches_) {
+      const size_t bs = layout_.block_size;
+      for (size_t i = 0; i < f->keys.size(); ++i) {
+        const BlockExpectation expect{.root = f->root,
+                                      .key = f->keys[i],
+                                      .tokens = absl::MakeConstSpan(f->tokens).subspan(i * bs, bs)};
+        const std::string& bytes = records_.at(f->keys[i]);
+        std::vector<PositionScore> scores;
+        absl::StatusOr<absl::Span<const uint8_t>> data =
+            DecodeBlockRecord(bytes, layout_, expect, &scores);
+        if (!data.ok()) break;
+        f->values.emplace_back(data->begin(), data->end());
+        f->data.push_back(f->values.back());
+        f->scores.push_back(std::move(scores));
+        f->seconds.push_back(0);
+      }
+      f->done_.store(true, std::memory_order_release);
+      if (on_done) on_done();
+    }
+    fetches_.clear();
+  }
+  size_t blocks() const { return records_.size(); }
+  size_t fetches_started() const { return fetches_.size(); }
+
+ private:
+  const BlockLayout layout_;
+  std::map<Digest, std::string> records_;
+  std::vector<std::pair<std::shared_ptr<TierFetch>, std::function<void()>>> fetches_;
+};
+
 // One request's stream and what it has produced so far.
 struct Client {
   std::shared_ptr<RequestStream> stream;
@@ -132,7 +211,10 @@ struct Client {
 
 class KvOffloaderTest : public ::testing::Test {
  protected:
-  KvOffloaderTest() : dir_("offloader") {
+  // Which tiers the offloader lists.
+  enum class Tiers { kDisk, kMemory };
+  KvOffloaderTest() : KvOffloaderTest(Tiers::kDisk) {}
+  explicit KvOffloaderTest(Tiers tiers) : dir_("offloader") {
     const Model& model = TinyModel::Get();
     const ModelConfig& c = model.config();
     CpuBackendOptions b;
@@ -150,19 +232,24 @@ class KvOffloaderTest : public ::testing::Test {
     d.dir = dir_.path();
     d.max_bytes = int64_t{256} << 20;
     d.read_hook = [this] { gate_.Pass(); };
-    absl::StatusOr<std::unique_ptr<DiskTier>> tier = DiskTier::Open(d, *EngineDiskLayout(e));
+    absl::StatusOr<std::unique_ptr<DiskTier>> tier = DiskTier::Open(d, *EngineBlockLayout(e));
     PREFIXD_CHECK(tier.ok());
     tier_ = *std::move(tier);
+    memory_ = std::make_unique<MemoryTier>(*EngineBlockLayout(e));
+    std::vector<KvTier*> listed;
+    listed.push_back(tiers == Tiers::kDisk ? static_cast<KvTier*>(tier_.get()) : memory_.get());
     offloader_ = std::make_unique<KvOffloader>(
         KvOffloader::Options{.backend = backend_.get(),
-                             .disk = tier_.get(),
+                             .tiers = std::move(listed),
                              .scores = &scores_,
                              .vocab_size = static_cast<uint32_t>(c.vocab_size),
-                             .wake = [this] { wakes_.Wake(); }});
+                             .wake = [this] { wakes_.Wake(); },
+                             .compute_per_token = [this] { return per_token_; },
+                             .clock = [this] { return now_; }});
     KvCacheOptions k;
     k.pool = backend_->kv_pool();
     k.on_evict = [this](const EvictedBlock& evicted) {
-      offloader_->Spill(evicted, scores_.Find(*evicted.key));
+      offloader_->OfferEvicted(evicted, scores_.Find(*evicted.key));
       scores_.Forget(*evicted.key);
     };
     cache_ = *KvCache::Create(k);
@@ -235,6 +322,10 @@ class KvOffloaderTest : public ::testing::Test {
   ReadGate gate_;
   Wakes wakes_;
   std::unique_ptr<Backend> backend_;
+  std::unique_ptr<MemoryTier> memory_;
+  // The offloader's compute estimate and clock (zero: no estimate, no cap).
+  absl::Duration per_token_ = absl::ZeroDuration();
+  absl::Time now_ = absl::UnixEpoch();
   std::unique_ptr<DiskTier> tier_;
   ScoreStore scores_;
   std::unique_ptr<KvOffloader> offloader_;
@@ -279,7 +370,7 @@ TEST_F(KvOffloaderTest, AParkedRequestDoesNotStallOtherRequestsDecodeSteps) {
   EXPECT_EQ(again->result.samples[0], first.samples[0]);
   ASSERT_TRUE(decoding->result.status.ok());
   EXPECT_EQ(decoding->tokens, 40);
-  EXPECT_EQ(offloader_->disk_blocks_in_flight(), 0);
+  EXPECT_EQ(tier_->fetch_blocks_in_flight(), 0);
 }
 
 // The third block's file disappears while the load reads the blocks before it: two blocks
@@ -313,7 +404,7 @@ TEST_F(KvOffloaderTest, ACorruptBlockAndEveryOneAfterItAreComputed) {
   const TokenChain chain(Root(), kBlockSize, prompt);
   const std::string damaged = tier_->PathOf(chain.keys()[3]);
   {
-    const int64_t at = kBlockFileHeaderBytes + kBlockSize * 4 + 100;  // in the K/V data
+    const int64_t at = kBlockRecordHeaderBytes + kBlockSize * 4 + 100;  // in the K/V data
     std::fstream f(damaged, std::ios::in | std::ios::out | std::ios::binary);
     f.seekg(at);
     const char c = static_cast<char>(f.get());
@@ -337,7 +428,7 @@ TEST_F(KvOffloaderTest, CancellingAParkedRequestReleasesEverything) {
   std::shared_ptr<Client> parked = Add(prompt, 4);
   Step();
   gate_.WaitArrived(1);
-  EXPECT_EQ(offloader_->disk_blocks_in_flight(), 6);
+  EXPECT_EQ(tier_->fetch_blocks_in_flight(), 6);
   parked->stream->Cancel();
   Step();
   EXPECT_EQ(parked->result.status.code(), absl::StatusCode::kCancelled);
@@ -345,11 +436,90 @@ TEST_F(KvOffloaderTest, CancellingAParkedRequestReleasesEverything) {
   gate_.Open();
   wakes_.WaitFor(1);
   // The loader let go of the load before waking: nothing is held any more.
-  EXPECT_EQ(offloader_->disk_blocks_in_flight(), 0);
+  EXPECT_EQ(tier_->fetch_blocks_in_flight(), 0);
   const KvCacheStats s = cache_->Stats();
   EXPECT_EQ(s.blocks_active, 0);
   EXPECT_EQ(s.num_sequences, 0);
   cache_->CheckInvariants();
+}
+// The rate is the forward's time per token over steps that prefilled a block or more, the
+// latest weighing a quarter; decode-only steps (memory-bound) do not count.
+TEST(ComputeRateTest, AveragesPrefillStepsOnly) {
+  ComputeRate rate;
+  EXPECT_EQ(rate.PerToken(), absl::ZeroDuration());
+  rate.Observe(/*prefill_tokens=*/4, /*tokens=*/8, absl::Milliseconds(80));
+  EXPECT_EQ(rate.PerToken(), absl::ZeroDuration());
+  rate.Observe(32, 40, absl::Milliseconds(40));
+  EXPECT_EQ(rate.PerToken(), absl::Milliseconds(1));
+  rate.Observe(40, 40, absl::Milliseconds(80));
+  EXPECT_EQ(rate.PerToken(), absl::Microseconds(1250));
+}
+
+class KvOffloaderMemoryTierTest : public KvOffloaderTest {
+ protected:
+  KvOffloaderMemoryTierTest() : KvOffloaderTest(Tiers::kMemory) {}
+};
+
+// A tier the offloader was not written for joins by being listed: it is offered the blocks
+// the engine computes, its match continues the pool's, and the request stays parked until
+// its fetch ends, then takes its blocks (counted as its medium's).
+TEST_F(KvOffloaderMemoryTierTest, ANewKindOfTierWorksByBeingListed) {
+  const std::vector<uint32_t> prompt = RandomTokens(7, 100);
+  const RequestResult first = Computed(prompt, 4);
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  EXPECT_EQ(memory_->blocks(), 6u);  // 100 prompt + 3 computed generated tokens: 6 full
+  cache_->Evict(static_cast<int32_t>(cache_->num_blocks()));  // no tier takes evicted ones
+  std::shared_ptr<Client> again = Add(prompt, 4);
+  Step();
+  ASSERT_EQ(memory_->fetches_started(), 1u);
+  for (int i = 0; i < 3; ++i) Step();
+  EXPECT_EQ(again->events, 0) << "parked on its fetch";
+  memory_->Complete();
+  RunToEnd();
+  ASSERT_TRUE(again->result.status.ok()) << again->result.status;
+  EXPECT_EQ(again->result.usage.cached_prompt_tokens, 96u);
+  EXPECT_EQ(again->result.usage.cached_remote_tokens, 96u);
+  EXPECT_EQ(again->result.usage.cached_disk_tokens, 0u);
+  EXPECT_EQ(again->result.samples[0], first.samples[0]);
+  EXPECT_EQ(offloader_->waits_cut(), 0u);
+}
+
+// A load from a tier that asks for the cap is waited for only as long as computing its tokens
+// would take (and at least kMinCappedWait): past it the request computes them, and its answer
+// is the same. Before it, the request stays parked.
+TEST_F(KvOffloaderMemoryTierTest, ALoadSlowerThanComputingItsTokensIsNotWaitedFor) {
+  const std::vector<uint32_t> prompt = RandomTokens(8, 100);
+  const RequestResult first = Computed(prompt, 4);
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  cache_->Evict(static_cast<int32_t>(cache_->num_blocks()));
+  per_token_ = absl::Milliseconds(2);  // 96 tokens: 192 ms
+  std::shared_ptr<Client> again = Add(prompt, 4);
+  Step();  // the fetch starts, never to end
+  ASSERT_EQ(memory_->fetches_started(), 1u);
+  now_ += absl::Milliseconds(191);
+  for (int i = 0; i < 3; ++i) Step();
+  EXPECT_EQ(again->events, 0) << "parked within the compute time";
+  now_ += absl::Milliseconds(1);
+  RunToEnd();
+  ASSERT_TRUE(again->result.status.ok()) << again->result.status;
+  EXPECT_EQ(again->result.usage.cached_prompt_tokens, 0u);
+  EXPECT_EQ(again->result.samples[0], first.samples[0]);
+  EXPECT_EQ(offloader_->waits_cut(), 1u);
+  memory_->Complete();  // ending late is harmless: nobody holds the load any more
+
+  // A tiny estimate still waits kMinCappedWait.
+  cache_->Evict(static_cast<int32_t>(cache_->num_blocks()));
+  per_token_ = absl::Nanoseconds(1);
+  std::shared_ptr<Client> third = Add(prompt, 4);
+  Step();
+  now_ += KvOffloader::kMinCappedWait - absl::Milliseconds(1);
+  Step();
+  EXPECT_EQ(third->events, 0) << "parked within kMinCappedWait";
+  memory_->Complete();
+  RunToEnd();
+  EXPECT_EQ(third->result.usage.cached_prompt_tokens, 96u);
+  EXPECT_EQ(third->result.samples[0], first.samples[0]);
+  EXPECT_EQ(offloader_->waits_cut(), 1u);
 }
 
 }  // namespace

@@ -80,7 +80,7 @@ TEST_F(ReloadTest, SighupReloadsTokensAndKeepsThemWhenTheFileIsBroken) {
   proc.Signal(SIGHUP);
   EXPECT_TRUE(proc.WaitForLine("reload: keeping the previous tokens: " + tokens +
                                    ": auth tokens "
-                                   "line 1: expected",
+                                   "line 1: unknown field \"extra\"",
                                absl::Seconds(30)))
       << proc.Output();
   EXPECT_EQ(ModelInfoCode(*stub, "tok-b"), grpc::StatusCode::OK);

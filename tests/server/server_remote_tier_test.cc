@@ -82,6 +82,7 @@ TEST_F(ServerRemoteTierTest, TwoServersShareAPromptThroughRedis) {
   EXPECT_EQ(MetricValue(*text, "prefixd_prefix_cache_hit_tokens_total"), 63);
   EXPECT_EQ(MetricValue(*text, "prefixd_remote_cache_loads_total"), 4);
   EXPECT_EQ(MetricValue(*text, "prefixd_remote_cache_corrupt_blocks_total"), 0);
+  EXPECT_EQ(MetricValue(*text, "prefixd_remote_cache_match_timeouts_total"), 0);
   EXPECT_EQ(MetricValue(*text, "prefixd_remote_cache_load_seconds_count"), 4);
   EXPECT_EQ(MetricValue(*text, "prefixd_remote_cache_up"), 1);
   EXPECT_EQ(MetricValue(*text, "prefixd_remote_cache_errors_total{op=\"connect\"}"), 0);

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -26,7 +27,7 @@
 #include "cache/token_chain.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/cache/disk/disk_test_util.h"
+#include "tests/cache/tier_test_util.h"
 #include "tests/testing/files.h"
 
 namespace prefixd {
@@ -44,7 +45,7 @@ constexpr absl::Duration kWait = absl::Seconds(30);
 class DiskTierTest : public ::testing::Test {
  protected:
   std::unique_ptr<DiskTier> Open(int64_t max_bytes = int64_t{1} << 20,
-                                 const DiskLayout& layout = SmallLayout(), int32_t queue = 64) {
+                                 const BlockLayout& layout = SmallLayout(), int32_t queue = 64) {
     DiskTierOptions o;
     o.dir = dir_.path();
     o.max_bytes = max_bytes;
@@ -78,7 +79,7 @@ class DiskTierTest : public ::testing::Test {
 // block on disk without scores replaces that file, while an unscored one never replaces a
 // scored file.
 TEST_F(DiskTierTest, ScoredFilesAreMatchedLoadedAndReplaceUnscoredOnes) {
-  const DiskLayout layout = ScoredLayout();
+  const BlockLayout layout = ScoredLayout();
   std::vector<BlockRecord> chain = MakeChain(layout, 1, 3);
   const std::vector<BlockRecord> plain = chain;
   chain[0] = WithScores(chain[0], layout);
@@ -90,7 +91,7 @@ TEST_F(DiskTierTest, ScoredFilesAreMatchedLoadedAndReplaceUnscoredOnes) {
     SpillAll(*tier, chain);
     EXPECT_EQ(tier->MatchFrom(keys), 3u);
     EXPECT_EQ(tier->MatchScoredFrom(keys), 1u);
-    EXPECT_EQ(tier->Stats().bytes, 2 * layout.scored_file_bytes() + layout.file_bytes());
+    EXPECT_EQ(tier->Stats().bytes, 2 * layout.scored_record_bytes() + layout.record_bytes());
     EXPECT_FALSE(tier->WantsSpill(chain[0].key, {.scored = true}));
     EXPECT_FALSE(tier->WantsSpill(chain[1].key));
     EXPECT_FALSE(tier->WantsSpill(chain[2].key));  // scored on disk: no plain rewrite
@@ -114,7 +115,7 @@ TEST_F(DiskTierTest, ScoredFilesAreMatchedLoadedAndReplaceUnscoredOnes) {
   ASSERT_TRUE(tier->Flush(absl::Now() + kWait));
   EXPECT_EQ(tier->MatchScoredFrom(keys), 3u);
   EXPECT_EQ(tier->Stats().blocks, 3);
-  EXPECT_EQ(tier->Stats().bytes, 3 * layout.scored_file_bytes());
+  EXPECT_EQ(tier->Stats().bytes, 3 * layout.scored_record_bytes());
   ASSERT_TRUE(tier->Load(ExpectationOf(upgraded), absl::MakeSpan(data), &scores).ok());
   EXPECT_EQ(scores, upgraded.scores);
   EXPECT_EQ(data, upgraded.data);
@@ -132,7 +133,7 @@ TEST_F(DiskTierTest, SpilledBlocksLoadBackAndSurviveARestart) {
     EXPECT_EQ(s.spills, 3u);
     EXPECT_EQ(s.spills_dropped, 0u);
     EXPECT_EQ(s.blocks, 3);
-    EXPECT_EQ(s.bytes, 3 * SmallLayout().file_bytes());
+    EXPECT_EQ(s.bytes, 3 * SmallLayout().record_bytes());
     EXPECT_TRUE(std::filesystem::exists(tier->PathOf(chain[2].key)));
   }
   auto tier = Open();  // a restart: the index comes from the directory
@@ -168,7 +169,7 @@ TEST_F(DiskTierTest, MatchFromStopsAtTheFirstMissingBlock) {
 // The pool's longest-prefix match ends where its blocks were evicted; the tier holds them
 // (the eviction hook spilled them) and continues the match.
 TEST_F(DiskTierTest, PoolMatchContinuesIntoTheTier) {
-  const DiskLayout layout = SmallLayout();
+  const BlockLayout layout = SmallLayout();
   auto tier = Open();
   ASSERT_NE(tier, nullptr);
   KvCacheOptions o;
@@ -232,7 +233,7 @@ TEST_F(DiskTierTest, CorruptTruncatedOrMissingFilesAreDroppedAndCounted) {
   SpillAll(*tier, chain);
   {  // one flipped data byte
     std::fstream f(tier->PathOf(chain[0].key), std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(kBlockFileHeaderBytes + 40);
+    f.seekp(kBlockRecordHeaderBytes + 40);
     f.put('\x5a');
   }
   std::filesystem::resize_file(tier->PathOf(chain[1].key), 100);  // truncated
@@ -252,9 +253,67 @@ TEST_F(DiskTierTest, CorruptTruncatedOrMissingFilesAreDroppedAndCounted) {
   EXPECT_EQ(LoadInto(*tier, chain[0], &data).code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(tier->WantsSpill(chain[0].key));
 }
+// As a KvTier (cache/tier.h): a match is answered before StartMatch returns; a fetch is read
+// and verified on the loader thread, stops at the first corrupt block (deleted, counted),
+// wakes its caller once, and holds the load budget until the last holder lets go.
+TEST_F(DiskTierTest, AsAKvTierMatchesAtOnceAndFetchesOnItsLoaderThread) {
+  const std::vector<BlockRecord> chain = MakeChain(SmallLayout(), 2, 4);
+  DiskTierOptions o;
+  o.dir = dir_.path();
+  o.max_bytes = int64_t{1} << 20;
+  o.max_load_blocks = 4;
+  absl::StatusOr<std::unique_ptr<DiskTier>> opened = DiskTier::Open(o, SmallLayout());
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  DiskTier& tier = **opened;
+  SpillAll(tier, chain);
+  KvTier& kv = tier;
+  EXPECT_EQ(kv.medium(), TierMedium::kDisk);
+  EXPECT_EQ(kv.offers(), TierOffers::kEvicted);
+  std::vector<Digest> keys;
+  KvTier::FetchRequest request{.root = chain[0].root};
+  for (const BlockRecord& r : chain) {
+    keys.push_back(r.key);
+    request.keys.push_back(r.key);
+    request.tokens.insert(request.tokens.end(), r.tokens.begin(), r.tokens.end());
+  }
+  absl::StatusOr<std::shared_ptr<const TierMatch>> m = kv.StartMatch(keys, {}, nullptr);
+  ASSERT_TRUE(m.ok());
+  ASSERT_TRUE((*m)->done());
+  EXPECT_EQ((*m)->blocks, 4u);
+  m = kv.StartMatch(keys, {.scored_only = true}, nullptr);
+  ASSERT_TRUE(m.ok() && (*m)->done());
+  EXPECT_EQ((*m)->blocks, 0u);  // no file carries scores
+  {                             // block 2 damaged: the fetch keeps blocks 0 and 1
+    std::fstream f(tier.PathOf(chain[2].key), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(kBlockRecordHeaderBytes + 40);
+    f.put('\x5a');
+  }
+  absl::Notification woken;
+  absl::StatusOr<std::shared_ptr<const TierFetch>> f =
+      kv.StartFetch(request, [&woken] { woken.Notify(); });
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(tier.fetch_blocks_in_flight(), 4);
+  // The budget is in use until the fetch is let go of.
+  EXPECT_EQ(kv.StartFetch(request, nullptr).status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(woken.WaitForNotificationWithTimeout(kWait));
+  const TierFetch& got = **f;
+  ASSERT_TRUE(got.done());
+  ASSERT_EQ(got.data.size(), 2u);
+  ASSERT_EQ(got.seconds.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_TRUE(std::equal(got.data[i].begin(), got.data[i].end(), chain[i].data.begin(),
+                           chain[i].data.end()))
+        << i;
+    EXPECT_TRUE(got.scores[i].empty());
+  }
+  EXPECT_EQ(tier.Stats().corrupt_blocks, 1u);
+  EXPECT_EQ(tier.Stats().loads, 2u);
+  f = absl::StatusOr<std::shared_ptr<const TierFetch>>(nullptr);
+  EXPECT_EQ(tier.fetch_blocks_in_flight(), 0);
+}
 
 TEST_F(DiskTierTest, TheCapDeletesForeignFilesFirstThenTheLeastRecentlyUsed) {
-  const int64_t file = SmallLayout().file_bytes();
+  const int64_t file = SmallLayout().record_bytes();
   // Files of another model's layout, left by an earlier run.
   {
     auto other = Open(int64_t{1} << 20, SmallLayout("manifest-2"));
@@ -425,12 +484,12 @@ TEST_F(DiskTierTest, SymlinksAndHardLinksInTheDirectoryAreNeverWrittenThroughOrF
   Precious probe_victim(outside.path() + "/probe");
   Precious leftover_victim(outside.path() + "/leftover");
   const std::string block_copy = outside.path() + "/block.kvb";
-  std::ofstream(block_copy, std::ios::binary) << EncodeBlockFile(SmallLayout(), chain[1]);
+  std::ofstream(block_copy, std::ios::binary) << EncodeBlockRecord(SmallLayout(), chain[1]);
   std::filesystem::create_symlink(probe_victim.path(), dir_.path() + "/probe.w.tmp");
   std::filesystem::create_symlink(leftover_victim.path(), dir_.path() + "/stale.tmp");
   std::filesystem::create_symlink(block_copy, path1);
 
-  auto tier = Open(/*max_bytes=*/2 * SmallLayout().file_bytes());
+  auto tier = Open(/*max_bytes=*/2 * SmallLayout().record_bytes());
   ASSERT_NE(tier, nullptr);
   EXPECT_TRUE(probe_victim.Intact());
   EXPECT_TRUE(leftover_victim.Intact());
@@ -467,7 +526,7 @@ TEST_F(DiskTierTest, SymlinksAndHardLinksInTheDirectoryAreNeverWrittenThroughOrF
   EXPECT_FALSE(tier->Contains(chain[0].key)) << "evicted";
   EXPECT_GE(tier->Stats().evicted_files, 2u);
   EXPECT_TRUE(IsSymlink(path1)) << "not the tier's file: never deleted";
-  EXPECT_EQ(testing::ReadFile(block_copy), EncodeBlockFile(SmallLayout(), chain[1]));
+  EXPECT_EQ(testing::ReadFile(block_copy), EncodeBlockRecord(SmallLayout(), chain[1]));
 
   // A block file swapped for a link to a file outside fails verification; deleting it
   // removes the link, never its target.

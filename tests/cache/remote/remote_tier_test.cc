@@ -21,7 +21,7 @@
 #include "absl/time/clock.h"
 #include "base/check.h"
 #include "gtest/gtest.h"
-#include "tests/cache/disk/disk_test_util.h"
+#include "tests/cache/tier_test_util.h"
 #include "tests/testing/delay_proxy.h"
 #include "tests/testing/redis_server.h"
 
@@ -43,8 +43,8 @@ std::vector<Digest> KeysOf(const std::vector<BlockRecord>& chain) {
 
 // Fetches `records` (consecutive blocks of one chain) and waits until the fetch is done; null
 // when the tier refused to start it.
-std::shared_ptr<const RemoteFetch> FetchNow(RemoteTier& tier,
-                                            const std::vector<BlockRecord>& records) {
+std::shared_ptr<const TierFetch> FetchNow(RemoteTier& tier,
+                                          const std::vector<BlockRecord>& records) {
   std::vector<Digest> keys;
   std::vector<uint32_t> tokens;
   for (const BlockRecord& r : records) {
@@ -52,9 +52,9 @@ std::shared_ptr<const RemoteFetch> FetchNow(RemoteTier& tier,
     tokens.insert(tokens.end(), r.tokens.begin(), r.tokens.end());
   }
   absl::Notification done;
-  absl::StatusOr<std::shared_ptr<const RemoteFetch>> started =
+  absl::StatusOr<std::shared_ptr<const TierFetch>> started =
       tier.Fetch(records.front().root, keys, tokens, [&done] { done.Notify(); });
-  std::shared_ptr<const RemoteFetch> f = started.ok() ? *started : nullptr;
+  std::shared_ptr<const TierFetch> f = started.ok() ? *started : nullptr;
   if (f != nullptr) {
     EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
     EXPECT_TRUE(f->done());
@@ -65,7 +65,7 @@ std::shared_ptr<const RemoteFetch> FetchNow(RemoteTier& tier,
 
 // How many blocks a fetch of `records` brought back (-1: refused).
 int Fetched(RemoteTier& tier, const std::vector<BlockRecord>& records) {
-  std::shared_ptr<const RemoteFetch> f = FetchNow(tier, records);
+  std::shared_ptr<const TierFetch> f = FetchNow(tier, records);
   return f == nullptr ? -1 : static_cast<int>(f->data.size());
 }
 
@@ -86,7 +86,7 @@ class RemoteTierTest : public ::testing::Test {
   }
 
   std::unique_ptr<RemoteTier> Open(RemoteTierOptions o = TestOptions(),
-                                   const DiskLayout& layout = SmallLayout()) {
+                                   const BlockLayout& layout = SmallLayout()) {
     if (o.url.empty()) o.url = redis_->url();
     absl::StatusOr<std::unique_ptr<RemoteTier>> t = RemoteTier::Open(o, layout);
     EXPECT_TRUE(t.ok()) << t.status();
@@ -153,13 +153,15 @@ TEST_F(RemoteTierTest, OpenRefusesBadOptions) {
             absl::StatusCode::kInvalidArgument);
   o.key_prefix = "p:";
   o.timeout = absl::ZeroDuration();
-  EXPECT_EQ(RemoteTier::Open(o, SmallLayout()).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RemoteTier::Open(o, SmallLayout()).status().code(), absl::StatusCode::kInvalidArgument);
+  o.timeout = absl::Seconds(1);
+  o.match_timeout = -absl::Milliseconds(1);
+  EXPECT_EQ(RemoteTier::Open(o, SmallLayout()).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(RemoteTierTest, PublishedBlocksComeBackBitForBitAndMatchAsAPrefix) {
   std::unique_ptr<RemoteTier> writer = Open();
-  const DiskLayout layout = SmallLayout();
+  const BlockLayout layout = SmallLayout();
   const std::vector<BlockRecord> chain = MakeChain(layout, 1, 5);
   // Blocks 0, 1 and 3: the match stops at the gap.
   PublishAll(*writer, {chain[0], chain[1], chain[3]});
@@ -171,7 +173,7 @@ TEST_F(RemoteTierTest, PublishedBlocksComeBackBitForBitAndMatchAsAPrefix) {
   const std::vector<Digest> keys = KeysOf(chain);
   EXPECT_EQ(reader->MatchFrom(keys), 2u);
   EXPECT_EQ(reader->MatchFrom(absl::MakeConstSpan(keys).subspan(3)), 1u);
-  std::shared_ptr<const RemoteFetch> f = FetchNow(*reader, {chain[0], chain[1]});
+  std::shared_ptr<const TierFetch> f = FetchNow(*reader, {chain[0], chain[1]});
   ASSERT_NE(f, nullptr);
   ASSERT_EQ(f->data.size(), 2u);
   EXPECT_EQ(f->data[0], chain[0].data);
@@ -199,7 +201,7 @@ TEST_F(RemoteTierTest, ReusedBuffersHoldEachFetchsOwnBytes) {
   for (int round = 0; round < 3; ++round) {
     for (size_t first = 0; first < chain.size(); ++first) {
       std::vector<BlockRecord> part(chain.begin() + first, chain.end());
-      std::shared_ptr<const RemoteFetch> f = FetchNow(*tier, part);
+      std::shared_ptr<const TierFetch> f = FetchNow(*tier, part);
       ASSERT_NE(f, nullptr);
       ASSERT_EQ(f->data.size(), part.size());
       for (size_t i = 0; i < part.size(); ++i) {
@@ -214,7 +216,7 @@ TEST_F(RemoteTierTest, ReusedBuffersHoldEachFetchsOwnBytes) {
 // (and a key of another type is no match, not a fault); a block published without scores
 // is offered again with them, once.
 TEST_F(RemoteTierTest, ScoreSectionsTravelWithTheirBlocks) {
-  const DiskLayout layout = ScoredLayout();
+  const BlockLayout layout = ScoredLayout();
   std::unique_ptr<RemoteTier> writer = Open(TestOptions(), layout);
   std::vector<BlockRecord> chain = MakeChain(layout, 21, 3);
   chain[0] = WithScores(chain[0], layout);
@@ -231,7 +233,7 @@ TEST_F(RemoteTierTest, ScoreSectionsTravelWithTheirBlocks) {
   std::unique_ptr<RemoteTier> reader = Open(TestOptions(), layout);
   const std::vector<Digest> keys = KeysOf(chain);
   EXPECT_EQ(reader->MatchFrom(keys, {.scored_only = true}), 3u);
-  std::shared_ptr<const RemoteFetch> f = FetchNow(*reader, {chain[0], chain[1], scored2});
+  std::shared_ptr<const TierFetch> f = FetchNow(*reader, {chain[0], chain[1], scored2});
   ASSERT_NE(f, nullptr);
   ASSERT_EQ(f->data.size(), 3u);
   ASSERT_EQ(f->scores.size(), 3u);
@@ -266,7 +268,7 @@ TEST_F(RemoteTierTest, FetchedBlocksCountAgainstTheBudgetUntilReleased) {
   std::unique_ptr<RemoteTier> tier = Open(o);
   const std::vector<BlockRecord> chain = MakeChain(SmallLayout(), 12, 3);
   PublishAll(*tier, chain);
-  std::shared_ptr<const RemoteFetch> held = FetchNow(*tier, {chain[0], chain[1]});
+  std::shared_ptr<const TierFetch> held = FetchNow(*tier, {chain[0], chain[1]});
   ASSERT_NE(held, nullptr);
   EXPECT_EQ(held->data.size(), 2u);
   EXPECT_EQ(tier->Fetch(chain[2].root, {chain[2].key}, chain[2].tokens, nullptr).status().code(),
@@ -278,29 +280,30 @@ TEST_F(RemoteTierTest, FetchedBlocksCountAgainstTheBudgetUntilReleased) {
 
 TEST_F(RemoteTierTest, DamagedTruncatedAndForeignValuesAreRefusedAndDeleted) {
   std::unique_ptr<RemoteTier> tier = Open();
-  const DiskLayout layout = SmallLayout();
+  const BlockLayout layout = SmallLayout();
   const std::vector<BlockRecord> chain = MakeChain(layout, 3, 3);
   PublishAll(*tier, chain);
   // One flipped data byte.
-  std::string value = EncodeBlockFile(layout, chain[0]);
+  std::string value = EncodeBlockRecord(layout, chain[0]);
   value[value.size() / 2] ^= 0x01;
   ASSERT_EQ(redis_->Command({"SET", tier->KeyOf(chain[0].key), value}), "OK");
   EXPECT_EQ(Fetched(*tier, {chain[0]}), 0);
   EXPECT_EQ(redis_->Command({"EXISTS", tier->KeyOf(chain[0].key)}), "0");
 
   // Truncated.
-  value = EncodeBlockFile(layout, chain[1]);
+  value = EncodeBlockRecord(layout, chain[1]);
   value.resize(value.size() - 7);
   ASSERT_EQ(redis_->Command({"SET", tier->KeyOf(chain[1].key), value}), "OK");
   EXPECT_EQ(Fetched(*tier, {chain[1]}), 0);
 
   // Computed by another model, and by other numerics, under this block's key.
-  DiskLayout other_model = SmallLayout("manifest-2");
-  DiskLayout other_numerics = layout;
+  BlockLayout other_model = SmallLayout("manifest-2");
+  BlockLayout other_numerics = layout;
   other_numerics.numerics_key = Sha256Of("numerics-2");
-  for (const DiskLayout& foreign : {other_model, other_numerics}) {
-    ASSERT_EQ(redis_->Command({"SET", tier->KeyOf(chain[2].key), EncodeBlockFile(foreign, chain[2])}),
-              "OK");
+  for (const BlockLayout& foreign : {other_model, other_numerics}) {
+    ASSERT_EQ(
+        redis_->Command({"SET", tier->KeyOf(chain[2].key), EncodeBlockRecord(foreign, chain[2])}),
+        "OK");
     EXPECT_EQ(Fetched(*tier, {chain[2]}), 0);
   }
   // Not a string at all.
@@ -323,12 +326,12 @@ int64_t NetOutputBytes(const RedisServer& redis) {
 // record's bytes cross the network, and it is counted corrupt and deleted like any other.
 TEST_F(RemoteTierTest, AValueOfAnotherLengthIsRefusedWithoutReadingIt) {
   std::unique_ptr<RemoteTier> tier = Open();
-  const DiskLayout layout = SmallLayout();
+  const BlockLayout layout = SmallLayout();
   const std::vector<BlockRecord> chain = MakeChain(layout, /*seed=*/5, /*n=*/2);
   PublishAll(*tier, chain);
-  const int64_t record = static_cast<int64_t>(EncodeBlockFile(layout, chain[0]).size());
+  const int64_t record = static_cast<int64_t>(EncodeBlockRecord(layout, chain[0]).size());
   // The block's own record with 16 MB of junk after it, and one byte short of it.
-  const std::string oversized = EncodeBlockFile(layout, chain[0]) + std::string(16 << 20, 'j');
+  const std::string oversized = EncodeBlockRecord(layout, chain[0]) + std::string(16 << 20, 'j');
   ASSERT_EQ(redis_->Command({"SET", tier->KeyOf(chain[0].key), oversized}), "OK");
   const int64_t before = NetOutputBytes(*redis_);
   ASSERT_GE(before, 0);
@@ -336,7 +339,7 @@ TEST_F(RemoteTierTest, AValueOfAnotherLengthIsRefusedWithoutReadingIt) {
   const int64_t sent = NetOutputBytes(*redis_) - before;
   EXPECT_LT(sent, record + 65536) << "the oversized value was read";
   EXPECT_EQ(redis_->Command({"EXISTS", tier->KeyOf(chain[0].key)}), "0");
-  std::string shorter = EncodeBlockFile(layout, chain[1]);
+  std::string shorter = EncodeBlockRecord(layout, chain[1]);
   shorter.pop_back();
   ASSERT_EQ(redis_->Command({"SET", tier->KeyOf(chain[1].key), shorter}), "OK");
   EXPECT_EQ(Fetched(*tier, {chain[1]}), 0);
@@ -344,8 +347,9 @@ TEST_F(RemoteTierTest, AValueOfAnotherLengthIsRefusedWithoutReadingIt) {
   EXPECT_EQ(tier->Stats().loads, 0u);
   EXPECT_EQ(redis_->Command({"DBSIZE"}), "0");
   // The tier goes on: the right record under the key loads.
-  ASSERT_EQ(redis_->Command({"SET", tier->KeyOf(chain[0].key), EncodeBlockFile(layout, chain[0])}),
-            "OK");
+  ASSERT_EQ(
+      redis_->Command({"SET", tier->KeyOf(chain[0].key), EncodeBlockRecord(layout, chain[0])}),
+      "OK");
   EXPECT_EQ(Fetched(*tier, {chain[0]}), 1);
 }
 
@@ -433,14 +437,14 @@ class HoldingProxy {
 // blocks from a Redis 200 ms late took 3.2 s one GET at a time).
 TEST_F(RemoteTierTest, AFetchIsOneRoundTripForAllItsBlocks) {
   std::unique_ptr<RemoteTier> writer = Open();
-  const DiskLayout layout = SmallLayout();
+  const BlockLayout layout = SmallLayout();
   const std::vector<BlockRecord> chain = MakeChain(layout, /*seed=*/8, /*n=*/16);
   PublishAll(*writer, chain);
   HoldingProxy proxy(redis_->port(), /*release_after=*/16);
   RemoteTierOptions o = TestOptions();
   o.url = proxy.url();
   std::unique_ptr<RemoteTier> reader = Open(o);
-  std::shared_ptr<const RemoteFetch> f = FetchNow(*reader, chain);
+  std::shared_ptr<const TierFetch> f = FetchNow(*reader, chain);
   ASSERT_NE(f, nullptr);
   ASSERT_EQ(f->data.size(), chain.size()) << "the fetch waited for an answer before asking on";
   for (size_t i = 0; i < chain.size(); ++i) EXPECT_EQ(f->data[i], chain[i].data) << i;
@@ -455,10 +459,10 @@ TEST_F(RemoteTierTest, AFetchIsOneRoundTripForAllItsBlocks) {
 // the connection, cut mid-pipeline, is closed and counted.
 TEST_F(RemoteTierTest, AFetchEndsByItsDeadlineWithTheBlocksThatArrived) {
   std::unique_ptr<RemoteTier> writer = Open();
-  const DiskLayout layout = SmallLayout();
+  const BlockLayout layout = SmallLayout();
   const std::vector<BlockRecord> chain = MakeChain(layout, /*seed=*/18, /*n=*/16);
   PublishAll(*writer, chain);
-  const size_t record = EncodeBlockFile(layout, chain[0]).size();
+  const size_t record = EncodeBlockRecord(layout, chain[0]).size();
   // About two pieces per block, 50 ms apart: 100 ms a block.
   DelayProxy proxy(redis_->port(), {.chunk_bytes = record / 2 + 16, .gap = absl::Milliseconds(50)});
   RemoteTierOptions o = TestOptions();
@@ -466,7 +470,7 @@ TEST_F(RemoteTierTest, AFetchEndsByItsDeadlineWithTheBlocksThatArrived) {
   o.timeout = absl::Milliseconds(200);  // and so a deadline of 400 ms
   std::unique_ptr<RemoteTier> reader = Open(o);
   const absl::Time t0 = absl::Now();
-  std::shared_ptr<const RemoteFetch> f = FetchNow(*reader, chain);
+  std::shared_ptr<const TierFetch> f = FetchNow(*reader, chain);
   const absl::Duration took = absl::Now() - t0;
   ASSERT_NE(f, nullptr);
   // 400 ms, and a margin for a loaded test machine; the whole fetch takes 1.7 s.
@@ -485,7 +489,7 @@ TEST_F(RemoteTierTest, AFetchEndsByItsDeadlineWithTheBlocksThatArrived) {
 // after 0.3, 0.6, 0.9 and 1.2 s).
 TEST_F(RemoteTierTest, FetchesAskedTogetherNeverWaitPastTheirDeadline) {
   std::unique_ptr<RemoteTier> writer = Open();
-  const DiskLayout layout = SmallLayout();
+  const BlockLayout layout = SmallLayout();
   std::vector<std::vector<BlockRecord>> chains;
   for (uint32_t seed = 30; seed < 34; ++seed) {
     chains.push_back(MakeChain(layout, seed, /*n=*/4));
@@ -496,7 +500,7 @@ TEST_F(RemoteTierTest, FetchesAskedTogetherNeverWaitPastTheirDeadline) {
   o.url = proxy.url();
   o.timeout = absl::Milliseconds(450);
   std::unique_ptr<RemoteTier> reader = Open(o);
-  std::vector<std::shared_ptr<const RemoteFetch>> fetches;
+  std::vector<std::shared_ptr<const TierFetch>> fetches;
   std::vector<absl::Notification> done(chains.size());
   std::vector<absl::Time> ended(chains.size());
   const absl::Time t0 = absl::Now();
@@ -507,7 +511,7 @@ TEST_F(RemoteTierTest, FetchesAskedTogetherNeverWaitPastTheirDeadline) {
       keys.push_back(r.key);
       tokens.insert(tokens.end(), r.tokens.begin(), r.tokens.end());
     }
-    absl::StatusOr<std::shared_ptr<const RemoteFetch>> f =
+    absl::StatusOr<std::shared_ptr<const TierFetch>> f =
         reader->Fetch(chains[c].front().root, keys, tokens, [&ended, &done, c] {
           ended[c] = absl::Now();
           done[c].Notify();
@@ -532,20 +536,20 @@ TEST_F(RemoteTierTest, FetchesAskedTogetherNeverWaitPastTheirDeadline) {
 // commands already sent for the blocks after it are read, so the next fetch gets its own.
 TEST_F(RemoteTierTest, AFetchStoppedMidChainKeepsWhatCameBeforeAndLeavesTheConnectionInStep) {
   std::unique_ptr<RemoteTier> tier = Open();
-  const DiskLayout layout = SmallLayout();
+  const BlockLayout layout = SmallLayout();
   const std::vector<BlockRecord> chain = MakeChain(layout, 4, 5);
   PublishAll(*tier, chain);
   const std::vector<BlockRecord> tail(chain.begin() + 3, chain.end());
   auto expect_tail = [&] {
-    std::shared_ptr<const RemoteFetch> f = FetchNow(*tier, tail);
+    std::shared_ptr<const TierFetch> f = FetchNow(*tier, tail);
     ASSERT_NE(f, nullptr);
     ASSERT_EQ(f->data.size(), tail.size());
     for (size_t i = 0; i < tail.size(); ++i) EXPECT_EQ(f->data[i], tail[i].data) << i;
   };
-  std::string value = EncodeBlockFile(layout, chain[2]);
+  std::string value = EncodeBlockRecord(layout, chain[2]);
   value[value.size() / 2] ^= 0x01;
   ASSERT_EQ(redis_->Command({"SET", tier->KeyOf(chain[2].key), value}), "OK");
-  std::shared_ptr<const RemoteFetch> f = FetchNow(*tier, chain);
+  std::shared_ptr<const TierFetch> f = FetchNow(*tier, chain);
   ASSERT_NE(f, nullptr);
   ASSERT_EQ(f->data.size(), 2u);
   EXPECT_EQ(f->data[0], chain[0].data);
@@ -564,7 +568,7 @@ TEST_F(RemoteTierTest, AFetchStoppedMidChainKeepsWhatCameBeforeAndLeavesTheConne
 
 TEST_F(RemoteTierTest, LayoutsDoNotShareKeys) {
   std::unique_ptr<RemoteTier> a = Open();
-  DiskLayout other = SmallLayout();
+  BlockLayout other = SmallLayout();
   other.numerics_key = Sha256Of("numerics-2");
   std::unique_ptr<RemoteTier> b = Open(TestOptions(), other);
   const std::vector<BlockRecord> chain = MakeChain(SmallLayout(), 4, 2);
@@ -633,6 +637,40 @@ TEST_F(RemoteTierTest, AHungServerCostsOneTimeoutThenIsSkipped) {
   EXPECT_EQ(tier->Stats().match_errors, 1u);  // skipped while backing off
   redis_->Resume();
 }
+// A match has a deadline of its own (match_timeout), shorter here than the command timeout:
+// while the server hangs, the match is answered 0 (a miss) by then, counted as a timeout and
+// a fault, and wakes its caller; matches asked once the server answers again are answered.
+TEST_F(RemoteTierTest, AMatchNotAnsweredByItsDeadlineIsAMissAndCounted) {
+  std::unique_ptr<RemoteTier> writer = Open();
+  const std::vector<BlockRecord> chain = MakeChain(SmallLayout(), 9, 2);
+  PublishAll(*writer, chain);
+  RemoteTierOptions o = TestOptions();
+  o.timeout = kMaxRemoteTierTimeout;  // never reached: the match's deadline comes first
+  o.match_timeout = absl::Milliseconds(200);
+  o.backoff_min = o.backoff_max = absl::Milliseconds(1);
+  std::unique_ptr<RemoteTier> tier = Open(o);
+  const std::vector<Digest> keys = KeysOf(chain);
+  ASSERT_EQ(tier->MatchFrom(keys), 2u);  // connected
+  redis_->Pause();
+  absl::Notification woken;
+  const absl::Time asked = absl::Now();
+  absl::StatusOr<std::shared_ptr<const TierMatch>> m =
+      tier->StartMatch(keys, {}, [&woken] { woken.Notify(); });
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_TRUE(woken.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  const absl::Duration took = absl::Now() - asked;
+  ASSERT_TRUE((*m)->done());
+  EXPECT_EQ((*m)->blocks, 0u);
+  EXPECT_LT(took, kMaxRemoteTierTimeout / 2) << "bounded by the command timeout, not its own";
+  EXPECT_EQ(tier->Stats().match_timeouts, 1u);
+  EXPECT_EQ(tier->Stats().match_errors, 1u);
+  redis_->Resume();
+  size_t found = 0;
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (found != 2 && absl::Now() < until) found = tier->MatchFrom(keys);  // after the backoff
+  EXPECT_EQ(found, 2u);
+  EXPECT_EQ(tier->Stats().match_timeouts, 1u);
+}
 
 // A match is answered on the matcher thread: StartMatch returns at once while the server
 // hangs, and the answer (with every match queued meanwhile, in one round trip) comes, and
@@ -648,10 +686,10 @@ TEST_F(RemoteTierTest, AMatchIsAnsweredOffTheCallersThread) {
   ASSERT_EQ(tier->MatchFrom(keys), 2u);  // connected
   redis_->Pause();
   std::atomic<int> woken{0};
-  absl::StatusOr<std::shared_ptr<const RemoteMatch>> all =
+  absl::StatusOr<std::shared_ptr<const TierMatch>> all =
       tier->StartMatch(keys, {}, [&woken] { ++woken; });
   ASSERT_TRUE(all.ok()) << all.status();
-  absl::StatusOr<std::shared_ptr<const RemoteMatch>> tail =
+  absl::StatusOr<std::shared_ptr<const TierMatch>> tail =
       tier->StartMatch(absl::MakeConstSpan(keys).subspan(1), {}, [&woken] { ++woken; });
   ASSERT_TRUE(tail.ok()) << tail.status();
   EXPECT_FALSE((*all)->WaitFor(absl::Milliseconds(50)));
@@ -705,7 +743,7 @@ TEST_F(FullRedisTest, AFullServerRefusesStoresWhichAreCountedNotFatal) {
   ASSERT_GT(used, 0);
   ASSERT_EQ(redis_->Command({"CONFIG", "SET", "maxmemory", std::to_string(used + (512 << 10))}),
             "OK");
-  DiskLayout big = SmallLayout();
+  BlockLayout big = SmallLayout();
   big.head_dim = 1024;  // 64 KiB blocks
   std::unique_ptr<RemoteTier> tier = Open(TestOptions(), big);
   const std::vector<BlockRecord> chain = MakeChain(big, 10, 24);
@@ -718,7 +756,7 @@ TEST_F(FullRedisTest, AFullServerRefusesStoresWhichAreCountedNotFatal) {
   EXPECT_GT(s.store_errors, 0u);
   EXPECT_EQ(s.stores + s.stores_dropped, chain.size());
   // What was stored still reads back whole.
-  std::shared_ptr<const RemoteFetch> f = FetchNow(*tier, {chain[0]});
+  std::shared_ptr<const TierFetch> f = FetchNow(*tier, {chain[0]});
   ASSERT_NE(f, nullptr);
   ASSERT_EQ(f->data.size(), 1u);
   EXPECT_EQ(f->data[0], chain[0].data);

@@ -1,9 +1,10 @@
-// The on-disk form of one KV block: what the disk tier writes when the pool evicts a block and
-// what it must prove before a block may enter the pool again. The encoding is bytes in, bytes
-// out and knows nothing of files, so any tier (disk, remote) stores the same record.
+// The block record: the stored form of one KV block, what every tier behind the pool
+// (cache/tier.h) keeps — a disk tier's file, a remote tier's value — and what it must prove
+// before a block may enter the pool again. The encoding is bytes in, bytes out and knows
+// nothing of files or sockets, so every tier stores the same bytes.
 //
 // A record is five sections, every integer little-endian:
-//   header (kBlockFileHeaderBytes):
+//   header (kBlockRecordHeaderBytes):
 //     0   magic "PFXDKVB\0"            8
 //     8   format version (3)           u32
 //     12  header bytes (216)           u32
@@ -39,11 +40,11 @@
 // drops the record and the engine computes the block instead.
 //
 // Versions: 1 had no numerics key, 2 no score section. Both are foreign to this build: the
-// version is part of DiskLayout::Id, so their files carry another layout id in their names,
+// version is part of BlockLayout::Id, so their files carry another layout id in their names,
 // are never read, count against the tier's cap and are the first it deletes (a version 2
 // block costs one recomputation, and keeps no reader of two formats alive).
-#ifndef PREFIXD_CACHE_DISK_BLOCK_FILE_H_
-#define PREFIXD_CACHE_DISK_BLOCK_FILE_H_
+#ifndef PREFIXD_CACHE_BLOCK_RECORD_H_
+#define PREFIXD_CACHE_BLOCK_RECORD_H_
 
 #include <cstdint>
 #include <string>
@@ -59,12 +60,12 @@ namespace prefixd {
 
 // Version 2 added the numerics key (version 1 K/V, which any backend of the same dtype would
 // have read, is dropped on sight); version 3 the score section.
-inline constexpr uint32_t kBlockFileVersion = 3;
-inline constexpr int64_t kBlockFileHeaderBytes = 216;
-inline constexpr int64_t kBlockFileChecksumBytes = 32;
+inline constexpr uint32_t kBlockRecordVersion = 3;
+inline constexpr int64_t kBlockRecordHeaderBytes = 216;
+inline constexpr int64_t kBlockRecordChecksumBytes = 32;
 
 // What must match between the process that wrote a block and the one that reads it.
-struct DiskLayout {
+struct BlockLayout {
   Digest manifest_key{};  // Sha256Of(manifest)
   Digest numerics_key{};  // Sha256Of(Backend::kv_numerics()): who computed the K/V, and how
   uint32_t dtype = 0;
@@ -82,18 +83,18 @@ struct DiskLayout {
   // block_size x (12 + 8 x score_top_k): the score section, when a record has one.
   int64_t score_bytes() const;
   // Total record size without a score section: header + tokens + data + checksum.
-  int64_t file_bytes() const;
+  int64_t record_bytes() const;
   // ... and with one (score_top_k > 0).
-  int64_t scored_file_bytes() const;
+  int64_t scored_record_bytes() const;
   // 16 hex digits naming this layout in file names, so that start-up can tell the files of
   // this layout from others without opening them (the header is still checked on every load).
   std::string Id() const;
-  bool operator==(const DiskLayout&) const = default;
+  bool operator==(const BlockLayout&) const = default;
 };
 
 // INVALID_ARGUMENT unless every geometry field is positive, the block is below 2 GiB and
 // score_top_k is at most kMaxScoreTopK.
-absl::Status ValidateDiskLayout(const DiskLayout& layout);
+absl::Status ValidateBlockLayout(const BlockLayout& layout);
 
 inline constexpr uint32_t kMaxScoreTopK = 256;
 
@@ -105,8 +106,8 @@ struct PositionScore {
     friend bool operator==(const Entry&, const Entry&) = default;
   };
   bool has_logprob = false;
-  float logprob = 0.0f;      // of the position's own token (the record's tokens[j])
-  std::vector<Entry> top;    // at most layout.score_top_k, descending
+  float logprob = 0.0f;    // of the position's own token (the record's tokens[j])
+  std::vector<Entry> top;  // at most layout.score_top_k, descending
   friend bool operator==(const PositionScore&, const PositionScore&) = default;
 };
 
@@ -122,7 +123,7 @@ struct BlockRecord {
 
 // The record's bytes. PREFIXD_CHECKs that tokens, data and scores have the layout's sizes and
 // that scores keep the section's rules.
-std::string EncodeBlockFile(const DiskLayout& layout, const BlockRecord& record);
+std::string EncodeBlockRecord(const BlockLayout& layout, const BlockRecord& record);
 
 // What the reader expects of one block: its request's root, the chain key it looked up and
 // the prompt's tokens of that block.
@@ -137,10 +138,10 @@ struct BlockExpectation {
 // success the data section, a view into `bytes`, and, when `scores` is given, the score
 // section into it (cleared when the record has none). A damaged score section fails the whole
 // record (DATA_LOSS "score section"), with or without `scores`.
-absl::StatusOr<absl::Span<const uint8_t>> DecodeBlockFile(
-    std::string_view bytes, const DiskLayout& layout, const BlockExpectation& expect,
+absl::StatusOr<absl::Span<const uint8_t>> DecodeBlockRecord(
+    std::string_view bytes, const BlockLayout& layout, const BlockExpectation& expect,
     std::vector<PositionScore>* scores = nullptr);
 
 }  // namespace prefixd
 
-#endif  // PREFIXD_CACHE_DISK_BLOCK_FILE_H_
+#endif  // PREFIXD_CACHE_BLOCK_RECORD_H_

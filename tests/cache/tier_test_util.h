@@ -1,6 +1,6 @@
-// A small layout and block records for the disk tier tests.
-#ifndef PREFIXD_TESTS_CACHE_DISK_DISK_TEST_UTIL_H_
-#define PREFIXD_TESTS_CACHE_DISK_DISK_TEST_UTIL_H_
+// A small block layout and block records (cache/block_record.h) for the tier tests.
+#ifndef PREFIXD_TESTS_CACHE_TIER_TEST_UTIL_H_
+#define PREFIXD_TESTS_CACHE_TIER_TEST_UTIL_H_
 
 #include <unistd.h>
 
@@ -11,14 +11,14 @@
 #include <vector>
 
 #include "cache/block_key.h"
-#include "cache/disk/block_file.h"
+#include "cache/block_record.h"
 #include "gtest/gtest.h"
 
 namespace prefixd::testing {
 
 // 4 tokens x 2 (K, V) x 1 layer x 2 heads x 4 dims x 4 bytes = 256 data bytes.
-inline DiskLayout SmallLayout(std::string_view manifest = "manifest-1") {
-  DiskLayout l;
+inline BlockLayout SmallLayout(std::string_view manifest = "manifest-1") {
+  BlockLayout l;
   l.manifest_key = Sha256Of(manifest);
   l.numerics_key = Sha256Of("numerics-1");
   l.dtype = 0;
@@ -37,7 +37,7 @@ inline const Digest& TestRoot() {
 
 // Block `index` of a chain under `parent`: tokens 100 * seed + 4 * index + (0..3), data a
 // pattern of (seed, index).
-inline BlockRecord MakeRecord(const DiskLayout& layout, const Digest& parent, uint32_t seed,
+inline BlockRecord MakeRecord(const BlockLayout& layout, const Digest& parent, uint32_t seed,
                               uint32_t index, const Digest& root = TestRoot()) {
   BlockRecord r;
   r.root = root;
@@ -52,7 +52,7 @@ inline BlockRecord MakeRecord(const DiskLayout& layout, const Digest& parent, ui
 }
 
 // A chain of `n` blocks from `root`.
-inline std::vector<BlockRecord> MakeChain(const DiskLayout& layout, uint32_t seed, int n,
+inline std::vector<BlockRecord> MakeChain(const BlockLayout& layout, uint32_t seed, int n,
                                           const Digest& root = TestRoot()) {
   std::vector<BlockRecord> out;
   Digest parent = root;
@@ -64,15 +64,15 @@ inline std::vector<BlockRecord> MakeChain(const DiskLayout& layout, uint32_t see
 }
 
 // SmallLayout with score sections of `top_k` entries per position.
-inline DiskLayout ScoredLayout(uint32_t top_k = 3) {
-  DiskLayout l = SmallLayout();
+inline BlockLayout ScoredLayout(uint32_t top_k = 3) {
+  BlockLayout l = SmallLayout();
   l.score_top_k = top_k;
   return l;
 }
 
 // `r` with a score section: position j has logprob -(j + 1) / 8 (none at position 0 of a
 // first block) and min(j + 1, top_k) descending entries with ids 1000 + seed + i.
-inline BlockRecord WithScores(BlockRecord r, const DiskLayout& layout, uint32_t seed = 7) {
+inline BlockRecord WithScores(BlockRecord r, const BlockLayout& layout, uint32_t seed = 7) {
   r.scores.clear();
   for (uint32_t j = 0; j < layout.block_size; ++j) {
     PositionScore p;
@@ -115,4 +115,4 @@ class ScratchDir {
 
 }  // namespace prefixd::testing
 
-#endif  // PREFIXD_TESTS_CACHE_DISK_DISK_TEST_UTIL_H_
+#endif  // PREFIXD_TESTS_CACHE_TIER_TEST_UTIL_H_

@@ -1,4 +1,4 @@
-#include "cache/disk/block_file.h"
+#include "cache/block_record.h"
 
 #include <algorithm>
 #include <bit>
@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "cache/block_key.h"
 #include "base/check.h"
+#include "cache/block_key.h"
 
 namespace prefixd {
 namespace {
@@ -57,10 +57,9 @@ absl::Status Lost(std::string_view what) {
   return absl::DataLossError(absl::StrCat("disk tier block rejected: ", std::string(what)));
 }
 
-// The score section's rules (block_file.h) for position `j` of a block whose parent key is
+// The score section's rules (block_record.h) for position `j` of a block whose parent key is
 // `first_block` the root: empty when they hold, else what broke.
-std::string ScoreRuleBroken(const PositionScore& p, uint32_t j, bool first_block,
-                            uint32_t top_k) {
+std::string ScoreRuleBroken(const PositionScore& p, uint32_t j, bool first_block, uint32_t top_k) {
   if (p.has_logprob == (first_block && j == 0)) {
     return absl::StrFormat("position %d %s a logprob", j, p.has_logprob ? "has" : "lacks");
   }
@@ -80,23 +79,24 @@ std::string ScoreRuleBroken(const PositionScore& p, uint32_t j, bool first_block
 
 }  // namespace
 
-int64_t DiskLayout::data_bytes() const {
+int64_t BlockLayout::data_bytes() const {
   return int64_t{block_size} * 2 * n_layer * n_head * head_dim * element_bytes;
 }
 
-int64_t DiskLayout::score_bytes() const {
+int64_t BlockLayout::score_bytes() const {
   return int64_t{block_size} * (12 + 8 * int64_t{score_top_k});
 }
 
-int64_t DiskLayout::file_bytes() const {
-  return kBlockFileHeaderBytes + 4 * int64_t{block_size} + data_bytes() + kBlockFileChecksumBytes;
+int64_t BlockLayout::record_bytes() const {
+  return kBlockRecordHeaderBytes + 4 * int64_t{block_size} + data_bytes() +
+         kBlockRecordChecksumBytes;
 }
 
-int64_t DiskLayout::scored_file_bytes() const { return file_bytes() + score_bytes(); }
+int64_t BlockLayout::scored_record_bytes() const { return record_bytes() + score_bytes(); }
 
-std::string DiskLayout::Id() const {
+std::string BlockLayout::Id() const {
   std::string bytes;
-  PutU32(&bytes, kBlockFileVersion);
+  PutU32(&bytes, kBlockRecordVersion);
   PutDigest(&bytes, manifest_key);
   PutDigest(&bytes, numerics_key);
   for (uint32_t v : {dtype, element_bytes, block_size, n_layer, n_head, head_dim, score_top_k}) {
@@ -105,7 +105,7 @@ std::string DiskLayout::Id() const {
   return DigestHex(Sha256Of(bytes)).substr(0, 16);
 }
 
-absl::Status ValidateDiskLayout(const DiskLayout& l) {
+absl::Status ValidateBlockLayout(const BlockLayout& l) {
   if (l.element_bytes == 0 || l.block_size == 0 || l.n_layer == 0 || l.n_head == 0 ||
       l.head_dim == 0) {
     return absl::InvalidArgumentError("disk tier layout: every geometry field must be positive");
@@ -121,17 +121,17 @@ absl::Status ValidateDiskLayout(const DiskLayout& l) {
   return absl::OkStatus();
 }
 
-std::string EncodeBlockFile(const DiskLayout& layout, const BlockRecord& r) {
+std::string EncodeBlockRecord(const BlockLayout& layout, const BlockRecord& r) {
   PREFIXD_CHECK(r.tokens.size() == layout.block_size);
   PREFIXD_CHECK(static_cast<int64_t>(r.data.size()) == layout.data_bytes());
   const bool scored = !r.scores.empty();
   PREFIXD_CHECK(!scored || (layout.score_top_k > 0 && r.scores.size() == layout.block_size));
-  const int64_t total = scored ? layout.scored_file_bytes() : layout.file_bytes();
+  const int64_t total = scored ? layout.scored_record_bytes() : layout.record_bytes();
   std::string out;
   out.reserve(static_cast<size_t>(total));
   out.append(kMagic, sizeof(kMagic));
-  PutU32(&out, kBlockFileVersion);
-  PutU32(&out, static_cast<uint32_t>(kBlockFileHeaderBytes));
+  PutU32(&out, kBlockRecordVersion);
+  PutU32(&out, static_cast<uint32_t>(kBlockRecordHeaderBytes));
   PutDigest(&out, layout.manifest_key);
   for (uint32_t v : {layout.dtype, layout.element_bytes, layout.block_size, layout.n_layer,
                      layout.n_head, layout.head_dim}) {
@@ -144,7 +144,7 @@ std::string EncodeBlockFile(const DiskLayout& layout, const BlockRecord& r) {
   PutDigest(&out, layout.numerics_key);
   PutU32(&out, layout.score_top_k);
   PutU32(&out, scored ? layout.block_size : 0);
-  PREFIXD_CHECK(static_cast<int64_t>(out.size()) == kBlockFileHeaderBytes);
+  PREFIXD_CHECK(static_cast<int64_t>(out.size()) == kBlockRecordHeaderBytes);
   for (uint32_t t : r.tokens) PutU32(&out, t);
   out.append(reinterpret_cast<const char*>(r.data.data()), r.data.size());
   const bool first_block = r.parent_key == r.root;
@@ -165,22 +165,22 @@ std::string EncodeBlockFile(const DiskLayout& layout, const BlockRecord& r) {
   return out;
 }
 
-absl::StatusOr<absl::Span<const uint8_t>> DecodeBlockFile(std::string_view bytes,
-                                                          const DiskLayout& layout,
-                                                          const BlockExpectation& expect,
-                                                          std::vector<PositionScore>* scores) {
-  if (static_cast<int64_t>(bytes.size()) < kBlockFileHeaderBytes) {
+absl::StatusOr<absl::Span<const uint8_t>> DecodeBlockRecord(std::string_view bytes,
+                                                            const BlockLayout& layout,
+                                                            const BlockExpectation& expect,
+                                                            std::vector<PositionScore>* scores) {
+  if (static_cast<int64_t>(bytes.size()) < kBlockRecordHeaderBytes) {
     return Lost(absl::StrFormat("size: %d bytes, shorter than the header", bytes.size()));
   }
   if (std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) return Lost("magic");
   Reader in(bytes.data() + sizeof(kMagic));
   const uint32_t version = in.U32();
-  if (version != kBlockFileVersion) {
+  if (version != kBlockRecordVersion) {
     return Lost(
-        absl::StrFormat("format version %d, this build reads %d", version, kBlockFileVersion));
+        absl::StrFormat("format version %d, this build reads %d", version, kBlockRecordVersion));
   }
-  if (in.U32() != kBlockFileHeaderBytes) return Lost("header size");
-  DiskLayout got;
+  if (in.U32() != kBlockRecordHeaderBytes) return Lost("header size");
+  BlockLayout got;
   got.manifest_key = in.D();
   got.dtype = in.U32();
   got.element_bytes = in.U32();
@@ -201,17 +201,17 @@ absl::StatusOr<absl::Span<const uint8_t>> DecodeBlockFile(std::string_view bytes
   if (scored && (score_positions != layout.block_size || layout.score_top_k == 0)) {
     return Lost(absl::StrFormat("score section of %d positions", score_positions));
   }
-  const int64_t total = scored ? layout.scored_file_bytes() : layout.file_bytes();
+  const int64_t total = scored ? layout.scored_record_bytes() : layout.record_bytes();
   if (static_cast<int64_t>(bytes.size()) != total) {
     return Lost(absl::StrFormat("size: %d bytes, the header needs %d", bytes.size(), total));
   }
-  const size_t body = bytes.size() - kBlockFileChecksumBytes;
+  const size_t body = bytes.size() - kBlockRecordChecksumBytes;
   const Digest sum = Sha256Of(bytes.substr(0, body));
   if (std::memcmp(sum.data(), bytes.data() + body, sum.size()) != 0) return Lost("checksum");
   if (root != expect.root) return Lost("root key (model and namespace) differs");
   if (stored_key != expect.key) return Lost("chain key is not the one looked up");
   std::vector<uint32_t> stored_tokens(layout.block_size);
-  Reader tok(bytes.data() + kBlockFileHeaderBytes);
+  Reader tok(bytes.data() + kBlockRecordHeaderBytes);
   for (uint32_t& t : stored_tokens) t = tok.U32();
   if (ChainKey(parent_key, stored_tokens) != expect.key) {
     return Lost("tokens do not hash to the key");
@@ -220,7 +220,7 @@ absl::StatusOr<absl::Span<const uint8_t>> DecodeBlockFile(std::string_view bytes
                   stored_tokens.end())) {
     return Lost("tokens differ from the prompt's");
   }
-  const int64_t data_at = kBlockFileHeaderBytes + 4 * int64_t{layout.block_size};
+  const int64_t data_at = kBlockRecordHeaderBytes + 4 * int64_t{layout.block_size};
   std::vector<PositionScore> decoded;
   if (scored) {
     // After the checksum: what is read here is what the writer wrote, so a broken rule is
@@ -235,8 +235,8 @@ absl::StatusOr<absl::Span<const uint8_t>> DecodeBlockFile(std::string_view bytes
       const uint32_t n = sc.U32();
       if (flags > 1) return Lost(absl::StrFormat("score section: position %d flags %d", j, flags));
       if (n > layout.score_top_k) {
-        return Lost(absl::StrFormat("score section: position %d has %d top entries, above %d", j,
-                                    n, layout.score_top_k));
+        return Lost(absl::StrFormat("score section: position %d has %d top entries, above %d", j, n,
+                                    layout.score_top_k));
       }
       p.has_logprob = flags == 1;
       for (uint32_t i = 0; i < layout.score_top_k; ++i) {

@@ -1,7 +1,7 @@
-// The block file format (cache/disk/block_file.h): every byte is covered by the checksum,
+// The block file format (cache/block_record.h): every byte is covered by the checksum,
 // every truncation is refused, and every header field is checked on its own even when the
 // checksum is recomputed over the damage.
-#include "cache/disk/block_file.h"
+#include "cache/block_record.h"
 
 #include <bit>
 #include <cstring>
@@ -10,7 +10,7 @@
 #include "absl/strings/match.h"
 #include "cache/block_key.h"
 #include "gtest/gtest.h"
-#include "tests/cache/disk/disk_test_util.h"
+#include "tests/cache/tier_test_util.h"
 
 namespace prefixd {
 namespace {
@@ -24,7 +24,7 @@ using testing::TestRoot;
 using testing::WithScores;
 
 // Section boundaries of a SmallLayout file.
-constexpr size_t kHeader = kBlockFileHeaderBytes;
+constexpr size_t kHeader = kBlockRecordHeaderBytes;
 constexpr size_t kTokensEnd = kHeader + 4 * 4;
 constexpr size_t kDataEnd = kTokensEnd + 256;
 constexpr size_t kFileEnd = kDataEnd + 32;
@@ -35,52 +35,52 @@ void Reseal(std::string* file) {
   std::memcpy(file->data() + file->size() - 32, sum.data(), 32);
 }
 
-TEST(BlockFileTest, RoundTripReturnsTheData) {
-  const DiskLayout layout = SmallLayout();
+TEST(BlockRecordTest, RoundTripReturnsTheData) {
+  const BlockLayout layout = SmallLayout();
   const BlockRecord r = MakeChain(layout, 1, 2)[1];
-  const std::string file = EncodeBlockFile(layout, r);
+  const std::string file = EncodeBlockRecord(layout, r);
   ASSERT_EQ(file.size(), kFileEnd);
-  EXPECT_EQ(layout.file_bytes(), static_cast<int64_t>(kFileEnd));
-  auto data = DecodeBlockFile(file, layout, ExpectationOf(r));
+  EXPECT_EQ(layout.record_bytes(), static_cast<int64_t>(kFileEnd));
+  auto data = DecodeBlockRecord(file, layout, ExpectationOf(r));
   ASSERT_TRUE(data.ok()) << data.status();
   EXPECT_EQ(std::vector<uint8_t>(data->begin(), data->end()), r.data);
 }
 
-TEST(BlockFileTest, EveryFlippedByteIsRejected) {
-  const DiskLayout layout = SmallLayout();
+TEST(BlockRecordTest, EveryFlippedByteIsRejected) {
+  const BlockLayout layout = SmallLayout();
   const BlockRecord r = MakeRecord(layout, TestRoot(), 1, 0);
-  const std::string good = EncodeBlockFile(layout, r);
+  const std::string good = EncodeBlockRecord(layout, r);
   for (size_t i = 0; i < good.size(); ++i) {
     std::string bad = good;
     bad[i] = static_cast<char>(bad[i] ^ 0x01);
-    auto data = DecodeBlockFile(bad, layout, ExpectationOf(r));
+    auto data = DecodeBlockRecord(bad, layout, ExpectationOf(r));
     EXPECT_EQ(data.status().code(), absl::StatusCode::kDataLoss) << "byte " << i;
   }
 }
 
-TEST(BlockFileTest, EveryTruncationAndAnExtraByteAreRejected) {
-  const DiskLayout layout = SmallLayout();
+TEST(BlockRecordTest, EveryTruncationAndAnExtraByteAreRejected) {
+  const BlockLayout layout = SmallLayout();
   const BlockRecord r = MakeRecord(layout, TestRoot(), 1, 0);
-  const std::string good = EncodeBlockFile(layout, r);
+  const std::string good = EncodeBlockRecord(layout, r);
   // Every length, so every section (header, tokens, data, checksum) is cut at its start,
   // inside and at its end.
   for (size_t n = 0; n < good.size(); ++n) {
-    auto data = DecodeBlockFile(good.substr(0, n), layout, ExpectationOf(r));
+    auto data = DecodeBlockRecord(good.substr(0, n), layout, ExpectationOf(r));
     EXPECT_EQ(data.status().code(), absl::StatusCode::kDataLoss) << "length " << n;
   }
   for (size_t n : {size_t{0}, kHeader - 1, kHeader, kTokensEnd, kDataEnd, kFileEnd - 1}) {
-    auto data = DecodeBlockFile(good.substr(0, n), layout, ExpectationOf(r));
+    auto data = DecodeBlockRecord(good.substr(0, n), layout, ExpectationOf(r));
     EXPECT_TRUE(absl::StrContains(data.status().message(), "size")) << n << data.status();
   }
-  auto longer = DecodeBlockFile(good + "x", layout, ExpectationOf(r));
+  auto longer = DecodeBlockRecord(good + "x", layout, ExpectationOf(r));
   EXPECT_TRUE(absl::StrContains(longer.status().message(), "size")) << longer.status();
 }
 
 // Each header field changed, checksum recomputed: the field's own check refuses it.
-TEST(BlockFileTest, EveryHeaderFieldIsCheckedEvenWithAValidChecksum) {
-  const DiskLayout layout = SmallLayout();
+TEST(BlockRecordTest, EveryHeaderFieldIsCheckedEvenWithAValidChecksum) {
+  const BlockLayout layout = SmallLayout();
   const BlockRecord r = MakeChain(layout, 1, 2)[1];
-  const std::string good = EncodeBlockFile(layout, r);
+  const std::string good = EncodeBlockRecord(layout, r);
   struct Field {
     size_t offset;
     std::string expected_message;
@@ -112,34 +112,35 @@ TEST(BlockFileTest, EveryHeaderFieldIsCheckedEvenWithAValidChecksum) {
     std::string bad = good;
     bad[f.offset] = static_cast<char>(bad[f.offset] ^ 0x04);
     Reseal(&bad);
-    auto data = DecodeBlockFile(bad, layout, ExpectationOf(r));
+    auto data = DecodeBlockRecord(bad, layout, ExpectationOf(r));
     EXPECT_EQ(data.status().code(), absl::StatusCode::kDataLoss) << "offset " << f.offset;
     EXPECT_TRUE(absl::StrContains(data.status().message(), f.expected_message))
         << "offset " << f.offset << ": " << data.status();
   }
 }
 
-TEST(BlockFileTest, TheReaderExpectationMustMatch) {
-  const DiskLayout layout = SmallLayout();
+TEST(BlockRecordTest, TheReaderExpectationMustMatch) {
+  const BlockLayout layout = SmallLayout();
   const std::vector<BlockRecord> chain = MakeChain(layout, 1, 2);
-  const std::string file = EncodeBlockFile(layout, chain[1]);
+  const std::string file = EncodeBlockRecord(layout, chain[1]);
   // Looked up under another key (a renamed file).
   BlockExpectation e = ExpectationOf(chain[1]);
   e.key = chain[0].key;
-  EXPECT_TRUE(absl::StrContains(DecodeBlockFile(file, layout, e).status().message(), "chain key"));
+  EXPECT_TRUE(
+      absl::StrContains(DecodeBlockRecord(file, layout, e).status().message(), "chain key"));
   // Another tenant's root.
   e = ExpectationOf(chain[1]);
   e.root = CacheRootKey("manifest-1", CacheNamespace("other", ""));
-  EXPECT_TRUE(absl::StrContains(DecodeBlockFile(file, layout, e).status().message(), "root"));
+  EXPECT_TRUE(absl::StrContains(DecodeBlockRecord(file, layout, e).status().message(), "root"));
   // The prompt's tokens differ though the key matched (what a SHA-256 collision would be).
   std::vector<uint32_t> tokens = chain[1].tokens;
   tokens[3] += 1;
   e = ExpectationOf(chain[1]);
   e.tokens = tokens;
-  EXPECT_TRUE(absl::StrContains(DecodeBlockFile(file, layout, e).status().message(), "prompt"));
+  EXPECT_TRUE(absl::StrContains(DecodeBlockRecord(file, layout, e).status().message(), "prompt"));
   // Another model, dtype, block size, geometry or numerics: the layout check.
   for (int field = 0; field < 8; ++field) {
-    DiskLayout other = layout;
+    BlockLayout other = layout;
     switch (field) {
       case 0:
         other.manifest_key = Sha256Of("manifest-2");
@@ -173,61 +174,62 @@ TEST(BlockFileTest, TheReaderExpectationMustMatch) {
         break;
     }
     EXPECT_NE(other.Id(), layout.Id()) << field;
-    auto data = DecodeBlockFile(file, other, ExpectationOf(chain[1]));
+    auto data = DecodeBlockRecord(file, other, ExpectationOf(chain[1]));
     EXPECT_EQ(data.status().code(), absl::StatusCode::kDataLoss) << field;
   }
 }
 
-TEST(BlockFileTest, LayoutIdIsStableAndValidationRefusesEmptyGeometry) {
+TEST(BlockRecordTest, LayoutIdIsStableAndValidationRefusesEmptyGeometry) {
   EXPECT_EQ(SmallLayout().Id(), SmallLayout().Id());
   EXPECT_EQ(SmallLayout().Id().size(), 16u);
   EXPECT_NE(SmallLayout("a").Id(), SmallLayout("b").Id());
-  EXPECT_TRUE(ValidateDiskLayout(SmallLayout()).ok());
-  DiskLayout bad = SmallLayout();
+  EXPECT_TRUE(ValidateBlockLayout(SmallLayout()).ok());
+  BlockLayout bad = SmallLayout();
   bad.n_head = 0;
-  EXPECT_EQ(ValidateDiskLayout(bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateBlockLayout(bad).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // The score section: every bit comes back, first block or not, and a record without one
 // decodes as "no scores" under the same layout.
-TEST(BlockFileTest, ScoreSectionRoundTripsBitForBit) {
-  const DiskLayout layout = ScoredLayout();
+TEST(BlockRecordTest, ScoreSectionRoundTripsBitForBit) {
+  const BlockLayout layout = ScoredLayout();
   EXPECT_EQ(layout.score_bytes(), 4 * (12 + 8 * 3));
   for (const BlockRecord& plain : MakeChain(layout, 1, 2)) {
     const BlockRecord r = WithScores(plain, layout);
-    const std::string file = EncodeBlockFile(layout, r);
-    ASSERT_EQ(static_cast<int64_t>(file.size()), layout.scored_file_bytes());
+    const std::string file = EncodeBlockRecord(layout, r);
+    ASSERT_EQ(static_cast<int64_t>(file.size()), layout.scored_record_bytes());
     std::vector<PositionScore> scores = {PositionScore{}};
-    auto data = DecodeBlockFile(file, layout, ExpectationOf(r), &scores);
+    auto data = DecodeBlockRecord(file, layout, ExpectationOf(r), &scores);
     ASSERT_TRUE(data.ok()) << data.status();
     EXPECT_EQ(std::vector<uint8_t>(data->begin(), data->end()), r.data);
     ASSERT_EQ(scores.size(), r.scores.size());
     for (size_t j = 0; j < scores.size(); ++j) {
       EXPECT_EQ(scores[j].has_logprob, r.scores[j].has_logprob) << j;
       EXPECT_EQ(std::bit_cast<uint32_t>(scores[j].logprob),
-                std::bit_cast<uint32_t>(r.scores[j].logprob)) << j;
+                std::bit_cast<uint32_t>(r.scores[j].logprob))
+          << j;
       EXPECT_EQ(scores[j].top, r.scores[j].top) << j;
     }
     EXPECT_EQ(scores[0].has_logprob, plain.parent_key != plain.root);
 
-    const std::string without = EncodeBlockFile(layout, plain);
-    ASSERT_EQ(static_cast<int64_t>(without.size()), layout.file_bytes());
-    auto bare = DecodeBlockFile(without, layout, ExpectationOf(plain), &scores);
+    const std::string without = EncodeBlockRecord(layout, plain);
+    ASSERT_EQ(static_cast<int64_t>(without.size()), layout.record_bytes());
+    auto bare = DecodeBlockRecord(without, layout, ExpectationOf(plain), &scores);
     ASSERT_TRUE(bare.ok()) << bare.status();
     EXPECT_TRUE(scores.empty());
   }
 }
 
-TEST(BlockFileTest, EveryFlippedScoreByteIsRejected) {
-  const DiskLayout layout = ScoredLayout();
+TEST(BlockRecordTest, EveryFlippedScoreByteIsRejected) {
+  const BlockLayout layout = ScoredLayout();
   const BlockRecord r = WithScores(MakeChain(layout, 1, 2)[1], layout);
-  const std::string good = EncodeBlockFile(layout, r);
+  const std::string good = EncodeBlockRecord(layout, r);
   const size_t scores_at = kDataEnd;
   for (size_t i = scores_at; i < scores_at + static_cast<size_t>(layout.score_bytes()); ++i) {
     std::string bad = good;
     bad[i] = static_cast<char>(bad[i] ^ 0x01);
     std::vector<PositionScore> scores;
-    auto data = DecodeBlockFile(bad, layout, ExpectationOf(r), &scores);
+    auto data = DecodeBlockRecord(bad, layout, ExpectationOf(r), &scores);
     EXPECT_EQ(data.status().code(), absl::StatusCode::kDataLoss) << "byte " << i;
     EXPECT_TRUE(absl::StrContains(data.status().message(), "checksum")) << data.status();
   }
@@ -235,8 +237,8 @@ TEST(BlockFileTest, EveryFlippedScoreByteIsRejected) {
 
 // Damage that keeps a valid checksum (a writer's bug, or a forged record) still fails the
 // record, naming the score section; so does a header whose section size is not the block's.
-TEST(BlockFileTest, BrokenScoreRulesAreRejectedEvenWithAValidChecksum) {
-  const DiskLayout layout = ScoredLayout();
+TEST(BlockRecordTest, BrokenScoreRulesAreRejectedEvenWithAValidChecksum) {
+  const BlockLayout layout = ScoredLayout();
   const BlockRecord first = WithScores(MakeChain(layout, 1, 2)[0], layout);
   const BlockRecord second = WithScores(MakeChain(layout, 1, 2)[1], layout);
   const size_t position = 12 + 8 * 3;
@@ -261,10 +263,10 @@ TEST(BlockFileTest, BrokenScoreRulesAreRejectedEvenWithAValidChecksum) {
       {"section size", &second, 212, 3, "score section of 3 positions"},
   };
   for (const Case& c : cases) {
-    std::string bad = EncodeBlockFile(layout, *c.record);
+    std::string bad = EncodeBlockRecord(layout, *c.record);
     put_u32(&bad, c.at, c.value);
     Reseal(&bad);
-    auto data = DecodeBlockFile(bad, layout, ExpectationOf(*c.record));
+    auto data = DecodeBlockRecord(bad, layout, ExpectationOf(*c.record));
     EXPECT_EQ(data.status().code(), absl::StatusCode::kDataLoss) << c.name;
     EXPECT_TRUE(absl::StrContains(data.status().message(), c.message))
         << c.name << ": " << data.status();
@@ -273,18 +275,36 @@ TEST(BlockFileTest, BrokenScoreRulesAreRejectedEvenWithAValidChecksum) {
 
 // Format version 2 (no score section) is foreign: refused by version, and the layout id that
 // names files differs with the version and with score_top_k.
-TEST(BlockFileTest, VersionTwoRecordsAreForeign) {
-  const DiskLayout layout = ScoredLayout();
+TEST(BlockRecordTest, VersionTwoRecordsAreForeign) {
+  const BlockLayout layout = ScoredLayout();
   const BlockRecord r = MakeChain(layout, 1, 1)[0];
-  std::string old = EncodeBlockFile(layout, r);
+  std::string old = EncodeBlockRecord(layout, r);
   old[8] = 2;
   Reseal(&old);
-  auto data = DecodeBlockFile(old, layout, ExpectationOf(r));
+  auto data = DecodeBlockRecord(old, layout, ExpectationOf(r));
   EXPECT_TRUE(absl::StrContains(data.status().message(), "format version 2")) << data.status();
   EXPECT_NE(ScoredLayout(3).Id(), ScoredLayout(4).Id());
   EXPECT_NE(ScoredLayout(3).Id(), SmallLayout().Id());
-  EXPECT_FALSE(ValidateDiskLayout(ScoredLayout(kMaxScoreTopK + 1)).ok());
-  EXPECT_TRUE(ValidateDiskLayout(ScoredLayout(kMaxScoreTopK)).ok());
+  EXPECT_FALSE(ValidateBlockLayout(ScoredLayout(kMaxScoreTopK + 1)).ok());
+  EXPECT_TRUE(ValidateBlockLayout(ScoredLayout(kMaxScoreTopK)).ok());
+}
+
+// The record's bytes are the format's, not this code's: files and Redis values written before
+// the record moved out of the disk tier (cache/disk/block_file.h) read the same. The digests
+// and the layout id were computed with that code.
+TEST(BlockRecordTest, BytesArePinned) {
+  const BlockLayout plain_layout = SmallLayout();
+  const std::string plain = EncodeBlockRecord(plain_layout, MakeChain(plain_layout, 1, 2)[1]);
+  EXPECT_EQ(plain.size(), 520u);
+  EXPECT_EQ(DigestHex(Sha256Of(plain)),
+            "3af3bb29fa4f45a220ebfb3f7f033c361a347b04e0d184783bc03d1aaabeead5");
+  const BlockLayout scored_layout = ScoredLayout();
+  const std::string scored = EncodeBlockRecord(
+      scored_layout, WithScores(MakeChain(scored_layout, 1, 2)[1], scored_layout));
+  EXPECT_EQ(scored.size(), 664u);
+  EXPECT_EQ(DigestHex(Sha256Of(scored)),
+            "992775b16ecc9284e06eb83b7cf5050f7e7cb67c0d9ed7b2832c7cf980641af1");
+  EXPECT_EQ(plain_layout.Id(), "00c50c973bdf1c0f");
 }
 
 }  // namespace
