@@ -41,6 +41,7 @@ struct AdmissionPlan::Internal {
   bool readmission = false;
   TenantId tenant = 0;
   int64_t retain_until = 0;
+  int64_t now = 0;
 };
 
 KvCache::KvCache(const KvCacheOptions& options)
@@ -116,6 +117,7 @@ EvictionQueue::Entry KvCache::QueueEntry(int32_t b) const {
 void KvCache::SetRetention(int32_t b, int64_t until) {
   Block& blk = blocks_[b];
   if (blk.retain_until == until) return;
+  if (until == 0) blk.retain_for = 0;
   const bool queued = blk.ref == 0 && blk.indexed && blk.num_children == 0;
   if (queued) evictable_.Erase(QueueEntry(b));
   if (blk.retain_until > 0) {
@@ -130,9 +132,8 @@ void KvCache::SetRetention(int32_t b, int64_t until) {
   if (queued) evictable_.Insert(QueueEntry(b));
 }
 
-void KvCache::Retain(int32_t b, int64_t until) {
-  const Block& blk = blocks_[b];
-  if (until <= blk.retain_until) return;  // a retention only ever extends
+void KvCache::Retain(int32_t b, int64_t until, int64_t now) {
+  Block& blk = blocks_[b];
   if (blk.retain_until == 0) {
     // A tenant retains at most its share: the retention that lapses soonest goes first.
     const int64_t share = evictable_.Share(blk.tenant);
@@ -143,7 +144,8 @@ void KvCache::Retain(int32_t b, int64_t until) {
       SetRetention(mine.begin()->second, 0);
     }
   }
-  SetRetention(b, until);
+  if (until > blk.retain_until) SetRetention(b, until);  // a retention only ever extends
+  if (now > 0 && until > now) blk.retain_for = std::max(blk.retain_for, until - now);
 }
 
 int32_t KvCache::ExpireRetention(int64_t now) {
@@ -187,6 +189,7 @@ void KvCache::EvictOne() {
     PREFIXD_CHECK(retained_.erase({blk.retain_until, b}) == 1);
     PREFIXD_CHECK(retained_by_tenant_[blk.tenant].erase({blk.retain_until, b}) == 1);
     blk.retain_until = 0;
+    blk.retain_for = 0;
   }
   blk.indexed = false;
   blk.parent = -1;
@@ -243,6 +246,7 @@ absl::StatusOr<AdmissionPlan> KvCache::PlanAdmission(const AdmissionRequest& req
   in->readmission = request.readmission;
   in->tenant = request.tenant;
   in->retain_until = request.retain_until;
+  in->now = request.now;
   const uint32_t* prompt = chain_in.tokens().data();
   const absl::Span<const Digest> keys = chain_in.keys();
 
@@ -367,15 +371,22 @@ Admission KvCache::Commit(const AdmissionPlan& plan) {
   s.chain = in.chain;
   s.tenant = in.tenant;
   s.retain_until = in.retain_until;
+  s.now = in.now;
   s.prompt_blocks = static_cast<int32_t>(s.chain->size() / bs_);
   s.num_tokens = s.chain->size();
   s.num_computed = plan.num_cached;
   s.table.reserve(in.capacity_blocks);
   for (int32_t b : in.shared) {
-    if (blocks_[b].retain_until > 0) out.retained_tokens += bs_;
+    if (blocks_[b].retain_until > 0) {
+      out.retained_tokens += bs_;
+      // A use renews the retention (for as long as it was asked for).
+      if (in.now > 0 && blocks_[b].retain_for > 0) {
+        Retain(b, in.now + blocks_[b].retain_for, in.now);
+      }
+    }
     Acquire(b);
     s.table.push_back(b);
-    if (s.retain_until > 0) Retain(b, s.retain_until);
+    if (s.retain_until > 0) Retain(b, s.retain_until, s.now);
   }
   if (in.partial_src >= 0 && blocks_[in.partial_src].retain_until > 0) {
     out.retained_tokens += in.partial_rows;
@@ -480,7 +491,7 @@ void KvCache::IndexOrDedup(Sequence& s, int32_t i) {
       Acquire(other);
       s.table[i] = other;
       Unref(b);
-      if (s.retain_until > 0 && i < s.prompt_blocks) Retain(other, s.retain_until);
+      if (s.retain_until > 0 && i < s.prompt_blocks) Retain(other, s.retain_until, s.now);
     }
     // A different block under the same key is a SHA-256 collision: ours stays unindexed.
     return;
@@ -501,7 +512,7 @@ void KvCache::IndexOrDedup(Sequence& s, int32_t i) {
   std::copy(toks, toks + bs_, &block_tokens_[int64_t{b} * bs_]);
   index_.emplace(key, b);
   children_[i == 0 ? s.chain->root() : keys[i - 1]].push_back(b);
-  if (s.retain_until > 0 && i < s.prompt_blocks) Retain(b, s.retain_until);
+  if (s.retain_until > 0 && i < s.prompt_blocks) Retain(b, s.retain_until, s.now);
   if (options_.on_index) {
     options_.on_index(IndexedBlock{.block = b,
                                    .key = &blk.key,
@@ -547,6 +558,7 @@ std::vector<SequenceId> KvCache::Fork(SequenceId id,
       child.chain = chain;
       child.tenant = p.tenant;
       child.retain_until = p.retain_until;
+      child.now = p.now;
       child.prompt_blocks = p.prompt_blocks;
       child.num_tokens = p.num_tokens;
       child.num_computed = p.num_computed;

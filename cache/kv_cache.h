@@ -130,6 +130,10 @@ struct AdmissionRequest {
   // and counts against its tenant's share; a tenant retains at most its share of blocks, the
   // retention that lapses soonest giving way. A later retention of a block extends it.
   int64_t retain_until = 0;
+  // The present, in the same unit (0: unknown). With it, a first admission that reads a
+  // retained block renews the block's retention for as long as it was asked for: retention
+  // runs from a block's last use.
+  int64_t now = 0;
   // Share whole matching blocks only, no token-granular partial copy after them: the caller
   // fills the following blocks itself (from a disk tier) before marking them computed.
   bool whole_blocks_only = false;
@@ -300,6 +304,7 @@ class KvCache {
     uint64_t stamp_seq = 0;    // cached: tie-break (increases on every release)
     TenantId tenant = 0;       // indexed: the tenant of the sequence that indexed it
     int64_t retain_until = 0;  // indexed: retained until then (0: not retained)
+    int64_t retain_for = 0;    // retained: the longest retention asked for it
   };
   struct Sequence {
     std::shared_ptr<TokenChain> chain;  // tokens and (prefix-cache mode) keys
@@ -308,6 +313,7 @@ class KvCache {
     std::vector<int32_t> table;
     TenantId tenant = 0;
     int64_t retain_until = 0;   // AdmissionRequest::retain_until
+    int64_t now = 0;            // AdmissionRequest::now
     int32_t prompt_blocks = 0;  // full blocks of the prompt: those a retention covers
   };
   using LruKey = EvictionQueue::Key;  // (time, seq, block)
@@ -324,8 +330,9 @@ class KvCache {
   EvictionQueue::Entry QueueEntry(int32_t b) const;
   // Sets a block's retention (0: none), keeping the queue and the retained sets in step.
   void SetRetention(int32_t b, int64_t until);
-  // Retains an indexed block until `until` at least, within its tenant's share.
-  void Retain(int32_t b, int64_t until);
+  // Retains an indexed block until `until` at least, within its tenant's share; `now`
+  // (when known) makes until - now the retention a later use renews.
+  void Retain(int32_t b, int64_t until, int64_t now);
   bool Private(int32_t b) const { return blocks_[b].ref == 1 && !blocks_[b].indexed; }
   const uint32_t* StoredTokens(int32_t b) const { return &block_tokens_[int64_t{b} * bs_]; }
   void IndexOrDedup(Sequence& s, int32_t i);

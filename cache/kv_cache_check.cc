@@ -104,6 +104,8 @@ void KvCache::CheckInvariants() const {
     if (blk.ref == 0) ++cached_by_tenant[blk.tenant];
     if (blk.ref == 0 && blk.num_children == 0) leaves.insert(QueueEntry(b));
     if (blk.retain_until > 0) retained.insert({blk.retain_until, b});
+    PREFIXD_CHECK_MSG(blk.retain_until > 0 || blk.retain_for == 0,
+                      "a block not retained has a retention to renew");
   }
   PREFIXD_CHECK(index_.size() == n_indexed);
   size_t n_child_entries = 0;

@@ -32,6 +32,47 @@
 
 namespace prefixd {
 
+namespace {
+
+absl::Status ValidateTenantPolicy(const TenantPolicy& p) {
+  if (p.weight < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tenant `", p.name, "`: weight must be at least 1, got ", p.weight));
+  }
+  if (p.cache_share && !(*p.cache_share > 0 && *p.cache_share <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tenant `", p.name, "`: share must be in (0, 1], got ", *p.cache_share));
+  }
+  if (p.max_waiting && *p.max_waiting < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tenant `", p.name, "`: max_waiting must be >= 0, got ", *p.max_waiting));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTenantOptions(const EngineOptions& o) {
+  if (!(o.tenant_cache_share > 0 && o.tenant_cache_share <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tenant-cache-share must be a fraction of the pool in (0, 1], got ",
+        o.tenant_cache_share));
+  }
+  if (o.tenant_max_waiting < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tenant-max-waiting must be >= 0 (0: no cap), got ", o.tenant_max_waiting));
+  }
+  if (o.max_cache_retention < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-cache-retention must not be negative, got ",
+        absl::FormatDuration(o.max_cache_retention)));
+  }
+  for (const TenantPolicy& p : o.tenants) {
+    if (absl::Status s = ValidateTenantPolicy(p); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 // What caller threads and the engine thread exchange. Held by shared_ptr so a RequestStream
 // that outlives the engine can still Cancel() harmlessly.
 struct Engine::Shared {
@@ -69,7 +110,11 @@ Engine::Engine(const EngineOptions& options, std::vector<EngineTier> tiers,
           .clock = options_.clock,
           .offloader = offloader_->has_tiers() ? offloader_.get() : nullptr,
           // Records live only while their blocks are indexed.
-          .scores = options.enable_prefix_cache ? scores_.get() : nullptr})) {
+          .scores = options.enable_prefix_cache ? scores_.get() : nullptr,
+          .tenant_cache_share = options.tenant_cache_share,
+          .tenant_max_waiting = options.tenant_max_waiting,
+          .max_cache_retention = options.max_cache_retention,
+          .tenants = options.tenants})) {
   limits_.model_config = options.model_config;
   limits_.max_samples = options.max_samples;
   limits_.pool = options.backend->kv_pool();
@@ -265,8 +310,18 @@ void Engine::SpillAtShutdown(absl::Time grace_deadline) {
                               std::min(grace_deadline, absl::Now() + kDiskTierShutdownSpill));
 }
 
+absl::Status Engine::SetTenantPolicies(std::vector<TenantPolicy> policies) {
+  for (const TenantPolicy& p : policies) {
+    if (absl::Status s = ValidateTenantPolicy(p); !s.ok()) return s;
+  }
+  RunBetweenSteps([this, &policies] { scheduler_->SetTenantPolicies(policies); });
+  return absl::OkStatus();
+}
+
 void Engine::PublishStats() {
-  EngineStats now{.cache = cache_->Stats(), .scheduler = scheduler_->counters()};
+  EngineStats now{.cache = cache_->Stats(),
+                  .scheduler = scheduler_->counters(),
+                  .tenants = scheduler_->TenantStats()};
   shared_->scheduler_waiting.store(static_cast<int64_t>(now.scheduler.waiting_requests));
   absl::MutexLock lock(&stats_mu_);
   stats_ = now;
@@ -310,6 +365,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
       return absl::InvalidArgumentError(absl::StrCat(flag, " must be at least 1, got ", value));
     }
   }
+  if (absl::Status s = ValidateTenantOptions(options); !s.ok()) return s;
   KvCacheOptions cache_options;
   cache_options.pool = options.backend->kv_pool();
   cache_options.enable_prefix_cache = options.enable_prefix_cache;

@@ -61,6 +61,11 @@ class Engine {
   // threads work between steps: an idle engine still shows the spills written since).
   EngineStats Stats() const;
 
+  // Replaces the tenants' policies (EngineOptions::tenants), between two steps: known tenants
+  // take their new weight, share and waiting cap at once. INVALID_ARGUMENT for a policy out
+  // of range (nothing changes then).
+  absl::Status SetTenantPolicies(std::vector<TenantPolicy> policies);
+
   // Latency observations (seconds) since the last call, for histograms: time to first token
   // and time per output token.
   struct Latencies {

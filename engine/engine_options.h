@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -15,6 +16,7 @@
 #include "engine/backend.h"
 #include "engine/kv_events.h"
 #include "engine/model_config.h"
+#include "engine/tenant_policy.h"
 
 namespace prefixd {
 
@@ -44,6 +46,19 @@ struct EngineOptions {
   int32_t max_queue = 1024;         // --max-queue: waiting requests before RESOURCE_EXHAUSTED
   int32_t max_samples = 16;         // --max-samples: the largest num_samples of a request
   bool enable_prefix_cache = true;  // false: --no-prefix-cache (the KvCache's option)
+  // ---- Tenants (engine/tenant_policy.h; docs/SERVER.md "Tenants") ------------------------
+  // --tenant-cache-share: the fraction of the pool a tenant's cached blocks may take before
+  // its own are evicted first, unless its policy says otherwise. 1: off.
+  double tenant_cache_share = 1.0;
+  // --tenant-max-waiting: requests a tenant may have waiting before more are refused with
+  // RESOURCE_EXHAUSTED naming it, unless its policy says otherwise. 0: no cap.
+  int32_t tenant_max_waiting = 0;
+  // --max-cache-retention: the longest prompt_cache_retention honoured (a longer request is
+  // capped to it); zero turns retention off.
+  absl::Duration max_cache_retention = absl::Hours(24);
+  // The tenants' policies (the --auth-tokens file's); tenants not listed get the defaults
+  // above and weight 1. Engine::SetTenantPolicies replaces them.
+  std::vector<TenantPolicy> tenants;
   // --cache-dir (dir) and --cache-dir-bytes (max_bytes): the second cache tier on local disk
   // (cache/disk/disk_tier.h); off while dir is empty. Cached blocks the pool evicts are
   // written there (off the engine thread, dropped when the write queue is full), admissions

@@ -6,6 +6,8 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cache/disk/disk_tier_stats.h"
 #include "cache/kv_cache_stats.h"
@@ -37,6 +39,8 @@ struct EngineStats {
   SchedulerCounters scheduler;
   DiskTierStats disk;      // all zero without a disk tier
   RemoteTierStats remote;  // all zero (configured false) without a remote tier
+  // Each tenant that has sent a request (in order of first request): its part of the pool.
+  std::vector<std::pair<std::string, TenantCacheStats>> tenants;
 };
 
 // The prompt tokens of first admissions of one adapter's requests (or the base's): what

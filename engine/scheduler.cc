@@ -36,7 +36,11 @@ Scheduler::Scheduler(const SchedulerOptions& options)
                                   .clock = options.clock,
                                   .counters = &counters_,
                                   .ttft = &ttft_,
-                                  .tpot = &tpot_}) {
+                                  .tpot = &tpot_}),
+      tenants_(TenantTable::Options{.cache = options.cache,
+                                    .default_cache_share = options.tenant_cache_share,
+                                    .default_max_waiting = options.tenant_max_waiting},
+               options.tenants) {
   PREFIXD_CHECK(backend_ != nullptr && cache_ != nullptr && options_.clock);
   PREFIXD_CHECK(options_.max_batch_tokens > 0 && options_.model_config.vocab_size > 0);
 }
@@ -45,6 +49,7 @@ Scheduler::~Scheduler() = default;
 
 void Scheduler::Enqueue(std::unique_ptr<RequestState> request) {
   output_.Prepare(request.get());
+  request->tenant_id = tenants_.Id(request->request.tenant);
   if (request->request.prompt_logprobs.has_value()) {
     scorer_.Begin(request.get(), request->request.prompt);
   }
@@ -120,8 +125,27 @@ void Scheduler::SortRunning() {
   });
 }
 
+int64_t Scheduler::NowMillis() const { return absl::ToUnixMillis(options_.clock()); }
+
+void Scheduler::SetTenantPolicies(const std::vector<TenantPolicy>& policies) {
+  tenants_.SetPolicies(policies);
+}
+
+std::vector<std::pair<std::string, TenantCacheStats>> Scheduler::TenantStats() const {
+  const absl::flat_hash_map<TenantId, TenantCacheStats> by_id = cache_->TenantStats();
+  std::vector<std::pair<std::string, TenantCacheStats>> out;
+  for (size_t id = 0; id < tenants_.size(); ++id) {
+    auto it = by_id.find(static_cast<TenantId>(id));
+    out.emplace_back(tenants_.Name(static_cast<TenantId>(id)),
+                     it == by_id.end() ? TenantCacheStats() : it->second);
+  }
+  return out;
+}
+
 bool Scheduler::Step() {
   if (running_.empty() && waiting_.empty()) return false;
+  // Retentions run on the wall clock: those past their time become normal cached blocks.
+  cache_->ExpireRetention(NowMillis());
   SortRunning();
   std::vector<Scheduled> batch;
 
@@ -244,6 +268,13 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
     ar.chain = seq->chain;
     ar.reserve_tokens = Len(*seq);  // the whole prompt: chunks never need blocks
     ar.readmission = r->admitted_once;
+    ar.tenant = r->tenant_id;
+    ar.now = NowMillis();
+    const absl::Duration retention =
+        std::min(r->request.cache_retention, options_.max_cache_retention);
+    if (retention > absl::ZeroDuration()) {
+      ar.retain_until = ar.now + absl::ToInt64Milliseconds(retention);
+    }
     const bool scoring = scorer_.Scoring(r);
     // A scoring request takes only leading blocks with records in the store (all indexed),
     // less the last one's last row: its logits score the first position after them, so it
@@ -324,6 +355,7 @@ void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
     if (!r->admitted_once) {
       r->admitted_once = true;
       r->usage.cached_prompt_tokens = static_cast<uint32_t>(admission.num_cached);
+      r->usage.cached_retained_tokens = static_cast<uint32_t>(admission.retained_tokens);
       // Where the pool counts queried_tokens and hit_tokens (a first admission's Commit).
       PromptTokenCounts& counts = adapter_tokens_[r->request.adapter_name];
       counts.queried_tokens += static_cast<uint64_t>(seq->chain->size());

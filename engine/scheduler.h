@@ -50,6 +50,8 @@
 #include "engine/score_store.h"
 #include "engine/sequence.h"
 #include "engine/step_output.h"
+#include "engine/tenant_policy.h"
+#include "engine/tenant_table.h"
 
 namespace prefixd {
 
@@ -63,6 +65,11 @@ struct SchedulerOptions {
   KvOffloader* offloader = nullptr;
   // Not owned; null: no score records are kept (prompt logprobs are then always computed).
   ScoreStore* scores = nullptr;
+  // Tenants (EngineOptions' fields of the same names).
+  double tenant_cache_share = 1.0;
+  int32_t tenant_max_waiting = 0;
+  absl::Duration max_cache_retention = absl::Hours(24);
+  std::vector<TenantPolicy> tenants;
 };
 
 class Scheduler {
@@ -95,6 +102,10 @@ class Scheduler {
                       std::vector<double>* disk_load, std::vector<double>* remote_load);
   // Per-adapter prompt token counts since the last call, added into `out`.
   void DrainAdapterTokens(AdapterTokenCounts* out);
+  // Replaces the tenants' policies (SchedulerOptions::tenants); known tenants take theirs.
+  void SetTenantPolicies(const std::vector<TenantPolicy>& policies);
+  // Each tenant seen: its name and its part of the pool (KvCache::TenantStats).
+  std::vector<std::pair<std::string, TenantCacheStats>> TenantStats() const;
 
  private:
   struct Scheduled {
@@ -129,6 +140,8 @@ class Scheduler {
   void FailRunning(const absl::Status& status);
   void Prune();  // drops finished sequences from the queues
   void UpdateCounts();
+  // The retention clock (KvCache's retention unit): milliseconds since the Unix epoch.
+  int64_t NowMillis() const;
 
   const SchedulerOptions options_;
   Backend* const backend_;
@@ -146,6 +159,7 @@ class Scheduler {
   std::vector<float> logits_;
   PromptScorer scorer_;
   StepOutput output_;  // after scorer_ and the counters it points at
+  TenantTable tenants_;
 };
 
 }  // namespace prefixd

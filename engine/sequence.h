@@ -59,6 +59,8 @@ struct Sequence {
 
 struct RequestState {
   EngineRequest request;
+  // request.tenant's id in the pool (engine/tenant_table.h), set by Scheduler::Enqueue.
+  int32_t tenant_id = 0;
   // request.stop_token_ids as a set (filled by StepOutput::Prepare): checked once per
   // sampled token.
   absl::flat_hash_set<uint32_t> stop_ids;
