@@ -42,6 +42,16 @@ ABSL_FLAG(int32_t, block_size, 16, "Tokens per KV block (a power of two)");
 ABSL_FLAG(int32_t, max_batch_tokens, 512, "Tokens per engine step (prefill chunks + decodes)");
 ABSL_FLAG(int32_t, max_queue, 1024, "Waiting requests before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int32_t, max_samples, 16, "Largest num_samples a request may ask for");
+ABSL_FLAG(double, tenant_cache_share, 1.0,
+          "Fraction of the KV pool a tenant's cached blocks may take before its own are "
+          "evicted first (0 < F <= 1; 1 = off); share= in --auth-tokens overrides it");
+ABSL_FLAG(int32_t, tenant_max_waiting, 0,
+          "Requests a tenant may have waiting before more get RESOURCE_EXHAUSTED (0 = no cap); "
+          "max_waiting= in --auth-tokens overrides it");
+ABSL_FLAG(absl::Duration, max_cache_retention, absl::Hours(24),
+          "Longest prompt_cache_retention honoured (\"24h\" asks for 24 hours; 0 = off)");
+ABSL_FLAG(int32_t, metrics_tenants, 16,
+          "Per-tenant metrics name the first N tenants of --auth-tokens; the rest are \"other\"");
 ABSL_FLAG(int32_t, threads, 0, "CPU backend threads; 0 = all cores");
 ABSL_FLAG(bool, no_prefix_cache, false, "Disable prefix sharing (every prompt is computed)");
 ABSL_FLAG(std::string, cache_dir, "",
@@ -219,6 +229,10 @@ ServerOptions OptionsFromFlags() {
   o.device.threads = absl::GetFlag(FLAGS_threads);
   o.engine.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   o.engine.max_queue = absl::GetFlag(FLAGS_max_queue);
+  o.engine.tenant_cache_share = absl::GetFlag(FLAGS_tenant_cache_share);
+  o.engine.tenant_max_waiting = absl::GetFlag(FLAGS_tenant_max_waiting);
+  o.engine.max_cache_retention = absl::GetFlag(FLAGS_max_cache_retention);
+  o.metrics_tenants = absl::GetFlag(FLAGS_metrics_tenants);
   o.engine.max_samples = absl::GetFlag(FLAGS_max_samples);
   o.engine.enable_prefix_cache = !absl::GetFlag(FLAGS_no_prefix_cache);
   o.engine.disk_tier.dir = absl::GetFlag(FLAGS_cache_dir);

@@ -38,15 +38,17 @@ ServerMetrics::ServerMetrics(MetricsSources sources)
   //   it: KvCacheStats::queried_tokens).
   queried_tokens_ = &BuildCounter()
                          .Name("prefixd_prefix_cache_queried_tokens_total")
-                         .Help("Prompt tokens of admitted requests, looked up in the prefix "
-                               "cache, by adapter (the base model's name for the base)")
+                         .Help(
+                             "Prompt tokens of admitted requests, looked up in the prefix "
+                             "cache, by adapter (the base model's name for the base)")
                          .Register(r);
   // = sum of cached_prompt_tokens = min(matched prefix, prompt length - 1) at first admission,
   //   from any tier (pool + disk + remote), by adapter (summed over it: HitTokens()).
   hit_tokens_ = &BuildCounter()
                      .Name("prefixd_prefix_cache_hit_tokens_total")
-                     .Help("Prompt tokens served from the prefix cache, RAM pool or disk or "
-                           "remote tier (cached_prompt_tokens), by adapter")
+                     .Help(
+                         "Prompt tokens served from the prefix cache, RAM pool or disk or "
+                         "remote tier (cached_prompt_tokens), by adapter")
                      .Register(r);
   // = the part of prefixd_prefix_cache_hit_tokens_total found in the RAM/GPU pool
   //   (KvCacheStats::hit_tokens): with the disk and remote parts below, the per-tier hits.
@@ -198,8 +200,9 @@ ServerMetrics::ServerMetrics(MetricsSources sources)
   //   prompt), by front end, status code (gRPC's name for it in both) and adapter.
   requests_ = &BuildCounter()
                    .Name("prefixd_requests_total")
-                   .Help("Generate requests finished, by front end (api), status code and "
-                         "adapter (the base model's name for the base, \"\" if none resolved)")
+                   .Help(
+                       "Generate requests finished, by front end (api), status code and "
+                       "adapter (the base model's name for the base, \"\" if none resolved)")
                    .Register(r);
   running_ = &BuildGauge()
                   .Name("prefixd_running_requests")
@@ -246,22 +249,42 @@ ServerMetrics::ServerMetrics(MetricsSources sources)
   // of the pool: observed at eviction (lifetime, idle) and at each reuse (gap).
   block_lifetime_ = &BuildHistogram()
                          .Name("prefixd_kv_block_lifetime_seconds")
-                         .Help("Seconds a pool block stayed in the prefix index, observed at "
-                               "its eviction")
+                         .Help(
+                             "Seconds a pool block stayed in the prefix index, observed at "
+                             "its eviction")
                          .Register(r)
                          .Add({}, kResidencyBuckets);
   block_idle_ = &BuildHistogram()
                      .Name("prefixd_kv_block_idle_before_evict_seconds")
-                     .Help("Seconds from a pool block's last use (indexing or a prefix hit) "
-                           "to its eviction")
+                     .Help(
+                         "Seconds from a pool block's last use (indexing or a prefix hit) "
+                         "to its eviction")
                      .Register(r)
                      .Add({}, kResidencyBuckets);
   block_reuse_gap_ = &BuildHistogram()
                           .Name("prefixd_kv_block_reuse_gap_seconds")
-                          .Help("Seconds between consecutive uses of a pool block (its "
-                                "indexing, then each prefix hit that reads it)")
+                          .Help(
+                              "Seconds between consecutive uses of a pool block (its "
+                              "indexing, then each prefix hit that reads it)")
                           .Register(r)
                           .Add({}, kResidencyBuckets);
+  // Per tenant (EngineStats::tenants, KvCache::TenantStats), labelled by name for the
+  // MetricsSources::tenant_labels and "other" for the rest:
+  // = its indexed, unowned pool blocks now (the blocks its cache share counts);
+  tenant_cached_ = &BuildGauge()
+                        .Name("prefixd_tenant_cached_blocks")
+                        .Help("Cached (unreferenced) KV pool blocks by tenant")
+                        .Register(r);
+  // = Σ num_cached from the pool at its first admissions;
+  tenant_hits_ = &BuildCounter()
+                      .Name("prefixd_tenant_pool_hit_tokens_total")
+                      .Help("Prompt tokens served from the KV pool, by tenant")
+                      .Register(r);
+  // = its cached blocks evicted from the pool.
+  tenant_evictions_ = &BuildCounter()
+                           .Name("prefixd_tenant_evictions_total")
+                           .Help("Cached KV pool blocks evicted, by tenant")
+                           .Register(r);
   // = KvEventPublisher::published(): batches sent on the --kv-events PUB socket.
   kv_events_published_ = &BuildCounter()
                               .Name("prefixd_kv_events_published_total")
@@ -296,13 +319,13 @@ ServerMetrics::ServerMetrics(MetricsSources sources)
 
 ServerMetrics::AdapterSeries& ServerMetrics::SeriesLocked(std::string_view adapter) const {
   auto it = adapter_series_.find(adapter);
-  if (it == adapter_series_.end()) it = adapter_series_.emplace(std::string(adapter), AdapterSeries()).first;
+  if (it == adapter_series_.end())
+    it = adapter_series_.emplace(std::string(adapter), AdapterSeries()).first;
   return it->second;
 }
 
-prometheus::Counter& ServerMetrics::RequestsLocked(AdapterSeries& series,
-                                                   std::string_view adapter, Api api,
-                                                   absl::StatusCode code) const {
+prometheus::Counter& ServerMetrics::RequestsLocked(AdapterSeries& series, std::string_view adapter,
+                                                   Api api, absl::StatusCode code) const {
   prometheus::Counter*& c = series.requests[{api, code}];
   if (c == nullptr) {
     c = &requests_->Add({{"api", ApiName(api)},
@@ -396,6 +419,7 @@ void ServerMetrics::RefreshLocked() const {
     disk_cap_bytes_->Set(static_cast<double>(now.disk.cap_bytes));
     disk_blocks_->Set(static_cast<double>(now.disk.blocks));
     remote_up_->Set(now.remote.up ? 1.0 : 0.0);
+    RefreshTenantsLocked(now);
   }
   if (sources_.kv_events) {
     const auto [published, dropped] = sources_.kv_events();
@@ -430,6 +454,40 @@ void ServerMetrics::RefreshLocked() const {
   // Plus the sum over loaded adapters of (in + out) x rank x 4 bytes per targeted module.
   if (sources_.adapter_bytes) adapters += sources_.adapter_bytes();
   if (sources_.memory || sources_.adapter_bytes) mem_adapters_->Set(static_cast<double>(adapters));
+}
+
+void ServerMetrics::SetTenantLabels(std::vector<std::string> labels) {
+  absl::MutexLock lock(&mu_);
+  sources_.tenant_labels = std::move(labels);
+}
+
+void ServerMetrics::RefreshTenantsLocked(const EngineStats& now) const {
+  auto label_of = [&](const std::string& name) -> std::string {
+    const std::vector<std::string>& named = sources_.tenant_labels;
+    return std::find(named.begin(), named.end(), name) != named.end() ? name : "other";
+  };
+  // The named tenants' series exist from the start, at 0.
+  std::map<std::string, double> cached;
+  for (const std::string& name : sources_.tenant_labels) {
+    cached[name] = 0;
+    tenant_hits_->Add({{"tenant", name}});
+    tenant_evictions_->Add({{"tenant", name}});
+  }
+  for (const auto& [name, st] : now.tenants) {
+    const std::string label = label_of(name);
+    cached[label] += static_cast<double>(st.cached_blocks);
+    auto& [hits, evictions] = tenant_last_[name];
+    if (st.hit_tokens > hits) {
+      tenant_hits_->Add({{"tenant", label}}).Increment(static_cast<double>(st.hit_tokens - hits));
+      hits = st.hit_tokens;
+    }
+    if (st.evictions > evictions) {
+      tenant_evictions_->Add({{"tenant", label}})
+          .Increment(static_cast<double>(st.evictions - evictions));
+      evictions = st.evictions;
+    }
+  }
+  for (const auto& [label, blocks] : cached) tenant_cached_->Add({{"tenant", label}}).Set(blocks);
 }
 
 std::vector<prometheus::MetricFamily> ServerMetrics::Collect() const {

@@ -27,17 +27,17 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/backend.h"
 #include "engine/engine.h"
-#include "server/api.h"
-#include "absl/status/status.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "server/api.h"
 
 namespace prefixd {
 
@@ -54,6 +54,9 @@ struct MetricsSources {
   std::function<std::vector<std::string>()> adapter_names;
   // The `adapter` label of the base model's requests: the served model's name.
   std::string base_name;
+  // The tenants whose per-tenant series carry their name (EngineStats::tenants); every
+  // other tenant is counted under "other", which bounds the label's values.
+  std::vector<std::string> tenant_labels;
   // KV event batches published and dropped so far (server/kv_events.h); unset: no
   // --kv-events (the counters stay at 0).
   std::function<std::pair<uint64_t, uint64_t>()> kv_events;
@@ -67,6 +70,9 @@ class ServerMetrics : public prometheus::Collectable {
   // front end, status code (named as gRPC names it, whichever the front end) and the
   // `adapter` label value (see above; RequestPath::AdapterLabel).
   void RecordRequest(Api api, absl::StatusCode code, std::string_view adapter);
+
+  // The tenants named in the per-tenant series from now on (MetricsSources::tenant_labels).
+  void SetTenantLabels(std::vector<std::string> labels);
 
   // Refreshes from the sources, then returns every family (ExpositionText, per scrape).
   std::vector<prometheus::MetricFamily> Collect() const override;
@@ -104,6 +110,8 @@ class ServerMetrics : public prometheus::Collectable {
   // Applies drained token counts, makes the loaded names' series visible at 0 and retires
   // the values no longer loaded that had nothing new to count.
   void RefreshAdaptersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Per-tenant series from EngineStats::tenants: each tenant's label (its name, or "other").
+  void RefreshTenantsLocked(const EngineStats& now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   MetricsSources sources_;
   std::shared_ptr<prometheus::Registry> registry_;
@@ -134,6 +142,11 @@ class ServerMetrics : public prometheus::Collectable {
   mutable uint64_t kv_events_published_last_ ABSL_GUARDED_BY(mu_) = 0;
   mutable uint64_t kv_events_dropped_last_ ABSL_GUARDED_BY(mu_) = 0;
   prometheus::Histogram* remote_load_;
+  prometheus::Family<prometheus::Gauge>* tenant_cached_;
+  prometheus::Family<prometheus::Counter>* tenant_hits_;
+  prometheus::Family<prometheus::Counter>* tenant_evictions_;
+  // The cumulative (hit tokens, evictions) of each tenant at the last refresh.
+  mutable std::map<std::string, std::pair<uint64_t, uint64_t>> tenant_last_ ABSL_GUARDED_BY(mu_);
   prometheus::Histogram* block_lifetime_;
   prometheus::Histogram* block_idle_;
   prometheus::Histogram* block_reuse_gap_;

@@ -40,6 +40,18 @@
 namespace prefixd {
 namespace {
 
+// The tenants the per-tenant metrics name (ServerOptions::metrics_tenants): the first `n` of
+// the tokens file, or the one tenant there is without a file.
+std::vector<std::string> TenantLabels(const Authenticator& auth, int32_t n) {
+  if (!auth.enabled()) return {std::string(kDefaultTenant)};
+  std::vector<std::string> out;
+  for (const TenantPolicy& p : auth.policies()) {
+    if (static_cast<int32_t>(out.size()) >= n) break;
+    out.push_back(p.name);
+  }
+  return out;
+}
+
 void LogToStderr(std::string_view line) {
   std::fprintf(stderr, "prefixd: %.*s\n", static_cast<int>(line.size()), line.data());
   std::fflush(stderr);
@@ -270,6 +282,10 @@ absl::Status Server::Parts::Build() {
   absl::StatusOr<ServerListenAddresses> addresses = ParseServerListenAddresses(options);
   if (!addresses.ok()) return addresses.status();
   listen = *std::move(addresses);
+  if (options.metrics_tenants < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-tenants must be >= 0, got ", options.metrics_tenants));
+  }
   absl::StatusOr<int> max_conn = ResolveMaxConnections(options.max_connections);
   if (!max_conn.ok()) return max_conn.status();
   max_connections = *max_conn;
@@ -328,6 +344,7 @@ absl::Status Server::Parts::Build() {
 
   EngineOptions eopt = options.engine;  // the operator's; the wiring is set here
   eopt.backend = backend.get();
+  eopt.tenants = auth->policies();  // the --auth-tokens file's weight=, share=, max_waiting=
   eopt.model_config = config;
   eopt.manifest_sha256 = model->manifest_sha256();
   if (!eopt.remote_tier.url.empty()) {
@@ -426,6 +443,7 @@ absl::Status Server::Parts::Build() {
             return names;
           },
       .base_name = model->name(),
+      .tenant_labels = TenantLabels(*auth, options.metrics_tenants),
       .kv_events = kv_events == nullptr
                        ? std::function<std::pair<uint64_t, uint64_t>()>()
                        : [ev = kv_events.get()] {
@@ -485,13 +503,16 @@ absl::Status Server::Parts::Reload() {
   std::vector<std::string> failed;
   if (!options.auth_tokens_file.empty()) {
     absl::StatusOr<Authenticator> a = Authenticator::FromFile(options.auth_tokens_file);
-    if (a.ok()) {
+    // The policies go to the engine first: one it refuses keeps the previous tokens too.
+    const absl::Status s = a.ok() ? engine->SetTenantPolicies(a->policies()) : a.status();
+    if (s.ok()) {
       const size_t n = a->num_tokens();
+      metrics->SetTenantLabels(TenantLabels(*a, options.metrics_tenants));
       path->SetAuthenticator(std::make_shared<Authenticator>(*std::move(a)));
       log(absl::StrCat("reload: ", n, " bearer tokens from ", options.auth_tokens_file));
     } else {
-      failed.push_back(std::string(a.status().message()));
-      log(absl::StrCat("reload: keeping the previous tokens: ", a.status().message()));
+      failed.push_back(std::string(s.message()));
+      log(absl::StrCat("reload: keeping the previous tokens: ", s.message()));
     }
   }
   if (tls_identity != nullptr) {

@@ -73,7 +73,10 @@ struct ServerOptions {
   // The OpenAI-compatible HTTP API (server/http_front_end.h); "off" serves none.
   std::string http_listen = "127.0.0.1:8000";
   std::string auth_tokens_file;  // empty: every call is the default tenant
-  std::string tls_cert_file;     // with tls_key_file: gRPC serves TLS
+  // --metrics-tenants: the per-tenant series carry the names of the first this many tenants
+  // of the --auth-tokens file (or "default" without one); the rest are summed as "other".
+  int32_t metrics_tenants = 16;
+  std::string tls_cert_file;  // with tls_key_file: gRPC serves TLS
   std::string tls_key_file;
   bool reflection = true;  // gRPC server reflection (needs no token; see docs/SERVER.md)
   // Open gRPC connections accepted at once; 0 = what RLIMIT_NOFILE leaves (docs/SERVER.md).

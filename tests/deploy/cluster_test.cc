@@ -100,9 +100,9 @@ TEST_F(ClusterTest, AffinityFailoverRestartDown) {
   // The shared 64 ids (2-byte varints) are 128 bytes of the packed ids: a key of 64 bytes
   // falls inside them (the default 256 would take in the suffix, and every request would
   // hash on its own).
-  const ShResult up = Sh(absl::StrCat(
-      Cluster(), " up --replicas 2 --policy affinity --key-bytes 64 --model ", model_.path(),
-      " --state ", state_, " --build-dir ", PREFIXD_BINARY_DIR));
+  const ShResult up =
+      Sh(absl::StrCat(Cluster(), " up --replicas 2 --policy affinity --key-bytes 64 --model ",
+                      model_.path(), " --state ", state_, " --build-dir ", PREFIXD_BINARY_DIR));
   ASSERT_EQ(up.rc, 0) << up.output;
   std::ifstream in(state_ + "/cluster.json");
   const nlohmann::json c = nlohmann::json::parse(in);
@@ -114,8 +114,8 @@ TEST_F(ClusterTest, AffinityFailoverRestartDown) {
   }
   EXPECT_TRUE(Alive(c["haproxy_pid"].get<int>()));
 
-  auto stub = v1::Inference::NewStub(grpc::CreateChannel(c["grpc"].get<std::string>(),
-                                                         grpc::InsecureChannelCredentials()));
+  auto stub = v1::Inference::NewStub(
+      grpc::CreateChannel(c["grpc"].get<std::string>(), grpc::InsecureChannelCredentials()));
   // Each prompt's requests go to one replica (its home); after the first, the 64 shared ids
   // (4 blocks of 16) come from that replica's cache.
   constexpr uint32_t kPrompts = 6;
@@ -187,8 +187,8 @@ TEST_F(ClusterTest, RoundRobinWithTheSharedTierHitsOnEveryReplica) {
   std::ifstream in(state_ + "/cluster.json");
   const nlohmann::json c = nlohmann::json::parse(in);
   ASSERT_EQ(c.value("remote", ""), "unix://" + state_ + "/redis.sock") << c.dump();
-  auto stub = v1::Inference::NewStub(grpc::CreateChannel(c["grpc"].get<std::string>(),
-                                                         grpc::InsecureChannelCredentials()));
+  auto stub = v1::Inference::NewStub(
+      grpc::CreateChannel(c["grpc"].get<std::string>(), grpc::InsecureChannelCredentials()));
   std::set<std::string> replicas;
   for (uint32_t p = 0; p < 3; ++p) {
     const Reply first = Generate(*stub, p, 0);
@@ -201,8 +201,7 @@ TEST_F(ClusterTest, RoundRobinWithTheSharedTierHitsOnEveryReplica) {
       ASSERT_TRUE(reply.status.ok()) << reply.status.error_message();
       replicas.insert(reply.replica);
       // The 64 shared ids (4 blocks of 16), from the pool or from Redis.
-      EXPECT_EQ(reply.cached, 64u) << "prompt " << p << " request " << r << " on "
-                                   << reply.replica;
+      EXPECT_EQ(reply.cached, 64u) << "prompt " << p << " request " << r << " on " << reply.replica;
     }
   }
   EXPECT_EQ(replicas.size(), 2u) << "round-robin used both replicas";
@@ -226,9 +225,9 @@ TEST_F(ClusterTest, RoundRobinWithTheSharedTierHitsOnEveryReplica) {
 // connections) are served by the other one.
 TEST_F(ClusterTest, HttpFrontDoorRoutesByPromptAndSurvivesADrain) {
   state_ = dir_.path() + "/state";
-  const ShResult up = Sh(absl::StrCat(
-      Cluster(), " up --replicas 2 --policy affinity --key-bytes 64 --model ", model_.path(),
-      " --state ", state_, " --build-dir ", PREFIXD_BINARY_DIR));
+  const ShResult up =
+      Sh(absl::StrCat(Cluster(), " up --replicas 2 --policy affinity --key-bytes 64 --model ",
+                      model_.path(), " --state ", state_, " --build-dir ", PREFIXD_BINARY_DIR));
   ASSERT_EQ(up.rc, 0) << up.output;
   std::ifstream in(state_ + "/cluster.json");
   const nlohmann::json c = nlohmann::json::parse(in);
@@ -240,18 +239,22 @@ TEST_F(ClusterTest, HttpFrontDoorRoutesByPromptAndSurvivesADrain) {
     int status = 0;
     std::string replica;
     int cached = -1;
+    std::string key;  // usage.prompt_cache_key, echoed
   };
-  // A completion whose prompt is system prompt `prompt` (over 64 bytes) and question `request`.
-  auto complete = [&](uint32_t prompt, const std::string& request) {
-    const nlohmann::json body{
+  // A completion whose prompt is system prompt `prompt` (over 64 bytes) and question `request`,
+  // with OpenAI's prompt_cache_key when `key` is not empty.
+  auto complete = [&](uint32_t prompt, const std::string& request, const std::string& key = "") {
+    nlohmann::json body{
         {"prompt", absl::StrCat("System prompt ", prompt, ": you answer questions about the ",
                                 "cache briefly and well. Question ", request, "?")},
-        {"max_tokens", 2}, {"temperature", 0}};
+        {"max_tokens", 2},
+        {"temperature", 0}};
+    if (!key.empty()) body["prompt_cache_key"] = key;
     const std::string file = absl::StrCat(dir_.path(), "/body.json");
     std::ofstream(file) << body.dump();
-    const ShResult r = Sh(absl::StrCat("curl -s --max-time 20 -D - -H 'Content-Type: ",
-                                       "application/json' --data-binary @", file, " http://",
-                                       http, "/v1/completions"));
+    const ShResult r = Sh(absl::StrCat(
+        "curl -s --max-time 20 -D - -H 'Content-Type: ", "application/json' --data-binary @", file,
+        " http://", http, "/v1/completions"));
     HttpReply reply;
     const size_t status = r.output.find("HTTP/1.1 ");
     if (status != std::string::npos) reply.status = std::stoi(r.output.substr(status + 9, 3));
@@ -262,6 +265,7 @@ TEST_F(ClusterTest, HttpFrontDoorRoutesByPromptAndSurvivesADrain) {
       const nlohmann::json j = nlohmann::json::parse(r.output.substr(json + 4), nullptr, false);
       if (!j.is_discarded() && j.contains("usage")) {
         reply.cached = j["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
+        reply.key = j["usage"].value("prompt_cache_key", "");
       }
     }
     return reply;
@@ -283,6 +287,18 @@ TEST_F(ClusterTest, HttpFrontDoorRoutesByPromptAndSurvivesADrain) {
       }
     }
   }
+
+  // A conversation that names itself (prompt_cache_key) stays on one replica whatever its
+  // prompt's first bytes: eight system prompts, which without the key spread over both
+  // replicas (all eight on one by chance: 1 in 128).
+  std::set<std::string> key_homes;
+  for (uint32_t p = 10; p < 18; ++p) {
+    const HttpReply reply = complete(p, "k", "conversation-7");
+    ASSERT_EQ(reply.status, 200) << "prompt " << p;
+    EXPECT_EQ(reply.key, "conversation-7");
+    key_homes.insert(reply.replica);
+  }
+  EXPECT_EQ(key_homes.size(), 1u) << "a prompt_cache_key's requests went to several replicas";
 
   // SIGTERM prompt 0's home: it drains (503 on /health and to new completions), then exits.
   // No client sees either: HAProxy sends its requests to the other replica.
@@ -318,13 +334,14 @@ TEST_F(ClusterTest, BadArgumentsStartNothing) {
       {"--replicas 2 --policy affinity --balance-factor 90", "--balance-factor must be"},
   };
   for (const Case& k : cases) {
-    const ShResult r = Sh(absl::StrCat(Cluster(), " up ", k.args, " --model ", model_.path(),
-                                  " --state ", state));
+    const ShResult r =
+        Sh(absl::StrCat(Cluster(), " up ", k.args, " --model ", model_.path(), " --state ", state));
     EXPECT_NE(r.rc, 0) << k.args;
     EXPECT_NE(r.output.find(k.message), std::string::npos) << k.args << ": " << r.output;
   }
-  const ShResult no_model = Sh(absl::StrCat(Cluster(), " up --replicas 1 --policy affinity --model ",
-                                       dir_.path(), "/none --state ", state));
+  const ShResult no_model =
+      Sh(absl::StrCat(Cluster(), " up --replicas 1 --policy affinity --model ", dir_.path(),
+                      "/none --state ", state));
   EXPECT_NE(no_model.rc, 0);
   EXPECT_NE(no_model.output.find("not a model directory"), std::string::npos) << no_model.output;
   const ShResult down = Sh(absl::StrCat(Cluster(), " down --state ", state));
@@ -336,12 +353,13 @@ TEST_F(ClusterTest, BadArgumentsStartNothing) {
 // no cluster is recorded.
 TEST_F(ClusterTest, AReplicaThatDoesNotStartFailsUpWithItsLog) {
   const std::string bad_model = dir_.path() + "/broken";
-  ASSERT_EQ(Sh(absl::StrCat("mkdir -p ", bad_model, " && echo '{}' > ", bad_model,
-                            "/config.json")).rc, 0);
+  ASSERT_EQ(
+      Sh(absl::StrCat("mkdir -p ", bad_model, " && echo '{}' > ", bad_model, "/config.json")).rc,
+      0);
   const std::string state = dir_.path() + "/s";
-  const ShResult r = Sh(absl::StrCat(Cluster(), " up --replicas 2 --policy affinity --model ",
-                                bad_model, " --state ", state, " --build-dir ",
-                                PREFIXD_BINARY_DIR));
+  const ShResult r =
+      Sh(absl::StrCat(Cluster(), " up --replicas 2 --policy affinity --model ", bad_model,
+                      " --state ", state, " --build-dir ", PREFIXD_BINARY_DIR));
   EXPECT_NE(r.rc, 0);
   EXPECT_NE(r.output.find("replica 1 exited during start-up"), std::string::npos) << r.output;
   EXPECT_FALSE(std::ifstream(state + "/cluster.json").good());

@@ -231,6 +231,27 @@ TEST_F(HttpApiTest, ARepeatedPromptReportsCachedTokens) {
   EXPECT_EQ(salted["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
 }
 
+// OpenAI's prompt cache fields: "24h" retains the prompt (its tokens then count as retained
+// when served), the key comes back in the usage, and any other retention is a 400 naming it.
+TEST_F(HttpApiTest, PromptCacheRetentionAndKey) {
+  const std::vector<uint32_t> ids = RandomIds(31, 48);
+  const json first = Post("/v1/completions", {{"prompt", ids},
+                                               {"max_tokens", 2},
+                                               {"prompt_cache_retention", "24h"},
+                                               {"prompt_cache_key", "conv-1"}});
+  EXPECT_EQ(first["usage"]["prompt_cache_key"], "conv-1");
+  EXPECT_EQ(first["usage"]["prompt_tokens_details"]["cached_retained_tokens"], 0);
+  const json second = Post("/v1/completions", {{"prompt", ids}, {"max_tokens", 2}});
+  EXPECT_EQ(second["usage"]["prompt_tokens_details"]["cached_tokens"], 47);
+  EXPECT_EQ(second["usage"]["prompt_tokens_details"]["cached_retained_tokens"], 47);
+  EXPECT_FALSE(second["usage"].contains("prompt_cache_key"));
+  for (const json& bad : {json("1h"), json("24H"), json(24)}) {
+    const json e = Post("/v1/completions",
+                        {{"prompt", ids}, {"max_tokens", 2}, {"prompt_cache_retention", bad}}, 400);
+    EXPECT_EQ(e["error"]["param"], "prompt_cache_retention") << bad.dump();
+  }
+}
+
 TEST_F(HttpApiTest, StopStringsCutTheTextInBothFrontEnds) {
   const std::vector<uint32_t> ids = RandomIds(24, 8);
   v1::GenerateRequest g = IdsRequest(ids, 24);

@@ -44,7 +44,8 @@ struct FakeEngine {
                   return out;
                 },
             .adapter_names = [this] { return loaded; },
-            .base_name = "gpt2"};
+            .base_name = "gpt2",
+            .tenant_labels = {"quiet", "noisy"}};
   }
 };
 
@@ -155,6 +156,36 @@ TEST(MetricsTest, HistogramsTakeEachDrainedLatencyOnce) {
   EXPECT_EQ(Value(text, "prefixd_time_per_output_token_seconds_bucket{le=\"0.0025\"}"), 2);
   text = m.ExpositionText();
   EXPECT_EQ(Value(text, "prefixd_time_to_first_token_seconds_count"), 2);
+}
+
+// Per-tenant series: named tenants by name (at 0 from the start), the rest summed as
+// "other"; counters follow each tenant's cumulative values.
+TEST(MetricsTest, TenantSeriesAreBoundedByTheNamedTenants) {
+  FakeEngine fake;
+  ServerMetrics m(fake.Sources());
+  std::string text = m.ExpositionText();
+  EXPECT_EQ(Value(text, "prefixd_tenant_pool_hit_tokens_total{tenant=\"noisy\"}"), 0);
+  EXPECT_EQ(Value(text, "prefixd_tenant_cached_blocks{tenant=\"quiet\"}"), 0);
+  fake.stats.tenants = {{"quiet", {.cached_blocks = 4, .hit_tokens = 100, .evictions = 0}},
+                        {"noisy", {.cached_blocks = 9, .hit_tokens = 0, .evictions = 30}},
+                        {"x", {.cached_blocks = 1, .hit_tokens = 5, .evictions = 2}},
+                        {"y", {.cached_blocks = 2, .hit_tokens = 7, .evictions = 1}}};
+  text = m.ExpositionText();
+  EXPECT_EQ(Value(text, "prefixd_tenant_cached_blocks{tenant=\"quiet\"}"), 4);
+  EXPECT_EQ(Value(text, "prefixd_tenant_cached_blocks{tenant=\"other\"}"), 3);
+  EXPECT_EQ(Value(text, "prefixd_tenant_pool_hit_tokens_total{tenant=\"quiet\"}"), 100);
+  EXPECT_EQ(Value(text, "prefixd_tenant_pool_hit_tokens_total{tenant=\"other\"}"), 12);
+  EXPECT_EQ(Value(text, "prefixd_tenant_evictions_total{tenant=\"noisy\"}"), 30);
+  fake.stats.tenants[3].second.evictions = 4;
+  text = m.ExpositionText();
+  EXPECT_EQ(Value(text, "prefixd_tenant_evictions_total{tenant=\"other\"}"), 6);
+  EXPECT_EQ(Value(text, "prefixd_tenant_evictions_total{tenant=\"noisy\"}"), 30);
+  // Relabelled (a reload): "x" now has its own series from its next growth on.
+  m.SetTenantLabels({"quiet", "noisy", "x"});
+  fake.stats.tenants[2].second.hit_tokens = 8;
+  text = m.ExpositionText();
+  EXPECT_EQ(Value(text, "prefixd_tenant_pool_hit_tokens_total{tenant=\"x\"}"), 3);
+  EXPECT_EQ(Value(text, "prefixd_tenant_cached_blocks{tenant=\"other\"}"), 2);
 }
 
 // The residency histograms take the engine's block observations (engine/block_residency.h).
