@@ -188,6 +188,9 @@ TEST_F(ServerTest, EveryValidationCaseIsInvalidArgument) {
   r.set_top_logprobs(21);
   expect_invalid(r, "top_logprobs 21 is too large: use 0..20");
   r = ok;
+  r.set_prompt_cache_retention("1h");
+  expect_invalid(r, "prompt_cache_retention must be \"in_memory\" or \"24h\", got \"1h\"");
+  r = ok;
   r.add_stop_token_ids(60000);
   expect_invalid(r, "stop_token_ids has token id 60000 at position 0, out of range");
   r = ok;
@@ -368,6 +371,24 @@ TEST_F(ServerTest, ModelInfo) {
   EXPECT_EQ(info.block_size(), 16u);
   EXPECT_EQ(info.kv_bytes_per_token(), 2u * 2 * 64 * 4);  // 2 x layers x embd x 4 bytes
   EXPECT_EQ(info.kv_pool_blocks(), 8388608u / (16 * info.kv_bytes_per_token()));
+}
+
+// GenerateRequest's prompt cache fields: "24h" retains the prompt, a later hit reports the
+// retained tokens, and the key comes back in Usage.
+TEST_F(ServerTest, PromptCacheRetentionAndKeyOverGrpc) {
+  const std::vector<uint32_t> prompt = RandomIds(9, 48);
+  v1::GenerateRequest retained = IdsRequest(prompt, 2);
+  retained.set_prompt_cache_retention("24h");
+  retained.set_prompt_cache_key("conv-9");
+  GenerateResult first = Generate(*stub_, retained);
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  EXPECT_EQ(first.usage.prompt_cache_key(), "conv-9");
+  EXPECT_EQ(first.usage.cached_retained_tokens(), 0u);
+  GenerateResult again = Generate(*stub_, IdsRequest(prompt, 2));
+  ASSERT_TRUE(again.status.ok());
+  EXPECT_EQ(again.usage.cached_prompt_tokens(), 47u);
+  EXPECT_EQ(again.usage.cached_retained_tokens(), 47u);
+  EXPECT_EQ(again.usage.prompt_cache_key(), "");
 }
 
 TEST_F(ServerTest, CacheHitsAcrossRequestsButNotAcrossSalts) {
