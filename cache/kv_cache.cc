@@ -206,7 +206,7 @@ int32_t KvCache::KnownKeys(const TokenChain& chain) const {
   return options_.enable_prefix_cache ? static_cast<int32_t>(chain.keys().size()) : 0;
 }
 
-void KvCache::UpdatePending(const Sequence& s, int32_t old_lo, int32_t old_hi, int32_t new_lo,
+void KvCache::UpdatePending(const SeqBlocks& s, int32_t old_lo, int32_t old_hi, int32_t new_lo,
                             int32_t new_hi) {
   if (!options_.enable_prefix_cache) return;
   const int32_t lo = std::min(old_lo, new_lo);
@@ -367,7 +367,7 @@ Admission KvCache::Commit(const AdmissionPlan& plan) {
   out.num_cached = plan.num_cached;
   PREFIXD_CHECK_MSG(live_chains_.insert(in.chain.get()).second,
                     "the chain already backs a live sequence");
-  Sequence& s = seqs_[out.seq];
+  SeqBlocks& s = seqs_[out.seq];
   s.chain = in.chain;
   s.tenant = in.tenant;
   s.retain_until = in.retain_until;
@@ -420,7 +420,7 @@ Admission KvCache::Commit(const AdmissionPlan& plan) {
 // ---- Running sequences ----------------------------------------------------------------------
 
 void KvCache::AppendTokens(SequenceId id, absl::Span<const uint32_t> tokens) {
-  Sequence& s = Seq(id);
+  SeqBlocks& s = Seq(id);
   ++generation_;
   const int32_t old_hi = KnownKeys(*s.chain);
   s.chain->Append(tokens);
@@ -430,7 +430,7 @@ void KvCache::AppendTokens(SequenceId id, absl::Span<const uint32_t> tokens) {
 }
 
 absl::StatusOr<std::vector<BlockCopy>> KvCache::Reserve(SequenceId id, int32_t total_tokens) {
-  Sequence& s = Seq(id);
+  SeqBlocks& s = Seq(id);
   PREFIXD_CHECK(total_tokens >= 0);
   const int32_t old_blocks = static_cast<int32_t>(s.table.size());
   const int32_t want_blocks = std::max(old_blocks, CeilDiv(total_tokens, bs_));
@@ -477,7 +477,7 @@ absl::StatusOr<std::vector<BlockCopy>> KvCache::Reserve(SequenceId id, int32_t t
   return copies;
 }
 
-void KvCache::IndexOrDedup(Sequence& s, int32_t i) {
+void KvCache::IndexOrDedup(SeqBlocks& s, int32_t i) {
   const absl::Span<const Digest> keys = s.chain->keys();
   const Digest& key = keys[i];
   const uint32_t* toks = s.chain->block(i).data();
@@ -523,7 +523,7 @@ void KvCache::IndexOrDedup(Sequence& s, int32_t i) {
 }
 
 void KvCache::MarkComputed(SequenceId id, int32_t num_computed) {
-  Sequence& s = Seq(id);
+  SeqBlocks& s = Seq(id);
   PREFIXD_CHECK(num_computed >= s.num_computed);
   PREFIXD_CHECK(num_computed <= static_cast<int32_t>(s.num_tokens));
   PREFIXD_CHECK(num_computed <= static_cast<int32_t>(s.table.size()) * bs_);
@@ -548,9 +548,9 @@ std::vector<SequenceId> KvCache::Fork(SequenceId id,
   std::vector<SequenceId> out;
   for (const std::shared_ptr<TokenChain>& chain : children) {
     const SequenceId child_id = next_seq_++;
-    Sequence child;
+    SeqBlocks child;
     {
-      const Sequence& p = Seq(id);
+      const SeqBlocks& p = Seq(id);
       PREFIXD_CHECK_MSG(chain != nullptr && chain != p.chain && SameChain(*chain, *p.chain),
                         "a fork's chain must be a copy of its parent's");
       PREFIXD_CHECK_MSG(live_chains_.insert(chain.get()).second,
@@ -576,7 +576,7 @@ std::vector<SequenceId> KvCache::Fork(SequenceId id,
 }
 
 void KvCache::Truncate(SequenceId id, int32_t num_tokens) {
-  Sequence& s = Seq(id);
+  SeqBlocks& s = Seq(id);
   PREFIXD_CHECK(num_tokens >= 0 && num_tokens <= static_cast<int32_t>(s.num_tokens));
   ++generation_;
   const int32_t old_lo = s.num_computed / bs_;
@@ -598,7 +598,7 @@ void KvCache::Release(SequenceId id) {
   auto it = seqs_.find(id);
   PREFIXD_CHECK_MSG(it != seqs_.end(), "unknown sequence");
   ++generation_;
-  Sequence& s = it->second;
+  SeqBlocks& s = it->second;
   PREFIXD_CHECK_MSG(s.chain->size() == s.num_tokens, "sequence chain changed outside the cache");
   const int32_t lo = s.num_computed / bs_;
   const int32_t hi = KnownKeys(*s.chain);
@@ -621,7 +621,7 @@ int32_t KvCache::Evict(int32_t max_blocks) {
 
 // ---- Queries --------------------------------------------------------------------------------
 
-const KvCache::Sequence& KvCache::Seq(SequenceId id) const {
+const KvCache::SeqBlocks& KvCache::Seq(SequenceId id) const {
   auto it = seqs_.find(id);
   PREFIXD_CHECK_MSG(it != seqs_.end(), "unknown sequence");
   PREFIXD_CHECK_MSG(it->second.chain->size() == it->second.num_tokens,
@@ -629,8 +629,8 @@ const KvCache::Sequence& KvCache::Seq(SequenceId id) const {
   return it->second;
 }
 
-KvCache::Sequence& KvCache::Seq(SequenceId id) {
-  return const_cast<Sequence&>(std::as_const(*this).Seq(id));
+KvCache::SeqBlocks& KvCache::Seq(SequenceId id) {
+  return const_cast<SeqBlocks&>(std::as_const(*this).Seq(id));
 }
 
 void KvCache::SetTenantShare(TenantId tenant, int64_t blocks) {

@@ -306,7 +306,7 @@ class KvCache {
     int64_t retain_until = 0;  // indexed: retained until then (0: not retained)
     int64_t retain_for = 0;    // retained: the longest retention asked for it
   };
-  struct Sequence {
+  struct SeqBlocks {  // one sequence as the cache holds it: its chain and block table
     std::shared_ptr<TokenChain> chain;  // tokens and (prefix-cache mode) keys
     size_t num_tokens = 0;  // chain->size() as this cache left it (a check on outside changes)
     int32_t num_computed = 0;
@@ -320,8 +320,8 @@ class KvCache {
 
   explicit KvCache(const KvCacheOptions& options);
 
-  const Sequence& Seq(SequenceId id) const;
-  Sequence& Seq(SequenceId id);
+  const SeqBlocks& Seq(SequenceId id) const;
+  SeqBlocks& Seq(SequenceId id);
   int32_t PopFree();
   void PushFree(int32_t b);
   void Acquire(int32_t b);
@@ -335,10 +335,10 @@ class KvCache {
   void Retain(int32_t b, int64_t until, int64_t now);
   bool Private(int32_t b) const { return blocks_[b].ref == 1 && !blocks_[b].indexed; }
   const uint32_t* StoredTokens(int32_t b) const { return &block_tokens_[int64_t{b} * bs_]; }
-  void IndexOrDedup(Sequence& s, int32_t i);
+  void IndexOrDedup(SeqBlocks& s, int32_t i);
   // Moves the pending registration of `s` from block range [old_lo, old_hi) to
   // [new_lo, new_hi); the chain's keys must cover both.
-  void UpdatePending(const Sequence& s, int32_t old_lo, int32_t old_hi, int32_t new_lo,
+  void UpdatePending(const SeqBlocks& s, int32_t old_lo, int32_t old_hi, int32_t new_lo,
                      int32_t new_hi);
   // The number of the chain's keys this cache uses: all of them in prefix-cache mode, else 0.
   int32_t KnownKeys(const TokenChain& chain) const;
@@ -361,7 +361,7 @@ class KvCache {
   absl::flat_hash_map<TenantId, std::set<std::pair<int64_t, int32_t>>> retained_by_tenant_;
   absl::flat_hash_map<TenantId, TenantCacheStats> tenant_stats_;
   absl::flat_hash_map<Digest, int32_t, DigestHash> pending_;
-  absl::flat_hash_map<SequenceId, Sequence> seqs_;
+  absl::flat_hash_map<SequenceId, SeqBlocks> seqs_;
   absl::flat_hash_set<const TokenChain*> live_chains_;  // one per sequence (invariant 6)
 
   int64_t num_cached_ = 0;  // ref 0 and indexed

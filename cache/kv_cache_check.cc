@@ -185,7 +185,7 @@ std::string KvCache::DebugState() const {
     }
     absl::StrAppend(&out, "\n");
   }
-  std::map<SequenceId, const Sequence*> seqs;
+  std::map<SequenceId, const SeqBlocks*> seqs;
   for (const auto& [id, s] : seqs_) seqs[id] = &s;
   for (const auto& [id, s] : seqs) {
     absl::StrAppend(&out, "seq ", id, " root=", DigestHex(s->chain->root()).substr(0, 16),
