@@ -8,11 +8,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
@@ -87,6 +89,24 @@ struct Engine::Shared {
   absl::Status fatal ABSL_GUARDED_BY(mu);
   // Requests the scheduler holds that are not running, for max_queue.
   std::atomic<int64_t> scheduler_waiting{0};
+  // Requests submitted and not yet admitted, by tenant, for the waiting caps: the
+  // scheduler's, republished after each step with those still incoming, plus each Submit
+  // since. Only tenants with some.
+  absl::flat_hash_map<std::string, int64_t> waiting_by_tenant ABSL_GUARDED_BY(mu);
+  // The caps (TenantPolicy::max_waiting, 0: none): the policies' own, else the default.
+  absl::flat_hash_map<std::string, int32_t> max_waiting ABSL_GUARDED_BY(mu);
+  int32_t default_max_waiting ABSL_GUARDED_BY(mu) = 0;
+
+  int32_t MaxWaiting(const std::string& tenant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    auto it = max_waiting.find(tenant);
+    return it == max_waiting.end() ? default_max_waiting : it->second;
+  }
+  void SetMaxWaiting(const std::vector<TenantPolicy>& policies) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    max_waiting.clear();
+    for (const TenantPolicy& p : policies) {
+      if (p.max_waiting) max_waiting[p.name] = *p.max_waiting;
+    }
+  }
 };
 
 Engine::Engine(const EngineOptions& options, std::vector<EngineTier> tiers,
@@ -147,6 +167,17 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest requ
     return absl::UnavailableError(absl::StrCat(
         "the backend failed and this server is restarting: ", shared_->fatal.message()));
   }
+  const std::string& tenant = state->request.tenant;
+  if (const int32_t cap = shared_->MaxWaiting(tenant); cap > 0) {
+    auto it = shared_->waiting_by_tenant.find(tenant);
+    const int64_t waiting = it == shared_->waiting_by_tenant.end() ? 0 : it->second;
+    if (waiting >= cap) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "tenant `%s` has %d requests waiting, its cap (--tenant-max-waiting or max_waiting= "
+          "in --auth-tokens): retry later",
+          tenant, waiting));
+    }
+  }
   const int64_t queued =
       static_cast<int64_t>(shared_->incoming.size()) + shared_->scheduler_waiting.load();
   if (queued >= options_.max_queue) {
@@ -154,6 +185,7 @@ absl::StatusOr<std::shared_ptr<RequestStream>> Engine::Submit(EngineRequest requ
         "request queue is full (%d requests waiting): retry later", options_.max_queue));
   }
   state->submit_time = options_.clock();
+  ++shared_->waiting_by_tenant[tenant];
   shared_->incoming.push_back(std::move(state));
   return stream;
 }
@@ -314,6 +346,10 @@ absl::Status Engine::SetTenantPolicies(std::vector<TenantPolicy> policies) {
   for (const TenantPolicy& p : policies) {
     if (absl::Status s = ValidateTenantPolicy(p); !s.ok()) return s;
   }
+  {
+    absl::MutexLock lock(&shared_->mu);
+    shared_->SetMaxWaiting(policies);
+  }
   RunBetweenSteps([this, &policies] { scheduler_->SetTenantPolicies(policies); });
   return absl::OkStatus();
 }
@@ -323,6 +359,13 @@ void Engine::PublishStats() {
                   .scheduler = scheduler_->counters(),
                   .tenants = scheduler_->TenantStats()};
   shared_->scheduler_waiting.store(static_cast<int64_t>(now.scheduler.waiting_requests));
+  {
+    // Every request swapped out of `incoming` is in the scheduler by now.
+    absl::MutexLock lock(&shared_->mu);
+    shared_->waiting_by_tenant.clear();
+    scheduler_->WaitingByTenant(&shared_->waiting_by_tenant);
+    for (const auto& r : shared_->incoming) ++shared_->waiting_by_tenant[r->request.tenant];
+  }
   absl::MutexLock lock(&stats_mu_);
   stats_ = now;
   for (const EngineTier& t : tiers_) t.read_stats(&stats_);
@@ -376,6 +419,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   auto scores = std::make_unique<ScoreStore>();
   // A load's part may end after the engine: the wake holds Shared too.
   auto shared = std::make_shared<Shared>();
+  {
+    absl::MutexLock lock(&shared->mu);
+    shared->default_max_waiting = options.tenant_max_waiting;
+    shared->SetMaxWaiting(options.tenants);
+  }
   auto offloader = std::make_unique<KvOffloader>(
       KvOffloader::Options{.backend = options.backend,
                            .tiers = std::move(lookup),

@@ -47,8 +47,14 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // Validates and queues. INVALID_ARGUMENT for a request that could never run (message says
-  // what to change), RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE once Shutdown began
-  // or after a fatal backend error.
+  // what to change), RESOURCE_EXHAUSTED when the queue is full or when the request's tenant
+  // (EngineRequest::tenant) already has its cap of requests waiting (TenantPolicy::max_waiting,
+  // else EngineOptions::tenant_max_waiting; 0: no cap; the message names the tenant), and
+  // UNAVAILABLE once Shutdown began or after a fatal backend error. Waiting means submitted
+  // and not yet admitted (a preempted request was admitted: it does not count again); a
+  // tenant's count falls as the scheduler admits, so a refused caller may retry. Once
+  // admitted, a request's share of admission and prefill is its tenant's weight (the
+  // scheduler's rule, engine/scheduler.h).
   absl::StatusOr<std::shared_ptr<RequestStream>> Submit(EngineRequest request);
 
   // Refuses new requests; queued and running ones go on until `grace` ends, the rest end

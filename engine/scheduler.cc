@@ -50,6 +50,9 @@ Scheduler::~Scheduler() = default;
 void Scheduler::Enqueue(std::unique_ptr<RequestState> request) {
   output_.Prepare(request.get());
   request->tenant_id = tenants_.Id(request->request.tenant);
+  // Set on every enqueue (cheap): a tenant's first sight included.
+  fair_.SetWeight(request->request.tenant, tenants_.Policy(request->tenant_id).weight);
+  arrival_[request.get()] = next_arrival_++;
   if (request->request.prompt_logprobs.has_value()) {
     scorer_.Begin(request.get(), request->request.prompt);
   }
@@ -129,6 +132,83 @@ int64_t Scheduler::NowMillis() const { return absl::ToUnixMillis(options_.clock(
 
 void Scheduler::SetTenantPolicies(const std::vector<TenantPolicy>& policies) {
   tenants_.SetPolicies(policies);
+  for (size_t id = 0; id < tenants_.size(); ++id) {
+    const TenantId t = static_cast<TenantId>(id);
+    fair_.SetWeight(tenants_.Name(t), tenants_.Policy(t).weight);
+  }
+}
+
+void Scheduler::WaitingByTenant(absl::flat_hash_map<std::string, int64_t>* out) const {
+  for (const auto& r : requests_) {
+    if (!r->ended && !r->admitted_once) ++(*out)[r->request.tenant];
+  }
+}
+
+const std::string& Scheduler::TenantOf(const Sequence* seq) const {
+  return tenants_.Name(seq->request->tenant_id);
+}
+
+std::vector<int32_t> Scheduler::PlanChunks(int32_t budget) {
+  std::vector<int32_t> chunks(running_.size(), 0);
+  // Each tenant's prefill work in its order: running prefills by admission, then waiting.
+  struct Work {
+    const std::string* tenant = nullptr;
+    std::vector<const Sequence*> items;
+    std::vector<int32_t> running_index;  // of the first items; -1 past them
+    size_t next = 0;
+  };
+  std::vector<Work> work;
+  absl::flat_hash_map<TenantId, size_t> by_tenant;
+  auto of = [&](const Sequence* seq) -> Work& {
+    auto [it, fresh] = by_tenant.try_emplace(seq->request->tenant_id, work.size());
+    if (fresh) work.emplace_back().tenant = &TenantOf(seq);
+    return work[it->second];
+  };
+  for (size_t i = 0; i < running_.size(); ++i) {
+    const Sequence* seq = running_[i];
+    if (Len(*seq) - cache_->NumComputed(seq->cache_seq) == 1) continue;  // a decode
+    Work& w = of(seq);
+    w.items.push_back(seq);
+    w.running_index.push_back(static_cast<int32_t>(i));
+  }
+  for (const Sequence* seq : waiting_) {
+    Work& w = of(seq);
+    w.items.push_back(seq);
+    w.running_index.push_back(-1);
+  }
+  if (work.empty()) return chunks;
+  std::vector<std::string> active;
+  for (const Work& w : work) active.push_back(*w.tenant);
+  fair_.BeginStep(active);
+  // Simulated on a copy: the real charges are the tokens each item gets below and in
+  // Admit(), whose cost (the uncached part) is known only once its admission is planned.
+  FairShare sim = fair_;
+  std::vector<FairShare::Candidate> candidates;
+  std::vector<size_t> owner;
+  while (budget > 0) {
+    candidates.clear();
+    owner.clear();
+    for (size_t t = 0; t < work.size(); ++t) {
+      const Work& w = work[t];
+      if (w.next == w.items.size()) continue;
+      candidates.push_back({w.tenant, arrival_.at(w.items[w.next]->request)});
+      owner.push_back(t);
+    }
+    if (candidates.empty()) break;
+    Work& w = work[owner[sim.Pick(candidates)]];
+    const Sequence* seq = w.items[w.next];
+    const int32_t index = w.running_index[w.next];
+    ++w.next;
+    // A waiting item is set aside its whole prompt (an upper bound: a cached prefix costs
+    // nothing), so that a running chunk of a tenant served more does not take its turn.
+    const int32_t uncomputed =
+        index >= 0 ? Len(*seq) - cache_->NumComputed(seq->cache_seq) : Len(*seq);
+    const int32_t count = std::min(uncomputed, budget);
+    if (index >= 0) chunks[static_cast<size_t>(index)] = count;
+    sim.Charge(*w.tenant, count);
+    budget -= count;
+  }
+  return chunks;
 }
 
 std::vector<std::pair<std::string, TenantCacheStats>> Scheduler::TenantStats() const {
@@ -155,16 +235,23 @@ bool Scheduler::Step() {
     if (Len(*seq) - cache_->NumComputed(seq->cache_seq) == 1) ++decodes;
   }
   int32_t budget = std::max(0, options_.max_batch_tokens - decodes);
+  // Which prefilling sequences get how much, by tenant (PlanChunks); reserved in admission
+  // order all the same.
+  const std::vector<int32_t> chunks = PlanChunks(budget);
   for (size_t i = 0; i < running_.size(); ++i) {
     Sequence* seq = running_[i];
     const int32_t computed = cache_->NumComputed(seq->cache_seq);
     const int32_t uncomputed = Len(*seq) - computed;
     PREFIXD_CHECK(uncomputed >= 1);
-    const int32_t count = uncomputed == 1 ? 1 : std::min(uncomputed, budget);
+    const int32_t count = uncomputed == 1 ? 1 : chunks[i];
+    PREFIXD_CHECK(count <= std::max(budget, 1));
     if (count == 0) continue;
     // Preemption takes the newest, i.e. running_.back(): never one already in the batch.
     if (!ReserveOrPreempt(seq, computed + count)) break;
-    if (uncomputed > 1) budget -= count;
+    if (uncomputed > 1) {
+      budget -= count;
+      fair_.Charge(TenantOf(seq), count);
+    }
     batch.push_back({seq, computed, count, seq->decoding});
   }
 
@@ -257,116 +344,148 @@ bool Scheduler::Step() {
 }
 
 void Scheduler::Admit(std::vector<Scheduled>* batch, int32_t* budget) {
-  const int32_t bs = cache_->block_size();
   // The tiers' match answers are waited for this long in all, then the sequences whose
   // answer has not come stay parked until it wakes the engine.
   const absl::Time match_deadline = absl::Now() + KvOffloader::kMatchWait;
-  for (auto it = waiting_.begin(); it != waiting_.end() && *budget > 0;) {
-    Sequence* seq = *it;
-    RequestState* r = seq->request;
-    AdmissionRequest ar;
-    ar.chain = seq->chain;
-    ar.reserve_tokens = Len(*seq);  // the whole prompt: chunks never need blocks
-    ar.readmission = r->admitted_once;
-    ar.tenant = r->tenant_id;
-    ar.now = NowMillis();
-    const absl::Duration retention =
-        std::min(r->request.cache_retention, options_.max_cache_retention);
-    if (retention > absl::ZeroDuration()) {
-      ar.retain_until = ar.now + absl::ToInt64Milliseconds(retention);
-    }
-    const bool scoring = scorer_.Scoring(r);
-    // A scoring request takes only leading blocks with records in the store (all indexed),
-    // less the last one's last row: its logits score the first position after them, so it
-    // is recomputed (into a copy of the block).
-    // While it scores, the sequence holds the prompt alone: its chain's keys are the prompt's.
-    const int32_t scored_pool = scoring ? scorer_.RecordedPrefixBlocks(seq->chain->keys()) : 0;
-    if (scoring) ar.max_cached_tokens = scored_pool > 0 ? scored_pool * bs - 1 : 0;
-    absl::StatusOr<AdmissionPlan> plan = cache_->PlanAdmission(ar);
-    // Another running sequence is computing blocks of this prefix: wait for them to be
-    // indexed instead of computing them twice.
-    if (plan.ok() && plan->pending_match_tokens > 0) {
-      ++it;
-      continue;
-    }
-    const int32_t pool_blocks = scoring ? scored_pool : plan.ok() ? plan->matched_tokens / bs : 0;
-    std::shared_ptr<const TierLoad> load;
-    int32_t tier_blocks = 0;
-    if (plan.ok() && options_.offloader != nullptr) {
-      KvOffloader::TierLookup c = options_.offloader->LookUpTiers(*seq->chain, pool_blocks, scoring,
-                                                                  match_deadline, &seq->tiers);
-      if (c.parked) {
-        ++it;  // its blocks are being loaded
-        continue;
-      }
-      if (c.ready_blocks > 0) {
-        // The loaded blocks fill whole blocks after the pool's whole blocks: no partial copy
-        // into the first of them, and a scoring request shares its scored blocks whole (the
-        // last loaded block's last row is recomputed instead).
-        AdmissionRequest whole = ar;
-        whole.whole_blocks_only = true;
-        if (scoring) whole.max_cached_tokens = scored_pool * bs;
-        absl::StatusOr<AdmissionPlan> p = cache_->PlanAdmission(whole);
-        if (p.ok() && p->pending_match_tokens == 0 && p->num_cached == pool_blocks * bs) {
-          plan = std::move(p);
-          tier_blocks = c.ready_blocks;
-          load = std::move(c.load);
-        }
-        // Otherwise the pool serves less than its match promised: computed as without tiers.
-      }
-    }
-    if (!plan.ok()) {
-      if (absl::IsResourceExhausted(plan.status())) break;  // in order: wait for room
-      output_.EndRequest(r, absl::InternalError(plan.status().message()));
-      it = waiting_.erase(it);
-      continue;
-    }
-    // Keep a block of headroom per running sequence, so that admitting this one does not
-    // force a preemption at the very next decode. Shared prefix blocks may stop being
-    // evictable, hence the second term (an upper bound).
-    if (!running_.empty()) {
-      const int64_t left = cache_->NumAvailableBlocks() - plan->blocks_to_allocate -
-                           (plan->num_cached + bs - 1) / bs;
-      if (left < static_cast<int64_t>(running_.size())) break;
-    }
-    Admission admission = cache_->Commit(*plan);
-    pending_copies_.insert(pending_copies_.end(), admission.copies.begin(), admission.copies.end());
-    seq->cache_seq = admission.seq;
-    seq->state = Sequence::State::kRunning;
-    seq->admit_order = next_admit_order_++;
-    seq->decoding = false;
-    int32_t start = admission.num_cached;
-    if (tier_blocks > 0) {
-      PREFIXD_CHECK(admission.num_cached == pool_blocks * bs);
-      const int32_t end = pool_blocks + tier_blocks;
-      // A scoring request recomputes the last loaded row: its logits score the next position.
-      start = scoring ? end * bs - 1 : std::min(end * bs, Len(*seq) - 1);
-      pending_writes_.push_back(
-          {seq, pool_blocks, tier_blocks, !r->admitted_once, scoring, std::move(load)});
-    }
-    // Taken (its budget returns once the write has run).
-    if (seq->tiers != nullptr) seq->tiers->load.reset();
-    // With loaded blocks after them, the pool's blocks are shared whole; their records score
-    // positions up to the last block's end, the loaded blocks' records the rest.
-    if (scoring) {
-      scorer_.TakeRecorded(r, seq->chain->keys(),
-                           tier_blocks > 0 ? pool_blocks * bs - 1 : admission.num_cached);
-    }
-    if (!r->admitted_once) {
-      r->admitted_once = true;
-      r->usage.cached_prompt_tokens = static_cast<uint32_t>(admission.num_cached);
-      r->usage.cached_retained_tokens = static_cast<uint32_t>(admission.retained_tokens);
-      // Where the pool counts queried_tokens and hit_tokens (a first admission's Commit).
-      PromptTokenCounts& counts = adapter_tokens_[r->request.adapter_name];
-      counts.queried_tokens += static_cast<uint64_t>(seq->chain->size());
-      counts.hit_tokens += static_cast<uint64_t>(admission.num_cached);
-    }
-    it = waiting_.erase(it);
-    running_.push_back(seq);  // the newest: running_ stays sorted
-    const int32_t count = std::min(Len(*seq) - start, *budget);
-    *budget -= count;
-    batch->push_back({seq, start, count, false});
+  // Each tenant's waiting sequences in queue order; the tenants take turns by FairShare.
+  struct Queue {
+    const std::string* tenant = nullptr;
+    std::vector<Sequence*> seqs;
+    size_t next = 0;
+  };
+  std::vector<Queue> queues;
+  absl::flat_hash_map<TenantId, size_t> by_tenant;
+  for (Sequence* seq : waiting_) {
+    auto [it, fresh] = by_tenant.try_emplace(seq->request->tenant_id, queues.size());
+    if (fresh) queues.emplace_back().tenant = &TenantOf(seq);
+    queues[it->second].seqs.push_back(seq);
   }
+  std::vector<FairShare::Candidate> candidates;
+  std::vector<size_t> owner;
+  while (*budget > 0) {
+    candidates.clear();
+    owner.clear();
+    for (size_t q = 0; q < queues.size(); ++q) {
+      const Queue& queue = queues[q];
+      if (queue.next == queue.seqs.size()) continue;
+      candidates.push_back({queue.tenant, arrival_.at(queue.seqs[queue.next]->request)});
+      owner.push_back(q);
+    }
+    if (candidates.empty()) break;
+    Queue& queue = queues[owner[fair_.Pick(candidates)]];
+    Sequence* seq = queue.seqs[queue.next++];
+    int32_t count = 0;
+    const AdmitOutcome outcome = AdmitOne(seq, match_deadline, batch, budget, &count);
+    if (outcome == kNoRoom) break;
+    if (outcome == kAdmitted) fair_.Charge(*queue.tenant, count);
+  }
+  // Admitted (running) and ended (finished) ones leave the queue; the rest keep their order.
+  waiting_.erase(
+      std::remove_if(waiting_.begin(), waiting_.end(),
+                     [](const Sequence* s) { return s->state != Sequence::State::kWaiting; }),
+      waiting_.end());
+}
+
+Scheduler::AdmitOutcome Scheduler::AdmitOne(Sequence* seq, absl::Time match_deadline,
+                                            std::vector<Scheduled>* batch, int32_t* budget,
+                                            int32_t* count) {
+  const int32_t bs = cache_->block_size();
+  RequestState* r = seq->request;
+  AdmissionRequest ar;
+  ar.chain = seq->chain;
+  ar.reserve_tokens = Len(*seq);  // the whole prompt: chunks never need blocks
+  ar.readmission = r->admitted_once;
+  ar.tenant = r->tenant_id;
+  ar.now = NowMillis();
+  const absl::Duration retention =
+      std::min(r->request.cache_retention, options_.max_cache_retention);
+  if (retention > absl::ZeroDuration()) {
+    ar.retain_until = ar.now + absl::ToInt64Milliseconds(retention);
+  }
+  const bool scoring = scorer_.Scoring(r);
+  // A scoring request takes only leading blocks with records in the store (all indexed),
+  // less the last one's last row: its logits score the first position after them, so it
+  // is recomputed (into a copy of the block).
+  // While it scores, the sequence holds the prompt alone: its chain's keys are the prompt's.
+  const int32_t scored_pool = scoring ? scorer_.RecordedPrefixBlocks(seq->chain->keys()) : 0;
+  if (scoring) ar.max_cached_tokens = scored_pool > 0 ? scored_pool * bs - 1 : 0;
+  absl::StatusOr<AdmissionPlan> plan = cache_->PlanAdmission(ar);
+  // Another running sequence is computing blocks of this prefix: wait for them to be
+  // indexed instead of computing them twice.
+  if (plan.ok() && plan->pending_match_tokens > 0) return kSkipped;
+  const int32_t pool_blocks = scoring ? scored_pool : plan.ok() ? plan->matched_tokens / bs : 0;
+  std::shared_ptr<const TierLoad> load;
+  int32_t tier_blocks = 0;
+  if (plan.ok() && options_.offloader != nullptr) {
+    KvOffloader::TierLookup c = options_.offloader->LookUpTiers(*seq->chain, pool_blocks, scoring,
+                                                                match_deadline, &seq->tiers);
+    if (c.parked) return kSkipped;  // its blocks are being loaded
+    if (c.ready_blocks > 0) {
+      // The loaded blocks fill whole blocks after the pool's whole blocks: no partial copy
+      // into the first of them, and a scoring request shares its scored blocks whole (the
+      // last loaded block's last row is recomputed instead).
+      AdmissionRequest whole = ar;
+      whole.whole_blocks_only = true;
+      if (scoring) whole.max_cached_tokens = scored_pool * bs;
+      absl::StatusOr<AdmissionPlan> p = cache_->PlanAdmission(whole);
+      if (p.ok() && p->pending_match_tokens == 0 && p->num_cached == pool_blocks * bs) {
+        plan = std::move(p);
+        tier_blocks = c.ready_blocks;
+        load = std::move(c.load);
+      }
+      // Otherwise the pool serves less than its match promised: computed as without tiers.
+    }
+  }
+  if (!plan.ok()) {
+    if (absl::IsResourceExhausted(plan.status())) return kNoRoom;  // in order: wait for room
+    output_.EndRequest(r, absl::InternalError(plan.status().message()));
+    return kEnded;
+  }
+  // Keep a block of headroom per running sequence, so that admitting this one does not
+  // force a preemption at the very next decode. Shared prefix blocks may stop being
+  // evictable, hence the second term (an upper bound).
+  if (!running_.empty()) {
+    const int64_t left =
+        cache_->NumAvailableBlocks() - plan->blocks_to_allocate - (plan->num_cached + bs - 1) / bs;
+    if (left < static_cast<int64_t>(running_.size())) return kNoRoom;
+  }
+  Admission admission = cache_->Commit(*plan);
+  pending_copies_.insert(pending_copies_.end(), admission.copies.begin(), admission.copies.end());
+  seq->cache_seq = admission.seq;
+  seq->state = Sequence::State::kRunning;
+  seq->admit_order = next_admit_order_++;
+  seq->decoding = false;
+  int32_t start = admission.num_cached;
+  if (tier_blocks > 0) {
+    PREFIXD_CHECK(admission.num_cached == pool_blocks * bs);
+    const int32_t end = pool_blocks + tier_blocks;
+    // A scoring request recomputes the last loaded row: its logits score the next position.
+    start = scoring ? end * bs - 1 : std::min(end * bs, Len(*seq) - 1);
+    pending_writes_.push_back(
+        {seq, pool_blocks, tier_blocks, !r->admitted_once, scoring, std::move(load)});
+  }
+  // Taken (its budget returns once the write has run).
+  if (seq->tiers != nullptr) seq->tiers->load.reset();
+  // With loaded blocks after them, the pool's blocks are shared whole; their records score
+  // positions up to the last block's end, the loaded blocks' records the rest.
+  if (scoring) {
+    scorer_.TakeRecorded(r, seq->chain->keys(),
+                         tier_blocks > 0 ? pool_blocks * bs - 1 : admission.num_cached);
+  }
+  if (!r->admitted_once) {
+    r->admitted_once = true;
+    r->usage.cached_prompt_tokens = static_cast<uint32_t>(admission.num_cached);
+    r->usage.cached_retained_tokens = static_cast<uint32_t>(admission.retained_tokens);
+    // Where the pool counts queried_tokens and hit_tokens (a first admission's Commit).
+    PromptTokenCounts& counts = adapter_tokens_[r->request.adapter_name];
+    counts.queried_tokens += static_cast<uint64_t>(seq->chain->size());
+    counts.hit_tokens += static_cast<uint64_t>(admission.num_cached);
+  }
+  running_.push_back(seq);  // the newest: running_ stays sorted
+  *count = std::min(Len(*seq) - start, *budget);
+  *budget -= *count;
+  batch->push_back({seq, start, *count, false});
+  return kAdmitted;
 }
 
 absl::Status Scheduler::RunTierWrites(const std::vector<Scheduled>& batch) {
@@ -481,7 +600,9 @@ void Scheduler::FlushEvents() {
     }
   }
   for (const auto& r : requests_) {
-    if (r->ended) scorer_.Forget(r.get());  // one that ended before its prompt was scored
+    if (!r->ended) continue;
+    scorer_.Forget(r.get());  // one that ended before its prompt was scored
+    arrival_.erase(r.get());
   }
   requests_.erase(
       std::remove_if(requests_.begin(), requests_.end(), [](const auto& r) { return r->ended; }),

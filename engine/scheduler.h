@@ -6,9 +6,22 @@
 //     admission first; when the pool cannot hold a block for it even after eviction, the
 //     most recently admitted sequence is preempted by recompute (blocks released, full ones
 //     stay cached; requeued at the front);
-//  2. sequences still prefilling get chunks in admission order from what is left of
-//     max_batch_tokens, so a long prompt delays running decodes by at most one chunk;
-//  3. waiting requests are admitted in order while budget and blocks remain. One whose
+//  2. what decodes leave of max_batch_tokens (the prefill budget) goes to prefill work:
+//     chunks of sequences still prefilling and admissions of waiting requests, so a long
+//     prompt delays running decodes by at most one chunk. Tenants take turns by weight
+//     (engine/fair_share.h, start-time fair queuing over prompt tokens computed, the weight
+//     TenantTable::Policy's): the tenant with the least service goes next with its next item,
+//     and is charged the tokens scheduled. Within a tenant, work goes in arrival order: its
+//     running prefills by admission, then its waiting requests in queue order. A lone tenant
+//     is therefore served exactly in that order. The chunks are planned first (PlanChunks: a
+//     waiting request's turn sets its whole prompt aside, as its cached prefix is known only
+//     once its admission is planned) and reserved in admission order as in 1, so a
+//     preemption never takes a sequence already in the batch. What a turn set aside and
+//     its admission did not use (a cached prefix, a request skipped or out of room) goes to
+//     other admissions, never to a chunk in the same step;
+//  3. waiting requests are admitted, tenant by tenant as in 2, while budget and blocks
+//     remain; one that fails for room stops admissions for the step (in order: wait for
+//     room, of every tenant, so that a large request is not starved by small ones). One whose
 //     prefix another running sequence is computing right now waits for those blocks
 //     instead of computing them twice. With tiers behind the pool, the KvOffloader
 //     (engine/kv_offloader.h) continues the prefix match after the pool's whole blocks
@@ -39,11 +52,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "cache/kv_cache.h"
 #include "engine/backend.h"
 #include "engine/engine_stats.h"
+#include "engine/fair_share.h"
 #include "engine/kv_offloader.h"
 #include "engine/model_config.h"
 #include "engine/prompt_scorer.h"
@@ -104,6 +119,8 @@ class Scheduler {
   void DrainAdapterTokens(AdapterTokenCounts* out);
   // Replaces the tenants' policies (SchedulerOptions::tenants); known tenants take theirs.
   void SetTenantPolicies(const std::vector<TenantPolicy>& policies);
+  // Adds, by tenant name, the requests not yet admitted (Engine::Submit's waiting cap).
+  void WaitingByTenant(absl::flat_hash_map<std::string, int64_t>* out) const;
   // Each tenant seen: its name and its part of the pool (KvCache::TenantStats).
   std::vector<std::pair<std::string, TenantCacheStats>> TenantStats() const;
 
@@ -127,7 +144,19 @@ class Scheduler {
     std::shared_ptr<const TierLoad> load;
   };
 
+  // Step 2's plan: the chunk of each running_ sequence still prefilling (by index; 0 for the
+  // rest). Begins the FairShare step.
+  std::vector<int32_t> PlanChunks(int32_t budget);
   void Admit(std::vector<Scheduled>* batch, int32_t* budget);
+  enum AdmitOutcome {
+    kAdmitted,  // running, its first chunk in the batch (`*count` tokens)
+    kSkipped,   // stays waiting: its prefix is being computed, or its tier load is parked
+    kNoRoom,    // stays waiting, and so does everyone after it this step
+    kEnded,     // ended with an error
+  };
+  AdmitOutcome AdmitOne(Sequence* seq, absl::Time match_deadline, std::vector<Scheduled>* batch,
+                        int32_t* budget, int32_t* count);
+  const std::string& TenantOf(const Sequence* seq) const;
   // Writes the blocks of pending_writes_ into the pool (KvOffloader::Write), marks them
   // computed, hands their score records to the scorer and counts the hits. Non-OK only for
   // a backend failure.
@@ -160,6 +189,11 @@ class Scheduler {
   PromptScorer scorer_;
   StepOutput output_;  // after scorer_ and the counters it points at
   TenantTable tenants_;
+  // Weights in step with tenants_ (set at Enqueue and SetTenantPolicies).
+  FairShare fair_;
+  // Each request's order of arrival (FairShare's ties), until FlushEvents forgets it.
+  absl::flat_hash_map<const RequestState*, uint64_t> arrival_;
+  uint64_t next_arrival_ = 0;
 };
 
 }  // namespace prefixd

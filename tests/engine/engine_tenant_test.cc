@@ -3,14 +3,18 @@
 // clock, and outputs equal solo runs. A FakeBackend (tests/engine/fake_backend.h) makes the
 // outputs a pure function of the tokens.
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "cache/block_key.h"
 #include "engine/engine.h"
 #include "gtest/gtest.h"
+#include "tests/engine/engine_test_peer.h"
 #include "tests/engine/engine_test_util.h"
 #include "tests/engine/fake_backend.h"
 
@@ -33,9 +37,11 @@ ModelConfig FakeConfig() {
 
 struct Harness {
   // `blocks` of 4 tokens; the clock reads `now`, which tests move.
-  Harness(int64_t blocks, double share, std::vector<TenantPolicy> tenants = {})
+  Harness(int64_t blocks, double share, std::vector<TenantPolicy> tenants = {},
+          int32_t max_waiting = 0)
       : backend(blocks, kBlockSize, kVocab) {
     EngineOptions o;
+    o.tenant_max_waiting = max_waiting;
     o.backend = &backend;
     o.model_config = FakeConfig();
     o.manifest_sha256 = "fake-manifest";
@@ -153,6 +159,114 @@ TEST(EngineTenantTest, MaxCacheRetentionZeroTurnsRetentionOff) {
   ASSERT_TRUE(RunOne(**e, quiet).status.ok());
   for (uint32_t i = 0; i < 12; ++i) RunOne(**e, Request("noisy", Tokens(10 + 5 * i, 9)));
   EXPECT_EQ(RunOne(**e, Request("quiet", Tokens(1, 9))).usage.cached_prompt_tokens, 0u);
+  (*e)->Shutdown(absl::ZeroDuration());
+}
+
+// Holds the engine thread between two steps while `fn` runs on this thread, so that what
+// `fn` submits stays waiting.
+void WhileHeld(Engine& engine, const std::function<void()>& fn) {
+  absl::Notification held, release;
+  std::thread holder([&] {
+    EngineTestPeer::RunWithKvCache(engine, [&](const KvCache&) {
+      held.Notify();
+      release.WaitForNotification();
+    });
+  });
+  held.WaitForNotification();
+  fn();
+  release.Notify();
+  holder.join();
+}
+
+TenantPolicy WaitingCap(const std::string& name, int32_t cap) {
+  TenantPolicy p;
+  p.name = name;
+  p.max_waiting = cap;
+  return p;
+}
+
+// The waiting cap: `noisy`'s own (2) and the default (1) for the others; a request past it
+// is refused with RESOURCE_EXHAUSTED naming the tenant, others' requests are not, and once
+// the queue drains the tenant is accepted again. A reload moves the cap at once.
+TEST(EngineTenantTest, TheWaitingCapRefusesPastItAndAcceptsOnceDrained) {
+  Harness h(64, 1.0, {WaitingCap("noisy", 2)}, /*max_waiting=*/1);
+  std::vector<std::shared_ptr<RequestStream>> accepted;
+  WhileHeld(*h.engine, [&] {
+    for (uint32_t i = 0; i < 2; ++i) {
+      auto s = h.engine->Submit(Request("noisy", Tokens(1 + 5 * i, 9)));
+      ASSERT_TRUE(s.ok()) << s.status();
+      accepted.push_back(*s);
+    }
+    const auto refused = h.engine->Submit(Request("noisy", Tokens(20, 9)));
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_EQ(refused.status().message(),
+              "tenant `noisy` has 2 requests waiting, its cap (--tenant-max-waiting or "
+              "max_waiting= in --auth-tokens): retry later");
+    auto quiet = h.engine->Submit(Request("quiet", Tokens(30, 9)));
+    ASSERT_TRUE(quiet.ok()) << quiet.status();
+    accepted.push_back(*quiet);
+    EXPECT_EQ(h.engine->Submit(Request("quiet", Tokens(40, 9))).status().message(),
+              "tenant `quiet` has 1 requests waiting, its cap (--tenant-max-waiting or "
+              "max_waiting= in --auth-tokens): retry later");
+  });
+  for (auto& s : accepted) EXPECT_TRUE(Collect(*s).status.ok());
+  // Drained: accepted again, up to the cap.
+  WhileHeld(*h.engine, [&] {
+    accepted.clear();
+    for (uint32_t i = 0; i < 2; ++i) {
+      auto s = h.engine->Submit(Request("noisy", Tokens(1 + 5 * i, 9)));
+      ASSERT_TRUE(s.ok()) << s.status();
+      accepted.push_back(*s);
+    }
+    EXPECT_EQ(h.engine->Submit(Request("noisy", Tokens(20, 9))).status().code(),
+              absl::StatusCode::kResourceExhausted);
+  });
+  for (auto& s : accepted) EXPECT_TRUE(Collect(*s).status.ok());
+  // A reload: noisy takes the default (1), quiet no cap (0).
+  ASSERT_TRUE(h.engine->SetTenantPolicies({WaitingCap("quiet", 0)}).ok());
+  WhileHeld(*h.engine, [&] {
+    accepted.clear();
+    auto s = h.engine->Submit(Request("noisy", Tokens(1, 9)));
+    ASSERT_TRUE(s.ok()) << s.status();
+    accepted.push_back(*s);
+    EXPECT_EQ(h.engine->Submit(Request("noisy", Tokens(6, 9))).status().code(),
+              absl::StatusCode::kResourceExhausted);
+    for (uint32_t i = 0; i < 3; ++i) {
+      auto q = h.engine->Submit(Request("quiet", Tokens(30 + 5 * i, 9)));
+      ASSERT_TRUE(q.ok()) << q.status();
+      accepted.push_back(*q);
+    }
+  });
+  for (auto& s : accepted) EXPECT_TRUE(Collect(*s).status.ok());
+}
+
+// Two tenants with different weights through the engine, all queued at once in a small
+// batch budget: every output equals a solo engine's.
+TEST(EngineTenantTest, WeightedTenantsOutputsEqualSoloRuns) {
+  TenantPolicy heavy;
+  heavy.name = "heavy";
+  heavy.weight = 3;
+  FakeBackend backend(64, kBlockSize, kVocab);
+  EngineOptions o;
+  o.backend = &backend;
+  o.model_config = FakeConfig();
+  o.manifest_sha256 = "fake-manifest";
+  o.max_batch_tokens = 6;
+  o.tenants = {heavy};
+  auto e = Engine::Create(o);
+  ASSERT_TRUE(e.ok()) << e.status();
+  std::vector<EngineRequest> requests;
+  for (uint32_t i = 0; i < 6; ++i) {
+    requests.push_back(Request(i % 3 == 0 ? "light" : "heavy", Tokens(1 + 7 * i, 9 + i)));
+  }
+  const std::vector<std::shared_ptr<RequestStream>> streams = SubmitTogether(**e, requests);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    SCOPED_TRACE(i);
+    const RequestResult together = Collect(*streams[i]);
+    ASSERT_TRUE(together.status.ok()) << together.status;
+    Harness solo(64, 1.0);
+    EXPECT_EQ(together.samples, RunOne(*solo.engine, requests[i]).samples);
+  }
   (*e)->Shutdown(absl::ZeroDuration());
 }
 

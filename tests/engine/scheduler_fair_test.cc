@@ -1,0 +1,218 @@
+// Fair admission (engine/scheduler.h step 2, engine/fair_share.h) driven step by step: the
+// prefill budget goes to tenants by weight, a quiet tenant's request goes before a flood's
+// earlier ones, and outputs equal solo runs. Prompts of one step's budget with one token to
+// generate make each request finish in the step that computes its prompt's last chunk, so
+// the order of kDone is the order of service.
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "cache/block_key.h"
+#include "cache/kv_cache.h"
+#include "engine/request_stream.h"
+#include "engine/scheduler.h"
+#include "gtest/gtest.h"
+#include "tests/engine/engine_test_util.h"
+#include "tests/engine/fake_backend.h"
+
+namespace prefixd {
+namespace {
+
+constexpr int32_t kVocab = 64;
+constexpr int32_t kBlockSize = 4;
+
+TenantPolicy Weighted(const std::string& name, uint32_t weight) {
+  TenantPolicy p;
+  p.name = name;
+  p.weight = weight;
+  return p;
+}
+
+class SchedulerFairTest : public ::testing::Test {
+ protected:
+  void Init(int32_t max_batch_tokens, std::vector<TenantPolicy> tenants = {}) {
+    pending_.clear();
+    backend_ = std::make_unique<FakeBackend>(kBlocks, kBlockSize, kVocab);
+    cache_ = MakeCache();
+    scheduler_ = MakeScheduler(backend_.get(), cache_.get(), max_batch_tokens, std::move(tenants));
+  }
+
+  std::unique_ptr<KvCache> MakeCache() {
+    KvCacheOptions c;
+    c.pool.num_blocks = kBlocks;
+    c.pool.block_size = kBlockSize;
+    c.pool.bytes_per_token = 8;
+    return *KvCache::Create(c);
+  }
+
+  std::unique_ptr<Scheduler> MakeScheduler(FakeBackend* backend, KvCache* cache,
+                                           int32_t max_batch_tokens,
+                                           std::vector<TenantPolicy> tenants) {
+    ModelConfig config;
+    config.n_positions = 1024;
+    config.vocab_size = kVocab;
+    config.eos_token_id = kVocab - 1;
+    return std::make_unique<Scheduler>(
+        SchedulerOptions{.backend = backend,
+                         .cache = cache,
+                         .model_config = config,
+                         .max_batch_tokens = max_batch_tokens,
+                         .clock = [this] { return absl::UnixEpoch() + absl::Seconds(++ticks_); },
+                         .tenants = std::move(tenants)});
+  }
+
+  static std::unique_ptr<RequestState> Request(const std::string& tenant, int prompt_len,
+                                               uint32_t first) {
+    auto r = std::make_unique<RequestState>();
+    for (int i = 0; i < prompt_len; ++i) {
+      r->request.prompt.push_back((first + static_cast<uint32_t>(i)) % (kVocab - 1));
+    }
+    r->request.max_new_tokens = 1;
+    r->request.ignore_eos = true;
+    r->request.tenant = tenant;
+    r->root = CacheRootKey("manifest", CacheNamespace(tenant, ""));
+    r->stream = std::make_shared<RequestStream>(nullptr);
+    return r;
+  }
+
+  // Queues a request; `label` names it in Order().
+  void Add(const std::string& tenant, int prompt_len, uint32_t first, char label) {
+    auto r = Request(tenant, prompt_len, first);
+    Pending p;
+    p.label = label;
+    p.stream = r->stream;
+    p.tenant = tenant;
+    p.prompt_len = prompt_len;
+    p.first = first;
+    pending_.push_back(std::move(p));
+    scheduler_->Enqueue(std::move(r));
+  }
+
+  // Steps until idle; the labels in the order the requests ended (ties: order added).
+  std::string RunToEnd() {
+    std::string order;
+    for (int steps = 0; !scheduler_->idle() && steps < 1000; ++steps) {
+      scheduler_->Step();
+      scheduler_->FlushEvents();
+      cache_->CheckInvariants();
+      for (Pending& p : pending_) {
+        if (p.done) continue;
+        std::vector<RequestEvent> events;
+        p.stream->Poll(&events);
+        for (const RequestEvent& e : events) p.done |= !ApplyEvent(e, &p.result);
+        if (p.done) order.push_back(p.label);
+      }
+    }
+    EXPECT_TRUE(scheduler_->idle());
+    return order;
+  }
+
+  // Each request's output equals the same request run alone in a fresh scheduler.
+  void ExpectSoloOutputs() {
+    for (const Pending& p : pending_) {
+      SCOPED_TRACE(p.label);
+      ASSERT_TRUE(p.done && p.result.status.ok()) << p.result.status;
+      FakeBackend backend(kBlocks, kBlockSize, kVocab);
+      std::unique_ptr<KvCache> cache = MakeCache();
+      std::unique_ptr<Scheduler> solo = MakeScheduler(&backend, cache.get(), 64, {});
+      auto r = Request(p.tenant, p.prompt_len, p.first);
+      std::shared_ptr<RequestStream> stream = r->stream;
+      solo->Enqueue(std::move(r));
+      for (int steps = 0; !solo->idle() && steps < 100; ++steps) {
+        solo->Step();
+        solo->FlushEvents();
+      }
+      RequestResult alone;
+      std::vector<RequestEvent> events;
+      stream->Poll(&events);
+      for (const RequestEvent& e : events) ApplyEvent(e, &alone);
+      ASSERT_TRUE(alone.status.ok());
+      EXPECT_EQ(p.result.samples, alone.samples);
+    }
+  }
+
+  static constexpr int32_t kBlocks = 64;
+  struct Pending {
+    char label = 0;
+    std::shared_ptr<RequestStream> stream;
+    std::string tenant;
+    int prompt_len = 0;
+    uint32_t first = 0;
+    bool done = false;
+    RequestResult result;
+  };
+  std::unique_ptr<FakeBackend> backend_;
+  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::vector<Pending> pending_;
+  int64_t ticks_ = 0;
+};
+
+// One 4-token prompt per step. Tenant `a` (weight 3, all queued first) and `b` (weight 1):
+// services a = 4/3 per request, b = 4. The first tie goes to a (earlier arrival), then b is
+// behind, then a three times to b's once, ties to a; b's rest once a has none left.
+TEST_F(SchedulerFairTest, WeightsShareThePrefillBudget) {
+  Init(/*max_batch_tokens=*/4, {Weighted("a", 3)});
+  for (uint32_t i = 0; i < 8; ++i) Add("a", 4, 1 + 4 * i, 'a');
+  for (uint32_t i = 0; i < 8; ++i) Add("b", 4, 33 + 4 * i, 'b');
+  const std::string order = RunToEnd();
+  EXPECT_EQ(order, "abaaabaaababbbbb");
+  // While both had work (the first 11 steps), a got 8 x 4 tokens, b 3 x 4.
+  EXPECT_EQ(order.substr(0, 11), "abaaabaaaba");
+  ExpectSoloOutputs();
+}
+
+// Equal weights alternate (ties by arrival); the same queue after SetTenantPolicies gives a
+// weight 3 at once.
+TEST_F(SchedulerFairTest, EqualWeightsAlternateAndAPolicyReloadReweighs) {
+  Init(/*max_batch_tokens=*/4);
+  for (uint32_t i = 0; i < 4; ++i) Add("a", 4, 1 + 4 * i, 'a');
+  for (uint32_t i = 0; i < 4; ++i) Add("b", 4, 33 + 4 * i, 'b');
+  EXPECT_EQ(RunToEnd(), "abababab");
+
+  Init(/*max_batch_tokens=*/4);
+  for (uint32_t i = 0; i < 8; ++i) Add("a", 4, 1 + 4 * i, 'a');
+  for (uint32_t i = 0; i < 8; ++i) Add("b", 4, 33 + 4 * i, 'b');
+  scheduler_->SetTenantPolicies({Weighted("a", 3)});
+  EXPECT_EQ(RunToEnd().substr(0, 11), "abaaabaaaba");
+}
+
+// A flood of six 8-token prompts, then one quiet request; 4 tokens a step, so each prompt
+// takes two chunks. Step 1: the flood's first chunk (tie, earlier arrival). Step 2: the quiet
+// tenant is behind: admitted before the flood's five queued requests, and before the flood's
+// running prefill gets its second chunk. Step 3: tie again, the flood's older request ends.
+// Step 4: the quiet request ends. Then the flood in order.
+TEST_F(SchedulerFairTest, AQuietRequestIsAdmittedBeforeAFloodsEarlierOnes) {
+  Init(/*max_batch_tokens=*/4);
+  for (uint32_t i = 0; i < 6; ++i) Add("noisy", 8, 1 + 8 * i, static_cast<char>('1' + i));
+  Add("quiet", 8, 50, 'q');
+  EXPECT_EQ(RunToEnd(), "1q23456");
+  const auto& rec = backend_->recorded();
+  ASSERT_GE(rec.size(), 4u);
+  using Rec = FakeBackend::StepRecord;
+  EXPECT_EQ(rec[0], (std::vector<Rec>{{0, 4, false}}));
+  EXPECT_EQ(rec[1], (std::vector<Rec>{{0, 4, false}}));  // the quiet request's first chunk
+  EXPECT_EQ(rec[2], (std::vector<Rec>{{4, 4, true}}));
+  EXPECT_EQ(rec[3], (std::vector<Rec>{{4, 4, true}}));
+  ExpectSoloOutputs();
+}
+
+// One tenant: arrival order, the budget filled in order (running chunk first, then
+// admissions) as without tenants.
+TEST_F(SchedulerFairTest, ALoneTenantIsServedInArrivalOrder) {
+  Init(/*max_batch_tokens=*/6);
+  for (uint32_t i = 0; i < 4; ++i) Add("solo", 4, 1 + 4 * i, static_cast<char>('1' + i));
+  EXPECT_EQ(RunToEnd(), "1234");
+  using Rec = FakeBackend::StepRecord;
+  const auto& rec = backend_->recorded();
+  ASSERT_EQ(rec.size(), 3u);
+  EXPECT_EQ(rec[0], (std::vector<Rec>{{0, 4, true}, {0, 2, false}}));
+  EXPECT_EQ(rec[1], (std::vector<Rec>{{2, 2, true}, {0, 4, true}}));
+  EXPECT_EQ(rec[2], (std::vector<Rec>{{0, 4, true}}));
+  ExpectSoloOutputs();
+}
+
+}  // namespace
+}  // namespace prefixd
