@@ -28,7 +28,9 @@
 // Usage: tenant_bench [--model DIR] [--threads 2] [--pool-prompts 32] [--prefix 512]
 //          [--suffix 16] [--new 8] [--quiet-requests 40] [--quiet-interval-ms 200]
 //          [--noisy-concurrency 8] [--share 0.5] [--quiet-weight 1]
-//          [--only solo|flood|features]
+//          [--max-batch-tokens 512] [--only solo|flood|features]
+// --max-batch-tokens is the engine's step budget in every scenario: a step that computes a
+// noisy prompt's chunk of that many tokens is what a quiet request waits for at least.
 // With --only one scenario runs (the ratios need solo). Without --model a random GPT-2 is
 // written to a temporary directory first.
 #include <unistd.h>
@@ -82,6 +84,7 @@ struct Flags {
   int noisy_concurrency = 8;
   double share = 0.5;
   int quiet_weight = 1;
+  int max_batch_tokens = 512;  // the engine's step budget, every scenario
   std::string only;
 };
 
@@ -110,7 +113,8 @@ struct Result {
   uint64_t noisy_done = 0;
   uint64_t noisy_prompt = 0;
   uint64_t noisy_generated = 0;
-  uint64_t evictions = 0;  // the pool's, over quiet's run
+  uint64_t evictions = 0;        // the pool's, over quiet's run
+  uint64_t quiet_evictions = 0;  // of those, quiet's blocks (EngineStats::tenants)
   int64_t pool_blocks = 0;
 
   double HitRate() const {
@@ -162,7 +166,7 @@ Result RunScenario(const Model& model, const Flags& f, Scenario scenario) {
   o.backend = backend->get();
   o.model_config = c;
   o.manifest_sha256 = model.manifest_sha256();
-  o.max_batch_tokens = 512;
+  o.max_batch_tokens = f.max_batch_tokens;
   const bool features = scenario == Scenario::kFeatures;
   if (features) {
     o.tenant_cache_share = f.share;
@@ -283,7 +287,11 @@ Result RunScenario(const Model& model, const Flags& f, Scenario scenario) {
   for (std::thread& t : quiet) t.join();
   counting = false;
   result.quiet_wall_s = last_done - start;
-  result.evictions = (*engine)->Stats().cache.evictions - evictions_before;
+  const EngineStats after = (*engine)->Stats();
+  result.evictions = after.cache.evictions - evictions_before;
+  for (const auto& [name, t] : after.tenants) {
+    if (name == kQuiet) result.quiet_evictions = t.evictions;
+  }
   stop = true;
   for (std::thread& t : noisy) t.join();
   (*engine)->Shutdown(absl::ZeroDuration());
@@ -302,6 +310,7 @@ int Main(int argc, char** argv) {
                                     {"noisy-concurrency"},
                                     {"share"},
                                     {"quiet-weight"},
+                                    {"max-batch-tokens"},
                                     {"only"}};
   absl::StatusOr<ParsedCommandLine> args =
       ParseArgv(absl::MakeConstSpan(argv + 1, static_cast<size_t>(argc - 1)), kFlags);
@@ -326,7 +335,8 @@ int Main(int argc, char** argv) {
                              {"quiet-requests", &f.quiet_requests},
                              {"quiet-interval-ms", &f.quiet_interval_ms},
                              {"noisy-concurrency", &f.noisy_concurrency},
-                             {"quiet-weight", &f.quiet_weight}}) {
+                             {"quiet-weight", &f.quiet_weight},
+                             {"max-batch-tokens", &f.max_batch_tokens}}) {
     const std::optional<std::string> v = args->Flag(name);
     if (!v.has_value()) continue;
     absl::StatusOr<int64_t> n = ParseInteger(*v, absl::StrCat("--", name), 1, 1 << 20);
@@ -397,7 +407,7 @@ int Main(int argc, char** argv) {
   }
   std::printf("\n%-9s %8s %9s %10s %10s %9s %9s | %7s %11s %11s %9s\n", "scenario", "hit rate",
               "retained", "TTFT mean", "TTFT p90", "hit/solo", "p90/solo", "noisy", "prompt tok/s",
-              "gen tok/s", "evictions");
+              "gen tok/s", "evictions (quiet's)");
   for (const auto& [s, r] : results) {
     const double mean = Mean(r.ttft_s), p90 = Percentile(r.ttft_s, 0.9);
     std::string hit_ratio = "-", p90_ratio = "-";
@@ -408,11 +418,13 @@ int Main(int argc, char** argv) {
       p90_ratio = absl::StrFormat("%.2fx", p90 / Percentile(solo->ttft_s, 0.9));
     }
     const double wall = std::max(r.quiet_wall_s, 1e-9);
-    std::printf("%-9s %7.1f%% %9llu %9.1fms %9.1fms %9.9s %9.9s | %7llu %12.1f %11.1f %9llu\n",
-                Name(s), r.HitRate() * 100, static_cast<unsigned long long>(r.quiet_retained),
-                mean * 1e3, p90 * 1e3, hit_ratio.c_str(), p90_ratio.c_str(),
-                static_cast<unsigned long long>(r.noisy_done), r.noisy_prompt / wall,
-                r.noisy_generated / wall, static_cast<unsigned long long>(r.evictions));
+    std::printf(
+        "%-9s %7.1f%% %9llu %9.1fms %9.1fms %9.9s %9.9s | %7llu %12.1f %11.1f %9llu (%llu)\n",
+        Name(s), r.HitRate() * 100, static_cast<unsigned long long>(r.quiet_retained), mean * 1e3,
+        p90 * 1e3, hit_ratio.c_str(), p90_ratio.c_str(),
+        static_cast<unsigned long long>(r.noisy_done), r.noisy_prompt / wall,
+        r.noisy_generated / wall, static_cast<unsigned long long>(r.evictions),
+        static_cast<unsigned long long>(r.quiet_evictions));
   }
   std::printf(
       "(hit rate: quiet's Σ cached / Σ prompt tokens; retained: of its cached tokens, those "
