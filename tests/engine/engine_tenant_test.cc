@@ -24,16 +24,7 @@ namespace {
 constexpr int32_t kVocab = 64;
 constexpr int32_t kBlockSize = 4;
 
-ModelConfig FakeConfig() {
-  ModelConfig c;
-  c.n_layer = 1;
-  c.n_head = 1;
-  c.n_embd = 8;
-  c.n_positions = 256;
-  c.vocab_size = kVocab;
-  c.eos_token_id = kVocab - 1;
-  return c;
-}
+ModelConfig FakeConfig() { return FakeModelConfig(kVocab); }
 
 struct Harness {
   // `blocks` of 4 tokens; the clock reads `now`, which tests move.

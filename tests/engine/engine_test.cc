@@ -12,10 +12,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "tests/engine/engine_test_peer.h"
 #include "engine/sampler.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/engine/engine_test_peer.h"
 #include "tests/engine/engine_test_util.h"
 #include "tests/engine/fake_backend.h"
 #include "tests/engine/soak_util.h"
@@ -28,16 +28,7 @@ using ::testing::HasSubstr;
 constexpr int32_t kVocab = 64;
 constexpr uint32_t kEos = 63;
 
-ModelConfig FakeConfig() {
-  ModelConfig c;
-  c.n_layer = 1;
-  c.n_head = 1;
-  c.n_embd = 8;
-  c.n_positions = 256;
-  c.vocab_size = kVocab;
-  c.eos_token_id = kEos;
-  return c;
-}
+ModelConfig FakeConfig() { return FakeModelConfig(kVocab); }
 
 struct Setup {
   int64_t blocks = 64;
@@ -264,8 +255,7 @@ TEST(EngineTest, ConcurrentRequestsUnderPreemptionMatchTheReference) {
     r.top_logprobs = i % 5;
     requests.push_back(r);
   }
-  const std::vector<std::shared_ptr<RequestStream>> streams =
-      SubmitTogether(*h.engine, requests);
+  const std::vector<std::shared_ptr<RequestStream>> streams = SubmitTogether(*h.engine, requests);
   for (size_t i = 0; i < requests.size(); ++i) {
     SCOPED_TRACE(absl::StrCat("request ", i));
     ASSERT_NE(streams[i], nullptr);
@@ -291,7 +281,8 @@ TEST(EngineTest, SecondRequestWaitsForTheFirstsPrefixInsteadOfRecomputingIt) {
   EXPECT_EQ(ra.usage.cached_prompt_tokens, 0u);
   EXPECT_EQ(rb.usage.cached_prompt_tokens, 63u);
   const EngineStats s = h.engine->Stats();
-  EXPECT_EQ(s.scheduler.prefill_tokens, 64u + 1u);  // the second computed only its last prompt token
+  EXPECT_EQ(s.scheduler.prefill_tokens,
+            64u + 1u);  // the second computed only its last prompt token
   EXPECT_EQ(s.cache.queried_tokens, 128u);
   EXPECT_EQ(s.cache.hit_tokens, 63u);
   EXPECT_EQ(s.scheduler.generated_tokens, 6u);

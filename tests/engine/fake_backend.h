@@ -19,8 +19,21 @@
 #include "absl/synchronization/notification.h"
 #include "absl/types/span.h"
 #include "engine/backend.h"
+#include "engine/model_config.h"
 
 namespace prefixd {
+
+// The model a FakeBackend stands for: one tiny layer, `vocab` ids, the last one EOS.
+inline ModelConfig FakeModelConfig(int32_t vocab) {
+  ModelConfig c;
+  c.n_layer = 1;
+  c.n_head = 1;
+  c.n_embd = 8;
+  c.n_positions = 256;
+  c.vocab_size = vocab;
+  c.eos_token_id = vocab - 1;
+  return c;
+}
 
 class FakeBackend final : public Backend {
  public:
