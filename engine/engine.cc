@@ -132,7 +132,6 @@ Engine::Engine(const EngineOptions& options, std::vector<EngineTier> tiers,
           // Records live only while their blocks are indexed.
           .scores = options.enable_prefix_cache ? scores_.get() : nullptr,
           .tenant_cache_share = options.tenant_cache_share,
-          .tenant_max_waiting = options.tenant_max_waiting,
           .max_cache_retention = options.max_cache_retention,
           .tenants = options.tenants})) {
   limits_.model_config = options.model_config;

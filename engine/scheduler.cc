@@ -38,8 +38,7 @@ Scheduler::Scheduler(const SchedulerOptions& options)
                                   .ttft = &ttft_,
                                   .tpot = &tpot_}),
       tenants_(TenantTable::Options{.cache = options.cache,
-                                    .default_cache_share = options.tenant_cache_share,
-                                    .default_max_waiting = options.tenant_max_waiting},
+                                    .default_cache_share = options.tenant_cache_share},
                options.tenants) {
   PREFIXD_CHECK(backend_ != nullptr && cache_ != nullptr && options_.clock);
   PREFIXD_CHECK(options_.max_batch_tokens > 0 && options_.model_config.vocab_size > 0);

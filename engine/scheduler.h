@@ -82,7 +82,6 @@ struct SchedulerOptions {
   ScoreStore* scores = nullptr;
   // Tenants (EngineOptions' fields of the same names).
   double tenant_cache_share = 1.0;
-  int32_t tenant_max_waiting = 0;
   absl::Duration max_cache_retention = absl::Hours(24);
   std::vector<TenantPolicy> tenants;
 };

@@ -18,7 +18,6 @@ TenantPolicy TenantTable::Resolve(const std::string& name) const {
   TenantPolicy p{.name = name};
   if (auto it = given_.find(name); it != given_.end()) p = it->second;
   if (!p.cache_share) p.cache_share = options_.default_cache_share;
-  if (!p.max_waiting) p.max_waiting = options_.default_max_waiting;
   return p;
 }
 

@@ -27,7 +27,6 @@ class TenantTable {
   struct Options {
     KvCache* cache = nullptr;          // not owned
     double default_cache_share = 1.0;  // (0, 1]
-    int32_t default_max_waiting = 0;   // 0: no cap
   };
   TenantTable(const Options& options, const std::vector<TenantPolicy>& policies);
 
@@ -35,7 +34,8 @@ class TenantTable {
   TenantId Id(const std::string& name);
   const std::string& Name(TenantId id) const;
   size_t size() const { return names_.size(); }
-  // The policy in force, defaults filled in (cache_share and max_waiting set).
+  // The policy in force, the default cache share filled in (the waiting caps are the
+  // engine's, checked in Engine::Submit on caller threads).
   const TenantPolicy& Policy(TenantId id) const;
   // Replaces the policies; known tenants take theirs (or the defaults) at once.
   void SetPolicies(const std::vector<TenantPolicy>& policies);
