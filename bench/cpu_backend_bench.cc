@@ -1,15 +1,17 @@
 // CPU backend throughput on full-size GPT-2 (124M): prefill, decode at several context
 // lengths, batched decode, and a cached decode step against recomputing the prefix.
 //
-//   cpu_backend_bench [--model DIR] [--threads 2] [--reps 5] [--isa auto|avx2|avxvnni|avx512]
-//                     [--dtype f32|f16|bf16|int8] [--quick 0-5]
+//   cpu_backend_bench [--model DIR] [--threads 2] [--reps 5] [--isa auto|avx2|avxvnni|avx512|amx]
+//                     [--dtype f32|f16|bf16|int8] [--quick 0-6]
 //
 // --isa picks the matrix-product register blocks (all give identical bits); --dtype the
 // weights' storage (the checkpoint is rounded to it at load; arithmetic stays fp32, except
 // int8's integer products, kernels/cpu/matmul.h); --quick 1 runs
 // only prefill 512, decode batch 1 at context 256 and decode batch 8 (for before/after checks);
 // 2, 3 and 4 run just one of those three; 5 runs what scripts/bench-peer compares with llama.cpp
-// (prefill 17 and 512 tokens, decode batch 1 at context 16 and 256, decode batch 8).
+// (prefill 17 and 512 tokens, decode batch 1 at context 16 and 256, decode batch 8); 6 the
+// int8-on-AMX set (prefill 17 and 512, decode batch 1, 8 and 32 at context 128), run with
+// --isa amx against --isa avx512.
 // Without --model, writes a random GPT-2 (tools/random_model.h) into a temp dir first. Each
 // figure is the best of --reps runs (the machine is shared; the minimum is the least noisy
 // estimate of what the code costs). Prints a Markdown table for docs/BENCHMARKS.md.
@@ -138,7 +140,7 @@ int Main(int argc, char** argv) {
   DType dtype = DType::kF32;
   constexpr const char* kUsage =
       "usage: cpu_backend_bench [--model DIR] [--threads N] [--reps N] "
-      "[--isa auto|avx2|avxvnni|avx512] [--dtype f32|f16|bf16|int8] [--quick 0-5]\n";
+      "[--isa auto|avx2|avxvnni|avx512|amx] [--dtype f32|f16|bf16|int8] [--quick 0-6]\n";
   static constexpr FlagSpec kFlags[] = {
       {"model"}, {"threads"}, {"reps"}, {"quick"}, {"isa"}, {"dtype"}, {"help", FlagKind::kSwitch}};
   absl::StatusOr<ParsedCommandLine> args =
@@ -169,19 +171,13 @@ int Main(int argc, char** argv) {
     *field = static_cast<int>(*n);
   }
   if (const std::optional<std::string> v = args->Flag("isa"); v.has_value()) {
-    if (*v == "auto") {
-      isa = MatMulIsa::kAuto;
-    } else if (*v == "avx2") {
-      isa = MatMulIsa::kAvx2;
-    } else if (*v == "avx512") {
-      isa = MatMulIsa::kAvx512;
-    } else if (*v == "avxvnni") {
-      isa = MatMulIsa::kAvxVnni;
-    } else {
-      std::fprintf(stderr, "cpu_backend_bench: --isa takes auto, avx2, avxvnni or avx512, got %s\n",
+    if (!ParseMatMulIsa(*v)) {
+      std::fprintf(stderr,
+                   "cpu_backend_bench: --isa takes auto, avx2, avxvnni, avx512 or amx, got %s\n",
                    v->c_str());
       return 2;
     }
+    isa = *ParseMatMulIsa(*v);
   }
   if (const std::optional<std::string> v = args->Flag("dtype"); v.has_value()) {
     if (!ParseDType(*v)) {
@@ -218,17 +214,18 @@ int Main(int argc, char** argv) {
   const ModelConfig& c = (*model)->config();
   // 256 blocks of 16: room for 8 sequences of 144 tokens, or one of 1,008, and a 513-token
   // prefill from block 128.
-  o.kv_pool.budget_bytes = int64_t{256} * 16 * KvBytesPerToken(c.n_layer, c.n_head, c.head_dim(), 4);
+  o.kv_pool.budget_bytes = int64_t{320} * 16 * KvBytesPerToken(c.n_layer, c.n_head, c.head_dim(), 4);
   auto backend_or = CreateCpuBackend(o);
   Check(backend_or.status());
   Backend& backend = **backend_or;
   Bench bench(backend, reps);
   const MemoryUsage mem = backend.memory_usage();
   std::printf(
-      "model %s (%lld parameters, weights %.0f MB, matrices packed %s), %d threads, best "
-      "of %d\n\n",
+      "model %s (%lld parameters, weights %.0f MB, matrices packed %s), isa %s, %d threads, "
+      "best of %d\n\n",
       (*model)->name().c_str(), static_cast<long long>((*model)->num_parameters()),
-      mem.weights_bytes / 1e6, std::string(DTypeName(dtype)).c_str(), threads, reps);
+      mem.weights_bytes / 1e6, std::string(DTypeName(dtype)).c_str(), MatMulIsaInUse().c_str(),
+      threads, reps);
 
   std::printf(
       "| measurement | wall time | CPU time (all threads) | tokens/s (wall) "
@@ -247,6 +244,20 @@ int Main(int argc, char** argv) {
     const Timing d8 = bench.Decode(8, 128, 8);
     std::printf("| decode batch 8, context 128 | %.1f ms/step | %.1f ms/step | %.1f |\n",
                 d8.wall * 1e3, d8.cpu * 1e3, 8 / d8.wall);
+    if (!temp_dir.empty()) std::filesystem::remove_all(temp_dir);
+    return 0;
+  }
+  if (quick == 6) {  // int8 on AMX tiles against VNNI: prefill and batched decode
+    for (int n : {17, 512}) {
+      const Timing t = bench.Prefill(n, 0, n);
+      std::printf("| prefill %d tokens | %.1f ms | %.1f ms | %.0f |\n", n, t.wall * 1e3,
+                  t.cpu * 1e3, n / t.wall);
+    }
+    for (int batch : {1, 8, 32}) {
+      const Timing t = bench.Decode(batch, 128, 8);
+      std::printf("| decode batch %d, context 128 | %.1f ms/step | %.1f ms/step | %.1f |\n",
+                  batch, t.wall * 1e3, t.cpu * 1e3, batch / t.wall);
+    }
     if (!temp_dir.empty()) std::filesystem::remove_all(temp_dir);
     return 0;
   }
@@ -279,10 +290,10 @@ int Main(int argc, char** argv) {
     std::printf("| decode batch 1, context %d | %.1f ms/step | %.1f ms/step | %.1f |\n", ctx,
                 t.wall * 1e3, t.cpu * 1e3, 1 / t.wall);
   }
-  {
-    const Timing t = bench.Decode(8, 128, 8);
-    std::printf("| decode batch 8, context 128 | %.1f ms/step | %.1f ms/step | %.1f |\n",
-                t.wall * 1e3, t.cpu * 1e3, 8 / t.wall);
+  for (int batch : {8, 32}) {
+    const Timing t = bench.Decode(batch, 128, 8);
+    std::printf("| decode batch %d, context 128 | %.1f ms/step | %.1f ms/step | %.1f |\n", batch,
+                t.wall * 1e3, t.cpu * 1e3, batch / t.wall);
   }
   std::printf(
       "\n| context | cached decode step (wall / CPU) | recompute prefix + token "

@@ -3,7 +3,7 @@
 // dtype. Separates the products' cost from attention and the rest of the forward pass, and
 // shows where a batch stops riding on the weight stream.
 //
-//   matmul_bench [--threads 2] [--reps 7] [--rows 1,4,8,16] [--isa auto|avx2|avxvnni|avx512|both]
+//   matmul_bench [--threads 2] [--reps 7] [--rows 1,4,8,16] [--isa auto|avx2|avxvnni|avx512|amx|both ...]
 //                [--dtype f32|f16|bf16|int8|all] [--weights stream|resident]
 //
 // Each figure is the best of --reps steps (wall and CPU time of all threads, each its own
@@ -54,12 +54,10 @@ int Main(int argc, char** argv) {
       rows.clear();
       std::stringstream ss(value);
       for (std::string item; std::getline(ss, item, ',');) rows.push_back(std::atoll(item.c_str()));
-    } else if (flag == "--isa" && (value == "auto" || value == "avx2" || value == "avxvnni" ||
-                                   value == "avx512" || value == "both")) {
-      if (value == "auto") isas = {MatMulIsa::kAuto};
-      if (value == "avxvnni") isas.push_back(MatMulIsa::kAvxVnni);
-      if (value == "avx2" || value == "both") isas.push_back(MatMulIsa::kAvx2);
-      if (value == "avx512" || value == "both") isas.push_back(MatMulIsa::kAvx512);
+    } else if (flag == "--isa" && value == "both") {
+      isas = {MatMulIsa::kAvx2, MatMulIsa::kAvx512};
+    } else if (flag == "--isa" && ParseMatMulIsa(value)) {
+      isas.push_back(*ParseMatMulIsa(value));  // repeat --isa to compare sets in one run
     } else if (flag == "--dtype" && value == "all") {
       dtypes = {DType::kF32, DType::kF16, DType::kBF16, DType::kI8};
     } else if (flag == "--dtype" && ParseDType(value)) {
@@ -69,7 +67,7 @@ int Main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: matmul_bench [--threads N] [--reps N] [--rows 1,8,...] "
-                   "[--isa auto|avx2|avxvnni|avx512|both] [--dtype f32|f16|bf16|int8|all] "
+                   "[--isa auto|avx2|avxvnni|avx512|amx|both ...] [--dtype f32|f16|bf16|int8|all] "
                    "[--weights stream|resident]\n");
       return 2;
     }
@@ -126,10 +124,7 @@ int Main(int argc, char** argv) {
     for (float& x : a) x = dist(rng);
     for (MatMulIsa isa : isas) {
       SetMatMulIsa(isa);
-      const char* isa_name = isa == MatMulIsa::kAvx2      ? "avx2"
-                             : isa == MatMulIsa::kAvx512  ? "avx512"
-                             : isa == MatMulIsa::kAvxVnni ? "avxvnni"
-                                                          : "auto";
+      const std::string isa_name = MatMulIsaInUse();  // what runs, "auto" resolved
       for (int64_t m : rows) {
         double best_wall = 1e30, best_cpu = 1e30;
         for (int r = 0; r < reps; ++r) {
@@ -143,7 +138,7 @@ int Main(int argc, char** argv) {
           best_cpu = std::min(best_cpu, CpuNow() - c0);
         }
         std::printf("| %s | %s | %lld | %.0f MB | %.2f | %.2f | %.0f | %.1f |\n",
-                    std::string(DTypeName(dtype)).c_str(), isa_name, static_cast<long long>(m),
+                    std::string(DTypeName(dtype)).c_str(), isa_name.c_str(), static_cast<long long>(m),
                     weight_bytes / 1e6, best_wall * 1e3, best_cpu * 1e3,
                     m * flops_per_row / best_wall / 1e9, bytes / best_wall / 1e9);
         std::fflush(stdout);

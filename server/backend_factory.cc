@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "cache/kv_layout.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/matmul.h"
 #ifdef PREFIXD_HAVE_CUDA
 #include "kernels/cuda/cuda_backend.h"
 #endif
@@ -144,6 +145,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(
                                                    " is more than this machine's ", memory,
                                                    " bytes of memory"));
   }
+  // What runs the products (PREFIXD_CPU_ISA can hold it to less): "amx", "avx512", ...
+  if (log) log(absl::StrCat("cpu matrix products: ", MatMulIsaInUse()));
   return CreateCpuBackend(cpu);
 }
 

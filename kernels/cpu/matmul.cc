@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -26,35 +27,36 @@ constexpr int64_t kRowsPerTask = 96;
 
 std::atomic<MatMulIsa> g_isa{MatMulIsa::kAuto};
 
-// The best of the register-block sets this CPU has: AVX-512, else AVX2 with AVX-VNNI, else
-// AVX2.
+// The best of the register-block sets this CPU has: AMX over AVX-512, else AVX-512, else AVX2
+// with AVX-VNNI, else AVX2.
 MatMulIsa BestIsa() {
+  if (internal::CpuHasAmx()) return MatMulIsa::kAmx;
   if (internal::CpuHasAvx512()) return MatMulIsa::kAvx512;
   if (internal::CpuHasAvxVnni()) return MatMulIsa::kAvxVnni;
   return MatMulIsa::kAvx2;
 }
 
-// kAuto's answer: BestIsa(), unless PREFIXD_CPU_ISA asks for a lesser one.
+// kAuto's answer: PREFIXD_CPU_ISA's choice where the CPU has it, else BestIsa().
 MatMulIsa AutoIsa() {
   static const MatMulIsa isa = [] {
     const char* env = std::getenv("PREFIXD_CPU_ISA");
-    const std::string_view want = env == nullptr ? "" : env;
-    if (want == "avx2") return MatMulIsa::kAvx2;
-    if (want == "avxvnni") {
-      if (internal::CpuHasAvxVnni()) return MatMulIsa::kAvxVnni;
-      std::fprintf(stderr, "prefixd: PREFIXD_CPU_ISA=avxvnni but this CPU lacks it; using AVX2\n");
-      return MatMulIsa::kAvx2;
-    }
-    if (!want.empty() && want != "auto" && want != "avx512") {
+    const std::optional<MatMulIsa> want =
+        env == nullptr ? MatMulIsa::kAuto : ParseMatMulIsa(env);
+    if (!want.has_value()) {
       std::fprintf(stderr,
-                   "prefixd: ignoring PREFIXD_CPU_ISA=%s (not auto, avx2, avxvnni or avx512)\n",
+                   "prefixd: ignoring PREFIXD_CPU_ISA=%s (not auto, avx2, avxvnni, avx512 or amx)\n",
                    env);
+      return BestIsa();
     }
-    if (want == "avx512" && !internal::CpuHasAvx512()) {
-      std::fprintf(stderr, "prefixd: PREFIXD_CPU_ISA=avx512 but this CPU lacks it; using %s\n",
-                   internal::CpuHasAvxVnni() ? "AVX2 with AVX-VNNI" : "AVX2");
-    }
-    return BestIsa();
+    if (*want == MatMulIsa::kAuto) return BestIsa();
+    // (amx is supported with emulated tiles only where a test turned them on first.)
+    if (MatMulIsaSupported(*want)) return *want;
+    // A lesser set than asked where one exists (AVX-VNNI's is AVX2), else the best this CPU
+    // has (amx without AMX: avx512).
+    const MatMulIsa fallback = *want == MatMulIsa::kAvxVnni ? MatMulIsa::kAvx2 : BestIsa();
+    std::fprintf(stderr, "prefixd: PREFIXD_CPU_ISA=%s but this CPU lacks it; using %s\n", env,
+                 MatMulIsaName(fallback));
+    return fallback;
   }();
   return isa;
 }
@@ -81,8 +83,34 @@ void* AllocateAligned(size_t bytes_wanted) {
 
 }  // namespace
 
+const char* MatMulIsaName(MatMulIsa isa) {
+  switch (isa) {
+    case MatMulIsa::kAmx:
+      return "amx";
+    case MatMulIsa::kAvx512:
+      return "avx512";
+    case MatMulIsa::kAvxVnni:
+      return "avxvnni";
+    case MatMulIsa::kAvx2:
+      return "avx2";
+    case MatMulIsa::kAuto:
+      break;
+  }
+  return "auto";
+}
+
+std::optional<MatMulIsa> ParseMatMulIsa(std::string_view name) {
+  for (MatMulIsa isa : {MatMulIsa::kAuto, MatMulIsa::kAvx2, MatMulIsa::kAvxVnni,
+                        MatMulIsa::kAvx512, MatMulIsa::kAmx}) {
+    if (name == MatMulIsaName(isa)) return isa;
+  }
+  return std::nullopt;
+}
+
 bool MatMulIsaSupported(MatMulIsa isa) {
   switch (isa) {
+    case MatMulIsa::kAmx:
+      return internal::CpuHasAmx() || internal::AmxEmulated();
     case MatMulIsa::kAvx512:
       return internal::CpuHasAvx512();
     case MatMulIsa::kAvxVnni:
@@ -97,6 +125,11 @@ bool MatMulIsaSupported(MatMulIsa isa) {
 void SetMatMulIsa(MatMulIsa isa) {
   PREFIXD_CHECK(MatMulIsaSupported(isa));
   g_isa.store(isa, std::memory_order_relaxed);
+}
+
+void SetAmxEmulationForTesting(bool on) {
+  if (on && !internal::CpuHasAvx512Vnni()) return;  // kAmx stays unsupported
+  internal::SetAmxEmulation(on);
 }
 
 void AlignedFree::operator()(void* p) const { std::free(p); }
@@ -357,8 +390,9 @@ struct Int8Scratch {
 
 // The int8 blocks for an instruction-set choice: AVX-512's need VNNI too (else AVX-VNNI's or
 // AVX2's serve); all give the same bits.
-enum class Int8Kernel { kAvx2, kAvxVnni, kAvx512Vnni };
+enum class Int8Kernel { kAvx2, kAvxVnni, kAvx512Vnni, kAmx };
 Int8Kernel Int8KernelFor(MatMulIsa isa) {
+  if (isa == MatMulIsa::kAmx) return Int8Kernel::kAmx;  // supported implies AVX-512 VNNI
   if (isa == MatMulIsa::kAvx512 && internal::CpuHasAvx512Vnni()) return Int8Kernel::kAvx512Vnni;
   if (isa != MatMulIsa::kAvx2 && internal::CpuHasAvxVnni()) return Int8Kernel::kAvxVnni;
   return Int8Kernel::kAvx2;
@@ -397,6 +431,9 @@ void MatMulInt8(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, c
   auto product = [&](int64_t j, int64_t row_begin, int64_t row_end, float* out) {
     const internal::PanelRef panel{w.panel(j), w.dtype(), k};
     switch (kernel) {
+      case Int8Kernel::kAmx:
+        internal::PanelInt8Amx(rows, row_begin, row_end - row_begin, panel, out);
+        break;
       case Int8Kernel::kAvx512Vnni:
         internal::PanelInt8Avx512(rows, row_begin, row_end - row_begin, panel, out);
         break;
@@ -439,7 +476,7 @@ void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const
   const int64_t panels = w.num_panels();
   const int64_t n = w.n();
   const MatMulIsa isa = Isa();
-  const bool avx512 = isa == MatMulIsa::kAvx512;
+  const bool avx512 = isa == MatMulIsa::kAvx512 || isa == MatMulIsa::kAmx;
   auto panel = [&w](int64_t j) { return internal::PanelRef{w.panel(j), w.dtype(), w.k()}; };
   auto run = [pool](int64_t tasks, const std::function<void(int64_t)>& fn) {
     if (pool != nullptr) {
@@ -506,6 +543,17 @@ void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const
     const int64_t col0 = j * kPanelWidth;
     StoreRows(out, row_begin, row_end, col0, std::min(kPanelWidth, n - col0), bias, c, ldc, output);
   });
+}
+
+std::string MatMulIsaInUse() {
+  const MatMulIsa isa = Isa();
+  std::string name = MatMulIsaName(isa);
+  if (isa == MatMulIsa::kAmx && internal::AmxEmulated()) name += " (emulated tiles)";
+  const Int8Kernel int8 = Int8KernelFor(isa);
+  if (isa == MatMulIsa::kAvx512 && int8 != Int8Kernel::kAvx512Vnni) {
+    name += int8 == Int8Kernel::kAvxVnni ? " (int8: avxvnni)" : " (int8: avx2)";
+  }
+  return name;
 }
 
 void MatMulReference(const float* a, int64_t m, int64_t lda, const float* w, int64_t k, int64_t n,

@@ -37,6 +37,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
 
 #include "engine/dtype.h"
 #include "kernels/cpu/thread_pool.h"
@@ -116,18 +119,31 @@ void MatMul(const float* a, int64_t m, int64_t lda, const PackedMatrix& w, const
 
 // Which register blocks MatMul uses: kAuto takes AVX-512 where the CPU has it (avx512f and
 // avx512vl), else AVX2 with AVX-VNNI where it has that, else AVX2 (+ FMA + F16C, the baseline
-// this library is built for). kAvxVnni differs from kAvx2 for int8 panels only (vpdpbusd on
-// 256 bits instead of vpmaddubsw); int8 panels take AVX-512's blocks only where the CPU also
-// has avx512bw and avx512_vnni, else AVX-VNNI's or AVX2's. Every choice
-// gives identical bits (the invariant above); the setting exists so that tests can run each
-// path on one machine and benchmarks can compare them. The environment variable
-// PREFIXD_CPU_ISA=avx2 (or avxvnni) makes kAuto pick AVX2 (or AVX2 with AVX-VNNI), for running
-// a whole program (a server, a test suite) as it would run on a CPU without AVX-512 (and
-// without AVX-VNNI: an AMD Zen 2 or 3).
-enum class MatMulIsa { kAuto, kAvx2, kAvx512, kAvxVnni };
+// this library is built for); and kAmx over AVX-512 where the CPU has AMX tiles and the kernel
+// grants them. kAvxVnni differs from kAvx2, and kAmx from kAvx512, for int8 panels only
+// (vpdpbusd on 256 bits instead of vpmaddubsw; AMX's tdpbsud for each 16 rows instead of
+// vpdpbusd). int8 panels take AVX-512's blocks only where the CPU also has avx512bw and
+// avx512_vnni, else AVX-VNNI's or AVX2's. Every choice gives identical bits (the invariant
+// above); the setting exists so that tests can run each path on one machine and benchmarks can
+// compare them. The environment variable PREFIXD_CPU_ISA=avx2 (or avxvnni, avx512, amx) makes
+// kAuto pick that one, for running a whole program (a server, a test suite) as it would run on
+// a CPU with only that (avx2: an AMD Zen 2 or 3; avx512: a Xeon before Sapphire Rapids, or
+// AMD Zen 4); a choice the CPU lacks falls back to the best it has, with one line on stderr.
+enum class MatMulIsa { kAuto, kAvx2, kAvx512, kAvxVnni, kAmx };
 bool MatMulIsaSupported(MatMulIsa isa);
+// "auto", "avx2", "avxvnni", "avx512", "amx": PREFIXD_CPU_ISA's values and the benchmarks' --isa.
+const char* MatMulIsaName(MatMulIsa isa);
+std::optional<MatMulIsa> ParseMatMulIsa(std::string_view name);
 // Process-wide. PREFIXD_CHECKs that `isa` is supported. Not to be called while a MatMul runs.
 void SetMatMulIsa(MatMulIsa isa);
+// What kAuto (or the setting) runs: "amx", "avx512", "avxvnni" or "avx2" (the names
+// PREFIXD_CPU_ISA and the benchmarks' --isa take), with what int8 panels run when it differs,
+// e.g. "avx512 (int8: avxvnni)". For the start-up log and benchmark tables.
+std::string MatMulIsaInUse();
+// For tests on CPUs without AMX but with AVX-512 VNNI: kAmx becomes supported, and its blocks
+// run the tile instructions in scalar code (kernels/cpu/matmul_amx.cc). That proves the tiling,
+// the operand layout and the fp32 order, not speed. Off by default; never on in the server.
+void SetAmxEmulationForTesting(bool on);
 
 // The obviously-right twin: scalar fmaf chain with K in order, from the unpacked [k, n] fp32
 // matrix (for a half-precision PackedMatrix, pass w with each element RoundToDType'd).

@@ -109,6 +109,15 @@ bool CpuHasAvx512Vnni();
 // Only call when CpuHasAvxVnni().
 void PanelInt8AvxVnni(const Int8Rows& a, int64_t row0, int64_t rows, PanelRef panel, float* out);
 bool CpuHasAvxVnni();
+// As PanelInt8Avx512 with AMX tiles for each 16 rows (matmul_amx.cc): tdpbsud sums a K block
+// of 16 rows x 16 columns; fewer rows left over take PanelInt8Avx512. Only call when
+// CpuHasAmx() or AmxEmulated().
+void PanelInt8Amx(const Int8Rows& a, int64_t row0, int64_t rows, PanelRef panel, float* out);
+// AMX-TILE and AMX-INT8 in CPUID, AVX-512 VNNI, and the kernel granted the tile state.
+bool CpuHasAmx();
+// Whether PanelInt8Amx runs its tile instructions in scalar code (SetAmxEmulationForTesting).
+bool AmxEmulated();
+void SetAmxEmulation(bool on);
 
 // Spreads the prefetches of the next K chunk (`near`, into L1) and of the chunk after it
 // (`far`, into L2 only) evenly over `steps` k steps (every pass of every row block over this

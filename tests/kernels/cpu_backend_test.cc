@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -25,6 +27,33 @@ using testing::Blocks;
 using testing::MakeBackend;
 using testing::Prefill;
 using testing::RandomTokens;
+
+// On a CPU with AVX-512 VNNI but no AMX, kAmx runs the tile instructions in scalar code for
+// the whole binary: PREFIXD_CPU_ISA=amx (the "amx." run of this suite, tests/kernels/
+// CMakeLists.txt) then takes every test through the AMX blocks, here emulated; on an AMX host,
+// through the tiles themselves.
+class AmxEmulation : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    if (!MatMulIsaSupported(MatMulIsa::kAmx)) SetAmxEmulationForTesting(true);
+  }
+};
+::testing::Environment* const amx_emulation =
+    ::testing::AddGlobalTestEnvironment(new AmxEmulation);
+
+TEST(CpuIsaTest, PrefixdCpuIsaChoosesTheBlocksThatRun) {
+  // The suite's "avx2_only." and "amx." runs: the variable reaches MatMul's automatic choice
+  // (so those runs test what they are named for).
+  const char* env = std::getenv("PREFIXD_CPU_ISA");
+  const std::string want = env == nullptr ? "" : env;
+  if (want == "avx2") {
+    EXPECT_EQ(MatMulIsaInUse(), "avx2");
+  } else if (want == "amx" && MatMulIsaSupported(MatMulIsa::kAmx)) {
+    EXPECT_EQ(MatMulIsaInUse().substr(0, 3), "amx") << MatMulIsaInUse();
+  } else {
+    GTEST_SKIP() << "PREFIXD_CPU_ISA is not avx2, or amx with AMX (or emulated tiles) here";
+  }
+}
 
 class CpuBackendTest : public ::testing::Test {
  protected:
@@ -253,6 +282,14 @@ TEST_P(CpuBackendDTypeTest, InstructionSetDoesNotChangeLogits) {
       SetMatMulIsa(MatMulIsa::kAuto);
       EXPECT_EQ(vnni, want);
       EXPECT_EQ(vnni_chunked, want);
+    }
+    if (MatMulIsaSupported(MatMulIsa::kAmx)) {  // int8's fourth: 16-row tiles, VNNI tails
+      SetMatMulIsa(MatMulIsa::kAmx);
+      const std::vector<float> amx = Prefill(*backend, tokens, Blocks(18, 3), 0);
+      const std::vector<float> amx_chunked = Prefill(*backend, tokens, Blocks(21, 3), 17);
+      SetMatMulIsa(MatMulIsa::kAuto);
+      EXPECT_EQ(amx, want);
+      EXPECT_EQ(amx_chunked, want);
     }
   }
 }

@@ -32,13 +32,22 @@ std::vector<MatMulIsa> Isas() {
   std::vector<MatMulIsa> isas = {MatMulIsa::kAvx2};
   if (MatMulIsaSupported(MatMulIsa::kAvxVnni)) isas.push_back(MatMulIsa::kAvxVnni);
   if (MatMulIsaSupported(MatMulIsa::kAvx512)) isas.push_back(MatMulIsa::kAvx512);
+  if (MatMulIsaSupported(MatMulIsa::kAmx)) isas.push_back(MatMulIsa::kAmx);
   return isas;
 }
 
-// Restores the automatic choice when a test ends.
+// Restores the automatic choice when a test ends. Where the CPU has AVX-512 VNNI but no AMX,
+// kAmx runs with emulated tiles (matmul.h, SetAmxEmulationForTesting), so that the AMX blocks'
+// tiling and order are checked here too; on an AMX host the tiles themselves are.
 class MatMulTest : public ::testing::Test {
  protected:
-  ~MatMulTest() override { SetMatMulIsa(MatMulIsa::kAuto); }
+  MatMulTest() {
+    if (!MatMulIsaSupported(MatMulIsa::kAmx)) SetAmxEmulationForTesting(true);
+  }
+  ~MatMulTest() override {
+    SetMatMulIsa(MatMulIsa::kAuto);
+    SetAmxEmulationForTesting(false);
+  }
 };
 
 struct Shape {
