@@ -160,7 +160,7 @@ int Main(int argc, char** argv) {
   for (auto [name, field, lo, hi] :
        {std::tuple<const char*, int*, int, int>{"threads", &threads, 1, 1024},
         {"reps", &reps, 1, 1 << 20},
-        {"quick", &quick, 0, 5}}) {
+        {"quick", &quick, 0, 6}}) {
     const std::optional<std::string> v = args->Flag(name);
     if (!v.has_value()) continue;
     absl::StatusOr<int64_t> n = ParseInteger(*v, absl::StrCat("--", name), lo, hi);

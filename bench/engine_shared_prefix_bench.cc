@@ -8,10 +8,13 @@
 //
 // Usage: engine_shared_prefix_bench [--model DIR] [--threads N] [--requests 32]
 //          [--concurrency 8] [--prefix 512] [--suffix 16] [--new 32] [--only on|off]
-//          [--kv-events ENDPOINT]
+//          [--kv-events ENDPOINT] [--dtype f32|f16|bf16|int8]
 // --kv-events publishes the engine's KV events (server/kv_events.h) on ENDPOINT (e.g.
 // tcp://127.0.0.1:*) as prefixd --kv-events does: run with and without it, alternating, to
 // see what the events cost the engine thread.
+// --dtype is the weights' storage (CpuBackendOptions::dtype; default f32); with int8 the
+// header names the ISA its products ran on (PREFIXD_CPU_ISA=avx512 against amx: the AMX gain in
+// time to first token).
 // Without --model a random GPT-2 is written to a temporary directory first.
 #include <unistd.h>
 
@@ -33,7 +36,9 @@
 #include "engine/engine.h"
 #include "engine/model.h"
 #include "engine/tokenizer.h"
+#include "engine/dtype.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/matmul.h"
 #include "server/kv_events.h"
 #include "tools/random_model.h"
 
@@ -50,6 +55,7 @@ struct Flags {
   int new_tokens = 32;
   std::string only;  // "on" or "off": run one half (for profiling); empty: both
   std::string kv_events;  // empty: no KV events
+  DType dtype = DType::kF32;
 };
 
 struct RunResult {
@@ -79,6 +85,7 @@ RunResult RunWorkload(const Model& model, const Flags& f, bool prefix_cache) {
   b.kv_pool.budget_bytes = blocks * block * per_token;
   b.kv_pool.block_size = block;
   b.threads = f.threads;
+  b.dtype = f.dtype;
   auto backend = CreateCpuBackend(b);
   if (!backend.ok()) {
     std::fprintf(stderr, "backend: %s\n", std::string(backend.status().message()).c_str());
@@ -92,7 +99,9 @@ RunResult RunWorkload(const Model& model, const Flags& f, bool prefix_cache) {
   o.enable_prefix_cache = prefix_cache;
   std::shared_ptr<KvEventPublisher> events;
   if (!f.kv_events.empty()) {
-    auto p = KvEventPublisher::Start({.endpoint = f.kv_events});
+    KvEventsOptions events_options;
+    events_options.endpoint = f.kv_events;
+    auto p = KvEventPublisher::Start(events_options);
     if (!p.ok()) {
       std::fprintf(stderr, "%s\n", std::string(p.status().message()).c_str());
       std::exit(1);
@@ -206,6 +215,14 @@ int Main(int argc, char** argv) {
       f.kv_events = value();
     else if (a == "--only")
       f.only = value();
+    else if (a == "--dtype") {
+      const std::string v = value();
+      if (!ParseDType(v)) {
+        std::fprintf(stderr, "--dtype takes f32, f16, bf16 or int8, got %s\n", v.c_str());
+        return 2;
+      }
+      f.dtype = *ParseDType(v);
+    }
     else {
       std::fprintf(stderr, "unknown flag %s (see the header of engine_shared_prefix_bench.cc)\n",
                    a.c_str());
@@ -232,10 +249,10 @@ int Main(int argc, char** argv) {
     return 1;
   }
   std::printf(
-      "model %s (%d layers, %d wide), %d threads; %d requests, %d in flight: "
+      "model %s (%d layers, %d wide), %s on %s, %d threads; %d requests, %d in flight: "
       "%d-token shared prefix + %d own tokens, %d new tokens each (greedy)\n",
-      (*model)->name().c_str(), (*model)->config().n_layer, (*model)->config().n_embd, f.threads,
-      f.requests, f.concurrency, f.prefix, f.suffix, f.new_tokens);
+      (*model)->name().c_str(), (*model)->config().n_layer, (*model)->config().n_embd,
+      std::string(DTypeName(f.dtype)).c_str(), MatMulIsaInUse().c_str(), f.threads, f.requests, f.concurrency, f.prefix, f.suffix, f.new_tokens);
   if (!f.only.empty() && f.only != "on" && f.only != "off") {
     std::fprintf(stderr, "--only takes on or off, got %s\n", f.only.c_str());
     return 2;

@@ -24,13 +24,13 @@
 //     acc = fma(float(sum over the block of qa[m, k] * qw[k, n]), sa[m, b] * sw[b, n], acc)
 //   C[m, n] = acc + bias[n]
 // The block sums are integers, exact on every instruction set (integer dot products of bytes:
-// vpdpbusd with AVX-512 VNNI, vpmaddubsw with AVX2), and the fp32 steps are the same ones in
-// the same order everywhere: MatMulReferenceInt8 is the scalar twin. Why blocks of 32:
-// llama.cpp's Q8_0 block, so the accuracy compares directly with it; one K block of a
-// 64-column panel is 2 KiB of bytes and 256 B of scales (1.125 bytes a weight, 0.56 of f16's
-// stream); longer blocks would save scale bytes but let one outlier coarsen the step of more
-// weights, shorter ones cost scale bytes and an fp32 step per output more often. (|sum| <=
-// 32 x 127 x 127 < 2^24, so float(sum) is exact.)
+// tdpbsud on AMX tiles, vpdpbusd with AVX-512 VNNI or AVX-VNNI, vpmaddubsw with AVX2), and the
+// fp32 steps are the same ones in the same order everywhere: MatMulReferenceInt8 is the scalar
+// twin. Why blocks of 32: llama.cpp's Q8_0 block, so the accuracy compares directly with it;
+// one K block of a 64-column panel is 2 KiB of bytes and 256 B of scales (1.125 bytes a weight,
+// 0.56 of f16's stream); longer blocks would save scale bytes but let one outlier coarsen the
+// step of more weights, shorter ones cost scale bytes and an fp32 step per output more often.
+// (|sum| <= 32 x 127 x 127 < 2^24, so float(sum) is exact.)
 #ifndef PREFIXD_KERNELS_CPU_MATMUL_H_
 #define PREFIXD_KERNELS_CPU_MATMUL_H_
 
