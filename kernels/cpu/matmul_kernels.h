@@ -1,6 +1,7 @@
 // The register blocks behind MatMul (matmul.cc), one set per instruction set: AVX2 + FMA +
 // F16C (matmul_avx2.cc, the baseline this library is built for) and AVX-512
-// (matmul_avx512.cc, chosen at run time on CPUs that have avx512f and avx512vl). Internal to
+// (matmul_avx512.cc, chosen at run time on CPUs that have avx512f and avx512vl); for int8
+// panels also AVX-VNNI (matmul_avxvnni.cc) and AMX tiles (matmul_amx.cc). Internal to
 // kernels/cpu.
 //
 // Invariant: every block computes out[r, c] = fma chain over k = 0..K-1 in order, starting
