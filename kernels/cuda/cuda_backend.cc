@@ -1,4 +1,9 @@
-// The CUDA backend's forward pass. Per pass of T tokens (EnqueueForward), all on one stream:
+// The CUDA backend's start-up (weights, activation buffers, the KV pool), forward pass, CUDA
+// graphs and CreateCudaBackend. The class and its invariants are in cuda_backend_impl.h; LoRA
+// adapters are in cuda_backend_lora.cc, block copies and K/V block transfers in
+// cuda_backend_kv.cc.
+//
+// Per pass of T tokens (EnqueueForward), all on one stream:
 //
 //   x[T,E] fp32 = wte[tok] + wpe[pos]                                 embedding
 //   per layer l:
@@ -19,13 +24,10 @@
 // into one pinned buffer and uploaded with one copy per pass; with adapters, the per-row
 // LoRA table (lora_update.cuh) is a second pinned buffer and copy.
 //
-// LoRA adapters: a Forward() first makes the device copy of each of its adapters resident
-// (UploadAdapter: A and B in the dtype, keyed by the adapter's digest, so a name reloaded
-// with other files gets other device weights), evicting least recently used copies that the
-// step does not use beyond max_device_adapters / adapter_cache_bytes (lora_plan.h). Decode
-// graphs are keyed by (bucket, attention splits, has adapters): the LoRA launches read their
-// rows' adapters from the table uploaded before each replay, so one graph serves every mix
-// of adapters and ranks.
+// LoRA adapters (cuda_backend_lora.cc): a Forward() first makes the device copy of each of its
+// adapters resident. Decode graphs are keyed by (bucket, attention splits, has adapters): the
+// LoRA launches read their rows' adapters from the table uploaded before each replay, so one
+// graph serves every mix of adapters and ranks.
 #include "kernels/cuda/cuda_backend.h"
 
 #include <cublas_v2.h>
@@ -35,23 +37,22 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
-#include <map>
+#include <memory>
 #include <numeric>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/check.h"
-#include "cache/kv_layout.h"
-#include "engine/lora_adapter.h"
+#include "engine/dtype.h"
 #include "kernels/cuda/attention.cuh"
-#include "kernels/cuda/block_copy.cuh"
+#include "kernels/cuda/cuda_backend_impl.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/embedding.cuh"
 #include "kernels/cuda/gelu.cuh"
@@ -60,16 +61,10 @@
 #include "kernels/cuda/kv_write.cuh"
 #include "kernels/cuda/layernorm.cuh"
 #include "kernels/cuda/lora_plan.h"
-#include "kernels/cuda/lora_update.cuh"
 #include "kernels/cuda/step_plan.h"
 
-namespace prefixd {
+namespace prefixd::cuda {
 namespace {
-
-using cuda::StepPiece;
-
-static_assert(cuda::kCudaLoraMaxRank == cuda::kLoraUpdateMaxRank,
-              "lora_plan.h and lora_update.cuh must agree on the largest rank");
 
 // The largest decode batch replayed as a graph; bigger decode steps run eagerly (launch
 // overhead is negligible next to their work).
@@ -97,206 +92,7 @@ cudaDataType CudaType(DType t) {
   return CUDA_R_32F;
 }
 
-struct LayerWeights {
-  const void* ln1_g;
-  const void* ln1_b;
-  const void* qkv_w;   // [E, 3E]
-  const void* qkv_b;   // [3E]
-  const void* proj_w;  // [E, E]
-  const void* proj_b;
-  const void* ln2_g;
-  const void* ln2_b;
-  const void* fc_w;   // [E, I]
-  const void* fc_b;   // [I]
-  const void* fc2_w;  // [I, E]
-  const void* fc2_b;  // [E]
-};
-
-// Device pointers of one pass's metadata (see MetaLayout).
-struct PassMeta {
-  int32_t num_tokens = 0;
-  int32_t num_rows = 0;                // logit rows
-  int32_t attention_splits = 1;        // AttentionSplits for this pass's longest sequence
-  const int32_t* tokens = nullptr;     // [num_tokens]
-  const int32_t* positions = nullptr;  // [num_tokens]
-  const int32_t* slots = nullptr;      // [num_tokens]
-  const int32_t* token_seq = nullptr;  // [num_tokens]
-  const int32_t* rows = nullptr;       // [num_rows] token index of each logit row
-  const int32_t* tables = nullptr;     // [num_seqs, max_blocks_per_seq]
-  // [num_tokens] each row's adapter (lora_update.cuh); null: no row has one, and the pass
-  // launches no LoRA kernel.
-  const cuda::LoraRowDevice* lora_rows = nullptr;
-};
-
-// One int32 buffer holds a pass's metadata, sections back to back so one copy uploads it:
-// tokens, positions, slots, token_seq (each token_cap), rows (row_cap), tables
-// (seq_cap x max_blocks_per_seq). Eager passes use their exact sizes as caps; a graph of
-// batch B uses caps (B, B, B) so that the captured pointers stay valid on every replay.
-struct MetaLayout {
-  int64_t tokens, positions, slots, token_seq, rows, tables, total;
-  MetaLayout(int64_t token_cap, int64_t row_cap, int64_t seq_cap, int64_t max_blocks) {
-    tokens = 0;
-    positions = token_cap;
-    slots = 2 * token_cap;
-    token_seq = 3 * token_cap;
-    rows = 4 * token_cap;
-    tables = rows + row_cap;
-    total = tables + seq_cap * max_blocks;
-  }
-};
-
-class CudaBackend final : public Backend {
- public:
-  explicit CudaBackend(const CudaBackendOptions& options)
-      : options_(options),
-        config_(options.model->config()),
-        lora_lru_(options.max_device_adapters, options.adapter_cache_bytes) {}
-  ~CudaBackend() override;
-
-  absl::Status Init();
-
-  std::string device_name() const override {
-    return absl::StrCat("cuda:", options_.device,
-                        CudaDeviceIsInterpreted() ? " (interpreted on the CPU)" : "");
-  }
-  // cuBLAS picks its algorithms by architecture and version, so K/V bits are only known to
-  // repeat on the same pair.
-  std::string kv_numerics() const override { return kv_numerics_; }
-  DType dtype() const override { return options_.dtype; }
-  int64_t num_blocks() const override { return num_blocks_; }
-  int32_t block_size() const override { return options_.kv_pool.block_size; }
-  int64_t kv_bytes_per_token() const override {
-    return KvBytesPerToken(config_.n_layer, config_.n_head, config_.head_dim(),
-                           DTypeSize(options_.dtype));
-  }
-  MemoryUsage memory_usage() const override {
-    MemoryUsage u = usage_;  // written by Init only
-    u.adapter_bytes = adapter_bytes_.load(std::memory_order_relaxed);
-    return u;
-  }
-  BackendCounters counters() const override {
-    BackendCounters c;
-    c.graph_fallbacks = graph_fallbacks_.load(std::memory_order_relaxed);
-    return c;
-  }
-  bool applies_lora() const override { return true; }
-  bool computes_all_logits() const override { return true; }
-
- protected:
-  StepLimits step_limits() const override { return {config_.n_positions, config_.vocab_size}; }
-  // INVALID_ARGUMENT for an adapter of another model, UNIMPLEMENTED for a rank the update
-  // kernel does not take.
-  absl::Status CheckAdapter(const LoraAdapter& adapter) const override {
-    return cuda::CheckCudaLoraAdapter(adapter, config_);
-  }
-  absl::Status RunCopyBlocks(absl::Span<const BlockCopy> copies) override;
-  absl::Status RunReadKvBlock(int32_t block, absl::Span<uint8_t> out) override;
-  absl::Status RunWriteKvBlock(int32_t block, absl::Span<const uint8_t> data) override;
-  absl::Status RunForward(absl::Span<const SequenceStep> steps, std::vector<float>* logits) override;
-
- private:
-  absl::Status Malloc(size_t bytes, void** ptr);
-  absl::Status UploadWeights();
-  absl::Status UploadTensor(std::string_view name, const void** out, char** arena);
-  // Fills the pinned metadata for `pieces` with the given caps and returns device pointers.
-  PassMeta WriteMeta(absl::Span<const SequenceStep> steps, absl::Span<const StepPiece> pieces,
-                     int32_t token_cap, int32_t row_cap, int32_t num_tokens, int32_t num_rows);
-  // Uploads the first `ints` ints of the pinned metadata.
-  absl::Status UploadMeta(int64_t ints);
-  // Makes every adapter of `steps` resident on the device (evicting first, then uploading),
-  // and marks them used now. RESOURCE_EXHAUSTED (not fatal) when a copy does not fit.
-  absl::Status MakeAdaptersResident(absl::Span<const SequenceStep> steps);
-  absl::Status UploadAdapter(const LoraAdapter& adapter);
-  void FreeAdapter(const std::string& digest);
-  // Fills and uploads the first plan.row_slot.size() rows of the LoRA table and points
-  // meta->lora_rows at it; leaves it null for a plan without adapters.
-  absl::Status UploadLoraRows(const cuda::LoraPassPlan& plan, PassMeta* meta);
-  // After the product of `module` (layer * 4 + target) wrote y: its rows' LoRA updates.
-  absl::Status LoraUpdate(const PassMeta& m, int32_t layer, LoraTarget target, const void* x,
-                          int32_t in, float* y, int32_t out);
-  // Enqueues the whole forward pass (no host synchronisation: capturable).
-  absl::Status EnqueueForward(const PassMeta& meta);
-  absl::Status Gemm(int32_t rows, int32_t k, int32_t n, const void* x, const void* w,
-                    bool w_transposed, float beta, float* y);
-  absl::Status RunEager(absl::Span<const SequenceStep> steps, absl::Span<const StepPiece> pieces,
-                        std::vector<float>* logits);
-  absl::Status RunGraph(absl::Span<const SequenceStep> steps, std::vector<float>* logits);
-  // Captures and instantiates the graph of `meta` (the step just run eagerly). OK with
-  // *exec set, or OK with *exec null after a recoverable failure (the shape then runs
-  // eagerly); a fatal status when the context is broken.
-  absl::Status CaptureGraph(const PassMeta& meta, cudaGraphExec_t* exec);
-  // Copies logit rows [0, num_rows) to the host, waits for the stream (which also frees the
-  // pinned metadata for the next pass) and appends rows `append` in order to `logits`.
-  absl::Status CopyLogitsOut(int32_t num_rows, absl::Span<const int32_t> append,
-                             std::vector<float>* logits);
-  // Records a failure as sticky (every later call returns it).
-  absl::Status Fail(absl::Status status);
-
-  const CudaBackendOptions options_;
-  const ModelConfig config_;
-  int32_t n_inner_ = 0;
-  int32_t max_blocks_per_seq_ = 0;
-  cuda::KvPoolLayout layout_;
-  int64_t num_blocks_ = 0;
-  MemoryUsage usage_;
-  std::string kv_numerics_;  // set by Init
-  absl::Status broken_;
-
-  cudaStream_t stream_ = nullptr;
-  cublasHandle_t cublas_ = nullptr;
-  std::vector<void*> device_allocs_;
-  std::vector<void*> host_allocs_;
-
-  // Weights.
-  const void* wte_ = nullptr;      // [V, E]
-  const void* wpe_ = nullptr;      // [P, E]
-  const void* lnf_g_ = nullptr;    // [E]
-  const void* lnf_b_ = nullptr;    // [E]
-  const void* lm_head_ = nullptr;  // [V, E]; == wte_ when tied
-  std::vector<LayerWeights> layers_;
-
-  void* kv_pool_ = nullptr;  // KvPoolLayout, num_blocks_ + 1 blocks
-
-  // Activations, sized for token_cap_ tokens and row_cap_ logit rows.
-  int32_t token_cap_ = 0;
-  int32_t row_cap_ = 0;
-  float* x_ = nullptr;         // [token_cap, E] fp32 residual stream
-  void* h_ = nullptr;          // [token_cap, E] dtype: LayerNorm output, then attention output
-  float* scratch_ = nullptr;   // [token_cap, max(3E, I)] fp32: QKV, then the c_fc product
-  void* u_ = nullptr;          // [token_cap, I] dtype: gelu output
-  void* final_h_ = nullptr;    // [row_cap, E] dtype: ln_f of the logit rows
-  float* d_logits_ = nullptr;  // [row_cap, V] fp32
-  int32_t num_sms_ = 0;
-  float* partials_ = nullptr;  // AttentionPartialFloats of a split pass (bounded in Init)
-  int64_t partial_floats_ = 0;
-  int32_t* d_meta_ = nullptr;                   // MetaLayout ints
-  int32_t* h_meta_ = nullptr;                   // pinned twin of d_meta_
-  float* h_logits_ = nullptr;                   // pinned [row_cap, V]
-  int32_t* d_copies_ = nullptr;                 // [kMaxCopiesPerLaunch, 3]
-  int32_t* h_copies_ = nullptr;                 // pinned twin
-  cuda::LoraRowDevice* d_lora_rows_ = nullptr;  // [token_cap] the pass's LoRA table
-  cuda::LoraRowDevice* h_lora_rows_ = nullptr;  // pinned twin
-
-  // Resident device copies of adapters, by digest: one allocation each (lora_plan.h's
-  // arena), freed on eviction. Engine thread only; adapter_bytes_ is their sum, for
-  // memory_usage() on any thread.
-  struct DeviceAdapter {
-    void* arena = nullptr;
-    int64_t bytes = 0;
-    const cuda::LoraModuleDevice* modules = nullptr;  // the arena's module table
-  };
-  absl::flat_hash_map<std::string, DeviceAdapter> device_adapters_;
-  cuda::LoraDeviceLru lora_lru_;
-  std::atomic<int64_t> adapter_bytes_{0};
-
-  // (decode batch bucket, attention splits, has adapters) -> graph, or null where capture
-  // failed and the shape runs eagerly. The captured launches depend on these only;
-  // positions, tables and the rows' adapters are read from d_meta_ and d_lora_rows_.
-  std::map<std::tuple<int32_t, int32_t, bool>, cudaGraphExec_t> graphs_;
-  std::atomic<int64_t> graph_fallbacks_{0};
-};
-
-constexpr int32_t kMaxCopiesPerLaunch = 4096;
+}  // namespace
 
 CudaBackend::~CudaBackend() {
   // Best effort: errors here cannot be reported, and a broken context frees everything anyway.
@@ -809,206 +605,9 @@ absl::Status CudaBackend::RunForward(absl::Span<const SequenceStep> steps,
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::LoraUpdate(const PassMeta& m, int32_t layer, LoraTarget target,
-                                     const void* x, int32_t in, float* y, int32_t out) {
-  if (m.lora_rows == nullptr) return absl::OkStatus();
-  cuda::LoraUpdateArgs a;
-  a.rows = m.lora_rows;
-  a.num_rows = m.num_tokens;
-  a.module = layer * kNumLoraTargets + static_cast<int32_t>(target);
-  a.x = x;
-  a.ld_x = in;
-  a.in = in;
-  a.y = y;
-  a.ld_y = out;
-  a.out = out;
-  PREFIXD_CUDA_RETURN_IF_ERROR(cuda::LaunchLoraUpdate(options_.dtype, a, stream_));
-  return absl::OkStatus();
-}
+}  // namespace prefixd::cuda
 
-absl::Status CudaBackend::UploadLoraRows(const cuda::LoraPassPlan& plan, PassMeta* meta) {
-  meta->lora_rows = nullptr;
-  if (plan.empty()) return absl::OkStatus();
-  const int32_t n = static_cast<int32_t>(plan.row_slot.size());
-  PREFIXD_CHECK(n == meta->num_tokens && n <= token_cap_);
-  std::vector<cuda::LoraRowDevice> slots(plan.adapters.size());
-  for (size_t i = 0; i < plan.adapters.size(); ++i) {
-    const LoraAdapter& a = *plan.adapters[i];
-    // MakeAdaptersResident ran for every adapter of the Forward.
-    slots[i].modules = device_adapters_.at(a.digest).modules;
-    slots[i].rank = a.rank;
-    slots[i].scaling = a.scaling;
-  }
-  for (int32_t r = 0; r < n; ++r) {
-    const int32_t slot = plan.row_slot[r];
-    h_lora_rows_[r] = slot < 0 ? cuda::LoraRowDevice{} : slots[slot];
-  }
-  // The pinned table is free again once the pass's CopyLogitsOut has synchronised.
-  PREFIXD_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_lora_rows_, h_lora_rows_,
-                                               n * sizeof(cuda::LoraRowDevice),
-                                               cudaMemcpyHostToDevice, stream_));
-  meta->lora_rows = d_lora_rows_;
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::MakeAdaptersResident(absl::Span<const SequenceStep> steps) {
-  const std::vector<const LoraAdapter*> adapters = cuda::DistinctAdapters(steps);
-  if (adapters.empty()) return absl::OkStatus();
-  absl::flat_hash_set<std::string> keep;
-  int32_t incoming = 0;
-  int64_t incoming_bytes = 0;
-  const int64_t elt = DTypeSize(options_.dtype);
-  for (const LoraAdapter* a : adapters) {
-    keep.insert(a->digest);
-    if (!lora_lru_.Contains(a->digest)) {
-      ++incoming;
-      incoming_bytes +=
-          cuda::PlanLoraArena(*a, config_.n_layer, elt, sizeof(cuda::LoraModuleDevice)).bytes;
-    }
-  }
-  // Every earlier pass ended with a stream synchronisation, so no kernel still reads a
-  // victim's copy.
-  for (const std::string& digest : lora_lru_.Victims(incoming, incoming_bytes, keep)) {
-    FreeAdapter(digest);
-  }
-  for (const LoraAdapter* a : adapters) {
-    if (lora_lru_.Contains(a->digest)) {
-      lora_lru_.Touch(a->digest);
-    } else if (absl::Status s = UploadAdapter(*a); !s.ok()) {
-      return s;
-    }
-  }
-  return absl::OkStatus();
-}
-
-void CudaBackend::FreeAdapter(const std::string& digest) {
-  auto it = device_adapters_.find(digest);
-  if (it == device_adapters_.end()) return;
-  // A failure here would come back from the next checked call; the memory is gone either way.
-  cudaFree(it->second.arena);
-  adapter_bytes_.fetch_sub(it->second.bytes, std::memory_order_relaxed);
-  device_adapters_.erase(it);
-  lora_lru_.Erase(digest);
-}
-
-absl::Status CudaBackend::UploadAdapter(const LoraAdapter& adapter) {
-  const DType dt = options_.dtype;
-  const int64_t elt = DTypeSize(dt);
-  const cuda::LoraArenaLayout layout =
-      cuda::PlanLoraArena(adapter, config_.n_layer, elt, sizeof(cuda::LoraModuleDevice));
-  void* arena = nullptr;
-  if (absl::Status s = cuda::DeviceAlloc(layout.bytes, &arena); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("LoRA adapter ", adapter.dir, " (", layout.bytes,
-                                               " bytes on the device): ", s.message()));
-  }
-  // Staged on the host in the arena's exact layout, then one copy.
-  std::vector<char> staging(layout.bytes, 0);
-  char* base = static_cast<char*>(arena);
-  auto put = [&](int64_t offset, int64_t i, float v) {
-    if (dt == DType::kF32) {
-      std::memcpy(&staging[offset + 4 * i], &v, 4);
-    } else {
-      const uint16_t h = dt == DType::kF16 ? FloatToHalf(v) : FloatToBF16(v);
-      std::memcpy(&staging[offset + 2 * i], &h, 2);
-    }
-  };
-  const int64_t r = adapter.rank;
-  for (int32_t l = 0; l < config_.n_layer; ++l) {
-    for (int t = 0; t < kNumLoraTargets; ++t) {
-      const LoraModule* m = adapter.module(l, static_cast<LoraTarget>(t));
-      const int64_t i = int64_t{l} * kNumLoraTargets + t;
-      if (m == nullptr) continue;
-      const cuda::LoraModuleDevice entry = {base + layout.a_offset[i], base + layout.b_offset[i]};
-      std::memcpy(&staging[layout.table_offset + i * sizeof(entry)], &entry, sizeof(entry));
-      // A as [rank, in] (LoraModule holds it transposed, [in, rank]); B transposed as held.
-      for (int64_t j = 0; j < r; ++j) {
-        for (int64_t k = 0; k < m->in; ++k) {
-          put(layout.a_offset[i], j * m->in + k, m->a_t[k * r + j]);
-        }
-      }
-      for (int64_t e = 0; e < r * m->out; ++e) put(layout.b_offset[i], e, m->b_t[e]);
-    }
-  }
-  auto copy = [&]() -> absl::Status {
-    PREFIXD_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(arena, staging.data(), staging.size(), cudaMemcpyHostToDevice, stream_));
-    // The staging buffer is pageable and freed on return.
-    PREFIXD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    return absl::OkStatus();
-  };
-  if (absl::Status s = copy(); !s.ok()) {
-    cudaFree(arena);
-    return s;
-  }
-  device_adapters_[adapter.digest] = {
-      arena, layout.bytes,
-      reinterpret_cast<const cuda::LoraModuleDevice*>(base + layout.table_offset)};
-  lora_lru_.Insert(adapter.digest, layout.bytes);
-  adapter_bytes_.fetch_add(layout.bytes, std::memory_order_relaxed);
-  return absl::OkStatus();
-}
-
-absl::Status CudaBackend::RunCopyBlocks(absl::Span<const BlockCopy> copies) {
-  if (!broken_.ok()) return broken_;
-  auto run = [&]() -> absl::Status {
-    PREFIXD_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
-    // One launch runs its copies in parallel; the contract runs them in order, so a copy
-    // that touches a block an earlier one writes (or writes one it reads) starts a new launch.
-    size_t begin = 0;
-    for (const size_t end : IndependentCopyBatchEnds(copies, kMaxCopiesPerLaunch)) {
-      const size_t n = end - begin;
-      for (size_t i = 0; i < n; ++i) {
-        h_copies_[3 * i] = copies[begin + i].src;
-        h_copies_[3 * i + 1] = copies[begin + i].dst;
-        h_copies_[3 * i + 2] = copies[begin + i].num_rows;
-      }
-      PREFIXD_CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(d_copies_, h_copies_, n * 3 * 4, cudaMemcpyHostToDevice, stream_));
-      PREFIXD_CUDA_RETURN_IF_ERROR(cuda::LaunchBlockCopy(
-          options_.dtype, d_copies_, static_cast<int32_t>(n), layout_, kv_pool_, stream_));
-      // The pinned staging buffer is reused by the next launch.
-      PREFIXD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-      begin = end;
-    }
-    return absl::OkStatus();
-  };
-  absl::Status s = run();
-  return s.ok() ? s : Fail(s);
-}
-
-// A block is one contiguous range of the pool (kv_pool_layout.h), already in the byte layout
-// the interface promises. The copies run on stream_, so they are ordered after every copy and
-// Forward enqueued before; the host buffer is pageable, hence the synchronisation before
-// returning (the caller may reuse or free it at once).
-absl::Status CudaBackend::RunReadKvBlock(int32_t block, absl::Span<uint8_t> out) {
-  if (!broken_.ok()) return broken_;
-  auto run = [&]() -> absl::Status {
-    PREFIXD_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
-    const char* src = static_cast<const char*>(kv_pool_) + int64_t{block} * KvBlockBytes();
-    PREFIXD_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(out.data(), src, out.size(), cudaMemcpyDeviceToHost, stream_));
-    PREFIXD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    return absl::OkStatus();
-  };
-  absl::Status s = run();
-  return s.ok() ? s : Fail(s);
-}
-
-absl::Status CudaBackend::RunWriteKvBlock(int32_t block, absl::Span<const uint8_t> data) {
-  if (!broken_.ok()) return broken_;
-  auto run = [&]() -> absl::Status {
-    PREFIXD_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
-    char* dst = static_cast<char*>(kv_pool_) + int64_t{block} * KvBlockBytes();
-    PREFIXD_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dst, data.data(), data.size(), cudaMemcpyHostToDevice, stream_));
-    PREFIXD_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    return absl::OkStatus();
-  };
-  absl::Status s = run();
-  return s.ok() ? s : Fail(s);
-}
-
-}  // namespace
+namespace prefixd {
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOptions& options) {
   if (options.model == nullptr) return absl::InvalidArgumentError("no model");
@@ -1038,7 +637,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOpti
         absl::StrCat("unsupported activation_function ", c.activation_function));
   }
   if (absl::Status s = CudaDeviceAvailable(options.device); !s.ok()) return s;
-  auto backend = std::make_unique<CudaBackend>(options);
+  auto backend = std::make_unique<cuda::CudaBackend>(options);
   if (absl::Status s = backend->Init(); !s.ok()) {
     backend.reset();
     // Start-up failures are answered here; a non-sticky error (out of memory) must not stay
