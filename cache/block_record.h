@@ -148,8 +148,8 @@ struct BlockRecordHead {
   Digest root{};
   Digest parent_key{};  // the root for a chain's first block
   Digest key{};
-  std::vector<uint32_t> tokens;  // layout.block_size of them
-  bool scored = false;           // the record has a score section
+  std::vector<uint32_t> tokens = {};  // layout.block_size of them
+  bool scored = false;                // the record has a score section
   bool operator==(const BlockRecordHead&) const = default;
 };
 

@@ -37,16 +37,16 @@ uint64_t KvEventBlockHash(const Digest& chain_key);
 
 struct KvBlockStored {
   uint64_t block_hash = 0;
-  std::optional<uint64_t> parent_block_hash;  // none for a chain's first block
-  std::vector<uint32_t> token_ids;             // the block's block_size tokens
+  std::optional<uint64_t> parent_block_hash = std::nullopt;  // none for a chain's first block
+  std::vector<uint32_t> token_ids = {};                       // the block's block_size tokens
   int32_t block_size = 0;
   KvMedium medium = KvMedium::kCpu;
   // The adapter's served name and a 63-bit id from its digest; none for the base model.
-  std::optional<std::string> lora_name;
-  std::optional<int64_t> lora_id;
+  std::optional<std::string> lora_name = std::nullopt;
+  std::optional<int64_t> lora_id = std::nullopt;
   // What else went into the block's identity, as text: "ns:" + hex SHA-256 of the cache
   // namespace, and "adapter:" + the adapter's digest for an adapter's block.
-  std::vector<std::string> extra_keys;
+  std::vector<std::string> extra_keys = {};
   bool operator==(const KvBlockStored&) const = default;
 };
 struct KvBlockRemoved {
