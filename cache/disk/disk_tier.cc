@@ -554,7 +554,7 @@ DiskTierStats DiskTier::Stats() const {
   s.blocks = index_.own_blocks();
   s.bytes = index_.bytes();
   s.foreign_files = index_.foreign_files();
-  s.queued_blocks = static_cast<int64_t>(queue_.size());
+  s.queued_blocks = static_cast<int64_t>(queue_.size()) + (writing_ ? 1 : 0);
   return s;
 }
 
