@@ -601,8 +601,7 @@ int Main(int argc, char** argv) {
   }
   if (!f.only.empty() && f.only != "restart" && f.only != "capacity" && f.only != "steps" &&
       f.only != "open") {
-    std::fprintf(stderr, "--only takes restart, capacity, steps or open, got %s\n",
-                 f.only.c_str());
+    std::fprintf(stderr, "--only takes restart, capacity, steps or open, got %s\n", f.only.c_str());
     return 2;
   }
   const std::string root = (fs::path(f.dir.empty() ? fs::temp_directory_path().string() : f.dir) /

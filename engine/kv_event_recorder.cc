@@ -99,7 +99,8 @@ void KvEventRecorder::OnDiskStored(const BlockRecordHead& head) {
 }
 
 void KvEventRecorder::OnDiskDeleted(const Digest& key) {
-  pending_.push_back(KvBlockRemoved{.block_hash = KvEventBlockHash(key), .medium = KvMedium::kDisk});
+  pending_.push_back(
+      KvBlockRemoved{.block_hash = KvEventBlockHash(key), .medium = KvMedium::kDisk});
 }
 
 void KvEventRecorder::Flush() {

@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "cache/digest_hash.h"
 #include "cache/block_record.h"
+#include "cache/digest_hash.h"
 #include "cache/kv_cache.h"
 #include "engine/kv_events.h"
 #include "engine/tier_event_inbox.h"

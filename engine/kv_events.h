@@ -46,7 +46,7 @@ uint64_t KvEventBlockHash(const Digest& chain_key);
 struct KvBlockStored {
   uint64_t block_hash = 0;
   std::optional<uint64_t> parent_block_hash = std::nullopt;  // none for a chain's first block
-  std::vector<uint32_t> token_ids = {};                       // the block's block_size tokens
+  std::vector<uint32_t> token_ids = {};                      // the block's block_size tokens
   int32_t block_size = 0;
   KvMedium medium = KvMedium::kCpu;
   // The adapter's served name and a 63-bit id from its digest; none for the base model.

@@ -236,10 +236,10 @@ ServerMetrics::ServerMetrics(MetricsSources sources)
                       .Register(r)
                       .Add({});
   disk_queued_ = &BuildGauge()
-                     .Name("prefixd_disk_cache_queued_blocks")
-                     .Help("Evicted KV blocks waiting for the disk tier's writer or being written")
-                     .Register(r)
-                     .Add({});
+                      .Name("prefixd_disk_cache_queued_blocks")
+                      .Help("Evicted KV blocks waiting for the disk tier's writer or being written")
+                      .Register(r)
+                      .Add({});
   disk_load_ = &BuildHistogram()
                     .Name("prefixd_disk_cache_load_seconds")
                     .Help("Seconds to read, verify and copy one block from the disk tier")

@@ -345,10 +345,9 @@ TEST(BlockRecordTest, TheHeadDecodesFromTheFirstBytesWithTheChecksTheyAllow) {
         << n;
   }
   // Another layout's record.
-  EXPECT_THAT(std::string(DecodeBlockRecordHead(head_bytes, SmallLayout("manifest-2"))
-                              .status()
-                              .message()),
-              ::testing::HasSubstr("layout"));
+  EXPECT_THAT(
+      std::string(DecodeBlockRecordHead(head_bytes, SmallLayout("manifest-2")).status().message()),
+      ::testing::HasSubstr("layout"));
 }
 
 TEST(BlockRecordTest, ParentsComeBeforeTheirChildrenAndTiesKeepTheirOrder) {
@@ -356,8 +355,8 @@ TEST(BlockRecordTest, ParentsComeBeforeTheirChildrenAndTiesKeepTheirOrder) {
   const std::vector<BlockRecord> a = MakeChain(layout, 1, 3);
   const std::vector<BlockRecord> b = MakeChain(layout, 2, 2);
   auto head = [](const BlockRecord& r) {
-    return BlockRecordHead{.root = r.root, .parent_key = r.parent_key, .key = r.key,
-                           .tokens = r.tokens};
+    return BlockRecordHead{
+        .root = r.root, .parent_key = r.parent_key, .key = r.key, .tokens = r.tokens};
   };
   // b[1]'s parent is not in the set: it counts as a first block.
   std::vector<BlockRecordHead> heads = {head(a[2]), head(b[1]), head(a[1]), head(a[0])};

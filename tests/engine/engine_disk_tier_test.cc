@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <set>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -444,7 +444,8 @@ class RecordingSink : public KvEventSink {
 std::set<uint64_t> ReplayDisk(const std::vector<KvEvent>& events) {
   std::set<uint64_t> disk;
   for (const KvEvent& e : events) {
-    if (const auto* s = std::get_if<KvBlockStored>(&e); s != nullptr && s->medium == KvMedium::kDisk) {
+    if (const auto* s = std::get_if<KvBlockStored>(&e);
+        s != nullptr && s->medium == KvMedium::kDisk) {
       EXPECT_TRUE(disk.insert(s->block_hash).second) << "stored twice: " << s->block_hash;
     } else if (const auto* r = std::get_if<KvBlockRemoved>(&e);
                r != nullptr && r->medium == KvMedium::kDisk) {
@@ -513,8 +514,7 @@ TEST(EngineDiskTierEventsTest, ARestartReportsEveryFileFoundParentsFirst) {
     if (i == 0) {
       EXPECT_EQ(stored.parent_block_hash, std::nullopt);
     } else {
-      EXPECT_EQ(stored.parent_block_hash,
-                std::get<KvBlockStored>(batches[0][i - 1]).block_hash);
+      EXPECT_EQ(stored.parent_block_hash, std::get<KvBlockStored>(batches[0][i - 1]).block_hash);
     }
   }
   // The request served from those files: they stay, nothing on DISK changes.

@@ -33,23 +33,22 @@ class KvEventRecorderTest : public ::testing::Test {
  protected:
   KvEventRecorderTest()
       : sink_(std::make_shared<FakeSink>()),
-        recorder_({.sink = sink_,
-                   .pool_medium = KvMedium::kGpu,
-                   .block_size = 2,
-                   .disk_events = disk_}) {}
+        recorder_(
+            {.sink = sink_, .pool_medium = KvMedium::kGpu, .block_size = 2, .disk_events = disk_}) {
+  }
 
   void Index(const Digest& key, const Digest* parent, const Digest& root) {
     recorder_.OnIndexed(IndexedBlock{.block = 0, .key = &key, .parent_key = parent,
                                      .root = &root, .tokens = tokens_});
   }
   void Evict(const Digest& key, const Digest& parent_or_root, const Digest& root) {
-    recorder_.OnEvicted(EvictedBlock{.block = 0, .key = &key, .parent_key = &parent_or_root,
-                                     .root = &root, .tokens = tokens_});
+    recorder_.OnEvicted(EvictedBlock{
+        .block = 0, .key = &key, .parent_key = &parent_or_root, .root = &root, .tokens = tokens_});
   }
   // A disk file's head: its parent key is the root for a first block.
   BlockRecordHead Head(const Digest& key, const Digest& parent_or_root, const Digest& root) {
-    return BlockRecordHead{.root = root, .parent_key = parent_or_root, .key = key,
-                           .tokens = tokens_};
+    return BlockRecordHead{
+        .root = root, .parent_key = parent_or_root, .key = key, .tokens = tokens_};
   }
 
   std::shared_ptr<FakeSink> sink_;
@@ -125,9 +124,9 @@ TEST_F(KvEventRecorderTest, ASpillIsRemovalFromThePoolThenStorageOnDiskOnceWritt
   disk_->PushDeleted(k1);
   recorder_.Flush();
   ASSERT_EQ(sink_->batches.size(), 3u);
-  EXPECT_THAT(sink_->batches[2], ElementsAre(KvEvent(KvBlockRemoved{
-                                     .block_hash = KvEventBlockHash(k1),
-                                     .medium = KvMedium::kDisk})));
+  EXPECT_THAT(sink_->batches[2],
+              ElementsAre(KvEvent(
+                  KvBlockRemoved{.block_hash = KvEventBlockHash(k1), .medium = KvMedium::kDisk})));
 }
 
 // Files found at start-up: roots no request named, so no adapter and no namespace; a first

@@ -323,9 +323,9 @@ TEST(KvEventPublisherTest, AFullQueueDropsLeavesAGapAndResyncsParentsFirst) {
   // child 8), one of them later deleted for the cap (8).
   pub->Publish({Stored(7, std::nullopt, KvMedium::kDisk), Stored(8, 7, KvMedium::kDisk),
                 Stored(1, std::nullopt, KvMedium::kCpu), Stored(2, 1, KvMedium::kCpu),
-                Stored(3, 2, KvMedium::kCpu)});                                     // seq 1
+                Stored(3, 2, KvMedium::kCpu)});  // seq 1
   pub->Publish({KvBlockRemoved{.block_hash = 3, .medium = KvMedium::kCpu},
-                KvBlockRemoved{.block_hash = 8, .medium = KvMedium::kDisk}});       // seq 2
+                KvBlockRemoved{.block_hash = 8, .medium = KvMedium::kDisk}});  // seq 2
   // Spill: the child reaches the disk before its parent (leaves are evicted first).
   pub->Publish({KvBlockRemoved{.block_hash = 2, .medium = KvMedium::kCpu},
                 Stored(2, 1, KvMedium::kDisk)});                                    // seq 3

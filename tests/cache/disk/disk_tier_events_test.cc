@@ -5,11 +5,11 @@
 // events gives the index's own entries after each step; other layouts' files report nothing.
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
@@ -28,13 +28,13 @@ namespace prefixd {
 namespace {
 
 using ::testing::ElementsAre;
-using ::testing::IsEmpty;
-using ::testing::UnorderedElementsAreArray;
 using testing::ExpectationOf;
+using ::testing::IsEmpty;
 using testing::MakeChain;
 using testing::ScoredLayout;
 using testing::ScratchDir;
 using testing::SmallLayout;
+using ::testing::UnorderedElementsAreArray;
 using testing::WithScores;
 
 constexpr absl::Duration kWait = absl::Seconds(30);
@@ -142,8 +142,11 @@ TEST_F(DiskTierEventsTest, FilesFoundAtOpenAreStoredParentsFirstWithTheirHeads) 
     for (const BlockRecordHead& h : heads_) {
       for (const BlockRecord& r : {a[0], a[1], a[2], b[0], b[1]}) {
         if (r.key != h.key) continue;
-        EXPECT_EQ(h, (BlockRecordHead{.root = r.root, .parent_key = r.parent_key, .key = r.key,
-                                      .tokens = r.tokens, .scored = false}));
+        EXPECT_EQ(h, (BlockRecordHead{.root = r.root,
+                                      .parent_key = r.parent_key,
+                                      .key = r.key,
+                                      .tokens = r.tokens,
+                                      .scored = false}));
       }
     }
   }
