@@ -8,10 +8,13 @@
 #include <string>
 #include <string_view>
 
-#include "cache/block_record.h"
 #include "cache/sha256.h"
 
 namespace prefixd {
+
+// cache/block_record.h. Declared only: whoever configures a tier (EngineOptions, the front
+// ends) does not see the record format (tests/include_rules_test.cc).
+struct BlockRecordHead;
 
 inline constexpr int64_t kDefaultDiskTierMaxBytes = int64_t{8} << 30;
 
