@@ -430,7 +430,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   // through an inbox the engine thread drains (engine/tier_event_inbox.h); its pushes wake
   // the engine, so that a write finished while no request runs is still published.
   std::shared_ptr<TierEventInbox> disk_events;
-  if (options.kv_events != nullptr) disk_events = std::make_shared<TierEventInbox>(wake);
+  if (options.kv_events != nullptr && !options.disk_tier.dir.empty()) {
+    disk_events = std::make_shared<TierEventInbox>(wake);
+  }
   absl::StatusOr<std::vector<EngineTier>> tiers = OpenTiers(options, disk_events);
   if (!tiers.ok()) return tiers.status();
   std::vector<KvTier*> lookup;
