@@ -4,7 +4,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -97,6 +99,10 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
 }
 
 int ReadFileInto(const std::string& path, std::string* out) {
+  return ReadFilePrefixInto(path, SIZE_MAX, out);
+}
+
+int ReadFilePrefixInto(const std::string& path, size_t max_bytes, std::string* out) {
   // O_NOFOLLOW | O_NONBLOCK: a symbolic link (ELOOP) or a FIFO put where a file of ours
   // should be is neither followed nor waited on.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
@@ -107,7 +113,7 @@ int ReadFileInto(const std::string& path, std::string* out) {
     ::close(fd);
     return stat_err;
   }
-  out->resize(static_cast<size_t>(st.st_size));
+  out->resize(std::min(static_cast<size_t>(st.st_size), max_bytes));
   size_t done = 0;
   while (done < out->size()) {
     const ssize_t n = ::pread(fd, out->data() + done, out->size() - done, static_cast<off_t>(done));

@@ -15,6 +15,7 @@
 
 #include <sys/types.h>
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
@@ -40,6 +41,9 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
 // the first call that failed (ENOENT when absent, ELOOP for a link, EINVAL for a FIFO,
 // directory or device, EIO for a file that shrank while it was read).
 int ReadFileInto(const std::string& path, std::string* out);
+// The same, reading at most the first `max_bytes` bytes (fewer when the file is shorter): a
+// record's head without its body.
+int ReadFilePrefixInto(const std::string& path, size_t max_bytes, std::string* out);
 
 // Writes `bytes` to `tmp` (created with `mode`), then renames it to `path`. 0, or the errno
 // of the first call that failed; `tmp` is gone either way. A `tmp` left by a process that

@@ -23,13 +23,21 @@
 //            time per token in the rounds' two halves (median, mean, max) and their ratio;
 //            and the time the rounds' block reads add up to, which reads on the engine thread
 //            would have added to its steps.
+//  open      (only with --only open: it needs no model) The start-up cost of the KV events'
+//            report of the files found: DiskTier::Open over --open-files block files of GPT-2
+//            small's layout (fp32, chains of 8), indexing by file name only (events off)
+//            against reading and checking every file's head too (on_store set), with the
+//            files' pages in the page cache (warm) and dropped (posix_fadvise DONTNEED on
+//            this bench's files only, after a sync). Median over --reps, alternating.
 //
 // Usage: disk_tier_bench [--model DIR] [--dir DIR] [--threads 2] [--prefix 960] [--reps 3]
 //          [--prompts 40] [--prompt-tokens 512] [--pool-prompts 4] [--concurrency 4]
 //          [--drop-caches] [--rounds 6] [--requests 4] [--step-prefix 256]
-//          [--only restart|capacity|steps]
-// Without --model a random GPT-2 is written to a temporary directory first. --dir is where
-// the tier's directories go (default: the temp dir); it decides which disk is measured.
+//          [--open-files 300] [--only restart|capacity|steps|open]
+// Without --model a random GPT-2 is written to a temporary directory first (not for open).
+// --dir is where the tier's directories go (default: the temp dir); it decides which disk is
+// measured.
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -48,6 +56,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/command_line.h"
+#include "cache/block_key.h"
+#include "cache/disk/disk_tier.h"
 #include "cache/kv_layout.h"
 #include "engine/engine.h"
 #include "engine/model.h"
@@ -76,6 +86,7 @@ struct Flags {
   int rounds = 6;
   int requests = 4;
   int step_prefix = 256;
+  int open_files = 300;
 };
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
@@ -470,6 +481,82 @@ void Capacity(const Model& model, const Flags& f, const std::string& root) {
               (on.generated / on.wall_s) / (off.generated / off.wall_s));
 }
 
+void OpenCost(const Flags& f, const std::string& root) {
+  BlockLayout layout;
+  layout.manifest_key = Sha256Of("disk_tier_bench open");
+  layout.numerics_key = Sha256Of("cpu r1");
+  layout.element_bytes = 4;
+  layout.block_size = 16;
+  layout.n_layer = 12;
+  layout.n_head = 12;
+  layout.head_dim = 64;
+  layout.score_top_k = 20;
+  const std::string dir = root + "/open";
+  const Digest chain_root = Sha256Of("disk_tier_bench open root");
+  {
+    DiskTierOptions o;
+    o.dir = dir;
+    o.max_bytes = int64_t{64} << 30;
+    auto tier = DiskTier::Open(o, layout);
+    if (!tier.ok()) Die("disk tier", tier.status());
+    BlockRecord r;
+    r.root = chain_root;
+    r.data.assign(static_cast<size_t>(layout.data_bytes()), 0x5a);
+    Digest previous = chain_root;
+    for (int i = 0; i < f.open_files; ++i) {
+      r.parent_key = i % 8 == 0 ? chain_root : previous;
+      r.tokens.clear();
+      for (uint32_t t = 0; t < layout.block_size; ++t) r.tokens.push_back(i * 16 + t);
+      r.key = ChainKey(r.parent_key, r.tokens);
+      if (!(*tier)->WantsSpill(r.key, {.deadline = absl::InfiniteFuture()})) {
+        Die("spill", absl::InternalError("the tier refused a block"));
+      }
+      (*tier)->Spill(r);
+      previous = r.key;
+    }
+    (*tier)->Flush(absl::InfiniteFuture());
+  }
+  ::sync();
+  auto drop_pages = [&] {
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) continue;
+      ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+      ::close(fd);
+    }
+  };
+  // [cold][events]: seconds per Open.
+  std::vector<double> took[2][2];
+  for (int rep = 0; rep < f.reps; ++rep) {
+    for (int cold = 0; cold < 2; ++cold) {
+      for (int events = 0; events < 2; ++events) {
+        if (cold) drop_pages();
+        DiskTierOptions o;
+        o.dir = dir;
+        o.max_bytes = int64_t{64} << 30;
+        int64_t reported = 0;
+        if (events) o.on_store = [&](const BlockRecordHead&) { ++reported; };
+        const auto t0 = Clock::now();
+        auto tier = DiskTier::Open(o, layout);
+        const double s = Seconds(t0, Clock::now());
+        if (!tier.ok()) Die("disk tier", tier.status());
+        if (events && reported != f.open_files) {
+          Die("open", absl::InternalError(absl::StrCat(reported, " files reported")));
+        }
+        took[cold][events].push_back(s);
+      }
+    }
+  }
+  std::printf("open: %d files of %lld bytes, median of %d\n", f.open_files,
+              static_cast<long long>(layout.record_bytes()), f.reps);
+  for (int cold = 0; cold < 2; ++cold) {
+    const double off = Median(took[cold][0]), on = Median(took[cold][1]);
+    std::printf("  %s: events off %.2f ms, on %.2f ms (+%.1f us a file)\n",
+                cold ? "pages dropped" : "warm", off * 1e3, on * 1e3,
+                (on - off) * 1e6 / f.open_files);
+  }
+}
+
 int Main(int argc, char** argv) {
   static constexpr FlagSpec kFlags[] = {{"model"},         {"dir"},
                                         {"threads"},       {"prefix"},
@@ -477,7 +564,8 @@ int Main(int argc, char** argv) {
                                         {"prompt-tokens"}, {"pool-prompts"},
                                         {"concurrency"},   {"drop-caches", FlagKind::kSwitch},
                                         {"only"},          {"rounds"},
-                                        {"requests"},      {"step-prefix"}};
+                                        {"requests"},      {"step-prefix"},
+                                        {"open-files"}};
   absl::StatusOr<ParsedCommandLine> args =
       ParseArgv(absl::MakeConstSpan(argv + 1, static_cast<size_t>(argc - 1)), kFlags);
   if (!args.ok() || !args->positional.empty()) {
@@ -500,7 +588,8 @@ int Main(int argc, char** argv) {
                              {"concurrency", &f.concurrency},
                              {"rounds", &f.rounds},
                              {"requests", &f.requests},
-                             {"step-prefix", &f.step_prefix}}) {
+                             {"step-prefix", &f.step_prefix},
+                             {"open-files", &f.open_files}}) {
     const std::optional<std::string> v = args->Flag(name);
     if (!v.has_value()) continue;
     absl::StatusOr<int64_t> n = ParseInteger(*v, absl::StrCat("--", name), 0, 1 << 20);
@@ -510,13 +599,19 @@ int Main(int argc, char** argv) {
     }
     *field = static_cast<int>(*n);
   }
-  if (!f.only.empty() && f.only != "restart" && f.only != "capacity" && f.only != "steps") {
-    std::fprintf(stderr, "--only takes restart, capacity or steps, got %s\n", f.only.c_str());
+  if (!f.only.empty() && f.only != "restart" && f.only != "capacity" && f.only != "steps" &&
+      f.only != "open") {
+    std::fprintf(stderr, "--only takes restart, capacity, steps or open, got %s\n", f.only.c_str());
     return 2;
   }
   const std::string root = (fs::path(f.dir.empty() ? fs::temp_directory_path().string() : f.dir) /
                             absl::StrCat("prefixd_disk_tier_bench_", ::getpid()))
                                .string();
+  if (f.only == "open") {
+    OpenCost(f, root);
+    fs::remove_all(root);
+    return 0;
+  }
   std::string model_dir = f.model;
   const bool temporary = model_dir.empty();
   if (temporary) {

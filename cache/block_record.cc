@@ -4,10 +4,12 @@
 #include <bit>
 #include <cstring>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/check.h"
 #include "cache/block_key.h"
+#include "cache/digest_hash.h"
 
 namespace prefixd {
 namespace {
@@ -75,6 +77,54 @@ std::string ScoreRuleBroken(const PositionScore& p, uint32_t j, bool first_block
     }
   }
   return "";
+}
+
+// The header's fields a reader needs after the checks that need nothing past the header.
+struct Header {
+  Digest root{};
+  Digest parent_key{};
+  Digest key{};
+  bool scored = false;
+};
+
+// Checks the header of `bytes` against `layout` (size at least the header, magic, version,
+// header size, layout, data size, score section): what DecodeBlockRecord checks first, in
+// its order, and all DecodeBlockRecordHead can check without the body.
+absl::StatusOr<Header> ParseHeader(std::string_view bytes, const BlockLayout& layout) {
+  if (static_cast<int64_t>(bytes.size()) < kBlockRecordHeaderBytes) {
+    return Lost(absl::StrFormat("size: %d bytes, shorter than the header", bytes.size()));
+  }
+  if (std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) return Lost("magic");
+  Reader in(bytes.data() + sizeof(kMagic));
+  const uint32_t version = in.U32();
+  if (version != kBlockRecordVersion) {
+    return Lost(
+        absl::StrFormat("format version %d, this build reads %d", version, kBlockRecordVersion));
+  }
+  if (in.U32() != kBlockRecordHeaderBytes) return Lost("header size");
+  BlockLayout got;
+  got.manifest_key = in.D();
+  got.dtype = in.U32();
+  got.element_bytes = in.U32();
+  got.block_size = in.U32();
+  got.n_layer = in.U32();
+  got.n_head = in.U32();
+  got.head_dim = in.U32();
+  const uint64_t data_bytes = in.U64();
+  Header h;
+  h.root = in.D();
+  h.parent_key = in.D();
+  h.key = in.D();
+  got.numerics_key = in.D();
+  got.score_top_k = in.U32();
+  const uint32_t score_positions = in.U32();
+  if (!(got == layout)) return Lost("layout (manifest, numerics, dtype or geometry) differs");
+  if (data_bytes != static_cast<uint64_t>(layout.data_bytes())) return Lost("data size");
+  h.scored = score_positions != 0;
+  if (h.scored && (score_positions != layout.block_size || layout.score_top_k == 0)) {
+    return Lost(absl::StrFormat("score section of %d positions", score_positions));
+  }
+  return h;
 }
 
 }  // namespace
@@ -169,38 +219,12 @@ absl::StatusOr<absl::Span<const uint8_t>> DecodeBlockRecord(std::string_view byt
                                                             const BlockLayout& layout,
                                                             const BlockExpectation& expect,
                                                             std::vector<PositionScore>* scores) {
-  if (static_cast<int64_t>(bytes.size()) < kBlockRecordHeaderBytes) {
-    return Lost(absl::StrFormat("size: %d bytes, shorter than the header", bytes.size()));
-  }
-  if (std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) return Lost("magic");
-  Reader in(bytes.data() + sizeof(kMagic));
-  const uint32_t version = in.U32();
-  if (version != kBlockRecordVersion) {
-    return Lost(
-        absl::StrFormat("format version %d, this build reads %d", version, kBlockRecordVersion));
-  }
-  if (in.U32() != kBlockRecordHeaderBytes) return Lost("header size");
-  BlockLayout got;
-  got.manifest_key = in.D();
-  got.dtype = in.U32();
-  got.element_bytes = in.U32();
-  got.block_size = in.U32();
-  got.n_layer = in.U32();
-  got.n_head = in.U32();
-  got.head_dim = in.U32();
-  const uint64_t data_bytes = in.U64();
-  const Digest root = in.D();
-  const Digest parent_key = in.D();
-  const Digest stored_key = in.D();
-  got.numerics_key = in.D();
-  got.score_top_k = in.U32();
-  const uint32_t score_positions = in.U32();
-  if (!(got == layout)) return Lost("layout (manifest, numerics, dtype or geometry) differs");
-  if (data_bytes != static_cast<uint64_t>(layout.data_bytes())) return Lost("data size");
-  const bool scored = score_positions != 0;
-  if (scored && (score_positions != layout.block_size || layout.score_top_k == 0)) {
-    return Lost(absl::StrFormat("score section of %d positions", score_positions));
-  }
+  absl::StatusOr<Header> header = ParseHeader(bytes, layout);
+  if (!header.ok()) return header.status();
+  const Digest& root = header->root;
+  const Digest& parent_key = header->parent_key;
+  const Digest& stored_key = header->key;
+  const bool scored = header->scored;
   const int64_t total = scored ? layout.scored_record_bytes() : layout.record_bytes();
   if (static_cast<int64_t>(bytes.size()) != total) {
     return Lost(absl::StrFormat("size: %d bytes, the header needs %d", bytes.size(), total));
@@ -257,6 +281,63 @@ absl::StatusOr<absl::Span<const uint8_t>> DecodeBlockRecord(std::string_view byt
   if (scores != nullptr) *scores = std::move(decoded);
   const auto* data = reinterpret_cast<const uint8_t*>(bytes.data()) + data_at;
   return absl::MakeConstSpan(data, static_cast<size_t>(layout.data_bytes()));
+}
+
+int64_t BlockRecordHeadBytes(const BlockLayout& layout) {
+  return kBlockRecordHeaderBytes + 4 * int64_t{layout.block_size};
+}
+
+absl::StatusOr<BlockRecordHead> DecodeBlockRecordHead(std::string_view bytes,
+                                                      const BlockLayout& layout) {
+  absl::StatusOr<Header> header = ParseHeader(bytes, layout);
+  if (!header.ok()) return header.status();
+  if (static_cast<int64_t>(bytes.size()) < BlockRecordHeadBytes(layout)) {
+    return Lost(absl::StrFormat("size: %d bytes, shorter than the head", bytes.size()));
+  }
+  BlockRecordHead head{.root = header->root,
+                       .parent_key = header->parent_key,
+                       .key = header->key,
+                       .tokens = std::vector<uint32_t>(layout.block_size),
+                       .scored = header->scored};
+  Reader tok(bytes.data() + kBlockRecordHeaderBytes);
+  for (uint32_t& t : head.tokens) t = tok.U32();
+  if (ChainKey(head.parent_key, head.tokens) != head.key) {
+    return Lost("tokens do not hash to the key");
+  }
+  return head;
+}
+
+void OrderParentsFirst(std::vector<BlockRecordHead>* heads) {
+  absl::flat_hash_map<Digest, size_t, DigestHash> at;
+  for (size_t i = 0; i < heads->size(); ++i) at.emplace((*heads)[i].key, i);
+  // depth[i]: how many of i's ancestors are in the set; -1 until known. A chain is followed
+  // up to its first known depth, then filled in on the way back.
+  std::vector<int64_t> depth(heads->size(), -1);
+  std::vector<size_t> path;
+  for (size_t i = 0; i < heads->size(); ++i) {
+    size_t j = i;
+    path.clear();
+    while (depth[j] < 0) {
+      path.push_back(j);
+      auto p = at.find((*heads)[j].parent_key);
+      // A parent outside the set, or a cycle (a forged set: chain keys cannot form one).
+      if (p == at.end() || path.size() > heads->size()) break;
+      j = p->second;
+    }
+    int64_t d = depth[j] < 0 ? -1 : depth[j];
+    for (auto it = path.rbegin(); it != path.rend(); ++it) {
+      if (depth[*it] < 0) depth[*it] = ++d;
+      d = depth[*it];
+    }
+  }
+  std::vector<size_t> order(heads->size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return depth[a] < depth[b]; });
+  std::vector<BlockRecordHead> sorted;
+  sorted.reserve(heads->size());
+  for (size_t i : order) sorted.push_back(std::move((*heads)[i]));
+  *heads = std::move(sorted);
 }
 
 }  // namespace prefixd

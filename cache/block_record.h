@@ -142,6 +142,32 @@ absl::StatusOr<absl::Span<const uint8_t>> DecodeBlockRecord(
     std::string_view bytes, const BlockLayout& layout, const BlockExpectation& expect,
     std::vector<PositionScore>* scores = nullptr);
 
+// A record's head: the block's identity (header and tokens) without its K/V, what a tier
+// reports about a block it holds without loading it (cache/disk/disk_tier_options.h).
+struct BlockRecordHead {
+  Digest root{};
+  Digest parent_key{};  // the root for a chain's first block
+  Digest key{};
+  std::vector<uint32_t> tokens = {};  // layout.block_size of them
+  bool scored = false;                // the record has a score section
+  bool operator==(const BlockRecordHead&) const = default;
+};
+
+// The bytes a head takes at the start of a record: the header and the tokens.
+int64_t BlockRecordHeadBytes(const BlockLayout& layout);
+
+// Decodes the first BlockRecordHeadBytes(layout) bytes of a record (more are ignored) with
+// the checks they allow: magic, version, layout and sizes as DecodeBlockRecord's, and
+// ChainKey(parent key, tokens) reproducing the chain key. DATA_LOSS naming the failed check.
+// The checksum covers the whole record and is not checked: a head that passes is what the
+// record claims to be, not yet a block that may enter the pool (DecodeBlockRecord decides).
+absl::StatusOr<BlockRecordHead> DecodeBlockRecordHead(std::string_view bytes,
+                                                      const BlockLayout& layout);
+
+// Reorders `heads` so that each block whose parent is among them comes after its parent (by
+// depth within the set: roots of the set first); ties keep their order.
+void OrderParentsFirst(std::vector<BlockRecordHead>* heads);
+
 }  // namespace prefixd
 
 #endif  // PREFIXD_CACHE_BLOCK_RECORD_H_

@@ -31,6 +31,7 @@
 #include "engine/request_stream.h"
 #include "engine/scheduler.h"
 #include "engine/score_store.h"
+#include "engine/tier_event_inbox.h"
 
 namespace prefixd {
 
@@ -140,6 +141,8 @@ Engine::Engine(const EngineOptions& options, std::vector<EngineTier> tiers,
   limits_.computes_all_logits = options.backend->computes_all_logits();
   limits_.applies_lora = options.backend->applies_lora();
   PublishStats();
+  // The disk tier's files found at start-up, right after the publisher's AllBlocksCleared.
+  if (events_ != nullptr) events_->Flush();
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -411,27 +414,36 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   KvCacheOptions cache_options;
   cache_options.pool = options.backend->kv_pool();
   cache_options.enable_prefix_cache = options.enable_prefix_cache;
-  absl::StatusOr<std::vector<EngineTier>> tiers = OpenTiers(options);
-  if (!tiers.ok()) return tiers.status();
-  std::vector<KvTier*> lookup;
-  for (const EngineTier& t : *tiers) lookup.push_back(t.tier.get());
-  auto scores = std::make_unique<ScoreStore>();
-  // A load's part may end after the engine: the wake holds Shared too.
+  // A load's part, or a disk file's event, may end after the engine: the wake holds Shared
+  // too.
   auto shared = std::make_shared<Shared>();
   {
     absl::MutexLock lock(&shared->mu);
     shared->default_max_waiting = options.tenant_max_waiting;
     shared->SetMaxWaiting(options.tenants);
   }
+  auto wake = [s = shared] {
+    absl::MutexLock l(&s->mu);
+    s->wake = true;
+  };
+  // The disk tier's files written, found and deleted on its own threads reach the KV events
+  // through an inbox the engine thread drains (engine/tier_event_inbox.h); its pushes wake
+  // the engine, so that a write finished while no request runs is still published.
+  std::shared_ptr<TierEventInbox> disk_events;
+  if (options.kv_events != nullptr && !options.disk_tier.dir.empty()) {
+    disk_events = std::make_shared<TierEventInbox>(wake);
+  }
+  absl::StatusOr<std::vector<EngineTier>> tiers = OpenTiers(options, disk_events);
+  if (!tiers.ok()) return tiers.status();
+  std::vector<KvTier*> lookup;
+  for (const EngineTier& t : *tiers) lookup.push_back(t.tier.get());
+  auto scores = std::make_unique<ScoreStore>();
   auto offloader = std::make_unique<KvOffloader>(
       KvOffloader::Options{.backend = options.backend,
                            .tiers = std::move(lookup),
                            .scores = scores.get(),
                            .vocab_size = static_cast<uint32_t>(c.vocab_size),
-                           .wake = [s = shared] {
-                             absl::MutexLock l(&s->mu);
-                             s->wake = true;
-                           }});
+                           .wake = wake});
   // A block's score record leaves with the block (engine/score_store.h), to the tiers that
   // take evicted blocks.
   std::unique_ptr<KvEventRecorder> events;
@@ -440,7 +452,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     events = std::make_unique<KvEventRecorder>(KvEventRecorder::Options{
         .sink = options.kv_events,
         .pool_medium = PoolMediumOfNumerics(options.backend->kv_numerics()),
-        .block_size = options.backend->kv_pool().block_size});
+        .block_size = options.backend->kv_pool().block_size,
+        .disk_events = disk_events});
   }
   // Only indexed blocks have a residency: none without the prefix cache.
   std::unique_ptr<BlockResidency> residency;
@@ -460,9 +473,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   }
   cache_options.on_evict = [o = offloader.get(), store = scores.get(), ev = events.get(),
                             r = residency.get()](const EvictedBlock& e) {
-    const bool spilled = o->OfferEvicted(e, store->Find(*e.key));
+    o->OfferEvicted(e, store->Find(*e.key));
     store->Forget(*e.key);
-    if (ev != nullptr) ev->OnEvicted(e, spilled);
+    if (ev != nullptr) ev->OnEvicted(e);
     if (r != nullptr) r->OnEvicted(e.block);
   };
   absl::StatusOr<std::unique_ptr<KvCache>> cache = KvCache::Create(cache_options);

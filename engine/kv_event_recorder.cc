@@ -1,6 +1,7 @@
 #include "engine/kv_event_recorder.h"
 
 #include <utility>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "base/check.h"
@@ -82,20 +83,36 @@ void KvEventRecorder::OnIndexed(const IndexedBlock& b) {
   pending_.push_back(Stored(info, *b.key, b.parent_key, b.tokens, options_.pool_medium));
 }
 
-void KvEventRecorder::OnEvicted(const EvictedBlock& e, bool spilled) {
+void KvEventRecorder::OnEvicted(const EvictedBlock& e) {
   pending_.push_back(KvBlockRemoved{.block_hash = KvEventBlockHash(*e.key),
                                     .medium = options_.pool_medium});
   auto it = roots_.find(*e.root);
-  RootInfo* info = it == roots_.end() ? nullptr : &it->second;
-  if (spilled) {
-    // EvictedBlock's parent key is the root for a first block.
-    const Digest* parent = *e.parent_key == *e.root ? nullptr : e.parent_key;
-    pending_.push_back(Stored(info, *e.key, parent, e.tokens, KvMedium::kDisk));
-  }
-  if (info != nullptr) --info->pool_blocks;
+  if (it != roots_.end()) --it->second.pool_blocks;
+}
+
+void KvEventRecorder::OnDiskStored(const BlockRecordHead& head) {
+  auto it = roots_.find(head.root);
+  // A record's parent key is the root for a first block.
+  const Digest* parent = head.parent_key == head.root ? nullptr : &head.parent_key;
+  pending_.push_back(Stored(it == roots_.end() ? nullptr : &it->second, head.key, parent,
+                            head.tokens, KvMedium::kDisk));
+}
+
+void KvEventRecorder::OnDiskDeleted(const Digest& key) {
+  pending_.push_back(
+      KvBlockRemoved{.block_hash = KvEventBlockHash(key), .medium = KvMedium::kDisk});
 }
 
 void KvEventRecorder::Flush() {
+  if (options_.disk_events != nullptr) {
+    for (TierEventInbox::Event& e : options_.disk_events->Take()) {
+      if (const auto* head = std::get_if<BlockRecordHead>(&e)) {
+        OnDiskStored(*head);
+      } else {
+        OnDiskDeleted(std::get<Digest>(e));
+      }
+    }
+  }
   if (pending_.empty()) return;
   options_.sink->Publish(std::move(pending_));
   pending_.clear();

@@ -63,12 +63,18 @@ absl::Status AddTier(const EngineOptions& options, const char* flag,
 
 }  // namespace
 
-absl::StatusOr<std::vector<EngineTier>> OpenTiers(const EngineOptions& options) {
+absl::StatusOr<std::vector<EngineTier>> OpenTiers(const EngineOptions& options,
+                                                  std::shared_ptr<TierEventInbox> disk_events) {
   std::vector<EngineTier> tiers;
   absl::Status s;
+  DiskTierOptions disk = options.disk_tier;
+  if (disk_events != nullptr) {
+    disk.on_store = [in = disk_events](const BlockRecordHead& head) { in->PushStored(head); };
+    disk.on_delete = [in = disk_events](const Digest& key) { in->PushDeleted(key); };
+  }
   // One statement per tier, in lookup order: the local disk first, then the fleet's Redis.
   if (s.ok() && !options.disk_tier.dir.empty()) {
-    s = AddTier<DiskTier>(options, "--cache-dir", options.disk_tier, &EngineStats::disk, &tiers);
+    s = AddTier<DiskTier>(options, "--cache-dir", disk, &EngineStats::disk, &tiers);
   }
   if (s.ok() && !options.remote_tier.url.empty()) {
     s = AddTier<RemoteTier>(options, "--kv-remote", options.remote_tier, &EngineStats::remote,

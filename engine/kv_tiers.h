@@ -18,6 +18,7 @@
 #include "cache/tier.h"
 #include "engine/engine_options.h"
 #include "engine/engine_stats.h"
+#include "engine/tier_event_inbox.h"
 
 namespace prefixd {
 
@@ -37,7 +38,12 @@ struct EngineTier {
 // Opens the tiers `options` ask for, in lookup order: the disk tier (--cache-dir), then the
 // remote tier (--kv-remote). INVALID_ARGUMENT for a tier without the prefix cache or with
 // bad options; the disk tier's FAILED_PRECONDITION when its directory cannot be used.
-absl::StatusOr<std::vector<EngineTier>> OpenTiers(const EngineOptions& options);
+// `disk_events`, when given, receives the disk tier's block events (its on_store and
+// on_delete, replacing any in options.disk_tier), the files found at start-up included: the
+// KV events' DISK medium. The remote tier reports none (docs/SCALING.md: it is the fleet's,
+// not a replica's).
+absl::StatusOr<std::vector<EngineTier>> OpenTiers(
+    const EngineOptions& options, std::shared_ptr<TierEventInbox> disk_events = nullptr);
 
 }  // namespace prefixd
 

@@ -235,6 +235,11 @@ ServerMetrics::ServerMetrics(MetricsSources sources)
                       .Help("Block files of this model in the disk cache tier")
                       .Register(r)
                       .Add({});
+  disk_queued_ = &BuildGauge()
+                      .Name("prefixd_disk_cache_queued_blocks")
+                      .Help("Evicted KV blocks waiting for the disk tier's writer or being written")
+                      .Register(r)
+                      .Add({});
   disk_load_ = &BuildHistogram()
                     .Name("prefixd_disk_cache_load_seconds")
                     .Help("Seconds to read, verify and copy one block from the disk tier")
@@ -418,6 +423,7 @@ void ServerMetrics::RefreshLocked() const {
     disk_bytes_->Set(static_cast<double>(now.disk.bytes));
     disk_cap_bytes_->Set(static_cast<double>(now.disk.cap_bytes));
     disk_blocks_->Set(static_cast<double>(now.disk.blocks));
+    disk_queued_->Set(static_cast<double>(now.disk.queued_blocks));
     remote_up_->Set(now.remote.up ? 1.0 : 0.0);
     RefreshTenantsLocked(now);
   }

@@ -135,6 +135,7 @@ class ServerMetrics : public prometheus::Collectable {
   prometheus::Gauge* disk_bytes_;
   prometheus::Gauge* disk_cap_bytes_;
   prometheus::Gauge* disk_blocks_;
+  prometheus::Gauge* disk_queued_;
   prometheus::Histogram* disk_load_;
   prometheus::Gauge* remote_up_;
   prometheus::Counter* kv_events_published_;

@@ -191,6 +191,8 @@ DiskTier::DiskTier(const DiskTierOptions& options, const BlockLayout& layout, in
                                          return WriteFileAtomically(tmp, path, bytes, 0644);
                                        }),
       read_hook_(options.read_hook),
+      on_store_(options.on_store),
+      on_delete_(options.on_delete),
       lock_fd_(lock_fd),
       cap_(cap),
       max_load_blocks_(options.max_load_blocks) {
@@ -250,7 +252,41 @@ absl::Status DiskTier::Scan() {
   }
   ::closedir(d);
   MakeRoomLocked(0);
+  if (on_store_) ReportFoundLocked();
+  found_reported_ = true;
   return absl::OkStatus();
+}
+
+void DiskTier::ReportFoundLocked() {
+  std::vector<BlockRecordHead> heads;
+  std::string buffer;
+  for (const Digest& key : index_.OwnKeys()) {
+    const std::string path = PathOf(key);
+    const int err =
+        ReadFilePrefixInto(path, static_cast<size_t>(BlockRecordHeadBytes(layout_)), &buffer);
+    if (err == ENOENT) {  // gone since the scan: nothing to report
+      index_.Erase(key);
+      continue;
+    }
+    absl::StatusOr<BlockRecordHead> head =
+        err != 0 ? absl::DataLossError(ErrnoText(err)) : DecodeBlockRecordHead(buffer, layout_);
+    // The file must be the block its name says, of the size its header says.
+    if (!head.ok() || head->key != key ||
+        index_.BytesOf(key) !=
+            (head->scored ? layout_.scored_record_bytes() : layout_.record_bytes())) {
+      index_.Erase(key);
+      ::unlink(path.c_str());
+      ++stats_.corrupt_blocks;
+      continue;
+    }
+    heads.push_back(*std::move(head));
+  }
+  OrderParentsFirst(&heads);
+  for (const BlockRecordHead& h : heads) on_store_(h);
+}
+
+void DiskTier::ReportDeletedLocked(const Digest& key) {
+  if (on_delete_ && found_reported_) on_delete_(key);
 }
 
 void DiskTier::MakeRoomLocked(int64_t incoming) {
@@ -258,6 +294,7 @@ void DiskTier::MakeRoomLocked(int64_t incoming) {
     const std::string path = v->foreign ? dir_ + "/" + v->name : PathOf(v->key);
     ::unlink(path.c_str());  // best effort: a file already gone frees its bytes all the same
     ++stats_.evicted_files;
+    if (!v->foreign) ReportDeletedLocked(v->key);
   }
 }
 
@@ -306,7 +343,7 @@ absl::Status DiskTier::Load(const BlockExpectation& expect, absl::Span<uint8_t> 
   if (err == ENOENT) {
     // Deleted for the cap by the writer since the lookup: a miss, not damage.
     absl::MutexLock lock(&mu_);
-    index_.Erase(expect.key);
+    if (index_.Erase(expect.key)) ReportDeletedLocked(expect.key);
     return absl::NotFoundError("block left the disk tier");
   }
   absl::StatusOr<absl::Span<const uint8_t>> data =
@@ -314,7 +351,10 @@ absl::Status DiskTier::Load(const BlockExpectation& expect, absl::Span<uint8_t> 
                : DecodeBlockRecord(load_buffer_, layout_, expect, scores);
   absl::MutexLock lock(&mu_);
   if (!data.ok()) {
-    if (index_.Erase(expect.key)) ::unlink(path.c_str());
+    if (index_.Erase(expect.key)) {
+      ::unlink(path.c_str());
+      ReportDeletedLocked(expect.key);
+    }
     ++stats_.corrupt_blocks;
     return data.status();
   }
@@ -452,6 +492,7 @@ bool DiskTier::Flush(absl::Time deadline) {
 void DiskTier::WriterLoop() {
   while (true) {
     int64_t file_bytes = 0;
+    bool replacing = false;  // a file without scores is on disk under the key
     BlockRecord record;
     {
       absl::MutexLock lock(&mu_);
@@ -469,7 +510,7 @@ void DiskTier::WriterLoop() {
       file_bytes = record.scores.empty() ? layout_.record_bytes() : layout_.scored_record_bytes();
       // A file without scores that this one replaces (invariant 2): its bytes leave the index
       // now; the rename below replaces it, or the failure path deletes it.
-      index_.Erase(record.key);
+      replacing = index_.Erase(record.key);
       // Room first, so the directory never holds more than the cap.
       MakeRoomLocked(file_bytes);
     }
@@ -489,11 +530,19 @@ void DiskTier::WriterLoop() {
     queued_keys_.erase(record.key);
     if (!fits || err != 0) {
       ::unlink(path.c_str());  // the replaced file, if any: no longer indexed
+      if (replacing) ReportDeletedLocked(record.key);
       ++stats_.spills_dropped;
       if (err != 0) ++stats_.write_errors;
       continue;
     }
     index_.Add(record.key, file_bytes, Now());
+    if (on_store_ && !replacing) {
+      on_store_(BlockRecordHead{.root = record.root,
+                                .parent_key = record.parent_key,
+                                .key = record.key,
+                                .tokens = std::move(record.tokens),
+                                .scored = !record.scores.empty()});
+    }
     ++stats_.spills;
     MakeRoomLocked(0);  // a load's Touch cannot grow it, but keep the invariant local
   }
@@ -505,7 +554,7 @@ DiskTierStats DiskTier::Stats() const {
   s.blocks = index_.own_blocks();
   s.bytes = index_.bytes();
   s.foreign_files = index_.foreign_files();
-  s.queued_blocks = static_cast<int64_t>(queue_.size());
+  s.queued_blocks = static_cast<int64_t>(queue_.size()) + (writing_ ? 1 : 0);
   return s;
 }
 

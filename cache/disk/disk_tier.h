@@ -18,7 +18,10 @@
 // or a test), the other methods from the engine thread, which never waits for the disk except
 // in WantsSpill/Flush when given a deadline (only at shutdown); all of them share the index
 // under one mutex. When the queue is full a spill is dropped and counted. Fetches hold their
-// blocks' bytes in memory: at most options.max_load_blocks are in flight at once.
+// blocks' bytes in memory: at most options.max_load_blocks are in flight at once. The block
+// events (options.on_store, on_delete: disk_tier_options.h) run under that mutex on whichever
+// thread changed the index (Open's caller, the writer, the loader), so they come in the
+// index's order.
 //
 // Invariants:
 //  1. The index (tier_index.h) lists exactly the block files this tier wrote or found at start,
@@ -36,6 +39,10 @@
 //     O_NOFOLLOW and written only as a regular file with no other name. The directory must
 //     belong to this user (or root) and be writable by no one else, or Open refuses it, as
 //     ssh refuses a loose ~/.ssh.
+//  5. With on_store and on_delete set, their calls since Open, replayed in order, give
+//     exactly the index's own entries: a key is stored once while indexed (a replacement with
+//     a score section is not a second store), deleted once when it leaves, and never
+//     reported before it is indexed or after it left.
 #ifndef PREFIXD_CACHE_DISK_DISK_TIER_H_
 #define PREFIXD_CACHE_DISK_DISK_TIER_H_
 
@@ -67,7 +74,8 @@ namespace prefixd {
 class DiskTier final : public KvTier {
  public:
   // Creates the directory if needed, takes its lock, rebuilds the index from the *.kvb files
-  // (this layout's by name; others as foreign), deletes *.tmp leftovers and enforces the cap.
+  // (this layout's by name; others as foreign), deletes *.tmp leftovers and enforces the cap;
+  // with options.on_store, then reads each file's head and reports it (parents first).
   // INVALID_ARGUMENT for a bad layout or options; FAILED_PRECONDITION with what to fix when the
   // directory cannot be created or written, is writable by group or others or owned by another
   // user (invariant 4), or another process holds its lock.
@@ -162,6 +170,12 @@ class DiskTier final : public KvTier {
   bool ScoredLocked(const Digest& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Deletes index victims until `incoming` more bytes fit. Requires mu_.
   void MakeRoomLocked(int64_t incoming) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Open's part of on_store: reads and checks the head of every indexed file (deleting and
+  // counting those that fail) and reports the others, parents first. Requires mu_.
+  void ReportFoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // on_delete for an own file that left the index, once Open reported what it found (a file
+  // deleted before was never reported stored). Requires mu_.
+  void ReportDeletedLocked(const Digest& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t Now() const { return clock_(); }
 
   const std::string dir_;
@@ -171,6 +185,8 @@ class DiskTier final : public KvTier {
   const std::function<int64_t()> clock_;
   const std::function<int(const std::string&, const std::string&, std::string_view)> write_file_;
   const std::function<void()> read_hook_;
+  const std::function<void(const BlockRecordHead&)> on_store_;
+  const std::function<void(const Digest&)> on_delete_;
   const int lock_fd_;
   const int64_t cap_;
   const int32_t max_load_blocks_;
@@ -181,6 +197,7 @@ class DiskTier final : public KvTier {
   absl::flat_hash_set<Digest, DigestHash> queued_keys_ ABSL_GUARDED_BY(mu_);  // incl. writing
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool found_reported_ ABSL_GUARDED_BY(mu_) = false;  // Open's scan is done
   DiskTierStats stats_ ABSL_GUARDED_BY(mu_);
 
   std::string load_buffer_;  // the loading thread's: the file being verified

@@ -8,7 +8,13 @@
 #include <string>
 #include <string_view>
 
+#include "cache/sha256.h"
+
 namespace prefixd {
+
+// cache/block_record.h. Declared only: whoever configures a tier (EngineOptions, the front
+// ends) does not see the record format (tests/include_rules_test.cc).
+struct BlockRecordHead;
 
 inline constexpr int64_t kDefaultDiskTierMaxBytes = int64_t{8} << 30;
 
@@ -35,6 +41,21 @@ struct DiskTierOptions {
   // seam to the read side, as write_file is to the write side: tests hold loads back with it
   // to see what the engine does meanwhile.
   std::function<void()> read_hook;
+
+  // The tier's block events, for the engine's KV events (engine/kv_events.h); unset: none.
+  // on_store runs for each block file of this layout that enters the index: at Open for every
+  // file found there, once its head (cache/block_record.h) is read and checked (a file whose
+  // head fails is deleted and counted as corrupt, and reported nowhere), parents before
+  // children, on the thread calling Open; then on the writer thread for each file written
+  // (never for a spill dropped or a write that failed, nor when a file with a score section
+  // replaces one without: that block was indexed all along). on_delete runs for each indexed
+  // file of this layout that leaves the index after Open (the cap, a failed verification, a
+  // file found gone, a failed replacement), on the thread that removed it. Files of another
+  // layout are not this model's blocks: neither runs for them. Both run under the tier's lock,
+  // in the order the index changed: they must be quick and must not call the tier. Open reads
+  // the heads only when on_store is set (one small read per file).
+  std::function<void(const BlockRecordHead& head)> on_store;
+  std::function<void(const Digest& key)> on_delete;
 };
 
 }  // namespace prefixd

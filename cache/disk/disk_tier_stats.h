@@ -11,7 +11,7 @@ struct DiskTierStats {
   int64_t bytes = 0;          // bytes of every indexed file, this layout's and foreign ones
   int64_t foreign_files = 0;  // files of other layouts still on disk
   int64_t cap_bytes = 0;
-  int64_t queued_blocks = 0;
+  int64_t queued_blocks = 0;    // spills waiting for the writer or being written
   uint64_t spills = 0;          // blocks written to disk
   uint64_t spills_dropped = 0;  // offered but not written: queue full, write error, shutdown
   uint64_t write_errors = 0;    // of those, failed writes (disk full, I/O error)

@@ -67,6 +67,13 @@ std::optional<TierIndex::Victim> TierIndex::PopVictim(int64_t cap, int64_t incom
   return v;
 }
 
+std::vector<Digest> TierIndex::OwnKeys() const {
+  std::vector<Digest> out;
+  out.reserve(own_lru_.size());
+  for (const OwnLru& o : own_lru_) out.push_back(std::get<2>(o));
+  return out;
+}
+
 std::vector<std::string> TierIndex::EvictionOrder() const {
   std::vector<std::string> out;
   for (const ForeignLru& f : foreign_lru_) out.push_back(std::get<1>(f));

@@ -53,6 +53,8 @@ class TierIndex {
   int64_t bytes() const { return bytes_; }
   int64_t own_blocks() const { return static_cast<int64_t>(own_.size()); }
   int64_t foreign_files() const { return static_cast<int64_t>(foreign_.size()); }
+  // The own entries' keys, least recently used first.
+  std::vector<Digest> OwnKeys() const;
   // Every entry in the order PopVictim would take them (file names for foreign ones, then
   // hex chain keys).
   std::vector<std::string> EvictionOrder() const;

@@ -1,6 +1,7 @@
 // OpenRegularFile / ReadWholeFile: each thing that can sit where a file should is reported
-// as what it is, and nothing blocks. ReadFileInto / WriteFileAtomically: whole files of
-// prefixd's own, never written through a symbolic link.
+// as what it is, and nothing blocks. ReadFileInto / ReadFilePrefixInto / WriteFileAtomically:
+// whole files (or their first bytes) of prefixd's own, never read or written through a
+// symbolic link.
 #include "base/file.h"
 
 #include <stdlib.h>
@@ -156,6 +157,18 @@ TEST_F(ReadFileTest, OwnFilesAreReadOnlyWhenRegularAndNotThroughALink) {
   EXPECT_EQ(ReadFileInto(Path("fifo"), &out), EINVAL);  // not waited on
   EXPECT_EQ(ReadFileInto(dir_.string(), &out), EINVAL);
   EXPECT_EQ(Contents(Path("f")), "bytes");
+}
+
+TEST_F(ReadFileTest, APrefixReadStopsAtTheLimitOrTheEndAndKeepsTheSameRules) {
+  std::ofstream(Path("f")) << "0123456789";
+  fs::create_symlink(Path("f"), Path("link"));
+  std::string out = "stale";
+  ASSERT_EQ(ReadFilePrefixInto(Path("f"), 4, &out), 0);
+  EXPECT_EQ(out, "0123");
+  ASSERT_EQ(ReadFilePrefixInto(Path("f"), 100, &out), 0);  // shorter than the limit
+  EXPECT_EQ(out, "0123456789");
+  EXPECT_EQ(ReadFilePrefixInto(Path("link"), 4, &out), ELOOP);
+  EXPECT_EQ(ReadFilePrefixInto(Path("absent"), 4, &out), ENOENT);
 }
 
 TEST_F(ReadFileTest, AFailedAtomicWriteLeavesTheOldFileAndNoTemporary) {

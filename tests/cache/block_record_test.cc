@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "cache/block_key.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/cache/tier_test_util.h"
 
@@ -305,6 +306,67 @@ TEST(BlockRecordTest, BytesArePinned) {
   EXPECT_EQ(DigestHex(Sha256Of(scored)),
             "992775b16ecc9284e06eb83b7cf5050f7e7cb67c0d9ed7b2832c7cf980641af1");
   EXPECT_EQ(plain_layout.Id(), "00c50c973bdf1c0f");
+}
+
+// A record's head (DecodeBlockRecordHead): the identity from the first bytes alone, with the
+// checks those bytes allow; damage past them is the full decoder's to find.
+TEST(BlockRecordTest, TheHeadDecodesFromTheFirstBytesWithTheChecksTheyAllow) {
+  const BlockLayout layout = ScoredLayout();
+  const std::vector<BlockRecord> chain = MakeChain(layout, 1, 2);
+  const std::string file = EncodeBlockRecord(layout, chain[1]);
+  ASSERT_EQ(BlockRecordHeadBytes(layout), static_cast<int64_t>(kHeader + 4 * 4));
+  const std::string head_bytes = file.substr(0, kHeader + 4 * 4);
+  auto head = DecodeBlockRecordHead(head_bytes, layout);
+  ASSERT_TRUE(head.ok()) << head.status();
+  EXPECT_EQ(*head, (BlockRecordHead{.root = TestRoot(),
+                                    .parent_key = chain[0].key,
+                                    .key = chain[1].key,
+                                    .tokens = chain[1].tokens,
+                                    .scored = false}));
+  const std::string scored = EncodeBlockRecord(layout, WithScores(chain[0], layout));
+  auto scored_head = DecodeBlockRecordHead(scored, layout);  // the whole record: the rest ignored
+  ASSERT_TRUE(scored_head.ok()) << scored_head.status();
+  EXPECT_TRUE(scored_head->scored);
+  EXPECT_EQ(scored_head->parent_key, TestRoot());
+
+  // Damage in the data section: the head still decodes (only the checksum would tell).
+  std::string damaged = file;
+  damaged[kTokensEnd + 3] = static_cast<char>(damaged[kTokensEnd + 3] ^ 1);
+  EXPECT_TRUE(DecodeBlockRecordHead(damaged, layout).ok());
+  // A token changed: it no longer hashes to the chain key.
+  std::string token = head_bytes;
+  token[kHeader] = static_cast<char>(token[kHeader] ^ 1);
+  EXPECT_EQ(DecodeBlockRecordHead(token, layout).status().message(),
+            "disk tier block rejected: tokens do not hash to the key");
+  // Cut inside the header or the tokens.
+  for (size_t n : {size_t{0}, kHeader - 1, kHeader, kHeader + 4 * 4 - 1}) {
+    EXPECT_EQ(DecodeBlockRecordHead(head_bytes.substr(0, n), layout).status().code(),
+              absl::StatusCode::kDataLoss)
+        << n;
+  }
+  // Another layout's record.
+  EXPECT_THAT(
+      std::string(DecodeBlockRecordHead(head_bytes, SmallLayout("manifest-2")).status().message()),
+      ::testing::HasSubstr("layout"));
+}
+
+TEST(BlockRecordTest, ParentsComeBeforeTheirChildrenAndTiesKeepTheirOrder) {
+  const BlockLayout layout = SmallLayout();
+  const std::vector<BlockRecord> a = MakeChain(layout, 1, 3);
+  const std::vector<BlockRecord> b = MakeChain(layout, 2, 2);
+  auto head = [](const BlockRecord& r) {
+    return BlockRecordHead{
+        .root = r.root, .parent_key = r.parent_key, .key = r.key, .tokens = r.tokens};
+  };
+  // b[1]'s parent is not in the set: it counts as a first block.
+  std::vector<BlockRecordHead> heads = {head(a[2]), head(b[1]), head(a[1]), head(a[0])};
+  OrderParentsFirst(&heads);
+  std::vector<Digest> keys;
+  for (const BlockRecordHead& h : heads) keys.push_back(h.key);
+  EXPECT_THAT(keys, ::testing::ElementsAre(b[1].key, a[0].key, a[1].key, a[2].key));
+  std::vector<BlockRecordHead> none;
+  OrderParentsFirst(&none);
+  EXPECT_TRUE(none.empty());
 }
 
 }  // namespace

@@ -53,6 +53,7 @@ struct CpuEngineOptions {
   DiskTierOptions disk_tier;  // off unless dir is set
   RemoteTierOptions remote_tier;  // off unless url is set
   std::string manifest;       // empty: the model's own
+  std::shared_ptr<KvEventSink> kv_events = nullptr;  // null: no KV events
 };
 
 // An engine with its own backend (declared first: destroyed after the engine).
@@ -80,6 +81,7 @@ struct CpuEngine {
     e.disk_tier = o.disk_tier;
     e.remote_tier = o.remote_tier;
     if (!o.manifest.empty()) e.manifest_sha256 = o.manifest;
+    e.kv_events = o.kv_events;
     auto made = Engine::Create(e);
     PREFIXD_CHECK_MSG(made.ok(), std::string(made.status().message()).c_str());
     engine = *std::move(made);

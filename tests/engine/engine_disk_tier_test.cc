@@ -1,20 +1,26 @@
 // The disk cache tier end to end on the CPU backend and a tiny random GPT-2: outputs after a
 // tier hit, after a restart on the same directory and after corrupted files are compared with
-// cold runs bit for bit (==), and cached_prompt_tokens says how much came from disk.
+// cold runs bit for bit (==), and cached_prompt_tokens says how much came from disk. With KV
+// events on, the DISK medium follows the directory: files found at a restart (parents first),
+// written, deleted for the cap or for damage; a write that fails shows nothing.
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "cache/block_key.h"
 #include "cache/block_record.h"
 #include "engine/engine.h"
+#include "engine/kv_events.h"
 #include "engine/kv_tiers.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -406,6 +412,209 @@ TEST(EngineDiskTierTest, ADrainWithGraceLetsAParkedRequestFinish) {
   ASSERT_TRUE(out.status.ok()) << out.status;
   EXPECT_EQ(out.usage.cached_prompt_tokens, 96u);
   EXPECT_EQ(out.samples[0], Cold(a).samples[0]);
+}
+
+// ---- KV events of the disk tier ----
+
+// The batches an engine publishes (on its thread), read by the test.
+class RecordingSink : public KvEventSink {
+ public:
+  void Publish(std::vector<KvEvent> batch) override {
+    absl::MutexLock lock(&mu_);
+    batches_.push_back(std::move(batch));
+  }
+  std::vector<std::vector<KvEvent>> batches() {
+    absl::MutexLock lock(&mu_);
+    return batches_;
+  }
+  // Every event of every batch, in order.
+  std::vector<KvEvent> events() {
+    std::vector<KvEvent> out;
+    for (const auto& b : batches()) out.insert(out.end(), b.begin(), b.end());
+    return out;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::vector<KvEvent>> batches_ ABSL_GUARDED_BY(mu_);
+};
+
+// What replaying `events` leaves on DISK (block hashes), CHECKing that every removal is of a
+// block stored before.
+std::set<uint64_t> ReplayDisk(const std::vector<KvEvent>& events) {
+  std::set<uint64_t> disk;
+  for (const KvEvent& e : events) {
+    if (const auto* s = std::get_if<KvBlockStored>(&e);
+        s != nullptr && s->medium == KvMedium::kDisk) {
+      EXPECT_TRUE(disk.insert(s->block_hash).second) << "stored twice: " << s->block_hash;
+    } else if (const auto* r = std::get_if<KvBlockRemoved>(&e);
+               r != nullptr && r->medium == KvMedium::kDisk) {
+      EXPECT_EQ(disk.erase(r->block_hash), 1u) << "removed but not stored: " << r->block_hash;
+    }
+  }
+  return disk;
+}
+
+// The block hashes of the directory's block files (DIR/<layout>-<hex key>.kvb): the first 16
+// hex digits of the key are the hash (KvEventBlockHash).
+std::set<uint64_t> DiskHashesOf(const std::string& dir) {
+  std::set<uint64_t> out;
+  for (const fs::path& p : BlockFiles(dir)) {
+    out.insert(std::stoull(p.filename().string().substr(17, 16), nullptr, 16));
+  }
+  return out;
+}
+
+uint64_t HashOfBlock(const std::vector<uint32_t>& prompt, int index,
+                     const std::string& ns = "tenant-a") {
+  Digest key = CacheRootKey(TinyModel::Get().manifest_sha256(), ns);
+  for (int i = 0; i <= index; ++i) {
+    key = ChainKey(key, absl::MakeConstSpan(prompt).subspan(16 * i, 16));
+  }
+  return KvEventBlockHash(key);
+}
+
+// A restart reports every file it finds, in the batch right after start-up, parents first
+// (a chain of 7 here, so exactly in chain order), with its tokens and no identity (no request
+// has named its root yet); the shutdown that wrote them published them too.
+TEST(EngineDiskTierEventsTest, ARestartReportsEveryFileFoundParentsFirst) {
+  testing::ScratchDir dir("engine_events_restart");
+  const EngineRequest a = Request(21);
+  {
+    auto sink = std::make_shared<RecordingSink>();
+    CpuEngineOptions o = WithTier(dir.path());
+    o.kv_events = sink;
+    CpuEngine first(o);
+    ASSERT_TRUE(RunOne(*first.engine, a).status.ok());
+    first.engine->Shutdown(absl::Seconds(10));
+    ASSERT_EQ(BlockFiles(dir.path()).size(), 7u);
+    EXPECT_EQ(ReplayDisk(sink->events()), DiskHashesOf(dir.path()));
+  }
+  auto sink = std::make_shared<RecordingSink>();
+  CpuEngineOptions o = WithTier(dir.path());
+  o.kv_events = sink;
+  CpuEngine second(o);
+  // Published before Create returned: the engine's first batch.
+  const std::vector<std::vector<KvEvent>> batches = sink->batches();
+  ASSERT_EQ(batches.size(), 1u);
+  ASSERT_EQ(batches[0].size(), 7u);
+  for (int i = 0; i < 7; ++i) {
+    SCOPED_TRACE(i);
+    const auto& stored = std::get<KvBlockStored>(batches[0][i]);
+    EXPECT_EQ(stored.medium, KvMedium::kDisk);
+    EXPECT_EQ(stored.block_size, 16);
+    EXPECT_EQ(stored.lora_name, std::nullopt);
+    EXPECT_EQ(stored.lora_id, std::nullopt);
+    EXPECT_TRUE(stored.extra_keys.empty());
+    if (i < 6) {  // block 6 holds the generated tokens after the prompt's 100
+      EXPECT_EQ(stored.block_hash, HashOfBlock(a.prompt, i));
+      EXPECT_EQ(stored.token_ids,
+                std::vector<uint32_t>(a.prompt.begin() + 16 * i, a.prompt.begin() + 16 * i + 16));
+    }
+    if (i == 0) {
+      EXPECT_EQ(stored.parent_block_hash, std::nullopt);
+    } else {
+      EXPECT_EQ(stored.parent_block_hash, std::get<KvBlockStored>(batches[0][i - 1]).block_hash);
+    }
+  }
+  // The request served from those files: they stay, nothing on DISK changes.
+  EXPECT_EQ(RunOne(*second.engine, a).usage.cached_prompt_tokens, 96u);
+  EngineTestPeer::FlushKvEvents(*second.engine);
+  EXPECT_EQ(ReplayDisk(sink->events()), DiskHashesOf(dir.path()));
+}
+
+// A cap of six files under a workload that spills more: each file the cap deletes is removed
+// from DISK, exactly those, and the DISK replay equals the directory.
+TEST(EngineDiskTierEventsTest, TheCapsDeletionsAreRemovalsFromDisk) {
+  testing::ScratchDir dir("engine_events_cap");
+  auto sink = std::make_shared<RecordingSink>();
+  CpuEngineOptions o = WithTier(dir.path());
+  o.disk_tier.max_bytes = 6 * (16 * 1024 + 1024);  // 16 KiB of K/V a block, and its record
+  o.kv_events = sink;
+  CpuEngine engine(o);
+  for (uint32_t seed : {31u, 32u, 33u}) {
+    ASSERT_TRUE(RunOne(*engine.engine, Request(seed, 200)).status.ok());
+  }
+  ASSERT_TRUE(EngineTestPeer::FlushDiskTier(*engine.engine, absl::Now() + kWait));
+  EngineTestPeer::FlushKvEvents(*engine.engine);
+  const EngineStats s = engine.engine->Stats();
+  ASSERT_GT(s.disk.evicted_files, 0u) << "the cap deleted nothing: the test checks nothing";
+  uint64_t stored = 0;
+  std::vector<uint64_t> removed;
+  for (const KvEvent& e : sink->events()) {
+    if (const auto* st = std::get_if<KvBlockStored>(&e); st && st->medium == KvMedium::kDisk) {
+      ++stored;
+    }
+    if (const auto* r = std::get_if<KvBlockRemoved>(&e); r && r->medium == KvMedium::kDisk) {
+      removed.push_back(r->block_hash);
+    }
+  }
+  EXPECT_EQ(stored, s.disk.spills);  // one store per file written
+  EXPECT_EQ(removed.size(), s.disk.evicted_files);
+  const std::set<uint64_t> on_disk = DiskHashesOf(dir.path());
+  for (uint64_t h : removed) EXPECT_EQ(on_disk.count(h), 0u) << h;
+  EXPECT_EQ(ReplayDisk(sink->events()), on_disk);
+}
+
+// A file found at start-up that fails its load is deleted: removed from DISK. Its head was
+// sound (a data byte flipped), so it had been reported stored.
+TEST(EngineDiskTierEventsTest, ACorruptFilesDeletionIsARemovalFromDisk) {
+  testing::ScratchDir dir("engine_events_corrupt");
+  const EngineRequest a = Request(22);
+  RunAndShutDown(dir.path(), a);
+  {
+    std::fstream f(FileOfBlock(dir.path(), a.prompt, 2),
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(kBlockRecordHeaderBytes + 16 * 4 + 100);
+    f.put('\x5a');
+  }
+  auto sink = std::make_shared<RecordingSink>();
+  CpuEngineOptions o = WithTier(dir.path());
+  o.kv_events = sink;
+  CpuEngine engine(o);
+  EXPECT_EQ(ReplayDisk(sink->events()).size(), 7u);
+  EXPECT_EQ(RunOne(*engine.engine, a).usage.cached_prompt_tokens, 32u);
+  EngineTestPeer::FlushKvEvents(*engine.engine);
+  std::vector<uint64_t> removed;
+  for (const KvEvent& e : sink->events()) {
+    if (const auto* r = std::get_if<KvBlockRemoved>(&e); r && r->medium == KvMedium::kDisk) {
+      removed.push_back(r->block_hash);
+    }
+  }
+  EXPECT_EQ(removed, std::vector<uint64_t>{HashOfBlock(a.prompt, 2)});
+  EXPECT_EQ(engine.engine->Stats().disk.corrupt_blocks, 1u);
+  EXPECT_EQ(ReplayDisk(sink->events()), DiskHashesOf(dir.path()));
+}
+
+// Every write fails (a broken disk): the evicted blocks leave the pool, and nothing is ever
+// reported on DISK.
+TEST(EngineDiskTierEventsTest, ASpillThatIsNeverWrittenIsNeverOnDisk) {
+  testing::ScratchDir dir("engine_events_failed");
+  auto sink = std::make_shared<RecordingSink>();
+  CpuEngineOptions o = WithTier(dir.path());
+  o.disk_tier.write_file = [](const std::string&, const std::string&, std::string_view) {
+    return EIO;
+  };
+  o.kv_events = sink;
+  CpuEngine engine(o);
+  for (uint32_t seed : {41u, 42u}) {
+    ASSERT_TRUE(RunOne(*engine.engine, Request(seed, 200)).status.ok());
+  }
+  ASSERT_TRUE(EngineTestPeer::FlushDiskTier(*engine.engine, absl::Now() + kWait));
+  EngineTestPeer::FlushKvEvents(*engine.engine);
+  const EngineStats s = engine.engine->Stats();
+  ASSERT_GT(s.disk.write_errors, 0u) << "nothing was spilled: the test checks nothing";
+  int pool_removals = 0;
+  for (const KvEvent& e : sink->events()) {
+    if (const auto* st = std::get_if<KvBlockStored>(&e)) {
+      EXPECT_NE(st->medium, KvMedium::kDisk);
+    }
+    if (const auto* r = std::get_if<KvBlockRemoved>(&e)) {
+      EXPECT_EQ(r->medium, KvMedium::kCpu);
+      ++pool_removals;
+    }
+  }
+  EXPECT_EQ(static_cast<uint64_t>(pool_removals), s.cache.evictions);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "cache/kv_cache.h"
 #include "cache/tier.h"
 #include "engine/engine.h"
+#include "engine/kv_event_recorder.h"
 #include "engine/kv_tiers.h"
 
 namespace prefixd {
@@ -20,6 +21,14 @@ class EngineTestPeer {
   // only user), or on the calling thread once the engine has stopped; returns after it ran.
   static void RunWithKvCache(Engine& engine, const std::function<void(const KvCache&)>& fn) {
     engine.RunBetweenSteps([&] { fn(*engine.cache_); });
+  }
+
+  // Publishes the KV events recorded so far, the disk tier's waiting in its inbox included
+  // (between two steps, on the engine thread: the recorder's). Nothing without --kv-events.
+  static void FlushKvEvents(Engine& engine) {
+    engine.RunBetweenSteps([&] {
+      if (engine.events_ != nullptr) engine.events_->Flush();
+    });
   }
 
   // Waits until the engine's disk tier has written every queued spill (true) or `deadline`

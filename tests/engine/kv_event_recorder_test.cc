@@ -1,7 +1,8 @@
 // KvEventRecorder (engine/kv_event_recorder.h): the pool's hooks become one batch per Flush,
 // in order, with each block's identity (adapter, namespace) from the root the engine noted,
-// a spill as removal from the pool plus storage on DISK, nothing for an empty step, and a
-// bounded map of roots.
+// an eviction as removal from the pool only, the disk tier's files (from its inbox) as DISK
+// stores and removals after the pool's events, nothing for an empty step, and a bounded map
+// of roots.
 #include "engine/kv_event_recorder.h"
 
 #include <memory>
@@ -32,20 +33,26 @@ class KvEventRecorderTest : public ::testing::Test {
  protected:
   KvEventRecorderTest()
       : sink_(std::make_shared<FakeSink>()),
-        recorder_({.sink = sink_, .pool_medium = KvMedium::kGpu, .block_size = 2}) {}
+        recorder_(
+            {.sink = sink_, .pool_medium = KvMedium::kGpu, .block_size = 2, .disk_events = disk_}) {
+  }
 
   void Index(const Digest& key, const Digest* parent, const Digest& root) {
     recorder_.OnIndexed(IndexedBlock{.block = 0, .key = &key, .parent_key = parent,
                                      .root = &root, .tokens = tokens_});
   }
-  void Evict(const Digest& key, const Digest& parent_or_root, const Digest& root,
-             bool spilled) {
-    recorder_.OnEvicted(EvictedBlock{.block = 0, .key = &key, .parent_key = &parent_or_root,
-                                     .root = &root, .tokens = tokens_},
-                        spilled);
+  void Evict(const Digest& key, const Digest& parent_or_root, const Digest& root) {
+    recorder_.OnEvicted(EvictedBlock{
+        .block = 0, .key = &key, .parent_key = &parent_or_root, .root = &root, .tokens = tokens_});
+  }
+  // A disk file's head: its parent key is the root for a first block.
+  BlockRecordHead Head(const Digest& key, const Digest& parent_or_root, const Digest& root) {
+    return BlockRecordHead{
+        .root = root, .parent_key = parent_or_root, .key = key, .tokens = tokens_};
   }
 
   std::shared_ptr<FakeSink> sink_;
+  std::shared_ptr<TierEventInbox> disk_ = std::make_shared<TierEventInbox>(nullptr);
   KvEventRecorder recorder_;
   std::vector<uint32_t> tokens_ = {7, 9};
 };
@@ -81,34 +88,68 @@ TEST_F(KvEventRecorderTest, OneBatchPerFlushWithEachBlocksIdentity) {
   EXPECT_THAT(a.extra_keys, ElementsAre(ns, "adapter:" + std::string(64, 'a')));
 }
 
-TEST_F(KvEventRecorderTest, ASpillIsRemovalFromThePoolAndStorageOnDisk) {
+// A spill is a removal from the pool when the block leaves it, and a store on DISK only when
+// the tier reports the file written (through its inbox, after the pool's events of the step);
+// a spill the tier drops never shows on DISK.
+TEST_F(KvEventRecorderTest, ASpillIsRemovalFromThePoolThenStorageOnDiskOnceWritten) {
   const Digest root = Sha256Of("root");
-  recorder_.NoteRoot(root, "", "", "ns");
+  recorder_.NoteRoot(root, "sql", std::string(64, 'b'), "ns");
   const Digest k0 = Key(0), k1 = Key(1);
   Index(k0, nullptr, root);
   Index(k1, &k0, root);
   recorder_.Flush();
-  Evict(k1, k0, root, /*spilled=*/true);
-  Evict(k0, root, root, /*spilled=*/true);  // a first block's parent key is the root
+  Evict(k1, k0, root);
+  disk_->PushStored(Head(k1, k0, root));  // written while the step ran
+  Evict(k0, root, root);                  // its spill is dropped: no file, no DISK store
   recorder_.Flush();
   ASSERT_EQ(sink_->batches.size(), 2u);
   const std::vector<KvEvent>& b = sink_->batches[1];
-  ASSERT_EQ(b.size(), 4u);
+  ASSERT_EQ(b.size(), 3u);
   EXPECT_EQ(std::get<KvBlockRemoved>(b[0]),
             (KvBlockRemoved{.block_hash = KvEventBlockHash(k1), .medium = KvMedium::kGpu}));
-  const KvBlockStored& d1 = std::get<KvBlockStored>(b[1]);
-  EXPECT_EQ(d1.medium, KvMedium::kDisk);
-  EXPECT_EQ(d1.block_hash, KvEventBlockHash(k1));
-  EXPECT_EQ(d1.parent_block_hash, KvEventBlockHash(k0));
-  EXPECT_EQ(std::get<KvBlockRemoved>(b[2]).block_hash, KvEventBlockHash(k0));
-  EXPECT_FALSE(std::get<KvBlockStored>(b[3]).parent_block_hash.has_value());
-  // Not spilled: only the removal.
-  Index(k0, nullptr, root);
-  Evict(k0, root, root, /*spilled=*/false);
+  EXPECT_EQ(std::get<KvBlockRemoved>(b[1]),
+            (KvBlockRemoved{.block_hash = KvEventBlockHash(k0), .medium = KvMedium::kGpu}));
+  // The block keeps its identity on DISK: its root is still known.
+  EXPECT_EQ(std::get<KvBlockStored>(b[2]),
+            (KvBlockStored{.block_hash = KvEventBlockHash(k1),
+                           .parent_block_hash = KvEventBlockHash(k0),
+                           .token_ids = {7, 9},
+                           .block_size = 2,
+                           .medium = KvMedium::kDisk,
+                           .lora_name = "sql",
+                           .lora_id = static_cast<int64_t>(0x5dddddddddddddddull),
+                           .extra_keys = {"ns:" + DigestHex(Sha256Of("ns")),
+                                          "adapter:" + std::string(64, 'b')}}));
+  // The tier deletes the file later (its cap): a removal from DISK in the next batch.
+  disk_->PushDeleted(k1);
   recorder_.Flush();
   ASSERT_EQ(sink_->batches.size(), 3u);
-  EXPECT_EQ(sink_->batches[2].size(), 2u);
-  EXPECT_TRUE(std::holds_alternative<KvBlockRemoved>(sink_->batches[2][1]));
+  EXPECT_THAT(sink_->batches[2],
+              ElementsAre(KvEvent(
+                  KvBlockRemoved{.block_hash = KvEventBlockHash(k1), .medium = KvMedium::kDisk})));
+}
+
+// Files found at start-up: roots no request named, so no adapter and no namespace; a first
+// block has no parent hash; the events are the inbox's, in its order.
+TEST_F(KvEventRecorderTest, FilesFoundAtStartUpAreStoredOnDiskWithoutIdentity) {
+  const Digest root = Sha256Of("earlier-root");
+  const Digest k0 = Key(0), k1 = Key(1);
+  disk_->PushStored(Head(k0, root, root));
+  disk_->PushStored(Head(k1, k0, root));
+  recorder_.Flush();
+  ASSERT_EQ(sink_->batches.size(), 1u);
+  EXPECT_THAT(sink_->batches[0],
+              ElementsAre(KvEvent(KvBlockStored{.block_hash = KvEventBlockHash(k0),
+                                                .token_ids = {7, 9},
+                                                .block_size = 2,
+                                                .medium = KvMedium::kDisk}),
+                          KvEvent(KvBlockStored{.block_hash = KvEventBlockHash(k1),
+                                                .parent_block_hash = KvEventBlockHash(k0),
+                                                .token_ids = {7, 9},
+                                                .block_size = 2,
+                                                .medium = KvMedium::kDisk})));
+  recorder_.Flush();  // the inbox is empty again: nothing more
+  EXPECT_EQ(sink_->batches.size(), 1u);
 }
 
 TEST(KvEventMediumTest, TheCudaBackendsPoolIsGpu) {

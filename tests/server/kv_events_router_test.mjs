@@ -5,8 +5,10 @@
 // server will report cached. The prediction must hold up to the partial block prefixd copies
 // at token granularity: predicted <= cached < predicted + block_size. Checked after a
 // workload that overflows the pool (evictions), with two tenants sending the same prompt,
-// with a LoRA adapter, and with the disk tier on (spills are removals from the pool and
-// stores on disk). `prefixctl events` prints the same stream.
+// with a LoRA adapter, with the disk tier on (a spill is a removal from the pool, then a store
+// on DISK once its file is written), after a restart over the same cache dir (the files found
+// are stored on DISK at start-up, without identity) and while the disk tier's cap deletes
+// files (removals from DISK). `prefixctl events` prints the same stream.
 //
 //   node kv_events_router_test.mjs --build BUILD --tokenizer DIR --deps DIR
 //
@@ -87,6 +89,8 @@ class Server {
   static async start(modelDir, extraFlags = []) {
     const s = new Server();
     s.output = '';
+    const dir = extraFlags.indexOf('--cache-dir');
+    s.cacheDir = dir >= 0 ? extraFlags[dir + 1] : null;
     s.proc = spawn(PREFIXD, ['--model', modelDir, '--device', 'cpu', '--threads', '1',
                              '--listen', '127.0.0.1:0', '--metrics-listen', '127.0.0.1:0',
                              '--http-listen', '127.0.0.1:0', '--shutdown-grace', '2s',
@@ -171,6 +175,7 @@ class Router {
     this.next = 0n;  // the next sequence number expected
     this.resident = new Map();  // `${medium}:${hash}` -> { hash, parent, tokens, extra }
     this.gaps = 0;
+    this.diskRemovals = 0;  // BlockRemoved DISK events applied
     this.sub = new zmq.Subscriber();
     this.sub.connect(server.eventsEndpoint);
     this.sub.subscribe(topic);
@@ -261,13 +266,17 @@ class Router {
         assert.equal(e.length, 3);
         const [, hashes, medium] = e;
         for (const h of hashes) this.resident.delete(`${medium}:${BigInt(h)}`);
+        if (medium === 'DISK') this.diskRemovals += hashes.length;
       }
     }
     this.next = seq + 1n;
   }
 
   // Whole blocks of `prompt` this replica holds under a root, in any medium, as prefixd
-  // serves them: the pool's, then the disk's.
+  // serves them: the pool's, then the disk's. A first block of unknown identity (no
+  // extra_keys: a disk file found at start-up, whose tenant prefixd cannot name) may be
+  // anyone's; this router takes it for the request's, which is exact for the disk replica
+  // here (one tenant) and may over-predict where several tenants send the same first tokens.
   predict(prompt, extra) {
     const index = new Map();
     for (const b of this.resident.values()) {
@@ -277,8 +286,9 @@ class Router {
     let parentKey = `root:${JSON.stringify(extra)}`;
     let blocks = 0;
     for (; (blocks + 1) * BLOCK <= prompt.length; ++blocks) {
-      const tokens = prompt.slice(blocks * BLOCK, (blocks + 1) * BLOCK);
-      const h = index.get(`${parentKey}|${tokens.join(',')}`);
+      const tokens = prompt.slice(blocks * BLOCK, (blocks + 1) * BLOCK).join(',');
+      let h = index.get(`${parentKey}|${tokens}`);
+      if (h === undefined && blocks === 0) h = index.get(`root:[]|${tokens}`);
       if (h === undefined) break;
       parentKey = String(h);
     }
@@ -307,11 +317,23 @@ let sentinels = 0;
 
 const ids = (seed, n) => Array.from({ length: n }, (_, i) => 100 + ((seed * 7919 + i * 37) % 5000));
 
+// The block hashes of the files in a disk tier's directory, <layout id>-<hex chain key>.kvb
+// (a block's hash is the first 8 bytes of its chain key, big-endian).
+function diskFileHashes(dir) {
+  const out = new Set();
+  for (const name of fs.readdirSync(dir)) {
+    const m = /^[0-9a-f]{16}-([0-9a-f]{64})\.kvb$/.exec(name);
+    if (m) out.add(BigInt(`0x${m[1].slice(0, 16)}`));
+  }
+  return out;
+}
+
 // Makes sure the router has seen every event of the requests before: a sentinel request in
 // a namespace of its own (never matched by the workload) whose block's BlockStored comes
-// after them on the stream; with the disk tier also waits until every spill the router saw
-// is written. The sentinel is part of the replica's state, so the prediction that follows
-// includes it.
+// after them on the stream. With the disk tier also waits until the tier has written every
+// spill (none queued) and the router's DISK blocks are the directory's files: a file is
+// reported when written and when deleted, so until then the router may lag the directory.
+// The sentinel is part of the replica's state, so the prediction that follows includes it.
 async function sync(server, router, { disk = false, token, tenant = 'default' } = {}) {
   const salt = `sentinel-${++sentinels}`;
   const prompt = ids(90000 + sentinels, BLOCK + 1);
@@ -326,13 +348,19 @@ async function sync(server, router, { disk = false, token, tenant = 'default' } 
     return false;
   });
   if (disk) {
-    let onDisk = 0, written = 0;
-    await waitFor(() => `the disk tier to write the ${onDisk} spills the router saw ` +
-                        `(prefixd_disk_cache_spills_total ${written})`, async () => {
-      onDisk = 0;
-      for (const b of router.resident.values()) if (b.medium === 'DISK') onDisk += 1;
-      written = await server.metric('prefixd_disk_cache_spills_total');
-      return written >= onDisk;
+    let queued = 0, seen = 0, files = 0;
+    await waitFor(() => `the disk tier's writes to land and the router to see them (${queued} ` +
+                        `queued; the router holds ${seen} DISK blocks, the directory ${files} ` +
+                        'files)', async () => {
+      queued = await server.metric('prefixd_disk_cache_queued_blocks');
+      if (queued !== 0) return false;
+      const onDisk = diskFileHashes(server.cacheDir);
+      const mine = new Set();
+      for (const b of router.resident.values()) if (b.medium === 'DISK') mine.add(b.hash);
+      [seen, files] = [mine.size, onDisk.size];
+      if (mine.size === onDisk.size && [...mine].every((h) => onDisk.has(h))) return true;
+      await router.catchUp();
+      return false;
     });
   }
 }
@@ -348,7 +376,7 @@ async function check(server, router, req, { disk = false } = {}) {
   return { predicted, cached };
 }
 
-let plain, disk, adapterDigest;
+let plain, disk, adapterDigest, diskDir;
 let plainRouter, diskRouter;
 
 before(async () => {
@@ -360,10 +388,10 @@ before(async () => {
   assert.equal(r.status, 0, `prefixd-model random-adapter failed: ${r.stdout}${r.stderr}`);
   const tokens = path.join(tmp, 'tokens');
   fs.writeFileSync(tokens, Object.entries(TOKENS).map(([t, k]) => `${k} ${t}`).join('\n') + '\n');
+  diskDir = path.join(tmp, 'disk');
   [plain, disk] = await Promise.all([
     Server.start(modelDir, ['--auth-tokens', tokens, '--adapter', `sql=${adapterDir}`]),
-    Server.start(modelDir, ['--cache-dir', path.join(tmp, 'disk'),
-                            '--cache-dir-bytes', String(64 << 20)])]);
+    Server.start(modelDir, ['--cache-dir', diskDir, '--cache-dir-bytes', String(64 << 20)])]);
   adapterDigest = /^prefixd: adapter sql: .*sha256 ([0-9a-f]{64})$/m.exec(plain.output)[1];
   plainRouter = new Router(plain, 'kv');
   diskRouter = new Router(disk, 'kv');
@@ -445,6 +473,57 @@ describe('a router rebuilt from the KV events predicts cached prompt tokens', ()
     }
     assert.ok(fromDisk > 0, 'no prompt was served from the disk tier alone');
     assert.ok((await disk.metric('prefixd_disk_cache_hit_tokens_total')) > 0);
+  });
+
+  test('after a restart over the same cache dir, and while the disk cap deletes files',
+       async () => {
+    const opts = { disk: true };
+    const restart = async (capBytes) => {
+      diskRouter.close();
+      await disk.stop();  // the shutdown writes the pool's blocks to disk too
+      disk = await Server.start(modelDir, ['--cache-dir', diskDir,
+                                           '--cache-dir-bytes', String(capBytes)]);
+      diskRouter = new Router(disk, 'kv');
+    };
+    const old = [11, 12, 13, 14, 15, 16].map((s) => ids(s, 3 * BLOCK + 5));
+    await restart(64 << 20);
+    await sync(disk, diskRouter, opts);
+    // Every file found is on DISK, parents first, without identity: no request named its
+    // root yet.
+    assert.ok(diskRouter.has((b) => b.medium === 'DISK' && b.parent === null &&
+                                    b.extra.length === 0 && b.loraName === null));
+    let first = true;
+    for (const p of old) {
+      const { predicted } = await check(disk, diskRouter, { model: 'tiny', prompt: p }, opts);
+      assert.equal(predicted, 3 * BLOCK);
+      if (first) {  // the pool was empty: all of it from the files found at start-up
+        assert.equal(disk.lastDetails.cached_disk_tokens, 3 * BLOCK);
+        first = false;
+      }
+    }
+
+    // Room for 12 block files (a tiny model's block record is 16,696 bytes; more with a score
+    // section): the files over it go at start-up, unreported; then new prompts' spills make
+    // the tier delete its least recently used files, each a removal from DISK.
+    await restart(12 * 16696);
+    await sync(disk, diskRouter, opts);
+    assert.ok((await disk.metric('prefixd_disk_cache_blocks')) <= 12);
+    // A check churns about 4 blocks (its prompt's 3 and a sentinel's): the pool holds about
+    // three checks' blocks, the disk three more. The old prompts, then new ones, then the new
+    // ones again from the latest: some from the pool, some from the files left, some gone.
+    const fresh = [21, 22, 23, 24, 25, 26].map((s) => ids(s, 3 * BLOCK + 5));
+    let diskHits = 0, misses = 0;
+    for (const p of [...old, ...fresh, ...[...fresh].reverse()]) {
+      const { predicted } = await check(disk, diskRouter, { model: 'tiny', prompt: p }, opts);
+      if (disk.lastDetails.cached_disk_tokens > 0) diskHits += 1;
+      if (predicted === 0) misses += 1;
+    }
+    assert.ok(diskHits > 0, 'nothing came from the disk: the workload checks nothing');
+    assert.ok(misses > 0, 'nothing was deleted: the workload checks nothing');
+    assert.ok((await disk.metric('prefixd_disk_cache_evicted_files_total')) > 0,
+              'the cap deleted nothing: the workload checks nothing');
+    assert.ok(diskRouter.diskRemovals > 0, 'no BlockRemoved DISK was seen');
+    assert.equal(diskRouter.gaps, 0);
   });
 
   test('replay returns what was published, byte for byte', async () => {

@@ -319,9 +319,13 @@ TEST(KvEventPublisherTest, AFullQueueDropsLeavesAGapAndResyncsParentsFirst) {
   pub->PauseForTest(true);
   // The start-up batch (seq 0) may or may not have left before the pause; fill the queue
   // until a batch is dropped.
-  pub->Publish({Stored(1, std::nullopt, KvMedium::kCpu), Stored(2, 1, KvMedium::kCpu),
-                Stored(3, 2, KvMedium::kCpu)});                                     // seq 1
-  pub->Publish({KvBlockRemoved{.block_hash = 3, .medium = KvMedium::kCpu}});        // seq 2
+  // The disk tier's blocks are resident like the pool's: files found at start-up (7, its
+  // child 8), one of them later deleted for the cap (8).
+  pub->Publish({Stored(7, std::nullopt, KvMedium::kDisk), Stored(8, 7, KvMedium::kDisk),
+                Stored(1, std::nullopt, KvMedium::kCpu), Stored(2, 1, KvMedium::kCpu),
+                Stored(3, 2, KvMedium::kCpu)});  // seq 1
+  pub->Publish({KvBlockRemoved{.block_hash = 3, .medium = KvMedium::kCpu},
+                KvBlockRemoved{.block_hash = 8, .medium = KvMedium::kDisk}});  // seq 2
   // Spill: the child reaches the disk before its parent (leaves are evicted first).
   pub->Publish({KvBlockRemoved{.block_hash = 2, .medium = KvMedium::kCpu},
                 Stored(2, 1, KvMedium::kDisk)});                                    // seq 3
@@ -362,7 +366,8 @@ TEST(KvEventPublisherTest, AFullQueueDropsLeavesAGapAndResyncsParentsFirst) {
   }
   EXPECT_EQ(seqs, want);
   // The resync: AllBlocksCleared, then what every batch (the dropped one too) left resident,
-  // parents first: disk 1 before disk 2, whatever order they arrived in.
+  // the disk tier's blocks included, parents first: disk 1 before disk 2, whatever order they
+  // arrived in; disk 8 was deleted.
   const DecodedBatch resync = Decode(got.back().payload);
   std::vector<std::string> described;
   for (const Decoded& d : resync.events) {
@@ -371,7 +376,7 @@ TEST(KvEventPublisherTest, AFullQueueDropsLeavesAGapAndResyncsParentsFirst) {
                             : d.type);
   }
   // The roots (depth 0) keep the order they became resident in; then depth 1.
-  std::vector<std::string> sorted_expected = {"AllBlocksCleared"};
+  std::vector<std::string> sorted_expected = {"AllBlocksCleared", "DISK:7"};
   for (int64_t s = 4; s < resync_seq; ++s) sorted_expected.push_back(absl::StrCat("CPU:", 50 + s));
   sorted_expected.push_back("DISK:1");
   sorted_expected.push_back("DISK:2");

@@ -72,6 +72,8 @@ TEST_F(ServerDiskTierTest, ARestartServesThePromptCachedBeforeIt) {
   EXPECT_EQ(MetricValue(*text, "prefixd_disk_cache_loads_total"), 4);
   EXPECT_EQ(MetricValue(*text, "prefixd_disk_cache_corrupt_blocks_total"), 0);
   EXPECT_EQ(MetricValue(*text, "prefixd_disk_cache_load_seconds_count"), 4);
+  EXPECT_EQ(MetricValue(*text, "prefixd_disk_cache_blocks"), 4);
+  EXPECT_EQ(MetricValue(*text, "prefixd_disk_cache_queued_blocks"), 0);  // nothing evicted
   const v1::CacheStats stats = GetStats(*stub);
   EXPECT_EQ(stats.hit_tokens(), 63u);
   // GetCacheStats says the same as the metrics, and what the tier holds.

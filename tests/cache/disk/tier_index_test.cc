@@ -43,6 +43,8 @@ TEST(TierIndexTest, ForeignFilesGoFirstOldestFirstThenLeastRecentlyUsed) {
   EXPECT_TRUE(index.Touch(Key(2), 400));
   EXPECT_FALSE(index.Touch(Key(9), 400));
   EXPECT_THAT(index.EvictionOrder(), ElementsAre("a.kvb", "b.kvb", Hex(3), Hex(1), Hex(2)));
+  // The own keys alone, in the same order.
+  EXPECT_THAT(index.OwnKeys(), ElementsAre(Key(3), Key(1), Key(2)));
   index.CheckInvariants();
 }
 
