@@ -144,7 +144,7 @@ TEST(DeployConfigTest, ComposeRunsReplicasBehindHaproxyWithPrometheusAndGrafana)
   // Prometheus scrapes every replica (DNS: one address each) and HAProxy's own metrics.
   const YAML::Node prom = YAML::LoadFile(Path("deploy/prometheus.yml"));
   std::map<std::string, YAML::Node> jobs;
-  for (const YAML::Node j : prom["scrape_configs"]) jobs[j["job_name"].as<std::string>()] = j;
+  for (const YAML::Node& j : prom["scrape_configs"]) jobs[j["job_name"].as<std::string>()] = j;
   ASSERT_TRUE(jobs.count("prefixd") && jobs.count("haproxy"));
   const YAML::Node sd = jobs["prefixd"]["dns_sd_configs"][0];
   EXPECT_EQ(sd["names"][0].as<std::string>(), "prefixd");

@@ -467,7 +467,7 @@ TEST_F(ServerLoraTest, TokenizeTakesAnAdapterName) {
   ASSERT_EQ(want.status, 200) << want.body;
   const json ids = json::parse(want.body)["tokens"];
   ASSERT_FALSE(ids.empty());
-  for (const std::string model : {base, std::string("sql"), std::string("chat")}) {
+  for (const std::string& model : {base, std::string("sql"), std::string("chat")}) {
     HttpResponse t = post("/tokenize", {{"model", model}, {"prompt", "Hello world"}});
     ASSERT_EQ(t.status, 200) << t.body;
     EXPECT_EQ(json::parse(t.body)["tokens"], ids) << model;
