@@ -275,21 +275,22 @@ TEST_P(CpuBackendDTypeTest, InstructionSetDoesNotChangeLogits) {
     EXPECT_EQ(got, want);
     EXPECT_EQ(got_chunked, want_chunked);
     EXPECT_EQ(got_chunked, want);
-    if (MatMulIsaSupported(MatMulIsa::kAvxVnni)) {  // int8's third set of blocks
-      SetMatMulIsa(MatMulIsa::kAvxVnni);
-      const std::vector<float> vnni = Prefill(*backend, tokens, Blocks(12, 3), 0);
-      const std::vector<float> vnni_chunked = Prefill(*backend, tokens, Blocks(15, 3), 5);
+    // int8's other sets of blocks: AVX-VNNI (chunks of 5 decode through its few-row tiles),
+    // AMX (16-row tiles with VNNI tails: chunks of 17).
+    struct Other {
+      MatMulIsa isa;
+      int32_t first_block;
+      int chunk;
+    };
+    for (const Other& o : {Other{MatMulIsa::kAvxVnni, 12, 5}, Other{MatMulIsa::kAmx, 18, 17}}) {
+      if (!MatMulIsaSupported(o.isa)) continue;
+      SetMatMulIsa(o.isa);
+      const std::vector<float> got_other = Prefill(*backend, tokens, Blocks(o.first_block, 3), 0);
+      const std::vector<float> got_other_chunked =
+          Prefill(*backend, tokens, Blocks(o.first_block + 3, 3), o.chunk);
       SetMatMulIsa(MatMulIsa::kAuto);
-      EXPECT_EQ(vnni, want);
-      EXPECT_EQ(vnni_chunked, want);
-    }
-    if (MatMulIsaSupported(MatMulIsa::kAmx)) {  // int8's fourth: 16-row tiles, VNNI tails
-      SetMatMulIsa(MatMulIsa::kAmx);
-      const std::vector<float> amx = Prefill(*backend, tokens, Blocks(18, 3), 0);
-      const std::vector<float> amx_chunked = Prefill(*backend, tokens, Blocks(21, 3), 17);
-      SetMatMulIsa(MatMulIsa::kAuto);
-      EXPECT_EQ(amx, want);
-      EXPECT_EQ(amx_chunked, want);
+      EXPECT_EQ(got_other, want) << MatMulIsaName(o.isa);
+      EXPECT_EQ(got_other_chunked, want) << MatMulIsaName(o.isa);
     }
   }
 }
