@@ -28,6 +28,12 @@ KvOffloader::KvOffloader(const Options& options)
   }
 }
 
+bool KvOffloader::LoadInFlight(const SequenceTiers* tiers) const {
+  if (tiers == nullptr || tiers->load == nullptr) return false;
+  const TierLoad& load = *tiers->load;
+  return !load.resolved && !load.done() && clock_() < load.wait_until;
+}
+
 KvOffloader::TierLookup KvOffloader::LookUpTiers(const TokenChain& chain, int32_t from,
                                                  bool scoring, absl::Time match_deadline,
                                                  std::shared_ptr<SequenceTiers>* state) {

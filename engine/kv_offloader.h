@@ -173,6 +173,10 @@ class KvOffloader {
     int32_t ready_blocks = 0;  // blocks from `from` on that a finished load holds, to write
     std::shared_ptr<const TierLoad> load = nullptr;  // that load, when ready_blocks > 0
   };
+  // Whether the sequence whose offloader state is `tiers` (may be null) waits for a load
+  // that is neither done nor past its wait: LookUpTiers would park it this step. Without
+  // side effects (no match, no load started), for planning a step before admissions.
+  bool LoadInFlight(const SequenceTiers* tiers) const;
   // With no load yet, matches the tiers and starts one when they hold blocks (parked).
   // With a finished load (or one past its wait cap: its parts done by then), the blocks it
   // holds from `from` on (0 when the pool's blocks no

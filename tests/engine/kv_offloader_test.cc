@@ -253,11 +253,15 @@ class KvOffloaderTest : public ::testing::Test {
       scores_.Forget(*evicted.key);
     };
     cache_ = *KvCache::Create(k);
+    SetPrefillBudget(256);
+  }
+  // A new scheduler over the same pool and tiers, with `max_batch_tokens` a step.
+  void SetPrefillBudget(int32_t max_batch_tokens) {
     scheduler_ = std::make_unique<Scheduler>(SchedulerOptions{
         .backend = backend_.get(),
         .cache = cache_.get(),
-        .model_config = c,
-        .max_batch_tokens = 256,
+        .model_config = TinyModel::Get().config(),
+        .max_batch_tokens = max_batch_tokens,
         .clock = [] { return absl::Now(); },
         .offloader = offloader_.get(),
         .scores = &scores_});
@@ -267,9 +271,11 @@ class KvOffloaderTest : public ::testing::Test {
 
   Digest Root() const { return CacheRootKey(TinyModel::Get().manifest_sha256(), kNamespace); }
 
-  std::shared_ptr<Client> Add(std::vector<uint32_t> prompt, uint32_t max_new) {
+  std::shared_ptr<Client> Add(std::vector<uint32_t> prompt, uint32_t max_new,
+                              const std::string& tenant = "") {
     auto r = std::make_unique<RequestState>();
     r->request.prompt = std::move(prompt);
+    r->request.tenant = tenant;
     r->request.max_new_tokens = max_new;
     r->request.ignore_eos = true;
     r->request.top_logprobs = 2;
@@ -371,6 +377,41 @@ TEST_F(KvOffloaderTest, AParkedRequestDoesNotStallOtherRequestsDecodeSteps) {
   ASSERT_TRUE(decoding->result.status.ok());
   EXPECT_EQ(decoding->tokens, 40);
   EXPECT_EQ(tier_->fetch_blocks_in_flight(), 0);
+}
+
+// Tenant a's prompt is in the tier and its load is held; meanwhile tenant b's prompt,
+// longer than a step's prefill budget (64 tokens), prefills a full budget every step (64 +
+// 64 + 64 + 8: its first token in the fourth step). A parked request takes no turn: before,
+// a's turn set its prompt aside every step (a, never served, always had the least service),
+// which left b's chunks nothing for as long as the load took. Then a's load arrives and both
+// answers are whole.
+TEST_F(KvOffloaderTest, AParkedRequestSetsNoPrefillBudgetAsideFromAnotherTenant) {
+  const std::vector<uint32_t> prompt = RandomTokens(5, 100);
+  const RequestResult first = Computed(prompt, 1);
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  SpillEverything();
+
+  SetPrefillBudget(64);
+  gate_.Hold();
+  std::shared_ptr<Client> parked = Add(prompt, 1, "a");
+  Step();  // matched in the tier: its load starts, the request is parked
+  gate_.WaitArrived(1);
+  std::shared_ptr<Client> long_one = Add(RandomTokens(6, 200), 1, "b");
+  int steps = 0;
+  while (long_one->tokens == 0 && steps < 10) {
+    Step();
+    ++steps;
+  }
+  EXPECT_EQ(steps, 4);
+  EXPECT_EQ(parked->events, 0) << "the parked request has not started";
+
+  gate_.Open();
+  wakes_.WaitFor(1);
+  RunToEnd();
+  ASSERT_TRUE(parked->result.status.ok()) << parked->result.status;
+  EXPECT_EQ(parked->result.usage.cached_prompt_tokens, 96u);
+  EXPECT_EQ(parked->result.samples[0], first.samples[0]);
+  ASSERT_TRUE(long_one->result.status.ok()) << long_one->result.status;
 }
 
 // The third block's file disappears while the load reads the blocks before it: two blocks
