@@ -28,8 +28,9 @@ KvOffloader::KvOffloader(const Options& options)
   }
 }
 
-bool KvOffloader::LoadInFlight(const SequenceTiers* tiers) const {
-  if (tiers == nullptr || tiers->load == nullptr) return false;
+bool KvOffloader::WaitsOnTiers(const SequenceTiers* tiers) const {
+  if (tiers == nullptr) return false;
+  if (tiers->load == nullptr) return tiers->budget_refused;
   const TierLoad& load = *tiers->load;
   return !load.resolved && !load.done() && clock_() < load.wait_until;
 }
@@ -38,6 +39,7 @@ KvOffloader::TierLookup KvOffloader::LookUpTiers(const TokenChain& chain, int32_
                                                  bool scoring, absl::Time match_deadline,
                                                  std::shared_ptr<SequenceTiers>* state) {
   const absl::Span<const Digest> keys = chain.keys();
+  if (*state != nullptr) (*state)->budget_refused = false;
   if (!has_tiers() || from >= static_cast<int32_t>(keys.size())) return {};
   if (*state == nullptr) *state = std::make_shared<SequenceTiers>();
   SequenceTiers* tiers = state->get();
@@ -66,6 +68,7 @@ KvOffloader::TierLookup KvOffloader::LookUpTiers(const TokenChain& chain, int32_
   }
   if (next == from) return {};
   const absl::Status started = StartLoad(chain, from, found, scoring, tiers);
+  tiers->budget_refused = absl::IsResourceExhausted(started);
   // Parked until its blocks are here, or until a budget has room (reading a block is several
   // times cheaper than computing it: bench/disk_tier_bench, bench/remote_tier_bench).
   if (started.ok() || absl::IsResourceExhausted(started)) return {.parked = true};

@@ -98,6 +98,8 @@ struct TierLoad {
 // The offloader's state of one sequence (engine/sequence.h holds it, forward-declared).
 struct SequenceTiers {
   std::shared_ptr<TierLoad> load;
+  // The latest lookup found blocks but a tier's fetch budget was in use: parked, to ask again.
+  bool budget_refused = false;
   // Per tier, in the offloader's order: its latest answer, `blocks` blocks from block `from`
   // on (scored ones only when `scored`), answered at `answered`, reused for the tier's
   // match_reuse(); and the match in flight (for `from` and `scored`), or null.
@@ -173,10 +175,12 @@ class KvOffloader {
     int32_t ready_blocks = 0;  // blocks from `from` on that a finished load holds, to write
     std::shared_ptr<const TierLoad> load = nullptr;  // that load, when ready_blocks > 0
   };
-  // Whether the sequence whose offloader state is `tiers` (may be null) waits for a load
-  // that is neither done nor past its wait: LookUpTiers would park it this step. Without
-  // side effects (no match, no load started), for planning a step before admissions.
-  bool LoadInFlight(const SequenceTiers* tiers) const;
+  // Whether the sequence whose offloader state is `tiers` (may be null) waits on the tiers:
+  // for a load neither done nor past its wait, or, at its latest lookup, for a fetch budget
+  // in use. LookUpTiers would then park it again this step (or, for the budget, probably
+  // would). Without side effects (no match, no load started), for planning a step before
+  // admissions.
+  bool WaitsOnTiers(const SequenceTiers* tiers) const;
   // With no load yet, matches the tiers and starts one when they hold blocks (parked).
   // With a finished load (or one past its wait cap: its parts done by then), the blocks it
   // holds from `from` on (0 when the pool's blocks no

@@ -15,12 +15,12 @@
 //     running prefills by admission, then its waiting requests in queue order. A lone tenant
 //     is therefore served exactly in that order. The chunks are planned first (PlanChunks: a
 //     waiting request's turn sets its whole prompt aside, as its cached prefix is known only
-//     once its admission is planned; a request parked on a load takes no turn, so its tenant
-//     sets nothing aside and, with no other work, banks no credit while it waits) and
-//     reserved in admission order as in 1, so a preemption never takes a sequence already in
-//     the batch. What a turn set aside and its admission did not use (a cached prefix, a
-//     request skipped or out of room) goes to other admissions, never to a chunk in the same
-//     step;
+//     once its admission is planned; a request parked on a load or a fetch budget takes no
+//     turn, so its tenant sets nothing aside and, with no other work, banks no credit while
+//     it waits) and reserved in admission order as in 1, so a preemption never takes a
+//     sequence already in the batch. What a turn set aside and its admission did not use (a
+//     cached prefix, a request skipped or out of room) goes to other admissions, never to a
+//     chunk in the same step;
 //  3. waiting requests are admitted, tenant by tenant as in 2, while budget and blocks
 //     remain; one that fails for room stops admissions for the step (in order: wait for
 //     room, of every tenant, so that a large request is not starved by small ones). One whose

@@ -214,7 +214,8 @@ class KvOffloaderTest : public ::testing::Test {
   // Which tiers the offloader lists.
   enum class Tiers { kDisk, kMemory };
   KvOffloaderTest() : KvOffloaderTest(Tiers::kDisk) {}
-  explicit KvOffloaderTest(Tiers tiers) : dir_("offloader") {
+  // `max_load_blocks`: the disk tier's fetch budget (DiskTierOptions::max_load_blocks).
+  explicit KvOffloaderTest(Tiers tiers, int32_t max_load_blocks = 128) : dir_("offloader") {
     const Model& model = TinyModel::Get();
     const ModelConfig& c = model.config();
     CpuBackendOptions b;
@@ -231,6 +232,7 @@ class KvOffloaderTest : public ::testing::Test {
     DiskTierOptions d;
     d.dir = dir_.path();
     d.max_bytes = int64_t{256} << 20;
+    d.max_load_blocks = max_load_blocks;
     d.read_hook = [this] { gate_.Pass(); };
     absl::StatusOr<std::unique_ptr<DiskTier>> tier = DiskTier::Open(d, *EngineBlockLayout(e));
     PREFIXD_CHECK(tier.ok());
@@ -494,6 +496,47 @@ TEST(ComputeRateTest, AveragesPrefillStepsOnly) {
   EXPECT_EQ(rate.PerToken(), absl::Milliseconds(1));
   rate.Observe(40, 40, absl::Milliseconds(80));
   EXPECT_EQ(rate.PerToken(), absl::Microseconds(1250));
+}
+
+// A disk fetch budget of one load of a 100-token prompt (6 blocks): a second request for
+// the same blocks is refused the budget while the first's load is held.
+class KvOffloaderSmallBudgetTest : public KvOffloaderTest {
+ protected:
+  KvOffloaderSmallBudgetTest() : KvOffloaderTest(Tiers::kDisk, 6) {}
+};
+
+// As AParkedRequestSetsNoPrefillBudgetAsideFromAnotherTenant, with a second request of tenant
+// a parked because the first's load holds the whole fetch budget: it takes no turn either.
+TEST_F(KvOffloaderSmallBudgetTest, ARequestParkedOnTheFetchBudgetSetsNoPrefillBudgetAside) {
+  const std::vector<uint32_t> prompt = RandomTokens(5, 100);
+  const RequestResult first = Computed(prompt, 1);
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  SpillEverything();
+
+  SetPrefillBudget(64);
+  gate_.Hold();
+  std::shared_ptr<Client> loading = Add(prompt, 1, "a");
+  Step();  // matched in the tier: its load starts and takes the whole fetch budget
+  gate_.WaitArrived(1);
+  std::shared_ptr<Client> refused = Add(prompt, 2, "a");
+  Step();  // matched too; the budget is in use: parked without a load
+  std::shared_ptr<Client> long_one = Add(RandomTokens(6, 200), 1, "b");
+  int steps = 0;
+  while (long_one->tokens == 0 && steps < 10) {
+    Step();
+    ++steps;
+  }
+  EXPECT_EQ(steps, 4);
+  EXPECT_EQ(loading->events, 0);
+  EXPECT_EQ(refused->events, 0);
+
+  gate_.Open();
+  RunToEnd();
+  for (const auto& c : {loading, refused, long_one}) {
+    ASSERT_TRUE(c->result.status.ok()) << c->result.status;
+  }
+  EXPECT_EQ(loading->result.usage.cached_prompt_tokens, 96u);
+  EXPECT_EQ(loading->result.samples[0], first.samples[0]);
 }
 
 class KvOffloaderMemoryTierTest : public KvOffloaderTest {
