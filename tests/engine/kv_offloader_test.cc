@@ -326,6 +326,27 @@ class KvOffloaderTest : public ::testing::Test {
     return c->result;
   }
 
+  // For the fair-plan tests: `prompt`'s answer computed and its blocks spilled to the tier,
+  // then a prefill budget of 64 tokens a step and the tier's reads held.
+  RequestResult ComputedSpilledAndHeld(const std::vector<uint32_t>& prompt) {
+    const RequestResult first = Computed(prompt, 1);
+    SpillEverything();
+    SetPrefillBudget(64);
+    gate_.Hold();
+    return first;
+  }
+  // Adds tenant b's 200-token prompt (into *added) and steps until its first token: the
+  // steps taken, at most 10.
+  int StepsToTheFirstTokenOfALongPrompt(std::shared_ptr<Client>* added) {
+    *added = Add(RandomTokens(6, 200), 1, "b");
+    int steps = 0;
+    while ((*added)->tokens == 0 && steps < 10) {
+      Step();
+      ++steps;
+    }
+    return steps;
+  }
+
   testing::ScratchDir dir_;
   ReadGate gate_;
   Wakes wakes_;
@@ -389,22 +410,13 @@ TEST_F(KvOffloaderTest, AParkedRequestDoesNotStallOtherRequestsDecodeSteps) {
 // answers are whole.
 TEST_F(KvOffloaderTest, AParkedRequestSetsNoPrefillBudgetAsideFromAnotherTenant) {
   const std::vector<uint32_t> prompt = RandomTokens(5, 100);
-  const RequestResult first = Computed(prompt, 1);
+  const RequestResult first = ComputedSpilledAndHeld(prompt);
   ASSERT_TRUE(first.status.ok()) << first.status;
-  SpillEverything();
-
-  SetPrefillBudget(64);
-  gate_.Hold();
   std::shared_ptr<Client> parked = Add(prompt, 1, "a");
   Step();  // matched in the tier: its load starts, the request is parked
   gate_.WaitArrived(1);
-  std::shared_ptr<Client> long_one = Add(RandomTokens(6, 200), 1, "b");
-  int steps = 0;
-  while (long_one->tokens == 0 && steps < 10) {
-    Step();
-    ++steps;
-  }
-  EXPECT_EQ(steps, 4);
+  std::shared_ptr<Client> long_one;
+  EXPECT_EQ(StepsToTheFirstTokenOfALongPrompt(&long_one), 4);
   EXPECT_EQ(parked->events, 0) << "the parked request has not started";
 
   gate_.Open();
@@ -509,24 +521,15 @@ class KvOffloaderSmallBudgetTest : public KvOffloaderTest {
 // a parked because the first's load holds the whole fetch budget: it takes no turn either.
 TEST_F(KvOffloaderSmallBudgetTest, ARequestParkedOnTheFetchBudgetSetsNoPrefillBudgetAside) {
   const std::vector<uint32_t> prompt = RandomTokens(5, 100);
-  const RequestResult first = Computed(prompt, 1);
+  const RequestResult first = ComputedSpilledAndHeld(prompt);
   ASSERT_TRUE(first.status.ok()) << first.status;
-  SpillEverything();
-
-  SetPrefillBudget(64);
-  gate_.Hold();
   std::shared_ptr<Client> loading = Add(prompt, 1, "a");
   Step();  // matched in the tier: its load starts and takes the whole fetch budget
   gate_.WaitArrived(1);
   std::shared_ptr<Client> refused = Add(prompt, 2, "a");
   Step();  // matched too; the budget is in use: parked without a load
-  std::shared_ptr<Client> long_one = Add(RandomTokens(6, 200), 1, "b");
-  int steps = 0;
-  while (long_one->tokens == 0 && steps < 10) {
-    Step();
-    ++steps;
-  }
-  EXPECT_EQ(steps, 4);
+  std::shared_ptr<Client> long_one;
+  EXPECT_EQ(StepsToTheFirstTokenOfALongPrompt(&long_one), 4);
   EXPECT_EQ(loading->events, 0);
   EXPECT_EQ(refused->events, 0);
 
