@@ -30,7 +30,14 @@ KvOffloader::KvOffloader(const Options& options)
 
 bool KvOffloader::WaitsOnTiers(const SequenceTiers* tiers) const {
   if (tiers == nullptr) return false;
-  if (tiers->load == nullptr) return tiers->budget_refused;
+  if (tiers->load == nullptr) {
+    // A match answer still in flight parks it again (LookUpTiers waits only until the step's
+    // match deadline); one that came since is used this step.
+    return tiers->budget_refused || std::any_of(tiers->answers.begin(), tiers->answers.end(),
+                                                [](const SequenceTiers::Answer& a) {
+                                                  return a.match != nullptr && !a.match->done();
+                                                });
+  }
   const TierLoad& load = *tiers->load;
   return !load.resolved && !load.done() && clock_() < load.wait_until;
 }

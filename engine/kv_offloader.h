@@ -176,10 +176,10 @@ class KvOffloader {
     std::shared_ptr<const TierLoad> load = nullptr;  // that load, when ready_blocks > 0
   };
   // Whether the sequence whose offloader state is `tiers` (may be null) waits on the tiers:
-  // for a load neither done nor past its wait, or, at its latest lookup, for a fetch budget
-  // in use. LookUpTiers would then park it again this step (or, for the budget, probably
-  // would). Without side effects (no match, no load started), for planning a step before
-  // admissions.
+  // for a tier's match answer still in flight, for a load neither done nor past its wait,
+  // or, at its latest lookup, for a fetch budget in use. LookUpTiers would then park it
+  // again this step (or, for an answer or the budget, probably would). Without side effects
+  // (no match, no load started), for planning a step before admissions.
   bool WaitsOnTiers(const SequenceTiers* tiers) const;
   // With no load yet, matches the tiers and starts one when they hold blocks (parked).
   // With a finished load (or one past its wait cap: its parts done by then), the blocks it

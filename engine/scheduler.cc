@@ -171,9 +171,9 @@ std::vector<int32_t> Scheduler::PlanChunks(int32_t budget) {
     w.running_index.push_back(static_cast<int32_t>(i));
   }
   for (const Sequence* seq : waiting_) {
-    // Parked on a load (or a fetch budget): admission skips it this step, so it takes no
-    // turn (its tenant, with no other work, is not active: it sets nothing aside and banks
-    // no credit meanwhile).
+    // Parked on a load (or a match answer, or a fetch budget): admission skips it this step,
+    // so it takes no turn (its tenant, with no other work, is not active: it sets nothing
+    // aside and banks no credit meanwhile).
     if (options_.offloader != nullptr && options_.offloader->WaitsOnTiers(seq->tiers.get())) {
       continue;
     }

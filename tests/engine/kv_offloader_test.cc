@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -117,10 +118,11 @@ class Wakes {
 };
 
 // A tier of a kind the offloader has never seen, in memory: one class deriving from KvTier,
-// listed. It is offered computed blocks (stored as block records), answers matches at once,
-// and ends a fetch only when the test calls Complete, verifying each record as every tier
-// must. Engine thread only, but for Complete (the test's thread, while the engine steps
-// nothing).
+// listed. It is offered computed blocks (stored as block records), answers matches at once
+// (but for a match from a key given to HoldMatchesFrom: answered when the test calls
+// AnswerHeldMatches), and ends a fetch only when the test calls Complete, verifying each
+// record as every tier must. Engine thread only, but for Complete and AnswerHeldMatches (the
+// test's thread, while the engine steps nothing).
 class MemoryTier final : public KvTier {
  public:
   explicit MemoryTier(const BlockLayout& layout) : layout_(layout) {}
@@ -128,14 +130,18 @@ class MemoryTier final : public KvTier {
   TierMedium medium() const override { return TierMedium::kRemote; }
   TierOffers offers() const override { return TierOffers::kComputed; }
   const BlockLayout& layout() const override { return layout_; }
-  absl::StatusOr<std::shared_ptr<const TierMatch>> StartMatch(absl::Span<const Digest> keys,
-                                                              const MatchOptions& match,
-                                                              std::function<void()>) override {
+  absl::StatusOr<std::shared_ptr<const TierMatch>> StartMatch(
+      absl::Span<const Digest> keys, const MatchOptions& match,
+      std::function<void()> on_done) override {
     auto m = std::make_shared<TierMatch>();
     while (m->blocks < keys.size() && !match.scored_only && records_.count(keys[m->blocks])) {
       ++m->blocks;
     }
-    m->done_.Notify();
+    if (!keys.empty() && held_from_.count(keys.front())) {
+      held_matches_.push_back({m, std::move(on_done)});
+    } else {
+      m->done_.Notify();
+    }
     return m;
   }
   absl::Duration match_reuse() const override { return absl::ZeroDuration(); }
@@ -182,11 +188,25 @@ class MemoryTier final : public KvTier {
     }
     fetches_.clear();
   }
+  // Matches starting at `key` are answered only by AnswerHeldMatches.
+  void HoldMatchesFrom(const Digest& key) { held_from_.insert(key); }
+  // Answers every match held, then wakes the engine, and holds no more.
+  void AnswerHeldMatches() {
+    held_from_.clear();
+    for (auto& [m, on_done] : held_matches_) {
+      m->done_.Notify();
+      if (on_done) on_done();
+    }
+    held_matches_.clear();
+  }
   size_t blocks() const { return records_.size(); }
   size_t fetches_started() const { return fetches_.size(); }
+  size_t matches_held() const { return held_matches_.size(); }
 
  private:
   const BlockLayout layout_;
+  std::set<Digest> held_from_;
+  std::vector<std::pair<std::shared_ptr<TierMatch>, std::function<void()>>> held_matches_;
   std::map<Digest, std::string> records_;
   std::vector<std::pair<std::shared_ptr<TierFetch>, std::function<void()>>> fetches_;
 };
@@ -569,6 +589,35 @@ TEST_F(KvOffloaderMemoryTierTest, ANewKindOfTierWorksByBeingListed) {
   EXPECT_EQ(again->result.usage.cached_disk_tokens, 0u);
   EXPECT_EQ(again->result.samples[0], first.samples[0]);
   EXPECT_EQ(offloader_->waits_cut(), 0u);
+}
+
+// As AParkedRequestSetsNoPrefillBudgetAsideFromAnotherTenant, with tenant a's request parked
+// on the tier's match answer instead of a load: it takes no turn either (before, it set its
+// whole prompt aside every step until the answer came, and b prefilled nothing meanwhile).
+TEST_F(KvOffloaderMemoryTierTest, ARequestParkedOnAMatchAnswerSetsNoPrefillBudgetAside) {
+  const std::vector<uint32_t> prompt = RandomTokens(9, 100);
+  const RequestResult first = Computed(prompt, 1);
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  cache_->Evict(static_cast<int32_t>(cache_->num_blocks()));
+  SetPrefillBudget(64);
+  memory_->HoldMatchesFrom(TokenChain(Root(), kBlockSize, prompt).keys()[0]);
+  std::shared_ptr<Client> parked = Add(prompt, 1, "a");
+  Step();  // its match is asked and not answered: parked
+  ASSERT_EQ(memory_->matches_held(), 1u);
+  std::shared_ptr<Client> long_one;
+  EXPECT_EQ(StepsToTheFirstTokenOfALongPrompt(&long_one), 4);
+  EXPECT_EQ(parked->events, 0) << "parked on its match answer";
+  EXPECT_EQ(memory_->fetches_started(), 0u);
+
+  memory_->AnswerHeldMatches();
+  Step();  // the answer is used: the fetch starts
+  ASSERT_EQ(memory_->fetches_started(), 1u);
+  memory_->Complete();
+  RunToEnd();
+  ASSERT_TRUE(parked->result.status.ok()) << parked->result.status;
+  EXPECT_EQ(parked->result.usage.cached_remote_tokens, 96u);
+  EXPECT_EQ(parked->result.samples[0], first.samples[0]);
+  ASSERT_TRUE(long_one->result.status.ok()) << long_one->result.status;
 }
 
 // A load from a tier that asks for the cap is waited for only as long as computing its tokens
