@@ -204,16 +204,51 @@ std::vector<int32_t> Scheduler::PlanChunks(int32_t budget) {
     const Sequence* seq = w.items[w.next];
     const int32_t index = w.running_index[w.next];
     ++w.next;
-    // A waiting item is set aside its whole prompt (an upper bound: a cached prefix costs
-    // nothing), so that a running chunk of a tenant served more does not take its turn.
+    // A waiting item is set aside what its admission would compute, so that a running
+    // chunk of a tenant served more does not take its turn, and a cached prefix does not
+    // keep the budget from it either.
     const int32_t uncomputed =
-        index >= 0 ? Len(*seq) - cache_->NumComputed(seq->cache_seq) : Len(*seq);
+        index >= 0 ? Len(*seq) - cache_->NumComputed(seq->cache_seq) : UncachedTokens(*seq);
     const int32_t count = std::min(uncomputed, budget);
     if (index >= 0) chunks[static_cast<size_t>(index)] = count;
     sim.Charge(*w.tenant, count);
     budget -= count;
   }
   return chunks;
+}
+
+AdmissionRequest Scheduler::AdmissionFor(const Sequence& seq, int32_t* scored_pool) const {
+  const RequestState* r = seq.request;
+  AdmissionRequest ar;
+  ar.chain = seq.chain;
+  ar.reserve_tokens = Len(seq);  // the whole prompt: chunks never need blocks
+  ar.readmission = r->admitted_once;
+  ar.tenant = r->tenant_id;
+  ar.now = NowMillis();
+  const absl::Duration retention =
+      std::min(r->request.cache_retention, options_.max_cache_retention);
+  if (retention > absl::ZeroDuration()) {
+    ar.retain_until = ar.now + absl::ToInt64Milliseconds(retention);
+  }
+  // A scoring request takes only leading blocks with records in the store (all indexed),
+  // less the last one's last row: its logits score the first position after them, so it
+  // is recomputed (into a copy of the block).
+  // While it scores, the sequence holds the prompt alone: its chain's keys are the prompt's.
+  *scored_pool = 0;
+  if (scorer_.Scoring(r)) {
+    *scored_pool = scorer_.RecordedPrefixBlocks(seq.chain->keys());
+    ar.max_cached_tokens = *scored_pool > 0 ? *scored_pool * cache_->block_size() - 1 : 0;
+  }
+  return ar;
+}
+
+int32_t Scheduler::UncachedTokens(const Sequence& seq) const {
+  int32_t scored_pool = 0;
+  const absl::StatusOr<AdmissionPlan> plan =
+      cache_->PlanAdmission(AdmissionFor(seq, &scored_pool));
+  if (!plan.ok()) return Len(seq);  // out of room (or refused): at most all of it
+  if (plan->pending_match_tokens > 0) return 0;
+  return Len(seq) - plan->num_cached;
 }
 
 std::vector<std::pair<std::string, TenantCacheStats>> Scheduler::TenantStats() const {
@@ -396,24 +431,9 @@ Scheduler::AdmitOutcome Scheduler::AdmitOne(Sequence* seq, absl::Time match_dead
                                             int32_t* count) {
   const int32_t bs = cache_->block_size();
   RequestState* r = seq->request;
-  AdmissionRequest ar;
-  ar.chain = seq->chain;
-  ar.reserve_tokens = Len(*seq);  // the whole prompt: chunks never need blocks
-  ar.readmission = r->admitted_once;
-  ar.tenant = r->tenant_id;
-  ar.now = NowMillis();
-  const absl::Duration retention =
-      std::min(r->request.cache_retention, options_.max_cache_retention);
-  if (retention > absl::ZeroDuration()) {
-    ar.retain_until = ar.now + absl::ToInt64Milliseconds(retention);
-  }
   const bool scoring = scorer_.Scoring(r);
-  // A scoring request takes only leading blocks with records in the store (all indexed),
-  // less the last one's last row: its logits score the first position after them, so it
-  // is recomputed (into a copy of the block).
-  // While it scores, the sequence holds the prompt alone: its chain's keys are the prompt's.
-  const int32_t scored_pool = scoring ? scorer_.RecordedPrefixBlocks(seq->chain->keys()) : 0;
-  if (scoring) ar.max_cached_tokens = scored_pool > 0 ? scored_pool * bs - 1 : 0;
+  int32_t scored_pool = 0;
+  const AdmissionRequest ar = AdmissionFor(*seq, &scored_pool);
   absl::StatusOr<AdmissionPlan> plan = cache_->PlanAdmission(ar);
   // Another running sequence is computing blocks of this prefix: wait for them to be
   // indexed instead of computing them twice.

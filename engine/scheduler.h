@@ -14,13 +14,16 @@
 //     and is charged the tokens scheduled. Within a tenant, work goes in arrival order: its
 //     running prefills by admission, then its waiting requests in queue order. A lone tenant
 //     is therefore served exactly in that order. The chunks are planned first (PlanChunks: a
-//     waiting request's turn sets its whole prompt aside, as its cached prefix is known only
-//     once its admission is planned; a request parked on a load or a fetch budget takes no
-//     turn, so its tenant sets nothing aside and, with no other work, banks no credit while
-//     it waits) and reserved in admission order as in 1, so a preemption never takes a
-//     sequence already in the batch. What a turn set aside and its admission did not use (a
-//     cached prefix, a request skipped or out of room) goes to other admissions, never to a
-//     chunk in the same step;
+//     waiting request's turn sets aside what admitting it would compute, its prompt less
+//     the pool's cached prefix as its admission plan finds it (the tiers' blocks, known only
+//     once admission asks them, count as computed; nothing while other sequences compute
+//     its next blocks, as admission then skips it); a request parked on a tier's match
+//     answer, a load or a fetch budget takes no turn, so its tenant sets nothing aside and,
+//     with no other work, banks no credit while it waits) and reserved in admission order
+//     as in 1, so a preemption never takes a sequence already in the batch. What a turn
+//     set aside and its admission did not use (a tier's blocks, a request out of room, a
+//     pool that lost blocks since) goes to other admissions, never to a chunk in the same
+//     step;
 //  3. waiting requests are admitted, tenant by tenant as in 2, while budget and blocks
 //     remain; one that fails for room stops admissions for the step (in order: wait for
 //     room, of every tenant, so that a large request is not starved by small ones). One whose
@@ -148,6 +151,12 @@ class Scheduler {
   // Step 2's plan: the chunk of each running_ sequence still prefilling (by index; 0 for the
   // rest). Begins the FairShare step.
   std::vector<int32_t> PlanChunks(int32_t budget);
+  // The pool admission a waiting `seq` asks for; `*scored_pool`: for a request that scores
+  // its prompt, the leading blocks whose score records the store holds (else 0).
+  AdmissionRequest AdmissionFor(const Sequence& seq, int32_t* scored_pool) const;
+  // What admitting the waiting `seq` now would compute (PlanChunks' set-aside): its tokens
+  // less the pool's cached prefix; 0 while running sequences compute its next blocks.
+  int32_t UncachedTokens(const Sequence& seq) const;
   void Admit(std::vector<Scheduled>* batch, int32_t* budget);
   enum AdmitOutcome {
     kAdmitted,  // running, its first chunk in the batch (`*count` tokens)

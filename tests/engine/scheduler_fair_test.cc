@@ -199,6 +199,48 @@ TEST_F(SchedulerFairTest, AQuietRequestIsAdmittedBeforeAFloodsEarlierOnes) {
   ExpectSoloOutputs();
 }
 
+// Tenant a's prompt is cached (all but its last token: one token to compute) and a sends it
+// again every step; tenant b's 32-token prompt prefills meanwhile, 8 tokens a step. A cached
+// request sets aside only what it computes, so b's chunks take the rest of every step (8 + 6
+// + 7 + 7 + 4: its answer in the fifth step). Before, a cached request set aside its whole
+// prompt (16 tokens: the step's budget) whenever a was behind, which left b nothing in
+// those steps (b had 24 of its 32 tokens after 20 steps).
+TEST_F(SchedulerFairTest, ACachedRequestSetsAsideOnlyWhatItComputes) {
+  Init(/*max_batch_tokens=*/8);
+  Add("a", 16, 1, 'p');
+  ASSERT_EQ(RunToEnd(), "p");
+  Add("b", 32, 33, 'b');
+  const size_t b = pending_.size() - 1;
+  int steps = 0;
+  std::string order;
+  while (!pending_[b].done && steps < 20) {
+    Add("a", 16, 1, 'a');
+    scheduler_->Step();
+    scheduler_->FlushEvents();
+    ++steps;
+    for (Pending& p : pending_) {
+      if (p.done) continue;
+      std::vector<RequestEvent> events;
+      p.stream->Poll(&events);
+      for (const RequestEvent& e : events) p.done |= !ApplyEvent(e, &p.result);
+      if (p.done) order.push_back(p.label);
+    }
+  }
+  EXPECT_EQ(steps, 5) << order;
+  // From b's first step on: b's chunks and a's one-token admissions (two in the second step:
+  // the one that waited behind b's first chunk, and that step's).
+  using Rec = FakeBackend::StepRecord;
+  const auto& rec = backend_->recorded();
+  ASSERT_GE(rec.size(), 7u);
+  EXPECT_EQ(rec[2], (std::vector<Rec>{{0, 8, false}}));
+  EXPECT_EQ(rec[3], (std::vector<Rec>{{8, 6, false}, {15, 1, true}, {15, 1, true}}));
+  EXPECT_EQ(rec[4], (std::vector<Rec>{{14, 7, false}, {15, 1, true}}));
+  EXPECT_EQ(rec[5], (std::vector<Rec>{{21, 7, false}, {15, 1, true}}));
+  EXPECT_EQ(rec[6], (std::vector<Rec>{{28, 4, true}, {15, 1, true}}));
+  RunToEnd();
+  ExpectSoloOutputs();
+}
+
 // One tenant: arrival order, the budget filled in order (running chunk first, then
 // admissions) as without tenants.
 TEST_F(SchedulerFairTest, ALoneTenantIsServedInArrivalOrder) {
