@@ -2,6 +2,7 @@
 // the tiny random model on the CPU backend. Completions are compared with gRPC's for the
 // same ids and seed; every endpoint and error is exercised. (Requests held in flight:
 // http_flow_test.cc.)
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -703,6 +704,23 @@ TEST_F(HttpApiTest, CompletionsAreCountedUnderTheHttpLabel) {
        {{"prompt", json::array({json::array({1, 2}), json::array({3})})}, {"max_tokens", 1}});
   EXPECT_EQ(Metric("prefixd_requests_total{api=\"http\",code=\"OK\"}"), before + 2)
       << "one per prompt";
+}
+
+// A completion is all or nothing: when one of its prompts is refused, the others are not run.
+// Each still counts once, with the code the client was answered: the one queued before the
+// refusal was not cancelled (the client cancelled nothing), and the one after it counts too.
+TEST_F(HttpApiTest, APromptRefusedCountsEveryPromptOfItsCompletionWithTheRefusal) {
+  auto count = [](const char* code) {
+    return std::max(
+        0.0, Metric(absl::StrCat("prefixd_requests_total{api=\"http\",code=\"", code, "\"}")));
+  };
+  const double invalid = count("INVALID_ARGUMENT");
+  const double cancelled = count("CANCELLED");
+  const json e = Post("/v1/completions",
+                      {{"prompt", json::array({"Hello", "", "world"})}, {"max_tokens", 1}}, 400);
+  EXPECT_EQ(e["error"]["param"], "prompt");
+  EXPECT_EQ(count("INVALID_ARGUMENT") - invalid, 3) << "one per prompt";
+  EXPECT_EQ(count("CANCELLED") - cancelled, 0);
 }
 
 }  // namespace
