@@ -156,6 +156,11 @@ struct RequestEvent {
   TokenLogprob token;             // kToken: the token and its log-probability
   std::vector<TokenLogprob> top;  // kToken: top_logprobs entries, descending, ties by id
   FinishReason finish_reason = FinishReason::kNone;  // kSampleFinished
+  // kSampleFinished by a stop token (EOS or a stop_token_ids id): that token is in `token`
+  // and `top`. It is never a kToken and never counted (Usage), but OpenAI's API lists it
+  // in a choice's logprobs, and lm-evaluation-harness reads the entry after an echoed
+  // prompt as the one generated token.
+  bool has_stop_token = false;
   Usage usage;                                       // kDone
   absl::Status status;                               // kDone
   std::vector<PromptToken> prompt;                   // kPrompt: one entry per prompt position

@@ -71,7 +71,7 @@ void StepOutput::SampleAndEmit(Sequence* seq, absl::Span<const float> logits, ab
     const bool is_stop =
         (!req.ignore_eos && id == options_.eos_token_id) || r->stop_ids.contains(id);
     if (is_stop) {
-      FinishSequence(s, FinishReason::kStop);
+      FinishSequence(s, FinishReason::kStop, &t);
       continue;
     }
     RequestEvent event;
@@ -138,13 +138,19 @@ void StepOutput::EmitPrompt(Sequence* seq) {
   FinishSequence(seq, FinishReason::kLength);
 }
 
-void StepOutput::FinishSequence(Sequence* seq, FinishReason reason) {
+void StepOutput::FinishSequence(Sequence* seq, FinishReason reason,
+                                const SampledToken* stop_token) {
   RequestState* r = seq->request;
   ReleaseSequence(seq);
   RequestEvent event;
   event.kind = RequestEvent::Kind::kSampleFinished;
   event.sample_index = seq->sample_index;
   event.finish_reason = reason;
+  if (stop_token != nullptr) {
+    event.has_stop_token = true;
+    event.token = stop_token->token;
+    event.top = stop_token->top;
+  }
   r->outbox.push_back(std::move(event));
   if (++r->samples_finished == r->request.num_samples) {
     RequestEvent done;

@@ -33,6 +33,8 @@
 
 namespace prefixd {
 
+struct SampledToken;  // engine/sampler.h
+
 class StepOutput {
  public:
   struct Options {
@@ -59,8 +61,9 @@ class StepOutput {
   void Emit(Sequence* seq, absl::Span<const float> logits, absl::Time now,
             std::vector<Sequence*>* forked);
   // Ends one sample with `reason`, releasing its blocks; the request's kDone follows its
-  // last sample's.
-  void FinishSequence(Sequence* seq, FinishReason reason);
+  // last sample's. `stop_token`: the stop token that ended it, carried by its
+  // kSampleFinished (RequestEvent::has_stop_token); null for any other end.
+  void FinishSequence(Sequence* seq, FinishReason reason, const SampledToken* stop_token = nullptr);
   // Ends `request` with `status` (non-OK), releasing every sequence it still holds.
   void EndRequest(RequestState* request, const absl::Status& status);
 

@@ -20,10 +20,19 @@ void GenerateOutput::Add(std::vector<RequestEvent> events) {
         PREFIXD_CHECK(e.sample_index < samples_.size());
         AddToken(samples_[e.sample_index], e);
         break;
-      case RequestEvent::Kind::kSampleFinished:
+      case RequestEvent::Kind::kSampleFinished: {
         PREFIXD_CHECK(e.sample_index < samples_.size());
-        EndSample(samples_[e.sample_index], e.sample_index, e.finish_reason);
+        Sample& s = samples_[e.sample_index];
+        // A stop string that ended the sample first cut everything after it.
+        if (e.has_stop_token && s.finish == FinishReason::kNone) {
+          OutputToken& t = s.stop_token.emplace();
+          t.token_id = e.token.token_id;
+          t.logprob = e.token.logprob;
+          t.top = std::move(e.top);
+        }
+        EndSample(s, e.sample_index, e.finish_reason);
         break;
+      }
       case RequestEvent::Kind::kPrompt:
         has_prompt_ = true;
         prompt_ = std::move(e.prompt);
@@ -112,8 +121,10 @@ void GenerateOutput::Release(Sample& s, uint32_t index, bool at_end) {
     any = true;
   }
   if (cut) {
-    // Nothing after the stop string: not its text, nor the tokens that carry it.
+    // Nothing after the stop string: not its text, nor the tokens that carry it, nor a stop
+    // token after them.
     s.held.clear();
+    s.stop_token.reset();
     s.sent = safe;
     if (s.finish == FinishReason::kNone) stopped_.push_back(index);
     s.finish = FinishReason::kStop;
@@ -145,9 +156,11 @@ bool GenerateOutput::Next(SampleOutput* out) {
   best->ready.clear();
   out->finish_reason = FinishReason::kNone;
   out->trailing_text.clear();
+  out->stop_token.reset();
   if (best->finish_ready && !best->finish_taken) {
     out->finish_reason = best->finish;
     out->trailing_text = std::move(best->trailing_text);
+    out->stop_token = std::move(best->stop_token);
     best->finish_taken = true;
   }
   best->ready_order = 0;

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,9 @@ struct SampleOutput {
   // With the finish only: text after the last token's, when the sample ended inside an
   // incomplete character (U+FFFD) and that token had already been sent.
   std::string trailing_text;
+  // With a finish by a stop token (EOS, a stop id): that token, with no text. It is not one
+  // of the sample's tokens (nor counted in usage); OpenAI's API lists it in logprobs.
+  std::optional<OutputToken> stop_token;
 };
 
 class GenerateOutput {
@@ -87,6 +91,7 @@ class GenerateOutput {
     FinishReason finish = FinishReason::kNone;  // decided
     bool finish_ready = false;  // decided and waiting in `ready`
     std::string trailing_text;
+    std::optional<OutputToken> stop_token;  // SampleOutput::stop_token
     bool finish_taken = false;
     uint64_t sent_tokens = 0;
     uint64_t ready_order = 0;  // when its oldest ready output appeared

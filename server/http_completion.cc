@@ -27,12 +27,25 @@ absl::StatusOr<std::unique_ptr<HttpCompletion>> HttpCompletion::Start(
                          : c->request_.prompts[0].adapter;
   if (!c->request_.prompts.empty())
     c->header_.prompt_cache_key = c->request_.prompts[0].prompt_cache_key;
-  for (GenerateCall& call : c->request_.prompts) {
+  std::vector<GenerateCall>& prompts = c->request_.prompts;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerateCall& call = prompts[i];
     call.authorization = authorization;
     absl::StatusOr<StartedGenerate> started = path.StartGenerate(call);
     if (!started.ok()) {
-      // The prompts already queued go back (Abandon, in the destructor), so that the call
-      // is all or nothing.
+      // All or nothing: the prompts already queued go back. Each prompt counts once, with
+      // the code the client is answered (StartGenerate counted this one): those queued were
+      // refused with it, not cancelled (Abandon would count them so), and those after it
+      // were never tried.
+      const absl::StatusCode code = started.status().code();
+      for (Generation& g : c->gens_) {
+        g.started.stream->Cancel();
+        path.FinishGenerate(Api::kHttp, g.started.adapter_label, code);
+        g.counted = true;
+      }
+      for (size_t j = i + 1; j < prompts.size(); ++j) {
+        path.FinishGenerate(Api::kHttp, path.AdapterLabel(prompts[j].adapter), code);
+      }
       return ToOpenAiError(started.status());
     }
     Generation& g = c->gens_.emplace_back();

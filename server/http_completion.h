@@ -31,8 +31,9 @@ HttpReply ErrorReply(const absl::Status& status);
 class HttpCompletion {
  public:
   // Starts every prompt's generation, or none: a refusal of any of them cancels those
-  // already queued and is returned (with HTTP field names). Each started generation is
-  // counted by the request path once it ends (FinishGenerate), however it ends.
+  // already queued and is returned (with HTTP field names), every prompt of the request
+  // then counted with the refusal's code. Each started generation is counted by the
+  // request path once it ends (FinishGenerate), however it ends.
   static absl::StatusOr<std::unique_ptr<HttpCompletion>> Start(
       RequestPath& path, CompletionRequest request,
       const std::optional<std::string>& authorization);

@@ -373,8 +373,12 @@ class Session : public std::enable_shared_from_this<Session> {
     res->set(http::field::server, "prefixd");
     res->set(http::field::content_type, "text/event-stream");
     res->set(http::field::cache_control, "no-cache");
+    // HTTP/1.0 has no chunks (a server must not send it Transfer-Encoding, RFC 9112 6.1):
+    // the events go out as they are, and the close ends the response.
+    chunked_ = version_ >= 11;
+    if (!chunked_) keep_alive_ = false;
     res->keep_alive(keep_alive_);
-    res->chunked(true);
+    res->chunked(chunked_);
     auto sr = std::make_shared<http::response_serializer<http::empty_body>>(*res);
     write_in_flight_ = true;
     http::async_write_header(stream_, *sr,
@@ -393,18 +397,30 @@ class Session : public std::enable_shared_from_this<Session> {
     auto data = std::make_shared<std::string>(completion_->TakeStreamBytes(&last));
     if (data->empty()) return;
     write_in_flight_ = true;
-    net::async_write(stream_, http::make_chunk(net::buffer(*data)),
-                     [self = shared_from_this(), data, last](beast::error_code ec, size_t) {
-                       if (ec) return self->ClientGone();
-                       if (last) return self->EndStream();
-                       if (self->completion_ == nullptr) return;
-                       self->write_in_flight_ = false;
-                       self->PumpStream();
-                     });
+    auto written = [self = shared_from_this(), data, last](beast::error_code ec, size_t) {
+      if (ec) return self->ClientGone();
+      if (last) return self->EndStream();
+      if (self->completion_ == nullptr) return;
+      self->write_in_flight_ = false;
+      self->PumpStream();
+    };
+    if (chunked_) {
+      net::async_write(stream_, http::make_chunk(net::buffer(*data)), std::move(written));
+    } else {
+      net::async_write(stream_, net::buffer(*data), std::move(written));
+    }
   }
 
   void EndStream() {
     EndCompletion();
+    if (!chunked_) {
+      // The close ends an unchunked response: stop sending, and let the client take it in
+      // before the connection goes (as after a refusal).
+      beast::error_code ignored;
+      stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+      stream_.expires_after(std::chrono::seconds(3));
+      return Discard();
+    }
     net::async_write(stream_, http::make_chunk_last(),
                      [self = shared_from_this()](beast::error_code ec, size_t) {
                        if (ec || !self->keep_alive_) return self->Close();
@@ -487,6 +503,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool head_ = false;  // the request being answered is HEAD
   std::unique_ptr<HttpCompletion> completion_;
   bool headers_sent_ = false;
+  bool chunked_ = true;  // the stream's body goes in chunks (not to HTTP/1.0)
   bool write_in_flight_ = false;
   bool watching_ = false;            // a readability wait is armed
   std::shared_ptr<Session> pinned_;  // set while reading is paused under a completion

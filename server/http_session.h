@@ -12,6 +12,7 @@
 // Deadlines: the idle timeout until a request's first byte, then the header timeout until its
 // header is in (a client trickling it gets 408, then the connection closes), then 60 s for
 // the body; a refusal's write gets 2 s.
+// Streams: chunked, except to an HTTP/1.0 request (RFC 9112 6.1), whose stream the close ends.
 // Framing: a request whose framing can be read more than one way (Content-Length with
 // Transfer-Encoding, two Content-Lengths) or that is malformed is answered 400, one over the
 // header limit 414 (a long request line) or 431, a body over the limit 413; each then closes.

@@ -397,21 +397,32 @@ std::string TokenName(const Tokenizer& tokenizer, uint32_t token_id) {
   return name;
 }
 
+namespace {
+
+// One token's logprobs entry at the end of the choice's text, when logprobs were asked for.
+void AppendLogprobs(const Tokenizer& tokenizer, const OutputToken& t, Choice* choice) {
+  if (!choice->logprobs.has_value()) return;
+  ChoiceLogprobs& lp = *choice->logprobs;
+  lp.tokens.push_back(TokenName(tokenizer, t.token_id));
+  lp.token_logprobs.push_back(t.logprob);
+  std::vector<std::pair<std::string, float>> top;
+  for (const TokenLogprob& e : t.top) top.emplace_back(TokenName(tokenizer, e.token_id), e.logprob);
+  lp.top_logprobs.push_back(std::move(top));
+  lp.text_offset.push_back(static_cast<uint32_t>(choice->text.size()));
+}
+
+}  // namespace
+
 void AppendToChoice(const Tokenizer& tokenizer, const SampleOutput& out, Choice* choice) {
   for (const OutputToken& t : out.tokens) {
-    if (choice->logprobs.has_value()) {
-      ChoiceLogprobs& lp = *choice->logprobs;
-      lp.tokens.push_back(TokenName(tokenizer, t.token_id));
-      lp.token_logprobs.push_back(t.logprob);
-      std::vector<std::pair<std::string, float>> top;
-      for (const TokenLogprob& e : t.top)
-        top.emplace_back(TokenName(tokenizer, e.token_id), e.logprob);
-      lp.top_logprobs.push_back(std::move(top));
-      lp.text_offset.push_back(static_cast<uint32_t>(choice->text.size()));
-    }
+    AppendLogprobs(tokenizer, t, choice);
     choice->text += t.text;
   }
   choice->text += out.trailing_text;
+  // The stop token (EOS, a stop id) that ended the choice: in its logprobs, as OpenAI and
+  // vLLM list it, but not in its text. lm-evaluation-harness scores an echoed prompt with
+  // max_tokens 1 by dropping the last entry, taken to be the one generated token.
+  if (out.stop_token.has_value()) AppendLogprobs(tokenizer, *out.stop_token, choice);
   if (out.finish_reason != FinishReason::kNone) choice->finish_reason = out.finish_reason;
 }
 

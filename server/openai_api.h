@@ -67,7 +67,8 @@ struct Choice {
 // are not valid UTF-8 on their own (OpenAI's convention).
 std::string TokenName(const Tokenizer& tokenizer, uint32_t token_id);
 
-// Appends one SampleOutput to a choice: its text, and its logprobs when asked for.
+// Appends one SampleOutput to a choice: its text, and its logprobs when asked for (after
+// them, the stop token that ended the choice, which has no text).
 void AppendToChoice(const Tokenizer& tokenizer, const SampleOutput& out, Choice* choice);
 // Appends the echoed prompt to a choice: its text (decoded as UTF-8; an incomplete character
 // at its end becomes U+FFFD), and its logprobs when asked for, the first token's null.

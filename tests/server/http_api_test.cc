@@ -2,6 +2,7 @@
 // the tiny random model on the CPU backend. Completions are compared with gRPC's for the
 // same ids and seed; every endpoint and error is exercised. (Requests held in flight:
 // http_flow_test.cc.)
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
@@ -541,6 +542,48 @@ TEST_F(HttpApiTest, EchoStreamsThePromptFirstAndMaxTokensZeroScoresOnly) {
   EXPECT_THAT(e["error"]["message"].get<std::string>(), HasSubstr("allowed only with"));
 }
 
+// lm-evaluation-harness scores a continuation with `echo`, `logprobs` and `max_tokens: 1`,
+// summing token_logprobs[ctxlen:-1]: it drops the last entry as the generated token. When that
+// token is EOS it must still be listed (OpenAI and vLLM do), or the continuation's own last
+// token is dropped instead and the score is silently wrong.
+TEST_F(HttpApiTest, AStopTokenIsTheLastLogprobsEntryAfterAnEchoedPrompt) {
+  const std::vector<uint32_t> ids = RandomIds(91, 12);
+  json body = {{"prompt", ids},
+               {"max_tokens", 1},
+               {"logprobs", 1},
+               {"echo", true},
+               {"temperature", 0},
+               {"seed", 1234},
+               {"logit_bias", {{"50256", 100}}}};  // EOS is the greedy token
+  const json whole = Post("/v1/completions", body);
+  ASSERT_EQ(whole["choices"].size(), 1u);
+  const json& choice = whole["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "stop");
+  const json& lp = choice["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), ids.size() + 1) << "the prompt, then the stop token";
+  ASSERT_EQ(lp["token_logprobs"].size(), ids.size() + 1);
+  ASSERT_EQ(lp["top_logprobs"].size(), ids.size() + 1);
+  ASSERT_EQ(lp["text_offset"].size(), ids.size() + 1);
+  EXPECT_EQ(lp["tokens"].back(), "<|endoftext|>");
+  EXPECT_LE(lp["token_logprobs"].back().get<double>(), 0.0);
+  EXPECT_EQ(lp["top_logprobs"].back().size(), 1u);
+  // Not in the text, nor counted (as over gRPC): its offset is the text's end.
+  EXPECT_EQ(lp["text_offset"].back(), choice["text"].get<std::string>().size());
+  EXPECT_EQ(whole["usage"]["completion_tokens"], 0);
+
+  // Streamed: the same entries.
+  body["stream"] = true;
+  bool done = false;
+  json tokens = json::array(), offsets = json::array();
+  for (const json& c : Stream(body, &done)) {
+    for (const json& v : c["choices"][0]["logprobs"]["tokens"]) tokens.push_back(v);
+    for (const json& v : c["choices"][0]["logprobs"]["text_offset"]) offsets.push_back(v);
+  }
+  EXPECT_TRUE(done);
+  EXPECT_EQ(tokens, lp["tokens"]);
+  EXPECT_EQ(offsets, lp["text_offset"]);
+}
+
 TEST_F(HttpApiTest, ErrorsSayWhatToFix) {
   // The engine's rules name each field as OpenAI's API does, first in the message and as
   // `param`.
@@ -661,6 +704,23 @@ TEST_F(HttpApiTest, CompletionsAreCountedUnderTheHttpLabel) {
        {{"prompt", json::array({json::array({1, 2}), json::array({3})})}, {"max_tokens", 1}});
   EXPECT_EQ(Metric("prefixd_requests_total{api=\"http\",code=\"OK\"}"), before + 2)
       << "one per prompt";
+}
+
+// A completion is all or nothing: when one of its prompts is refused, the others are not run.
+// Each still counts once, with the code the client was answered: the one queued before the
+// refusal was not cancelled (the client cancelled nothing), and the one after it counts too.
+TEST_F(HttpApiTest, APromptRefusedCountsEveryPromptOfItsCompletionWithTheRefusal) {
+  auto count = [](const char* code) {
+    return std::max(
+        0.0, Metric(absl::StrCat("prefixd_requests_total{api=\"http\",code=\"", code, "\"}")));
+  };
+  const double invalid = count("INVALID_ARGUMENT");
+  const double cancelled = count("CANCELLED");
+  const json e = Post("/v1/completions",
+                      {{"prompt", json::array({"Hello", "", "world"})}, {"max_tokens", 1}}, 400);
+  EXPECT_EQ(e["error"]["param"], "prompt");
+  EXPECT_EQ(count("INVALID_ARGUMENT") - invalid, 3) << "one per prompt";
+  EXPECT_EQ(count("CANCELLED") - cancelled, 0);
 }
 
 }  // namespace

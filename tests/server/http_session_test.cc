@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -215,6 +216,30 @@ TEST_P(PipeliningTest, ARequestBehindACompletionIsAnsweredAfterIt) {
   EXPECT_THAT(answer2, StartsWith("HTTP/1.1 200 OK\r\n"));
   EXPECT_THAT(answer2, HasSubstr("\"status\""));
   EXPECT_EQ(Metric("prefixd_requests_total{api=\"http\",code=\"CANCELLED\"}"), 0);
+  EXPECT_EQ(Metric("prefixd_requests_total{api=\"http\",code=\"OK\"}"), 1);
+}
+
+// RFC 9112 6.1: a server must not send Transfer-Encoding in answer to an HTTP/1.0 request
+// (nginx proxies with HTTP/1.0 unless told otherwise), whose client cannot read chunks. A
+// streamed completion's events then go out as they are, and the close ends the response.
+TEST_F(HttpSessionTest, AStreamToAnHttp10ClientIsNotChunkedAndTheCloseEndsIt) {
+  StartServer();
+  gate_.Notify();
+  std::string request = Completion(/*stream=*/true);
+  request.replace(request.find("HTTP/1.1"), 8, "HTTP/1.0");
+  RawConnection c(server_->http_port());
+  ASSERT_TRUE(c.connected());
+  ASSERT_TRUE(c.Send(request));
+  bool reset = false;
+  const std::string got = c.ReadToEnd(&reset);
+  EXPECT_FALSE(reset) << "the connection was reset";
+  EXPECT_THAT(got, StartsWith("HTTP/1.0 200 OK\r\n"));
+  const size_t body = got.find("\r\n\r\n");
+  ASSERT_NE(body, std::string::npos) << got;
+  EXPECT_THAT(absl::AsciiStrToLower(got.substr(0, body)),
+              ::testing::Not(HasSubstr("transfer-encoding")));
+  EXPECT_THAT(got.substr(body + 4), StartsWith("data: {"));
+  EXPECT_THAT(got, ::testing::EndsWith("data: [DONE]\n\n"));
   EXPECT_EQ(Metric("prefixd_requests_total{api=\"http\",code=\"OK\"}"), 1);
 }
 
