@@ -225,6 +225,16 @@ std::vector<http::verb> RequestMethods(std::string_view input) {
       methods.push_back(http::verb::unknown);
       break;
     }
+    // Framing that could be read two ways is refused on the header alone, whether or not
+    // the body follows.
+    if (p.is_header_done()) {
+      const auto& req = p.get();
+      const size_t lengths = req.count(http::field::content_length);
+      if (lengths > 1 || (lengths > 0 && req.count(http::field::transfer_encoding) > 0)) {
+        methods.push_back(http::verb::unknown);  // 400, as above
+        break;
+      }
+    }
     if (!p.is_done()) {
       // The input ends in a header that no end could keep within the limit (its "\r\n\r\n"
       // would pass it): the server may refuse it (414 or 431) before seeing more. Whether
@@ -235,13 +245,7 @@ std::vector<http::verb> RequestMethods(std::string_view input) {
       }
       break;
     }
-    const auto& req = p.get();
-    const size_t lengths = req.count(http::field::content_length);
-    if (lengths > 1 || (lengths > 0 && req.count(http::field::transfer_encoding) > 0)) {
-      methods.push_back(http::verb::unknown);  // 400, as above
-      break;
-    }
-    methods.push_back(req.method());
+    methods.push_back(p.get().method());
   }
   return methods;
 }
