@@ -477,6 +477,15 @@ Scheduler::AdmitOutcome Scheduler::AdmitOne(Sequence* seq, absl::Time match_dead
     return kEnded;
   }
   if (!LeavesHeadroom(*plan)) return kNoRoom;
+  // With loaded blocks after them, the pool's blocks are shared whole; their records score
+  // positions up to the last block's end, the loaded blocks' records the rest. Taken before
+  // the Commit: when the partial copy did not fit, the admission ends at a block boundary and
+  // the next block's record scores its first position, but that block is not held, so the
+  // Commit's evictions may take it, and its record with it.
+  if (scoring) {
+    scorer_.TakeRecorded(r, seq->chain->keys(),
+                         tier_blocks > 0 ? pool_blocks * bs - 1 : plan->num_cached);
+  }
   Admission admission = cache_->Commit(*plan);
   pending_copies_.insert(pending_copies_.end(), admission.copies.begin(), admission.copies.end());
   seq->cache_seq = admission.seq;
@@ -494,12 +503,6 @@ Scheduler::AdmitOutcome Scheduler::AdmitOne(Sequence* seq, absl::Time match_dead
   }
   // Taken (its budget returns once the write has run).
   if (seq->tiers != nullptr) seq->tiers->load.reset();
-  // With loaded blocks after them, the pool's blocks are shared whole; their records score
-  // positions up to the last block's end, the loaded blocks' records the rest.
-  if (scoring) {
-    scorer_.TakeRecorded(r, seq->chain->keys(),
-                         tier_blocks > 0 ? pool_blocks * bs - 1 : admission.num_cached);
-  }
   if (!r->admitted_once) {
     r->admitted_once = true;
     r->usage.cached_prompt_tokens = static_cast<uint32_t>(admission.num_cached);
