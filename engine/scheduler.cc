@@ -246,9 +246,19 @@ int32_t Scheduler::UncachedTokens(const Sequence& seq) const {
   int32_t scored_pool = 0;
   const absl::StatusOr<AdmissionPlan> plan =
       cache_->PlanAdmission(AdmissionFor(seq, &scored_pool));
-  if (!plan.ok()) return Len(seq);  // out of room (or refused): at most all of it
+  // Out of room (or refused): its admission computes nothing this step, and setting its
+  // prompt aside could keep the budget from the running prefill whose end frees the room.
+  if (!plan.ok() || !LeavesHeadroom(*plan)) return 0;
   if (plan->pending_match_tokens > 0) return 0;
   return Len(seq) - plan->num_cached;
+}
+
+bool Scheduler::LeavesHeadroom(const AdmissionPlan& plan) const {
+  if (running_.empty()) return true;
+  const int32_t bs = cache_->block_size();
+  const int64_t left =
+      cache_->NumAvailableBlocks() - plan.blocks_to_allocate - (plan.num_cached + bs - 1) / bs;
+  return left >= static_cast<int64_t>(running_.size());
 }
 
 std::vector<std::pair<std::string, TenantCacheStats>> Scheduler::TenantStats() const {
@@ -466,13 +476,15 @@ Scheduler::AdmitOutcome Scheduler::AdmitOne(Sequence* seq, absl::Time match_dead
     output_.EndRequest(r, absl::InternalError(plan.status().message()));
     return kEnded;
   }
-  // Keep a block of headroom per running sequence, so that admitting this one does not
-  // force a preemption at the very next decode. Shared prefix blocks may stop being
-  // evictable, hence the second term (an upper bound).
-  if (!running_.empty()) {
-    const int64_t left =
-        cache_->NumAvailableBlocks() - plan->blocks_to_allocate - (plan->num_cached + bs - 1) / bs;
-    if (left < static_cast<int64_t>(running_.size())) return kNoRoom;
+  if (!LeavesHeadroom(*plan)) return kNoRoom;
+  // With loaded blocks after them, the pool's blocks are shared whole; their records score
+  // positions up to the last block's end, the loaded blocks' records the rest. Taken before
+  // the Commit: when the partial copy did not fit, the admission ends at a block boundary and
+  // the next block's record scores its first position, but that block is not held, so the
+  // Commit's evictions may take it, and its record with it.
+  if (scoring) {
+    scorer_.TakeRecorded(r, seq->chain->keys(),
+                         tier_blocks > 0 ? pool_blocks * bs - 1 : plan->num_cached);
   }
   Admission admission = cache_->Commit(*plan);
   pending_copies_.insert(pending_copies_.end(), admission.copies.begin(), admission.copies.end());
@@ -491,12 +503,6 @@ Scheduler::AdmitOutcome Scheduler::AdmitOne(Sequence* seq, absl::Time match_dead
   }
   // Taken (its budget returns once the write has run).
   if (seq->tiers != nullptr) seq->tiers->load.reset();
-  // With loaded blocks after them, the pool's blocks are shared whole; their records score
-  // positions up to the last block's end, the loaded blocks' records the rest.
-  if (scoring) {
-    scorer_.TakeRecorded(r, seq->chain->keys(),
-                         tier_blocks > 0 ? pool_blocks * bs - 1 : admission.num_cached);
-  }
   if (!r->admitted_once) {
     r->admitted_once = true;
     r->usage.cached_prompt_tokens = static_cast<uint32_t>(admission.num_cached);

@@ -17,13 +17,14 @@
 //     waiting request's turn sets aside what admitting it would compute, its prompt less
 //     the pool's cached prefix as its admission plan finds it (the tiers' blocks, known only
 //     once admission asks them, count as computed; nothing while other sequences compute
-//     its next blocks, as admission then skips it); a request parked on a tier's match
-//     answer, a load or a fetch budget takes no turn, so its tenant sets nothing aside and,
-//     with no other work, banks no credit while it waits) and reserved in admission order
-//     as in 1, so a preemption never takes a sequence already in the batch. What a turn
-//     set aside and its admission did not use (a tier's blocks, a request out of room, a
-//     pool that lost blocks since) goes to other admissions, never to a chunk in the same
-//     step;
+//     its next blocks, as admission then skips it, nor while the pool has no room for it,
+//     as admission then stops, and the running prefill it waits for must go on); a request
+//     parked on a tier's match answer, a load or a fetch budget takes no turn, so its tenant
+//     sets nothing aside and, with no other work, banks no credit while it waits) and
+//     reserved in admission order as in 1, so a preemption never takes a sequence already in
+//     the batch. What a turn set aside and its admission did not use (a tier's blocks, a
+//     request out of room since, a pool that lost blocks since) goes to other admissions,
+//     never to a chunk in the same step;
 //  3. waiting requests are admitted, tenant by tenant as in 2, while budget and blocks
 //     remain; one that fails for room stops admissions for the step (in order: wait for
 //     room, of every tenant, so that a large request is not starved by small ones). One whose
@@ -155,8 +156,13 @@ class Scheduler {
   // its prompt, the leading blocks whose score records the store holds (else 0).
   AdmissionRequest AdmissionFor(const Sequence& seq, int32_t* scored_pool) const;
   // What admitting the waiting `seq` now would compute (PlanChunks' set-aside): its tokens
-  // less the pool's cached prefix; 0 while running sequences compute its next blocks.
+  // less the pool's cached prefix; 0 while running sequences compute its next blocks, and
+  // 0 when it has no room (its admission would stop at kNoRoom).
   int32_t UncachedTokens(const Sequence& seq) const;
+  // Whether committing `plan` leaves a block of headroom per running sequence, so that the
+  // admission does not force a preemption at the very next decode. Shared prefix blocks may
+  // stop being evictable, hence their count too (an upper bound).
+  bool LeavesHeadroom(const AdmissionPlan& plan) const;
   void Admit(std::vector<Scheduled>* batch, int32_t* budget);
   enum AdmitOutcome {
     kAdmitted,  // running, its first chunk in the batch (`*count` tokens)

@@ -179,6 +179,9 @@ void StepOutput::ReleaseSequence(Sequence* seq) {
   if (seq->state == Sequence::State::kRunning) options_.cache->Release(seq->cache_seq);
   seq->cache_seq = -1;
   seq->state = Sequence::State::kFinished;
+  // A waiting sample may be parked on a load: its tier's fetch budget and the bytes read
+  // come back now, not when the request's other samples end.
+  seq->tiers.reset();
 }
 
 }  // namespace prefixd

@@ -13,8 +13,9 @@
 //
 // Invariants: every event goes to its request's outbox in the order of the calls; a request
 // gets exactly one kDone, after one kSampleFinished per sample (or an error); a finished
-// sample holds no KvCache sequence. Sampling is keyed by (seed, sample index, position), so
-// a sample's tokens do not depend on which others share its step. Engine-thread only.
+// sample holds no KvCache sequence and no tier load. Sampling is keyed by (seed, sample
+// index, position), so a sample's tokens do not depend on which others share its step.
+// Engine-thread only.
 #ifndef PREFIXD_ENGINE_STEP_OUTPUT_H_
 #define PREFIXD_ENGINE_STEP_OUTPUT_H_
 

@@ -129,7 +129,9 @@ class FakeBackend final : public Backend {
         Row& out = rows_[Index(s.block_table[p / block_size_], p % block_size_)];
         out.hash = Chain(prev, s.token_ids[i], p);
         out.pos = p;
-        if (s.want_logits && i + 1 == s.token_ids.size()) LogitsOf(out.hash, vocab_, logits);
+        if (s.want_all_logits || (s.want_logits && i + 1 == s.token_ids.size())) {
+          LogitsOf(out.hash, vocab_, logits);
+        }
       }
     }
     return absl::OkStatus();

@@ -517,6 +517,54 @@ TEST_F(KvOffloaderTest, CancellingAParkedRequestReleasesEverything) {
   EXPECT_EQ(s.num_sequences, 0);
   cache_->CheckInvariants();
 }
+// A fork parked on its load, then stopped: its load (the tier's fetch budget, the bytes
+// read) goes with it, not with its request. A 32-block pool: q (200 + 50 tokens) and r (32 +
+// 100, six samples) run until a block for one of them preempts r's sixth sample; the cached
+// blocks go to the tier, and the caller stops samples 1 to 4, which makes room. The sixth
+// finds its generated blocks there: its load starts and is held. Then the caller stops it
+// while the first sample decodes on. Before, the stopped sample kept its load until the
+// whole request ended, so the tier's budget stayed in use (every other request needing it
+// refused) that long.
+TEST_F(KvOffloaderTest, AStoppedSampleLetsGoOfItsLoadWhileItsRequestGoesOn) {
+  std::shared_ptr<Client> q = Add(RandomTokens(7, 200), 50);
+  std::shared_ptr<Client> r;
+  {
+    auto request = std::make_unique<RequestState>();
+    request->request.prompt = RandomTokens(8, 32);
+    request->request.num_samples = 6;
+    request->request.sampling.temperature = 1.0f;  // samples that differ: blocks of their own
+    request->request.sampling.seed = 1;
+    request->request.max_new_tokens = 100;
+    request->request.ignore_eos = true;
+    request->root = Root();
+    request->stream = std::make_shared<RequestStream>(nullptr);
+    r = std::make_shared<Client>();
+    r->stream = request->stream;
+    scheduler_->Enqueue(std::move(request));
+    clients_.push_back(r);
+  }
+  for (int i = 0; i < 50 && scheduler_->counters().preemptions == 0; ++i) Step();
+  ASSERT_EQ(scheduler_->counters().preemptions, 1u);
+  SpillEverything();
+  gate_.Hold();
+  for (uint32_t sample = 1; sample <= 4; ++sample) r->stream->StopSample(sample);
+  Step();  // the sixth sample is matched in the tier: its load starts, it is parked
+  ASSERT_EQ(tier_->fetch_blocks_in_flight(), 2);
+  gate_.WaitArrived(1);
+  r->stream->StopSample(5);
+  Step();
+  gate_.Open();
+  wakes_.WaitFor(1);
+  EXPECT_EQ(tier_->fetch_blocks_in_flight(), 0);
+  EXPECT_EQ(r->result.samples.size(), 6u);
+  EXPECT_EQ(r->result.status.code(), absl::StatusCode::kUnknown) << "r goes on (no kDone)";
+  RunToEnd();
+  ASSERT_TRUE(r->result.status.ok()) << r->result.status;
+  ASSERT_TRUE(q->result.status.ok()) << q->result.status;
+  EXPECT_EQ(r->result.samples[0].ids.size(), 100u);
+  EXPECT_EQ(r->result.samples[5].finish, FinishReason::kStop);
+}
+
 // The rate is the forward's time per token over steps that prefilled a block or more, the
 // latest weighing a quarter; decode-only steps (memory-bound) do not count.
 TEST(ComputeRateTest, AveragesPrefillStepsOnly) {

@@ -32,16 +32,17 @@ TenantPolicy Weighted(const std::string& name, uint32_t weight) {
 
 class SchedulerFairTest : public ::testing::Test {
  protected:
-  void Init(int32_t max_batch_tokens, std::vector<TenantPolicy> tenants = {}) {
+  void Init(int32_t max_batch_tokens, std::vector<TenantPolicy> tenants = {},
+            int32_t num_blocks = kBlocks) {
     pending_.clear();
-    backend_ = std::make_unique<FakeBackend>(kBlocks, kBlockSize, kVocab);
-    cache_ = MakeCache();
+    backend_ = std::make_unique<FakeBackend>(num_blocks, kBlockSize, kVocab);
+    cache_ = MakeCache(num_blocks);
     scheduler_ = MakeScheduler(backend_.get(), cache_.get(), max_batch_tokens, std::move(tenants));
   }
 
-  std::unique_ptr<KvCache> MakeCache() {
+  std::unique_ptr<KvCache> MakeCache(int32_t num_blocks = kBlocks) {
     KvCacheOptions c;
-    c.pool.num_blocks = kBlocks;
+    c.pool.num_blocks = num_blocks;
     c.pool.block_size = kBlockSize;
     c.pool.bytes_per_token = 8;
     return *KvCache::Create(c);
@@ -238,6 +239,26 @@ TEST_F(SchedulerFairTest, ACachedRequestSetsAsideOnlyWhatItComputes) {
   EXPECT_EQ(rec[5], (std::vector<Rec>{{21, 7, false}, {15, 1, true}}));
   EXPECT_EQ(rec[6], (std::vector<Rec>{{28, 4, true}, {15, 1, true}}));
   RunToEnd();
+  ExpectSoloOutputs();
+}
+
+// An 8-block pool: a's 24-token prompt holds 6 blocks while it prefills, 8 tokens a step,
+// so b's 12-token prompt (3 blocks) finds no room until a's request ends. From the second
+// step b is behind. A request out of room sets nothing aside: its admission computes
+// nothing this step. Before, b's turn set aside its whole prompt (the step's budget) every
+// step, so a's prefill never got a chunk, never ended and never freed the room b waited
+// for: no batch ever formed again.
+TEST_F(SchedulerFairTest, ARequestOutOfRoomDoesNotKeepTheBudgetFromAPrefillThatFreesIt) {
+  Init(/*max_batch_tokens=*/8, {}, /*num_blocks=*/8);
+  Add("a", 24, 1, 'a');
+  Add("b", 12, 33, 'b');
+  EXPECT_EQ(RunToEnd(), "ab");
+  using Rec = FakeBackend::StepRecord;
+  const auto& rec = backend_->recorded();
+  ASSERT_EQ(rec.size(), 5u);
+  EXPECT_EQ(rec[1], (std::vector<Rec>{{8, 8, false}}));
+  EXPECT_EQ(rec[2], (std::vector<Rec>{{16, 8, true}}));
+  EXPECT_EQ(rec[3], (std::vector<Rec>{{0, 8, false}}));
   ExpectSoloOutputs();
 }
 

@@ -9,6 +9,7 @@
 #include "cache/block_key.h"
 #include "cache/kv_cache.h"
 #include "engine/request_stream.h"
+#include "engine/score_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/engine/engine_test_util.h"
@@ -198,6 +199,67 @@ TEST_F(SchedulerTest, WaitsOnlyForPrefixBlocksItCanUse) {
   EXPECT_THAT(LastBatch(), ElementsAre(Rec{63, 1, true}));
   EXPECT_EQ(Drain(*d).usage.cached_prompt_tokens, 63u);
   EXPECT_EQ(Drain(*c).usage.cached_prompt_tokens, 0u);
+}
+
+// A 4-block pool of 4 tokens and a 13-token prompt with prompt logprobs, asked twice: the
+// first records its three full blocks' scores. The second may take 11 tokens from the pool
+// (its last row is recomputed), 3 of them copied from the third block; with that cached
+// source held the copy does not fit the pool, so it takes the first two blocks (8 tokens)
+// and computes the rest: position 8's score is the third block's record. Its admission
+// evicts that block (the pool is all it needs) and the record with it, so the records are
+// taken before the Commit. Before, they were taken after it, and a PREFIXD_CHECK ended the
+// process (the third block's record was gone).
+TEST_F(SchedulerTest, ARecordScoringTheFirstComputedPositionIsTakenBeforeItsBlockIsEvicted) {
+  constexpr int32_t kBlocks = 4, kBlockSize = 4;
+  FakeBackend backend(kBlocks, kBlockSize, kVocab);
+  ScoreStore scores;
+  KvCacheOptions c;
+  c.pool.num_blocks = kBlocks;
+  c.pool.block_size = kBlockSize;
+  c.pool.bytes_per_token = 8;
+  c.on_evict = [&scores](const EvictedBlock& e) { scores.Forget(*e.key); };
+  std::unique_ptr<KvCache> cache = *KvCache::Create(c);
+  ModelConfig config;
+  config.vocab_size = kVocab;
+  config.eos_token_id = kVocab - 1;
+  Scheduler scheduler(
+      SchedulerOptions{.backend = &backend,
+                       .cache = cache.get(),
+                       .model_config = config,
+                       .max_batch_tokens = 64,
+                       .clock = [this] { return absl::UnixEpoch() + absl::Seconds(++ticks_); },
+                       .scores = &scores});
+  auto run = [&] {
+    auto r = std::make_unique<RequestState>();
+    for (uint32_t i = 0; i < 13; ++i) r->request.prompt.push_back(1 + i);
+    r->request.max_new_tokens = 1;
+    r->request.ignore_eos = true;
+    r->request.prompt_logprobs = 2;
+    r->root = CacheRootKey("manifest", "ns");
+    r->stream = std::make_shared<RequestStream>(nullptr);
+    auto stream = r->stream;
+    scheduler.Enqueue(std::move(r));
+    for (int steps = 0; !scheduler.idle() && steps < 10; ++steps) {
+      scheduler.Step();
+      scheduler.FlushEvents();
+      cache->CheckInvariants();
+    }
+    EXPECT_TRUE(scheduler.idle());
+    return Drain(*stream);
+  };
+  const RequestResult first = run();
+  ASSERT_TRUE(first.status.ok()) << first.status;
+  ASSERT_EQ(scores.size(), 3u);
+  const RequestResult second = run();
+  ASSERT_TRUE(second.status.ok()) << second.status;
+  EXPECT_EQ(second.usage.cached_prompt_tokens, 8u);
+  EXPECT_EQ(scheduler.counters().prompt_logprob_tokens_cached, 8u);
+  ASSERT_EQ(second.prompt.size(), 13u);
+  for (size_t p = 0; p < 13; ++p) {
+    EXPECT_EQ(second.prompt[p].token_id, first.prompt[p].token_id) << p;
+    EXPECT_EQ(second.prompt[p].logprob, first.prompt[p].logprob) << p;
+  }
+  EXPECT_EQ(second.samples, first.samples);
 }
 
 }  // namespace
