@@ -651,7 +651,11 @@ void RemoteTier::PublisherLoop() {
       stats_.up = true;
     } else {
       ++stats_.stores_dropped;
-      recent_.erase(record.key);  // its place in recent_order_ is dropped lazily
+      // Forgotten (its place in recent_order_ is dropped lazily), unless a record with a
+      // score section was accepted for the key since this one without: that one is queued,
+      // and once it is stored an offer without scores must not overwrite it.
+      auto it = recent_.find(record.key);
+      if (it != recent_.end() && (!it->second || !record.scores.empty())) recent_.erase(it);
     }
   }
 }

@@ -762,6 +762,44 @@ TEST_F(FullRedisTest, AFullServerRefusesStoresWhichAreCountedNotFatal) {
   EXPECT_EQ(f->data[0], chain[0].data);
 }
 
+// A store that fails forgets its key, so that a later computation offers the block again;
+// but when a record with a score section was accepted for the key meanwhile (the failed one
+// had none), that record is still queued: once it is stored, an offer without scores must
+// not be taken, or its SET would overwrite the score section in Redis.
+TEST_F(FullRedisTest, AFailedStoreWithoutScoresForgetsNoScoredRecordQueuedAfterIt) {
+  const BlockLayout layout = ScoredLayout();
+  const BlockRecord plain = MakeChain(layout, 12, 2)[1];
+  const BlockRecord scored = WithScores(plain, layout);
+  ASSERT_EQ(redis_->Command({"CONFIG", "SET", "maxmemory", "1"}), "OK");  // every SET: OOM
+  absl::Notification failed, go;
+  std::atomic<int> faults{0};
+  RemoteTierOptions o = TestOptions();
+  o.backoff_min = o.backoff_max = absl::Nanoseconds(1);  // no backoff in the way
+  // Runs on the publisher thread after the failed SET, before the tier handles the failure.
+  o.log = [&](const std::string&) {
+    if (faults.fetch_add(1) > 0) return;
+    failed.Notify();
+    go.WaitForNotification();
+  };
+  std::unique_ptr<RemoteTier> tier = Open(o, layout);
+  ASSERT_TRUE(tier->WantsPublish(plain.key, {.scored = false}));
+  tier->Publish(plain);
+  ASSERT_TRUE(failed.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  const std::string unlimited = redis_->Command({"CONFIG", "SET", "maxmemory", "0"});
+  const bool wants_scored = tier->WantsPublish(scored.key, {.scored = true});
+  if (wants_scored) tier->Publish(scored);
+  go.Notify();  // before any ASSERT: the publisher waits for it
+  ASSERT_EQ(unlimited, "OK");
+  ASSERT_TRUE(wants_scored);
+  ASSERT_TRUE(tier->Flush(absl::Now() + absl::Seconds(10)));
+  ASSERT_EQ(tier->Stats().stores, 1u);
+  ASSERT_EQ(redis_->Command({"STRLEN", tier->KeyOf(scored.key)}),
+            std::to_string(layout.scored_record_bytes()));
+  EXPECT_FALSE(tier->WantsPublish(plain.key, {.scored = false}))
+      << "an offer without scores would overwrite the stored score section";
+  EXPECT_FALSE(tier->WantsPublish(scored.key, {.scored = true}));
+}
+
 class PasswordRedisTest : public RemoteTierTest {
  protected:
   PasswordRedisTest() { extra_ = {"--requirepass", "s3cret"}; }
