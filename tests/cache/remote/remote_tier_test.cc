@@ -800,6 +800,38 @@ TEST_F(FullRedisTest, AFailedStoreWithoutScoresForgetsNoScoredRecordQueuedAfterI
   EXPECT_FALSE(tier->WantsPublish(scored.key, {.scored = true}));
 }
 
+// A key published again after a failed store is remembered as long as any key published
+// then: the failed store's old place in the order of remembered keys must not make the tier
+// forget it early, or an offer without scores is taken and overwrites its score section.
+TEST_F(FullRedisTest, AKeyStoredAfterAFailedStoreIsRememberedAsLongAsAnyOther) {
+  const BlockLayout layout = ScoredLayout();
+  const BlockRecord plain = MakeChain(layout, 13, 2)[1];
+  const BlockRecord scored = WithScores(plain, layout);
+  RemoteTierOptions o = TestOptions();
+  o.backoff_min = o.backoff_max = absl::Nanoseconds(1);  // no backoff in the way
+  o.max_queued_blocks = static_cast<int32_t>(RemoteTier::kRememberedKeys);
+  std::unique_ptr<RemoteTier> tier = Open(o, layout);
+  ASSERT_EQ(redis_->Command({"CONFIG", "SET", "maxmemory", "1"}), "OK");  // every SET: OOM
+  ASSERT_TRUE(tier->WantsPublish(scored.key, {.scored = true}));
+  tier->Publish(scored);
+  ASSERT_TRUE(tier->Flush(absl::Now() + absl::Seconds(10)));
+  ASSERT_EQ(tier->Stats().store_errors, 1u);
+  ASSERT_EQ(redis_->Command({"CONFIG", "SET", "maxmemory", "0"}), "OK");
+  ASSERT_TRUE(tier->WantsPublish(scored.key, {.scored = true}));  // forgotten: offered again
+  tier->Publish(scored);
+  ASSERT_TRUE(tier->Flush(absl::Now() + absl::Seconds(10)));
+  ASSERT_EQ(tier->Stats().stores, 1u);
+  // Other keys, as many as the tier remembers besides this one.
+  for (size_t i = 0; i + 1 < RemoteTier::kRememberedKeys; ++i) {
+    BlockRecord r = testing::MakeRecord(layout, testing::TestRoot(), 14, static_cast<uint32_t>(i));
+    ASSERT_TRUE(tier->WantsPublish(r.key)) << i;
+    tier->Publish(std::move(r));
+  }
+  EXPECT_FALSE(tier->WantsPublish(plain.key, {.scored = false}))
+      << "forgotten early: an offer without scores would overwrite the score section";
+  EXPECT_FALSE(tier->WantsPublish(scored.key, {.scored = true}));
+}
+
 class PasswordRedisTest : public RemoteTierTest {
  protected:
   PasswordRedisTest() { extra_ = {"--requirepass", "s3cret"}; }
