@@ -464,7 +464,14 @@ bool DiskTier::WantsSpill(const Digest& key, const SpillIntent& spill) {
   const absl::Time deadline = spill.deadline;
   absl::MutexLock lock(&mu_);
   if (queued_keys_.contains(key)) return false;
-  if (index_.Contains(key) && !(spill.scored && !ScoredLocked(key))) return false;
+  if (index_.Contains(key) && !(spill.scored && !ScoredLocked(key))) {
+    // The pool evicts it now, so it was in use until now: its file is as recent. The pool
+    // evicts leaves before parents, so a chain's first blocks stay the most recent here too,
+    // and the cap deletes a chain from its end (a match stops at the first block missing).
+    // In the index only: the engine thread does no file I/O here.
+    index_.Touch(key, Now());
+    return false;
+  }
   auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return static_cast<int32_t>(queue_.size()) < max_queued_ || stop_;
   };
