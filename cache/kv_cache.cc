@@ -376,22 +376,24 @@ Admission KvCache::Commit(const AdmissionPlan& plan) {
   s.num_tokens = s.chain->size();
   s.num_computed = plan.num_cached;
   s.table.reserve(in.capacity_blocks);
+  // Counted before any retention changes: a retention taken below may, at the tenant's
+  // share, end that of a block this admission reads.
   for (int32_t b : in.shared) {
-    if (blocks_[b].retain_until > 0) {
-      out.retained_tokens += bs_;
-      // A use renews the retention (for as long as it was asked for).
-      if (in.now > 0 && blocks_[b].retain_for > 0) {
-        Retain(b, in.now + blocks_[b].retain_for, in.now);
-      }
-    }
-    Acquire(b);
-    s.table.push_back(b);
-    if (s.retain_until > 0) Retain(b, s.retain_until, s.now);
+    if (blocks_[b].retain_until > 0) out.retained_tokens += bs_;
   }
   if (in.partial_src >= 0 && blocks_[in.partial_src].retain_until > 0) {
     out.retained_tokens += in.partial_rows;
   }
   out.retained_tokens = std::min(out.retained_tokens, plan.num_cached);
+  for (int32_t b : in.shared) {
+    // A use renews the retention (for as long as it was asked for).
+    if (blocks_[b].retain_until > 0 && in.now > 0 && blocks_[b].retain_for > 0) {
+      Retain(b, in.now + blocks_[b].retain_for, in.now);
+    }
+    Acquire(b);
+    s.table.push_back(b);
+    if (s.retain_until > 0) Retain(b, s.retain_until, s.now);
+  }
   // Hold the copy source so that the evictions below cannot take it.
   if (in.partial_src >= 0) Acquire(in.partial_src);
   for (int32_t i = 0; i < in.evict; ++i) EvictOne();

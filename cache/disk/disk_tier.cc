@@ -431,10 +431,10 @@ void DiskTier::Read(TierFetch& f, const std::shared_ptr<TierFetch>& held) {
   for (size_t i = 0; i < f.keys.size(); ++i) {
     {
       absl::MutexLock lock(&load_mu_);
-      if (loader_stop_) return;
+      if (loader_stop_) break;
     }
     // Nobody waits for it any more (the request was cancelled or ended): stop reading.
-    if (held.use_count() == 1) return;
+    if (held.use_count() == 1) break;
     const absl::Time t0 = absl::Now();
     std::vector<uint8_t> data(static_cast<size_t>(layout_.data_bytes()));
     std::vector<PositionScore> section;
@@ -443,22 +443,35 @@ void DiskTier::Read(TierFetch& f, const std::shared_ptr<TierFetch>& held) {
                                   .tokens = absl::MakeConstSpan(f.tokens).subspan(i * bs, bs)};
     // Absent (deleted for the cap since the match) or corrupt (deleted and counted): this
     // block and every one after it are computed.
-    if (!Load(expect, absl::MakeSpan(data), &section).ok()) return;
+    if (!Load(expect, absl::MakeSpan(data), &section).ok()) break;
     // A scoring request matched scored files only; one that lost its section (replaced
     // meanwhile) ends its fetch.
-    if (f.scored_only && section.empty()) return;
+    if (f.scored_only && section.empty()) break;
     f.values.push_back(std::move(data));
     f.data.push_back(f.values.back());
     f.scores.push_back(std::move(section));
     f.seconds.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
   }
+  // Each Load made its block the most recently used, so the chain's first block is now the
+  // least recently used of them, and the cap's next victim: a match stops at it, and every
+  // block after it would stay on disk, unreachable. Touched again deepest first, the chain
+  // leaves from its end, as the pool evicts leaves before parents (and spills them so).
+  absl::MutexLock lock(&mu_);
+  for (size_t i = f.data.size(); i-- > 0;) index_.Touch(f.keys[i], Now());
 }
 
 bool DiskTier::WantsSpill(const Digest& key, const SpillIntent& spill) {
   const absl::Time deadline = spill.deadline;
   absl::MutexLock lock(&mu_);
   if (queued_keys_.contains(key)) return false;
-  if (index_.Contains(key) && !(spill.scored && !ScoredLocked(key))) return false;
+  if (index_.Contains(key) && !(spill.scored && !ScoredLocked(key))) {
+    // The pool evicts it now, so it was in use until now: its file is as recent. The pool
+    // evicts leaves before parents, so a chain's first blocks stay the most recent here too,
+    // and the cap deletes a chain from its end (a match stops at the first block missing).
+    // In the index only: the engine thread does no file I/O here.
+    index_.Touch(key, Now());
+    return false;
+  }
   auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return static_cast<int32_t>(queue_.size()) < max_queued_ || stop_;
   };

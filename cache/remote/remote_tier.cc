@@ -28,12 +28,6 @@
 #include "cache/sha256.h"
 
 namespace prefixd {
-namespace {
-
-// Keys published or queued that are remembered, so that a block is not sent twice.
-constexpr size_t kRecentKeys = 1 << 16;
-
-}  // namespace
 
 std::string RemoteEndpoint::ToString() const {
   if (!unix_path.empty()) return absl::StrCat("unix://", unix_path);
@@ -572,7 +566,7 @@ std::vector<uint8_t> RemoteTier::PublishBuffer() {
 
 bool RemoteTier::WantsPublish(const Digest& key, const PublishIntent& publish) {
   absl::MutexLock lock(&mu_);
-  if (auto it = recent_.find(key); it != recent_.end() && (it->second || !publish.scored)) {
+  if (auto it = recent_.find(key); it != recent_.end() && (it->second.scored || !publish.scored)) {
     return false;
   }
   if (stop_ || !publisher_conn_->ready() ||
@@ -592,14 +586,19 @@ void RemoteTier::Publish(BlockRecord record) {
 }
 
 void RemoteTier::RememberLocked(const Digest& key, bool scored) {
-  auto [it, inserted] = recent_.try_emplace(key, scored);
+  auto [it, inserted] = recent_.try_emplace(key);
   if (!inserted) {
-    it->second = it->second || scored;
+    it->second.scored = it->second.scored || scored;
     return;
   }
-  recent_order_.push_back(key);
-  if (recent_order_.size() > kRecentKeys) {
-    recent_.erase(recent_order_.front());
+  it->second = {.scored = scored, .number = ++remembered_};
+  recent_order_.emplace_back(key, remembered_);
+  if (recent_order_.size() > kRememberedKeys) {
+    // Only the entry the key was remembered under forgets it (not one a failed store left).
+    const auto& [oldest, number] = recent_order_.front();
+    if (auto o = recent_.find(oldest); o != recent_.end() && o->second.number == number) {
+      recent_.erase(o);
+    }
     recent_order_.pop_front();
   }
 }
@@ -651,7 +650,13 @@ void RemoteTier::PublisherLoop() {
       stats_.up = true;
     } else {
       ++stats_.stores_dropped;
-      recent_.erase(record.key);  // its place in recent_order_ is dropped lazily
+      // Forgotten (its place in recent_order_ is dropped lazily), unless a record with a
+      // score section was accepted for the key since this one without: that one is queued,
+      // and once it is stored an offer without scores must not overwrite it.
+      auto it = recent_.find(record.key);
+      if (it != recent_.end() && (!it->second.scored || !record.scores.empty())) {
+        recent_.erase(it);
+      }
     }
   }
 }

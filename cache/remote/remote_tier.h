@@ -42,6 +42,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -151,6 +152,8 @@ class RemoteTier final : public KvTier {
   void Publish(BlockRecord record);
   // Waits until the publish queue is empty (true) or `deadline` passes (false).
   bool Flush(absl::Time deadline) override;
+  // How many keys WantsPublish remembers (the last ones published, queued or fetched).
+  static constexpr size_t kRememberedKeys = size_t{1} << 16;
 
   // KvTier: the engine offers it every full block it computes (publishes); WantsOffer never
   // waits.
@@ -212,9 +215,16 @@ class RemoteTier final : public KvTier {
   std::deque<BlockRecord> queue_ ABSL_GUARDED_BY(mu_);
   // Keys queued, published or fetched lately, each with whether its value carries scores
   // (bounded: the oldest are forgotten first), so that a prefix computed again is not sent
-  // again.
-  absl::flat_hash_map<Digest, bool, DigestHash> recent_ ABSL_GUARDED_BY(mu_);
-  std::deque<Digest> recent_order_ ABSL_GUARDED_BY(mu_);
+  // again. recent_order_ holds each key with the number it was remembered under: a key
+  // forgotten after a failed store leaves its old entry there, which must not make the key
+  // forgotten again once it is remembered anew.
+  struct Remembered {
+    bool scored = false;
+    uint64_t number = 0;
+  };
+  absl::flat_hash_map<Digest, Remembered, DigestHash> recent_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<Digest, uint64_t>> recent_order_ ABSL_GUARDED_BY(mu_);
+  uint64_t remembered_ ABSL_GUARDED_BY(mu_) = 0;
   bool publishing_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   RemoteTierStats stats_ ABSL_GUARDED_BY(mu_);

@@ -184,6 +184,25 @@ TEST_F(KvCacheTenantTest, RetentionIsCappedByTheShare) {
   cache_->CheckInvariants();
 }
 
+// Retained tokens are those read from blocks retained when the admission began: the
+// admission's own retention, which may displace another retention at the share, is taken
+// after they are counted, and so cannot hide a retained block it reads.
+TEST_F(KvCacheTenantTest, RetainedTokensCountBlocksRetainedBeforeTheAdmissionsOwnRetention) {
+  Make(-1);
+  cache_->SetTenantShare(kQuiet, 3);
+  const std::vector<int32_t> x = CachePrompt(kQuiet, 0, /*retain_until=*/10);
+  ASSERT_EQ(x.size(), 2u);
+  ASSERT_LT(x[0], x[1]);  // of two retentions ending together, x[0]'s gives way first
+  // Another prompt's two blocks, retained longer: x[0]'s retention gives way, x[1]'s stays.
+  CachePrompt(kQuiet, 100, /*retain_until=*/20);
+  EXPECT_EQ(cache_->TenantStats().at(kQuiet).retained_blocks, 3);
+  // x again, retained longer still: it shares x[0] and copies 3 rows of x[1], retained now.
+  int32_t retained = -1;
+  CachePrompt(kQuiet, 0, /*retain_until=*/30, &retained);
+  EXPECT_EQ(retained, 3) << "the rows read from x[1], retained when the admission began";
+  cache_->CheckInvariants();
+}
+
 // Hits are counted per tenant at first admission.
 TEST_F(KvCacheTenantTest, HitsAreCountedPerTenant) {
   Make(-1);

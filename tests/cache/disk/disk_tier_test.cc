@@ -346,6 +346,56 @@ TEST_F(DiskTierTest, TheCapDeletesForeignFilesFirstThenTheLeastRecentlyUsed) {
   EXPECT_TRUE(std::filesystem::exists(dir_.path() + "/notes.txt"));  // never ours to delete
 }
 
+// The pool evicts leaves before parents, so a chain reaches the disk from its end; a fetch
+// reads it from its start. After a fetch the cap must still take the chain's last block
+// first: with its first block gone, a match stops there and every block after it stays on
+// disk, unreachable.
+TEST_F(DiskTierTest, AfterAFetchTheCapDeletesAChainFromItsEnd) {
+  const std::vector<BlockRecord> chain = MakeChain(SmallLayout(), 1, 3);
+  auto tier = Open(3 * SmallLayout().record_bytes());
+  ASSERT_NE(tier, nullptr);
+  SpillAll(*tier, {chain[2], chain[1], chain[0]});  // the pool's eviction order
+  KvTier::FetchRequest request{.root = chain[0].root};
+  std::vector<Digest> keys;
+  for (const BlockRecord& r : chain) {
+    keys.push_back(r.key);
+    request.keys.push_back(r.key);
+    request.tokens.insert(request.tokens.end(), r.tokens.begin(), r.tokens.end());
+  }
+  absl::Notification woken;
+  absl::StatusOr<std::shared_ptr<const TierFetch>> f =
+      tier->StartFetch(request, [&woken] { woken.Notify(); });
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_TRUE(woken.WaitForNotificationWithTimeout(kWait));
+  ASSERT_EQ((*f)->data.size(), 3u);
+  f = absl::StatusOr<std::shared_ptr<const TierFetch>>(nullptr);
+
+  SpillAll(*tier, MakeChain(SmallLayout(), 2, 1));  // one file must go
+  EXPECT_EQ(tier->Stats().evicted_files, 1u);
+  EXPECT_FALSE(tier->Contains(chain[2].key)) << "the chain's last block goes first";
+  EXPECT_EQ(tier->MatchFrom(keys), 2u) << "the rest of the chain is still a hit";
+}
+
+// A block the pool evicts while its file is on disk was in use until then: the offer it is
+// refused for makes the file recent again. Else a chain's first block, on disk since it was
+// a prompt of its own, is the cap's first victim once its children are spilled after it,
+// and they are unreachable without it.
+TEST_F(DiskTierTest, ABlockThePoolEvictsAgainIsMadeRecentOnDisk) {
+  const std::vector<BlockRecord> chain = MakeChain(SmallLayout(), 1, 3);
+  auto tier = Open(3 * SmallLayout().record_bytes());
+  ASSERT_NE(tier, nullptr);
+  SpillAll(*tier, {chain[0]});  // a one-block prompt, evicted
+  // A longer prompt read chain[0] back and computed the rest; the pool evicts leaves first.
+  SpillAll(*tier, {chain[2], chain[1]});
+  EXPECT_FALSE(tier->WantsSpill(chain[0].key));     // on disk already
+  SpillAll(*tier, MakeChain(SmallLayout(), 2, 1));  // one file must go
+  EXPECT_EQ(tier->Stats().evicted_files, 1u);
+  EXPECT_FALSE(tier->Contains(chain[2].key)) << "the chain's last block goes first";
+  std::vector<Digest> keys;
+  for (const BlockRecord& r : chain) keys.push_back(r.key);
+  EXPECT_EQ(tier->MatchFrom(keys), 2u) << "the rest of the chain is still a hit";
+}
+
 TEST_F(DiskTierTest, ASecondTierOnTheSameDirectoryIsRefused) {
   auto first = Open();
   ASSERT_NE(first, nullptr);

@@ -762,6 +762,76 @@ TEST_F(FullRedisTest, AFullServerRefusesStoresWhichAreCountedNotFatal) {
   EXPECT_EQ(f->data[0], chain[0].data);
 }
 
+// A store that fails forgets its key, so that a later computation offers the block again;
+// but when a record with a score section was accepted for the key meanwhile (the failed one
+// had none), that record is still queued: once it is stored, an offer without scores must
+// not be taken, or its SET would overwrite the score section in Redis.
+TEST_F(FullRedisTest, AFailedStoreWithoutScoresForgetsNoScoredRecordQueuedAfterIt) {
+  const BlockLayout layout = ScoredLayout();
+  const BlockRecord plain = MakeChain(layout, 12, 2)[1];
+  const BlockRecord scored = WithScores(plain, layout);
+  ASSERT_EQ(redis_->Command({"CONFIG", "SET", "maxmemory", "1"}), "OK");  // every SET: OOM
+  absl::Notification failed, go;
+  std::atomic<int> faults{0};
+  RemoteTierOptions o = TestOptions();
+  o.backoff_min = o.backoff_max = absl::Nanoseconds(1);  // no backoff in the way
+  // Runs on the publisher thread after the failed SET, before the tier handles the failure.
+  o.log = [&](const std::string&) {
+    if (faults.fetch_add(1) > 0) return;
+    failed.Notify();
+    go.WaitForNotification();
+  };
+  std::unique_ptr<RemoteTier> tier = Open(o, layout);
+  ASSERT_TRUE(tier->WantsPublish(plain.key, {.scored = false}));
+  tier->Publish(plain);
+  ASSERT_TRUE(failed.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  const std::string unlimited = redis_->Command({"CONFIG", "SET", "maxmemory", "0"});
+  const bool wants_scored = tier->WantsPublish(scored.key, {.scored = true});
+  if (wants_scored) tier->Publish(scored);
+  go.Notify();  // before any ASSERT: the publisher waits for it
+  ASSERT_EQ(unlimited, "OK");
+  ASSERT_TRUE(wants_scored);
+  ASSERT_TRUE(tier->Flush(absl::Now() + absl::Seconds(10)));
+  ASSERT_EQ(tier->Stats().stores, 1u);
+  ASSERT_EQ(redis_->Command({"STRLEN", tier->KeyOf(scored.key)}),
+            std::to_string(layout.scored_record_bytes()));
+  EXPECT_FALSE(tier->WantsPublish(plain.key, {.scored = false}))
+      << "an offer without scores would overwrite the stored score section";
+  EXPECT_FALSE(tier->WantsPublish(scored.key, {.scored = true}));
+}
+
+// A key published again after a failed store is remembered as long as any key published
+// then: the failed store's old place in the order of remembered keys must not make the tier
+// forget it early, or an offer without scores is taken and overwrites its score section.
+TEST_F(FullRedisTest, AKeyStoredAfterAFailedStoreIsRememberedAsLongAsAnyOther) {
+  const BlockLayout layout = ScoredLayout();
+  const BlockRecord plain = MakeChain(layout, 13, 2)[1];
+  const BlockRecord scored = WithScores(plain, layout);
+  RemoteTierOptions o = TestOptions();
+  o.backoff_min = o.backoff_max = absl::Nanoseconds(1);  // no backoff in the way
+  o.max_queued_blocks = static_cast<int32_t>(RemoteTier::kRememberedKeys);
+  std::unique_ptr<RemoteTier> tier = Open(o, layout);
+  ASSERT_EQ(redis_->Command({"CONFIG", "SET", "maxmemory", "1"}), "OK");  // every SET: OOM
+  ASSERT_TRUE(tier->WantsPublish(scored.key, {.scored = true}));
+  tier->Publish(scored);
+  ASSERT_TRUE(tier->Flush(absl::Now() + absl::Seconds(10)));
+  ASSERT_EQ(tier->Stats().store_errors, 1u);
+  ASSERT_EQ(redis_->Command({"CONFIG", "SET", "maxmemory", "0"}), "OK");
+  ASSERT_TRUE(tier->WantsPublish(scored.key, {.scored = true}));  // forgotten: offered again
+  tier->Publish(scored);
+  ASSERT_TRUE(tier->Flush(absl::Now() + absl::Seconds(10)));
+  ASSERT_EQ(tier->Stats().stores, 1u);
+  // Other keys, as many as the tier remembers besides this one.
+  for (size_t i = 0; i + 1 < RemoteTier::kRememberedKeys; ++i) {
+    BlockRecord r = testing::MakeRecord(layout, testing::TestRoot(), 14, static_cast<uint32_t>(i));
+    ASSERT_TRUE(tier->WantsPublish(r.key)) << i;
+    tier->Publish(std::move(r));
+  }
+  EXPECT_FALSE(tier->WantsPublish(plain.key, {.scored = false}))
+      << "forgotten early: an offer without scores would overwrite the score section";
+  EXPECT_FALSE(tier->WantsPublish(scored.key, {.scored = true}));
+}
+
 class PasswordRedisTest : public RemoteTierTest {
  protected:
   PasswordRedisTest() { extra_ = {"--requirepass", "s3cret"}; }
