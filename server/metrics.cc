@@ -493,7 +493,16 @@ void ServerMetrics::RefreshTenantsLocked(const EngineStats& now) const {
       evictions = st.evictions;
     }
   }
-  for (const auto& [label, blocks] : cached) tenant_cached_->Add({{"tenant", label}}).Set(blocks);
+  std::map<std::string, prometheus::Gauge*> series;
+  for (const auto& [label, blocks] : cached) {
+    prometheus::Gauge* g = &tenant_cached_->Add({{"tenant", label}});
+    g->Set(blocks);
+    series[label] = g;
+  }
+  for (const auto& [label, g] : tenant_cached_series_) {
+    if (!series.contains(label)) tenant_cached_->Remove(g);
+  }
+  tenant_cached_series_ = std::move(series);
 }
 
 std::vector<prometheus::MetricFamily> ServerMetrics::Collect() const {

@@ -146,6 +146,10 @@ class ServerMetrics : public prometheus::Collectable {
   prometheus::Family<prometheus::Gauge>* tenant_cached_;
   prometheus::Family<prometheus::Counter>* tenant_hits_;
   prometheus::Family<prometheus::Counter>* tenant_evictions_;
+  // The tenant_cached_ series set by the last refresh, by label: one whose label no longer
+  // holds a tenant (a reload renamed it, or nobody is "other" now) is removed, not left at
+  // its last value.
+  mutable std::map<std::string, prometheus::Gauge*> tenant_cached_series_ ABSL_GUARDED_BY(mu_);
   // The cumulative (hit tokens, evictions) of each tenant at the last refresh.
   mutable std::map<std::string, std::pair<uint64_t, uint64_t>> tenant_last_ ABSL_GUARDED_BY(mu_);
   prometheus::Histogram* block_lifetime_;

@@ -188,6 +188,35 @@ TEST(MetricsTest, TenantSeriesAreBoundedByTheNamedTenants) {
   EXPECT_EQ(Value(text, "prefixd_tenant_cached_blocks{tenant=\"other\"}"), 2);
 }
 
+// A reload that takes a tenant's name away (or names every tenant "other" held) leaves no
+// cached-blocks gauge at its last value: summed over `tenant` the gauge is the pool's cached
+// blocks, each counted once.
+TEST(MetricsTest, TenantCachedGaugeOfALabelNoLongerUsedIsNotLeftBehind) {
+  FakeEngine fake;
+  ServerMetrics m(fake.Sources());
+  fake.stats.tenants = {{"quiet", {.cached_blocks = 4}},
+                        {"noisy", {.cached_blocks = 9}},
+                        {"x", {.cached_blocks = 1}}};
+  std::string text = m.ExpositionText();
+  EXPECT_EQ(Value(text, "prefixd_tenant_cached_blocks{tenant=\"noisy\"}"), 9);
+  EXPECT_EQ(Value(text, "prefixd_tenant_cached_blocks{tenant=\"other\"}"), 1);
+
+  // "noisy" leaves the tokens file; "x" gets a line of its own: nobody is "other" now.
+  m.SetTenantLabels({"quiet", "x"});
+  text = m.ExpositionText();
+  EXPECT_EQ(Value(text, "prefixd_tenant_cached_blocks{tenant=\"x\"}"), 1);
+  EXPECT_EQ(Value(text, "prefixd_tenant_cached_blocks{tenant=\"other\"}"), 9);  // noisy's
+  EXPECT_EQ(testing::MetricValue(text, "prefixd_tenant_cached_blocks{tenant=\"noisy\"}"), -1);
+  EXPECT_EQ(Value(text, "prefixd_tenant_cached_blocks"), 14);
+
+  // Every tenant named: "other" holds nothing.
+  m.SetTenantLabels({"quiet", "noisy", "x"});
+  text = m.ExpositionText();
+  EXPECT_EQ(Value(text, "prefixd_tenant_cached_blocks{tenant=\"noisy\"}"), 9);
+  EXPECT_EQ(testing::MetricValue(text, "prefixd_tenant_cached_blocks{tenant=\"other\"}"), -1);
+  EXPECT_EQ(Value(text, "prefixd_tenant_cached_blocks"), 14);
+}
+
 // The residency histograms take the engine's block observations (engine/block_residency.h).
 TEST(MetricsTest, ResidencyHistogramsTakeTheBlockObservations) {
   FakeEngine fake;
