@@ -19,6 +19,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -382,6 +383,51 @@ TEST(KvEventPublisherTest, AFullQueueDropsLeavesAGapAndResyncsParentsFirst) {
   sorted_expected.push_back("DISK:2");
   EXPECT_EQ(described, sorted_expected);
   EXPECT_EQ(pub->published(), got.size());
+}
+
+TEST(KvEventPublisherTest, AResyncAnnouncesAParentBeforeAChildThatWasStoredFirst) {
+  std::shared_ptr<KvEventPublisher> pub = StartPublisher({.endpoint = "tcp://127.0.0.1:*",
+                                                          .replay_endpoint = "tcp://127.0.0.1:*",
+                                                          .queue_batches = 3});
+  ASSERT_NE(pub, nullptr);
+  pub->PauseForTest(true);
+  // A chain 1 <- 2 in the pool; one step evicts both (the leaf first) for the disk tier,
+  // whose writer then indexes the child's file before its parent's: when DISK 2 is stored,
+  // its parent is resident nowhere yet.
+  pub->Publish({Stored(1, std::nullopt, KvMedium::kCpu), Stored(2, 1, KvMedium::kCpu)});
+  pub->Publish({KvBlockRemoved{.block_hash = 2, .medium = KvMedium::kCpu},
+                KvBlockRemoved{.block_hash = 1, .medium = KvMedium::kCpu}});
+  pub->Publish({Stored(2, 1, KvMedium::kDisk), Stored(1, std::nullopt, KvMedium::kDisk)});
+  for (uint64_t h = 50; pub->dropped() == 0; ++h) {
+    ASSERT_LT(h, 60u);
+    pub->Publish({Stored(h, std::nullopt, KvMedium::kCpu)});
+  }
+  pub->PauseForTest(false);
+  zmq::context_t ctx;
+  // The drop is followed by a resync once the queue has room again.
+  std::optional<DecodedBatch> resync;
+  for (int tries = 0; tries < 3000 && !resync.has_value(); ++tries) {
+    pub->Publish({Stored(100 + tries, std::nullopt, KvMedium::kCpu)});
+    for (const Message& m : Replay(ctx, pub->replay_endpoint(), 1)) {
+      DecodedBatch b = Decode(m.payload);
+      if (!b.events.empty() && b.events[0].type == "AllBlocksCleared") resync = std::move(b);
+    }
+  }
+  ASSERT_TRUE(resync.has_value()) << "no resync after the drop";
+  // Replaying the resync, every parent is announced before its child.
+  std::vector<std::string> disk;
+  absl::flat_hash_set<uint64_t> announced;
+  for (const Decoded& d : resync->events) {
+    if (d.type != "BlockStored") continue;
+    if (d.parent.has_value()) {
+      EXPECT_TRUE(announced.contains(*d.parent))
+          << d.medium << ":" << d.hashes.at(0) << " names parent " << *d.parent
+          << " before it was announced";
+    }
+    announced.insert(d.hashes.at(0));
+    if (d.medium == "DISK") disk.push_back(absl::StrCat(d.hashes.at(0)));
+  }
+  EXPECT_THAT(disk, ElementsAre("1", "2"));
 }
 
 // ---- Through a running server ------------------------------------------------------------
