@@ -286,7 +286,18 @@ void KvEventPublisher::Loop() {
         return stop_ || (!paused_ && !queue_.empty());
       };
       mu_.AwaitWithTimeout(absl::Condition(&ready), kReplayPoll);
-      if (!paused_) work.swap(queue_);
+      if (!paused_) {
+        work.swap(queue_);
+        // A drop not yet followed by a queued batch (the engine went idle after it): the
+        // queue has room now, so the resync leaves without waiting for the engine's next
+        // change, after every batch numbered before it.
+        if (resync_) {
+          work.push_back(Queued{.seq = next_seq_++,
+                                .ts = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()),
+                                .events = ResyncBatch()});
+          resync_ = false;
+        }
+      }
       stop = stop_;
     }
     for (Queued& q : work) {
