@@ -87,7 +87,9 @@ void KvEventRecorder::OnEvicted(const EvictedBlock& e) {
   pending_.push_back(KvBlockRemoved{.block_hash = KvEventBlockHash(*e.key),
                                     .medium = options_.pool_medium});
   auto it = roots_.find(*e.root);
-  if (it != roots_.end()) --it->second.pool_blocks;
+  // A block indexed while its root was swept was never counted: the count stops at zero, so
+  // that the root is swept again once it looks empty (a negative count would keep it forever).
+  if (it != roots_.end() && it->second.pool_blocks > 0) --it->second.pool_blocks;
 }
 
 void KvEventRecorder::OnDiskStored(const BlockRecordHead& head) {

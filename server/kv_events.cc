@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <exception>
 #include <iterator>
+#include <optional>
 #include <utility>
 
 #include <msgpack.hpp>
@@ -204,19 +205,8 @@ void KvEventPublisher::PauseForTest(bool paused) {
 void KvEventPublisher::Apply(const std::vector<KvEvent>& batch) {
   for (const KvEvent& e : batch) {
     if (const auto* s = std::get_if<KvBlockStored>(&e)) {
-      int32_t depth = 0;
-      if (s->parent_block_hash.has_value()) {
-        for (KvMedium m : {KvMedium::kCpu, KvMedium::kGpu, KvMedium::kDisk}) {
-          auto p = resident_.find({MediumKey(m), *s->parent_block_hash});
-          if (p != resident_.end()) {
-            depth = p->second.depth + 1;
-            break;
-          }
-        }
-      }
-      resident_.insert_or_assign(
-          std::pair{MediumKey(s->medium), s->block_hash},
-          Resident{.stored = *s, .depth = depth, .order = resident_order_++});
+      resident_.insert_or_assign(std::pair{MediumKey(s->medium), s->block_hash},
+                                 Resident{.stored = *s, .order = resident_order_++});
     } else if (const auto* r = std::get_if<KvBlockRemoved>(&e)) {
       resident_.erase(std::pair{MediumKey(r->medium), r->block_hash});
     } else {
@@ -226,17 +216,43 @@ void KvEventPublisher::Apply(const std::vector<KvEvent>& batch) {
 }
 
 std::vector<KvEvent> KvEventPublisher::ResyncBatch() const {
-  std::vector<const Resident*> all;
+  // A block's depth is taken from what is resident now, not when it was stored: a child may
+  // become resident before its parent (the disk tier writes an evicted chain's leaf first),
+  // and a parent may leave and come back. Every medium's copy of a hash has the same parent.
+  absl::flat_hash_map<uint64_t, std::optional<uint64_t>> parent_of;
+  for (const auto& [key, r] : resident_) {
+    parent_of.emplace(r.stored.block_hash, r.stored.parent_block_hash);
+  }
+  absl::flat_hash_map<uint64_t, int64_t> depth_of;
+  std::vector<uint64_t> chain;
+  for (const auto& [hash, parent] : parent_of) {
+    // Up to a resident root or a block whose depth is known, then down again. Bounded by the
+    // number of blocks, should two hashes ever form a cycle.
+    chain.clear();
+    int64_t depth = -1;
+    for (uint64_t h = hash; chain.size() <= parent_of.size();) {
+      if (auto d = depth_of.find(h); d != depth_of.end()) {
+        depth = d->second;
+        break;
+      }
+      chain.push_back(h);
+      const std::optional<uint64_t>& p = parent_of.at(h);
+      if (!p.has_value() || !parent_of.contains(*p)) break;
+      h = *p;
+    }
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it) depth_of[*it] = ++depth;
+  }
+  std::vector<std::pair<int64_t, const Resident*>> all;
   all.reserve(resident_.size());
-  for (const auto& [key, r] : resident_) all.push_back(&r);
+  for (const auto& [key, r] : resident_) all.emplace_back(depth_of.at(r.stored.block_hash), &r);
   // A parent is one level shallower than its child: by depth, parents come first.
-  std::sort(all.begin(), all.end(), [](const Resident* a, const Resident* b) {
-    return std::pair{a->depth, a->order} < std::pair{b->depth, b->order};
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
+    return std::pair{a.first, a.second->order} < std::pair{b.first, b.second->order};
   });
   std::vector<KvEvent> out;
   out.reserve(all.size() + 1);
   out.push_back(KvAllBlocksCleared{});
-  for (const Resident* r : all) out.push_back(r->stored);
+  for (const auto& [depth, r] : all) out.push_back(r->stored);
   return out;
 }
 
@@ -270,7 +286,18 @@ void KvEventPublisher::Loop() {
         return stop_ || (!paused_ && !queue_.empty());
       };
       mu_.AwaitWithTimeout(absl::Condition(&ready), kReplayPoll);
-      if (!paused_) work.swap(queue_);
+      if (!paused_) {
+        work.swap(queue_);
+        // A drop not yet followed by a queued batch (the engine went idle after it): the
+        // queue has room now, so the resync leaves without waiting for the engine's next
+        // change, after every batch numbered before it.
+        if (resync_) {
+          work.push_back(Queued{.seq = next_seq_++,
+                                .ts = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()),
+                                .events = ResyncBatch()});
+          resync_ = false;
+        }
+      }
       stop = stop_;
     }
     for (Queued& q : work) {

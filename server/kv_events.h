@@ -20,8 +20,10 @@
 //     AllBlocksCleared): a batch dropped because the queue is full still takes its number,
 //     so a subscriber sees the gap.
 //  2. resident_ is the set of (medium, block) that every batch published so far, dropped
-//     ones included, leaves resident. After a drop, the next batch queued is
-//     AllBlocksCleared + BlockStored for each of them, parents first (by chain depth).
+//     ones included, leaves resident. After a drop, the next batch queued (by Publish, or by
+//     the publisher thread once the queue has room, if no batch came) is AllBlocksCleared +
+//     BlockStored for each of them, parents first (by chain depth among them, whatever order
+//     they became resident in).
 //  3. The replay buffer holds the last `buffer_batches` batches sent, in sequence order,
 //     byte for byte as sent.
 #ifndef PREFIXD_SERVER_KV_EVENTS_H_
@@ -91,7 +93,6 @@ class KvEventPublisher : public KvEventSink {
   struct Sockets;
   struct Resident {
     KvBlockStored stored;
-    int32_t depth = 0;   // 0 for a chain's first block
     uint64_t order = 0;  // when it became resident, for a stable resync order
   };
   KvEventPublisher(const KvEventsOptions& options, std::unique_ptr<Sockets> sockets);

@@ -179,5 +179,30 @@ TEST_F(KvEventRecorderTest, RootsWithoutBlocksAreSweptPastTheBound) {
               ElementsAre("ns:" + DigestHex(Sha256Of("kept-ns"))));
 }
 
+// A request whose root was swept before its blocks were indexed adds blocks the root's count
+// never saw; when the root is noted again and those blocks leave, the count must not go below
+// zero, or the root would never be swept again (and the map would grow with such roots).
+TEST_F(KvEventRecorderTest, ARootIsSweptOnceBlocksIndexedWhileItWasSweptLeave) {
+  const Digest root = Sha256Of("orphaned");
+  auto fill = [this](int round) {
+    for (size_t i = 0; i < KvEventRecorder::kMaxIdleRoots; ++i) {
+      recorder_.NoteRoot(Sha256Of(absl::StrCat("salt-", round, "-", i)), "", "",
+                         absl::StrCat("ns-", round, "-", i));
+    }
+  };
+  recorder_.NoteRoot(root, "", "", "orphaned-ns");
+  fill(0);  // the request's root has no block yet: swept
+  const Digest k0 = Key(0);
+  Index(k0, nullptr, root);  // its block, without identity
+  recorder_.NoteRoot(root, "", "", "orphaned-ns");  // a later request names the root again
+  Evict(k0, root, root);                            // the block leaves: the root has none
+  fill(1);                                          // so the next sweep takes it
+  // A swept root shows as a block without identity (invariant 2).
+  const Digest k1 = Key(1);
+  Index(k1, nullptr, root);
+  recorder_.Flush();
+  EXPECT_THAT(std::get<KvBlockStored>(sink_->batches.back().back()).extra_keys, IsEmpty());
+}
+
 }  // namespace
 }  // namespace prefixd

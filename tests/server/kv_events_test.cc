@@ -19,6 +19,7 @@
 #include <zmq.hpp>
 #include <zmq_addon.hpp>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -312,9 +313,9 @@ TEST(KvEventPublisherTest, ReplayKeepsTheLastBufferBatches) {
 }
 
 TEST(KvEventPublisherTest, AFullQueueDropsLeavesAGapAndResyncsParentsFirst) {
-  std::shared_ptr<KvEventPublisher> pub = StartPublisher(
-      {.endpoint = "tcp://127.0.0.1:*", .replay_endpoint = "tcp://127.0.0.1:*",
-       .queue_batches = 3});
+  std::shared_ptr<KvEventPublisher> pub = StartPublisher({.endpoint = "tcp://127.0.0.1:*",
+                                                          .replay_endpoint = "tcp://127.0.0.1:*",
+                                                          .queue_batches = 5});
   ASSERT_NE(pub, nullptr);
   pub->PauseForTest(true);
   // The start-up batch (seq 0) may or may not have left before the pause; fill the queue
@@ -329,26 +330,20 @@ TEST(KvEventPublisherTest, AFullQueueDropsLeavesAGapAndResyncsParentsFirst) {
   // Spill: the child reaches the disk before its parent (leaves are evicted first).
   pub->Publish({KvBlockRemoved{.block_hash = 2, .medium = KvMedium::kCpu},
                 Stored(2, 1, KvMedium::kDisk)});                                    // seq 3
-  int64_t next = 4;
+  pub->Publish({KvBlockRemoved{.block_hash = 1, .medium = KvMedium::kCpu},
+                Stored(1, std::nullopt, KvMedium::kDisk)});  // seq 4
+  int64_t next = 5;
   while (pub->dropped() == 0) {
     ASSERT_LT(next, 10);
     pub->Publish({Stored(50 + next, std::nullopt, KvMedium::kCpu)});
     ++next;
   }
   const int64_t dropped_seq = next - 1;
-  // Let the queue drain (every batch before the dropped one is sent), so that the next
-  // batch is queued: it becomes the resync.
+  // Once the queue has room again, the publisher thread queues the resync itself, after
+  // every batch before the dropped one.
   pub->PauseForTest(false);
   zmq::context_t ctx;
   std::vector<Message> got;
-  for (int tries = 0; tries < 3000; ++tries) {
-    got = Replay(ctx, pub->replay_endpoint(), 0);
-    if (!got.empty() && got.back().seq == dropped_seq - 1) break;
-  }
-  ASSERT_FALSE(got.empty());
-  ASSERT_EQ(got.back().seq, dropped_seq - 1);
-  pub->Publish({KvBlockRemoved{.block_hash = 1, .medium = KvMedium::kCpu},
-                Stored(1, std::nullopt, KvMedium::kDisk)});
   const int64_t resync_seq = next;
   for (int tries = 0; tries < 3000; ++tries) {
     got = Replay(ctx, pub->replay_endpoint(), 0);
@@ -376,12 +371,88 @@ TEST(KvEventPublisherTest, AFullQueueDropsLeavesAGapAndResyncsParentsFirst) {
                             : d.type);
   }
   // The roots (depth 0) keep the order they became resident in; then depth 1.
-  std::vector<std::string> sorted_expected = {"AllBlocksCleared", "DISK:7"};
-  for (int64_t s = 4; s < resync_seq; ++s) sorted_expected.push_back(absl::StrCat("CPU:", 50 + s));
-  sorted_expected.push_back("DISK:1");
+  std::vector<std::string> sorted_expected = {"AllBlocksCleared", "DISK:7", "DISK:1"};
+  for (int64_t s = 5; s < resync_seq; ++s) sorted_expected.push_back(absl::StrCat("CPU:", 50 + s));
   sorted_expected.push_back("DISK:2");
   EXPECT_EQ(described, sorted_expected);
   EXPECT_EQ(pub->published(), got.size());
+}
+
+TEST(KvEventPublisherTest, AResyncAnnouncesAParentBeforeAChildThatWasStoredFirst) {
+  std::shared_ptr<KvEventPublisher> pub = StartPublisher({.endpoint = "tcp://127.0.0.1:*",
+                                                          .replay_endpoint = "tcp://127.0.0.1:*",
+                                                          .queue_batches = 3});
+  ASSERT_NE(pub, nullptr);
+  pub->PauseForTest(true);
+  // A chain 1 <- 2 in the pool; one step evicts both (the leaf first) for the disk tier,
+  // whose writer then indexes the child's file before its parent's: when DISK 2 is stored,
+  // its parent is resident nowhere yet.
+  pub->Publish({Stored(1, std::nullopt, KvMedium::kCpu), Stored(2, 1, KvMedium::kCpu)});
+  pub->Publish({KvBlockRemoved{.block_hash = 2, .medium = KvMedium::kCpu},
+                KvBlockRemoved{.block_hash = 1, .medium = KvMedium::kCpu}});
+  pub->Publish({Stored(2, 1, KvMedium::kDisk), Stored(1, std::nullopt, KvMedium::kDisk)});
+  for (uint64_t h = 50; pub->dropped() == 0; ++h) {
+    ASSERT_LT(h, 60u);
+    pub->Publish({Stored(h, std::nullopt, KvMedium::kCpu)});
+  }
+  pub->PauseForTest(false);
+  zmq::context_t ctx;
+  // The drop is followed by a resync once the queue has room again.
+  std::optional<DecodedBatch> resync;
+  for (int tries = 0; tries < 3000 && !resync.has_value(); ++tries) {
+    pub->Publish({Stored(100 + tries, std::nullopt, KvMedium::kCpu)});
+    for (const Message& m : Replay(ctx, pub->replay_endpoint(), 1)) {
+      DecodedBatch b = Decode(m.payload);
+      if (!b.events.empty() && b.events[0].type == "AllBlocksCleared") resync = std::move(b);
+    }
+  }
+  ASSERT_TRUE(resync.has_value()) << "no resync after the drop";
+  // Replaying the resync, every parent is announced before its child.
+  std::vector<std::string> disk;
+  absl::flat_hash_set<uint64_t> announced;
+  for (const Decoded& d : resync->events) {
+    if (d.type != "BlockStored") continue;
+    if (d.parent.has_value()) {
+      EXPECT_TRUE(announced.contains(*d.parent))
+          << d.medium << ":" << d.hashes.at(0) << " names parent " << *d.parent
+          << " before it was announced";
+    }
+    announced.insert(d.hashes.at(0));
+    if (d.medium == "DISK") disk.push_back(absl::StrCat(d.hashes.at(0)));
+  }
+  EXPECT_THAT(disk, ElementsAre("1", "2"));
+}
+
+TEST(KvEventPublisherTest, ADropIsFollowedByAResyncEvenIfNothingMoreIsPublished) {
+  std::shared_ptr<KvEventPublisher> pub = StartPublisher({.endpoint = "tcp://127.0.0.1:*",
+                                                          .replay_endpoint = "tcp://127.0.0.1:*",
+                                                          .queue_batches = 2});
+  ASSERT_NE(pub, nullptr);
+  pub->PauseForTest(true);
+  // The last batches of a burst are dropped, then the engine goes idle (no step changes the
+  // index): the subscriber's view lacks the dropped batch until a resync comes.
+  uint64_t last = 0;  // hashes 1..last published, the last one dropped
+  while (pub->dropped() == 0) {
+    ASSERT_LT(last, 10u);
+    pub->Publish({Stored(++last, std::nullopt, KvMedium::kCpu)});
+  }
+  pub->PauseForTest(false);
+  zmq::context_t ctx;
+  std::optional<DecodedBatch> resync;
+  for (int tries = 0; tries < 500 && !resync.has_value(); ++tries) {
+    for (const Message& m : Replay(ctx, pub->replay_endpoint(), 1)) {
+      DecodedBatch b = Decode(m.payload);
+      if (!b.events.empty() && b.events[0].type == "AllBlocksCleared") resync = std::move(b);
+    }
+  }
+  ASSERT_TRUE(resync.has_value()) << "no resync after the drop";
+  std::vector<uint64_t> stored;
+  for (const Decoded& d : resync->events) {
+    if (d.type == "BlockStored") stored.push_back(d.hashes.at(0));
+  }
+  std::vector<uint64_t> want;
+  for (uint64_t h = 1; h <= last; ++h) want.push_back(h);
+  EXPECT_EQ(stored, want);
 }
 
 // ---- Through a running server ------------------------------------------------------------
