@@ -66,6 +66,37 @@ std::string Event(const std::vector<msgpack::object>& f) {
   return type;  // AllBlocksCleared, or an event this prefixctl does not know
 }
 
+// An event's fields by position, the type first, from either encoding: an array as it is,
+// a tagged map (vLLM's current wire) by the field names in vLLM's declaration order; a field
+// the map lacks is nil, and one this prefixctl does not know (a later vLLM's) is skipped.
+std::vector<msgpack::object> Positional(const msgpack::object& e) {
+  if (e.type != msgpack::type::MAP) return e.as<std::vector<msgpack::object>>();
+  auto find = [&](std::string_view name) {
+    for (uint32_t i = 0; i < e.via.map.size; ++i) {
+      const msgpack::object& k = e.via.map.ptr[i].key;
+      if (k.type == msgpack::type::STR &&
+          std::string_view(k.via.str.ptr, k.via.str.size) == name) {
+        return e.via.map.ptr[i].val;
+      }
+    }
+    return msgpack::object();  // nil
+  };
+  const msgpack::object type = find("type");
+  std::vector<std::string_view> names;
+  if (type.type == msgpack::type::STR) {
+    const std::string_view t(type.via.str.ptr, type.via.str.size);
+    if (t == "BlockStored") {
+      names = {"block_hashes", "parent_block_hash", "token_ids", "block_size",
+               "lora_id",      "medium",            "lora_name", "extra_keys"};
+    } else if (t == "BlockRemoved") {
+      names = {"block_hashes", "medium"};
+    }
+  }
+  std::vector<msgpack::object> f = {type};
+  for (std::string_view name : names) f.push_back(find(name));
+  return f;
+}
+
 int64_t FromBigEndian8(const zmq::message_t& m) {
   uint64_t v = 0;
   const auto* p = static_cast<const unsigned char*>(m.data());
@@ -84,7 +115,7 @@ absl::StatusOr<std::vector<std::string>> FormatKvEventBatch(int64_t seq,
     const std::string prefix = absl::StrFormat("seq %d ts %.6f ", seq, batch[0].as<double>());
     std::vector<std::string> lines;
     for (const msgpack::object& e : batch[1].as<std::vector<msgpack::object>>()) {
-      lines.push_back(prefix + Event(e.as<std::vector<msgpack::object>>()));
+      lines.push_back(prefix + Event(Positional(e)));
     }
     return lines;
   } catch (const std::exception& e) {

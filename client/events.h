@@ -1,6 +1,7 @@
 // prefixctl events: a replica's KV event stream (--kv-events, docs/SERVER.md "KV events"),
 // decoded, one line per event, for an operator watching what a replica holds. The wire is
-// vLLM's (PUB [topic, seq, payload], msgpack array-like batches); prefixctl reads it with its
+// vLLM's (PUB [topic, seq, payload], msgpack batches of tagged-map or array-like events, as
+// current and earlier vLLM write them; both are read); prefixctl reads it with its
 // own decoder, so it is also a check of the stream against a second reader.
 #ifndef PREFIXD_CLIENT_EVENTS_H_
 #define PREFIXD_CLIENT_EVENTS_H_

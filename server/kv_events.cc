@@ -55,34 +55,65 @@ int64_t FromBigEndian8(const zmq::message_t& m) {
   return static_cast<int64_t>(v);
 }
 
-void PackStored(msgpack::packer<msgpack::sbuffer>& pk, const KvBlockStored& s) {
-  pk.pack_array(9);
-  pk.pack(std::string("BlockStored"));
-  pk.pack_array(1);
-  pk.pack_uint64(s.block_hash);
+// Writes an event's fields in vLLM's declaration order, the type first: named (a map) or
+// positional (an array). Every field is written, as vLLM writes these (none of them has a
+// default it would omit).
+class EventPacker {
+ public:
+  EventPacker(msgpack::packer<msgpack::sbuffer>& pk, KvEventEncoding encoding)
+      : pk_(pk), map_(encoding == KvEventEncoding::kMap) {}
+  // Starts an event of `fields` fields besides its type.
+  void Begin(const char* type, uint32_t fields) {
+    if (map_) {
+      pk_.pack_map(fields + 1);
+      pk_.pack(std::string("type"));
+    } else {
+      pk_.pack_array(fields + 1);
+    }
+    pk_.pack(std::string(type));
+  }
+  // Before each field's value.
+  msgpack::packer<msgpack::sbuffer>& Field(const char* name) {
+    if (map_) pk_.pack(std::string(name));
+    return pk_;
+  }
+
+ private:
+  msgpack::packer<msgpack::sbuffer>& pk_;
+  const bool map_;
+};
+
+void PackStored(EventPacker& ep, const KvBlockStored& s) {
+  ep.Begin("BlockStored", 8);
+  ep.Field("block_hashes").pack_array(1).pack_uint64(s.block_hash);
+  auto& parent = ep.Field("parent_block_hash");
   if (s.parent_block_hash.has_value()) {
-    pk.pack_uint64(*s.parent_block_hash);
+    parent.pack_uint64(*s.parent_block_hash);
   } else {
-    pk.pack_nil();
+    parent.pack_nil();
   }
-  pk.pack_array(static_cast<uint32_t>(s.token_ids.size()));
-  for (uint32_t t : s.token_ids) pk.pack_uint32(t);
-  pk.pack_int32(s.block_size);
+  auto& tokens = ep.Field("token_ids");
+  tokens.pack_array(static_cast<uint32_t>(s.token_ids.size()));
+  for (uint32_t t : s.token_ids) tokens.pack_uint32(t);
+  ep.Field("block_size").pack_int32(s.block_size);
+  auto& lora_id = ep.Field("lora_id");
   if (s.lora_id.has_value()) {
-    pk.pack_int64(*s.lora_id);
+    lora_id.pack_int64(*s.lora_id);
   } else {
-    pk.pack_nil();
+    lora_id.pack_nil();
   }
-  pk.pack(std::string(KvMediumName(s.medium)));
+  ep.Field("medium").pack(std::string(KvMediumName(s.medium)));
+  auto& lora_name = ep.Field("lora_name");
   if (s.lora_name.has_value()) {
-    pk.pack(*s.lora_name);
+    lora_name.pack(*s.lora_name);
   } else {
-    pk.pack_nil();
+    lora_name.pack_nil();
   }
   // One entry per block in block_hashes (vLLM: list[tuple | None]).
-  pk.pack_array(1);
-  pk.pack_array(static_cast<uint32_t>(s.extra_keys.size()));
-  for (const std::string& k : s.extra_keys) pk.pack(k);
+  auto& extra = ep.Field("extra_keys");
+  extra.pack_array(1);
+  extra.pack_array(static_cast<uint32_t>(s.extra_keys.size()));
+  for (const std::string& k : s.extra_keys) extra.pack(k);
 }
 
 int MediumKey(KvMedium m) { return static_cast<int>(m); }
@@ -90,6 +121,11 @@ int MediumKey(KvMedium m) { return static_cast<int>(m); }
 }  // namespace
 
 absl::Status ValidateKvEventsOptions(const KvEventsOptions& o) {
+  if (o.encoding != "map" && o.encoding != "array") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv-events-encoding must be map (vLLM's current wire) or array (its earlier one), "
+        "got '", o.encoding, "'"));
+  }
   if (o.endpoint.empty()) {
     if (!o.replay_endpoint.empty()) {
       return absl::InvalidArgumentError("--kv-events-replay needs --kv-events");
@@ -124,24 +160,22 @@ absl::Status ValidateKvEventsOptions(const KvEventsOptions& o) {
 }
 
 std::string EncodeKvEventBatch(double ts, const std::vector<KvEvent>& events,
-                               int32_t data_parallel_rank) {
+                               int32_t data_parallel_rank, KvEventEncoding encoding) {
   msgpack::sbuffer buf;
   msgpack::packer<msgpack::sbuffer> pk(buf);
   pk.pack_array(3);
   pk.pack_double(ts);
   pk.pack_array(static_cast<uint32_t>(events.size()));
+  EventPacker ep(pk, encoding);
   for (const KvEvent& e : events) {
     if (const auto* s = std::get_if<KvBlockStored>(&e)) {
-      PackStored(pk, *s);
+      PackStored(ep, *s);
     } else if (const auto* r = std::get_if<KvBlockRemoved>(&e)) {
-      pk.pack_array(3);
-      pk.pack(std::string("BlockRemoved"));
-      pk.pack_array(1);
-      pk.pack_uint64(r->block_hash);
-      pk.pack(std::string(KvMediumName(r->medium)));
+      ep.Begin("BlockRemoved", 2);
+      ep.Field("block_hashes").pack_array(1).pack_uint64(r->block_hash);
+      ep.Field("medium").pack(std::string(KvMediumName(r->medium)));
     } else {
-      pk.pack_array(1);
-      pk.pack(std::string("AllBlocksCleared"));
+      ep.Begin("AllBlocksCleared", 0);
     }
   }
   pk.pack_int32(data_parallel_rank);
@@ -301,7 +335,9 @@ void KvEventPublisher::Loop() {
       stop = stop_;
     }
     for (Queued& q : work) {
-      std::string payload = EncodeKvEventBatch(q.ts, q.events, 0);
+      std::string payload = EncodeKvEventBatch(
+          q.ts, q.events, 0,
+          options_.encoding == "array" ? KvEventEncoding::kArray : KvEventEncoding::kMap);
       const std::string seq = BigEndian8(static_cast<int64_t>(q.seq));
       try {
         s.pub.send(topic, zmq::send_flags::sndmore);

@@ -7,10 +7,16 @@
 //  - ROUTER (--kv-events-replay): a request [start seq, 8-byte big-endian] (after an empty
 //    delimiter frame when the client sends one) is answered with [seq, payload] for every
 //    buffered batch from start seq on, then [-1, empty].
-//  - payload: msgpack, array-like: [ts, [event...], data_parallel_rank], events
-//    ["BlockStored", [hash], parent hash | nil, [token ids], block_size, lora_id | nil,
-//    medium, lora_name | nil, [[extra key...]]], ["BlockRemoved", [hash], medium],
-//    ["AllBlocksCleared"].
+//  - payload: msgpack [ts, [event...], data_parallel_rank]. Each event, by
+//    --kv-events-encoding: `map` (the default, vLLM's wire since it switched its event structs
+//    from array-like to tagged maps) {"type": "BlockStored", "block_hashes": [hash],
+//    "parent_block_hash": hash | nil, "token_ids": [...], "block_size", "lora_id": id | nil,
+//    "medium", "lora_name": name | nil, "extra_keys": [[extra key...]]}, {"type":
+//    "BlockRemoved", "block_hashes": [hash], "medium"}, {"type": "AllBlocksCleared"}; or
+//    `array` (vLLM's earlier array-like wire, for routers that read only it) the same fields
+//    in that order without their names, the type first: ["BlockStored", [hash], parent hash |
+//    nil, [token ids], block_size, lora_id | nil, medium, lora_name | nil, [[extra key...]]],
+//    ["BlockRemoved", [hash], medium], ["AllBlocksCleared"].
 //
 // Threads: Publish (the engine thread) only queues, under mu_; the publisher thread owns
 // both sockets and the replay buffer, encodes and sends.
@@ -52,18 +58,24 @@ struct KvEventsOptions {
   std::string replay_endpoint;  // --kv-events-replay: the ROUTER's; empty: no replay
   std::string topic;            // --kv-events-topic: the first frame of every message
   int64_t buffer_batches = 10000;  // --kv-events-buffer: batches kept for replay (>= 1)
+  std::string encoding = "map";    // --kv-events-encoding: "map" or "array" (above)
   // Batches waiting for the publisher thread; more are dropped (not a flag: the thread sends
   // far faster than an engine steps).
   int64_t queue_batches = 4096;
 };
 
 // INVALID_ARGUMENT naming the flag: an endpoint without a ZMQ transport ("tcp://",
-// "ipc://", "inproc://"), a replay or topic without --kv-events, a buffer below 1.
+// "ipc://", "inproc://"), a replay or topic without --kv-events, a buffer below 1, an
+// encoding other than map or array.
 absl::Status ValidateKvEventsOptions(const KvEventsOptions& options);
+
+// How each event of a batch is written (the batch itself is an array either way).
+enum class KvEventEncoding { kMap, kArray };
 
 // One batch's payload (msgpack bytes).
 std::string EncodeKvEventBatch(double ts, const std::vector<KvEvent>& events,
-                               int32_t data_parallel_rank);
+                               int32_t data_parallel_rank,
+                               KvEventEncoding encoding = KvEventEncoding::kMap);
 
 class KvEventPublisher : public KvEventSink {
  public:

@@ -75,6 +75,9 @@ ABSL_FLAG(std::string, kv_events_replay, "",
           "empty = no replay");
 ABSL_FLAG(std::string, kv_events_topic, "", "Topic frame of every KV event message");
 ABSL_FLAG(int64_t, kv_events_buffer, 10000, "KV event batches kept for replay");
+ABSL_FLAG(std::string, kv_events_encoding, "map",
+          "How each KV event is written: map (vLLM's current wire: tagged maps) or array (its "
+          "earlier array-like wire, for routers that read only that)");
 ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(30),
           "On SIGTERM/SIGINT, how long running and queued requests may continue");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain; with --tls-key serves TLS");
@@ -245,6 +248,7 @@ ServerOptions OptionsFromFlags() {
   o.kv_events.replay_endpoint = absl::GetFlag(FLAGS_kv_events_replay);
   o.kv_events.topic = absl::GetFlag(FLAGS_kv_events_topic);
   o.kv_events.buffer_batches = absl::GetFlag(FLAGS_kv_events_buffer);
+  o.kv_events.encoding = absl::GetFlag(FLAGS_kv_events_encoding);
   o.listen = absl::GetFlag(FLAGS_listen);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.http_listen = absl::GetFlag(FLAGS_http_listen);

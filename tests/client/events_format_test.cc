@@ -1,5 +1,6 @@
 // prefixctl events: its decoder (client/events.h) on batches encoded here with msgpack-cxx
-// in vLLM's array-like layout, and its command line.
+// in vLLM's two layouts (array-like, and the tagged maps it writes now), and its command
+// line.
 #include "client/events.h"
 
 #include <string>
@@ -55,6 +56,62 @@ TEST(EventsFormatTest, OneLinePerEvent) {
                           "0000000000000010 medium CPU tokens 4 [5..8] lora sql extra "
                           "ns:ab,adapter:cd",
                           "seq 3 ts 12.500000 BlockRemoved hash 0000000000000007 medium DISK"));
+}
+
+// The same batch as vLLM writes it now: each event a map tagged by "type", here with its
+// keys in another order and a field this prefixctl does not know (vLLM's group_idx), which
+// it skips.
+std::string MapBatch() {
+  msgpack::sbuffer buf;
+  msgpack::packer<msgpack::sbuffer> pk(buf);
+  auto key = [&](const char* k) { pk.pack(std::string(k)); };
+  pk.pack_array(3);
+  pk.pack_double(12.5);
+  pk.pack_array(3);
+  pk.pack_map(1);
+  key("type");
+  key("AllBlocksCleared");
+  pk.pack_map(10);
+  key("type");
+  key("BlockStored");
+  key("parent_block_hash");
+  pk.pack_uint64(0x10);
+  key("block_hashes");
+  pk.pack_array(1);
+  pk.pack_uint64(0xfedcba9876543210ull);
+  key("token_ids");
+  pk.pack(std::vector<uint32_t>{5, 6, 7, 8});
+  key("block_size");
+  pk.pack_int32(4);
+  key("lora_id");
+  pk.pack_int64(99);
+  key("group_idx");
+  pk.pack_int32(0);
+  key("medium");
+  key("CPU");
+  key("lora_name");
+  key("sql");
+  key("extra_keys");
+  pk.pack_array(1);
+  pk.pack(std::vector<std::string>{"ns:ab", "adapter:cd"});
+  pk.pack_map(3);
+  key("type");
+  key("BlockRemoved");
+  key("block_hashes");
+  pk.pack_array(1);
+  pk.pack_uint64(7);
+  key("medium");
+  key("DISK");
+  pk.pack_int32(0);
+  return std::string(buf.data(), buf.size());
+}
+
+TEST(EventsFormatTest, TaggedMapsReadAsArrays) {
+  absl::StatusOr<std::vector<std::string>> maps = FormatKvEventBatch(3, MapBatch());
+  ASSERT_TRUE(maps.ok()) << maps.status();
+  absl::StatusOr<std::vector<std::string>> arrays = FormatKvEventBatch(3, Batch());
+  ASSERT_TRUE(arrays.ok()) << arrays.status();
+  EXPECT_EQ(*maps, *arrays);
 }
 
 TEST(EventsFormatTest, NotABatchIsAnError) {

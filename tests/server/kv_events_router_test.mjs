@@ -169,9 +169,28 @@ function rootExtraKeys(tenant, salt, adapterDigest) {
   return keys;
 }
 
+// An event as vLLM's positional layout, the type first, from either encoding prefixd writes
+// (--kv-events-encoding): an array as it is; a tagged map (vLLM's current wire, the default)
+// by its field names, which must be exactly vLLM's, in its declaration order.
+const FIELDS = {
+  AllBlocksCleared: [],
+  BlockStored: ['block_hashes', 'parent_block_hash', 'token_ids', 'block_size', 'lora_id',
+                'medium', 'lora_name', 'extra_keys'],
+  BlockRemoved: ['block_hashes', 'medium'],
+};
+function positional(e) {
+  if (Array.isArray(e)) return e;
+  assert.equal(typeof e, 'object');
+  const names = FIELDS[e.type];
+  assert.ok(names !== undefined, `an event of unknown type ${e.type}`);
+  assert.deepEqual(Object.keys(e), ['type', ...names]);
+  return [e.type, ...names.map((n) => e[n])];
+}
+
 class Router {
   constructor(server, topic) {
     this.server = server;
+    this.forms = new Set();  // 'map' and/or 'array': how the events came
     this.next = 0n;  // the next sequence number expected
     this.resident = new Map();  // `${medium}:${hash}` -> { hash, parent, tokens, extra }
     this.gaps = 0;
@@ -243,7 +262,9 @@ class Router {
     const [ts, events, rank] = msgpack.decode(payload, { useBigInt64: true });
     assert.equal(typeof ts, 'number');
     assert.equal(Number(rank), 0);
-    for (const e of events) {
+    for (const raw of events) {
+      this.forms.add(Array.isArray(raw) ? 'array' : 'map');
+      const e = positional(raw);
       const type = e[0];
       if (type === 'AllBlocksCleared') {
         assert.equal(e.length, 1);
@@ -391,7 +412,9 @@ before(async () => {
   diskDir = path.join(tmp, 'disk');
   [plain, disk] = await Promise.all([
     Server.start(modelDir, ['--auth-tokens', tokens, '--adapter', `sql=${adapterDir}`]),
-    Server.start(modelDir, ['--cache-dir', diskDir, '--cache-dir-bytes', String(64 << 20)])]);
+    // The disk replica writes vLLM's earlier array-like events; the other the default maps.
+    Server.start(modelDir, ['--cache-dir', diskDir, '--cache-dir-bytes', String(64 << 20),
+                            '--kv-events-encoding', 'array'])]);
   adapterDigest = /^prefixd: adapter sql: .*sha256 ([0-9a-f]{64})$/m.exec(plain.output)[1];
   plainRouter = new Router(plain, 'kv');
   diskRouter = new Router(disk, 'kv');
@@ -482,7 +505,8 @@ describe('a router rebuilt from the KV events predicts cached prompt tokens', ()
       diskRouter.close();
       await disk.stop();  // the shutdown writes the pool's blocks to disk too
       disk = await Server.start(modelDir, ['--cache-dir', diskDir,
-                                           '--cache-dir-bytes', String(capBytes)]);
+                                           '--cache-dir-bytes', String(capBytes),
+                                           '--kv-events-encoding', 'array']);
       diskRouter = new Router(disk, 'kv');
     };
     const old = [11, 12, 13, 14, 15, 16].map((s) => ids(s, 3 * BLOCK + 5));
@@ -524,17 +548,20 @@ describe('a router rebuilt from the KV events predicts cached prompt tokens', ()
               'the cap deleted nothing: the workload checks nothing');
     assert.ok(diskRouter.diskRemovals > 0, 'no BlockRemoved DISK was seen');
     assert.equal(diskRouter.gaps, 0);
+    assert.deepEqual([...diskRouter.forms], ['array']);
   });
 
   test('replay returns what was published, byte for byte', async () => {
     const all = await plainRouter.replay(0n);
     assert.equal(all[0][0], 0n);
     for (let i = 1; i < all.length; ++i) assert.equal(all[i][0], all[i - 1][0] + 1n);
-    assert.deepEqual(msgpack.decode(all[0][1])[1], [['AllBlocksCleared']]);
+    assert.deepEqual(msgpack.decode(all[0][1])[1], [{ type: 'AllBlocksCleared' }]);
+    assert.deepEqual([...plainRouter.forms], ['map']);
     // A second subscriber rebuilt from the replay alone holds what the live one holds.
     const fresh = new Map();
     const r2 = Object.create(Router.prototype);
     r2.resident = fresh;
+    r2.forms = new Set();
     r2.next = 0n;
     for (const [s, p] of all) r2.apply(s, p);
     const upTo = all[all.length - 1][0];

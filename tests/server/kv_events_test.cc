@@ -1,5 +1,5 @@
 // KV events (server/kv_events.h) read by a cppzmq SUB and DEALER client that decodes with
-// msgpack-cxx: the payload shapes of vLLM's array-like encoding, sequence numbers
+// msgpack-cxx: the payload shapes of vLLM's two encodings (tagged maps, arrays), sequence numbers
 // consecutive from 0, replay byte for byte, a full queue's drop and the resync after it,
 // flag checks, and the stream of a running server (stored blocks chain to their parents and
 // carry the prompt's tokens). Evictions, tenants, adapters and the disk tier are checked by
@@ -72,7 +72,24 @@ struct DecodedBatch {
   double ts = 0;
   std::vector<Decoded> events;
   int64_t dp_rank = -1;
+  // How the events came: tagged maps (--kv-events-encoding map) or arrays (array).
+  bool maps = false;
+  bool arrays = false;
 };
+
+// A map-encoded event's fields, checked to be exactly `names` in that order (vLLM's
+// declaration order, "type" first), as the array its positional twin would be.
+std::vector<msgpack::object> FieldsInOrder(const msgpack::object& e,
+                                           const std::vector<std::string>& names) {
+  std::vector<msgpack::object> f;
+  std::vector<std::string> keys;
+  for (uint32_t i = 0; i < e.via.map.size; ++i) {
+    keys.push_back(e.via.map.ptr[i].key.as<std::string>());
+    f.push_back(e.via.map.ptr[i].val);
+  }
+  EXPECT_EQ(keys, names);
+  return f;
+}
 
 DecodedBatch Decode(const std::string& payload) {
   msgpack::object_handle h = msgpack::unpack(payload.data(), payload.size());
@@ -85,7 +102,25 @@ DecodedBatch Decode(const std::string& payload) {
   b.ts = o.via.array.ptr[0].as<double>();
   b.dp_rank = o.via.array.ptr[2].as<int64_t>();
   for (const msgpack::object& e : o.via.array.ptr[1].as<std::vector<msgpack::object>>()) {
-    const auto f = e.as<std::vector<msgpack::object>>();
+    std::vector<msgpack::object> f;
+    if (e.type == msgpack::type::MAP) {
+      b.maps = true;
+      EXPECT_GE(e.via.map.size, 1u);
+      if (e.via.map.size == 0) continue;
+      EXPECT_EQ(e.via.map.ptr[0].key.as<std::string>(), "type");
+      const std::string type = e.via.map.ptr[0].val.as<std::string>();
+      if (type == "BlockStored") {
+        f = FieldsInOrder(e, {"type", "block_hashes", "parent_block_hash", "token_ids",
+                              "block_size", "lora_id", "medium", "lora_name", "extra_keys"});
+      } else if (type == "BlockRemoved") {
+        f = FieldsInOrder(e, {"type", "block_hashes", "medium"});
+      } else {
+        f = FieldsInOrder(e, {"type"});
+      }
+    } else {
+      b.arrays = true;
+      f = e.as<std::vector<msgpack::object>>();
+    }
     Decoded d;
     d.type = f.at(0).as<std::string>();
     if (d.type == "BlockStored") {
@@ -184,7 +219,11 @@ std::shared_ptr<KvEventPublisher> StartPublisher(KvEventsOptions o) {
   return p.ok() ? *p : nullptr;
 }
 
-TEST(KvEventsEncodingTest, PayloadIsVllmsArrayLikeBatch) {
+// The same four events, encoded both ways, read the same; the default writes tagged maps
+// (vLLM's current wire), `array` the positional arrays of its earlier one.
+class KvEventsEncodingTest : public ::testing::TestWithParam<KvEventEncoding> {};
+
+TEST_P(KvEventsEncodingTest, PayloadIsVllmsBatch) {
   std::vector<KvEvent> events;
   events.push_back(KvAllBlocksCleared{});
   events.push_back(KvBlockStored{.block_hash = 0xfedcba9876543210ull,
@@ -202,7 +241,9 @@ TEST(KvEventsEncodingTest, PayloadIsVllmsArrayLikeBatch) {
                                  .lora_id = 12345,
                                  .extra_keys = {"ns:ab", "adapter:cd"}});
   events.push_back(KvBlockRemoved{.block_hash = 2, .medium = KvMedium::kDisk});
-  const DecodedBatch b = Decode(EncodeKvEventBatch(1765000000.25, events, 0));
+  const DecodedBatch b = Decode(EncodeKvEventBatch(1765000000.25, events, 0, GetParam()));
+  EXPECT_EQ(b.maps, GetParam() == KvEventEncoding::kMap);
+  EXPECT_EQ(b.arrays, GetParam() == KvEventEncoding::kArray);
   EXPECT_EQ(b.ts, 1765000000.25);
   EXPECT_EQ(b.dp_rank, 0);
   ASSERT_EQ(b.events.size(), 4u);
@@ -228,6 +269,19 @@ TEST(KvEventsEncodingTest, PayloadIsVllmsArrayLikeBatch) {
   EXPECT_EQ(b.events[3].medium, "DISK");
 }
 
+INSTANTIATE_TEST_SUITE_P(BothEncodings, KvEventsEncodingTest,
+                         ::testing::Values(KvEventEncoding::kMap, KvEventEncoding::kArray),
+                         [](const ::testing::TestParamInfo<KvEventEncoding>& info) {
+                           return info.param == KvEventEncoding::kMap ? "Map" : "Array";
+                         });
+
+TEST(KvEventsEncodingDefaultTest, IsTaggedMaps) {
+  EXPECT_EQ(KvEventsOptions().encoding, "map");
+  const DecodedBatch b = Decode(EncodeKvEventBatch(1.5, {KvAllBlocksCleared{}}, 0));
+  EXPECT_TRUE(b.maps);
+  EXPECT_FALSE(b.arrays);
+}
+
 TEST(KvEventsOptionsTest, BadValuesNameTheirFlag) {
   auto message = [](KvEventsOptions o) {
     return std::string(ValidateKvEventsOptions(o).message());
@@ -241,6 +295,8 @@ TEST(KvEventsOptionsTest, BadValuesNameTheirFlag) {
   EXPECT_THAT(message({.topic = "kv"}), HasSubstr("--kv-events-topic needs --kv-events"));
   EXPECT_THAT(message({.endpoint = "tcp://127.0.0.1:5557", .buffer_batches = 0}),
               HasSubstr("--kv-events-buffer must be at least 1, got 0"));
+  EXPECT_THAT(message({.endpoint = "tcp://127.0.0.1:5557", .encoding = "msgpack"}),
+              HasSubstr("--kv-events-encoding must be map"));
   EXPECT_THAT(message({.endpoint = "tcp://127.0.0.1:5557",
                        .replay_endpoint = "tcp://127.0.0.1:5557"}),
               HasSubstr("--kv-events-replay must differ from --kv-events"));
