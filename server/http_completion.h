@@ -24,6 +24,8 @@ struct HttpReply {
   int status = 200;
   std::string body;
   std::string content_type = "application/json";
+  // A 405's Allow header: the methods the path takes (RFC 9110 15.5.6 requires it).
+  std::string allow;
 };
 
 HttpReply ErrorReply(const absl::Status& status);

@@ -12,9 +12,12 @@
 namespace prefixd {
 namespace {
 
-HttpReply MethodNotAllowed(const char* allowed) {
-  return HttpReply{405,
-                   ErrorJson(absl::InvalidArgumentError(absl::StrCat("use ", allowed, " here")))};
+// `allowed`: the one method to use; `allow`: the Allow header (HEAD too where GET is).
+HttpReply MethodNotAllowed(const char* allowed, const char* allow) {
+  return HttpReply{
+      .status = 405,
+      .body = ErrorJson(absl::InvalidArgumentError(absl::StrCat("use ", allowed, " here"))),
+      .allow = allow};
 }
 
 }  // namespace
@@ -22,7 +25,9 @@ HttpReply MethodNotAllowed(const char* allowed) {
 HttpRouted HttpRouter::Route(const HttpRequestView& request) {
   const std::string_view path = request.target.substr(0, request.target.find('?'));
   if (path == "/health") {
-    if (request.method != "GET" && request.method != "HEAD") return MethodNotAllowed("GET");
+    if (request.method != "GET" && request.method != "HEAD") {
+      return MethodNotAllowed("GET", "GET, HEAD");
+    }
     if (path_.draining()) return ErrorReply(absl::UnavailableError("prefixd is shutting down"));
     return HttpReply{200, "{\"status\":\"ok\"}"};
   }
@@ -31,32 +36,32 @@ HttpRouted HttpRouter::Route(const HttpRequestView& request) {
     return ErrorReply(tenant.status());
   }
   if (path == "/v1/models") {
-    if (request.method != "GET") return MethodNotAllowed("GET");
+    if (request.method != "GET") return MethodNotAllowed("GET", "GET");
     return Models(request);
   }
   if (path == "/v1/completions") {
-    if (request.method != "POST") return MethodNotAllowed("POST");
+    if (request.method != "POST") return MethodNotAllowed("POST", "POST");
     return Completions(request);
   }
   if (path == "/v1/chat/completions") {
-    if (request.method != "POST") return MethodNotAllowed("POST");
+    if (request.method != "POST") return MethodNotAllowed("POST", "POST");
     return ErrorReply(WireFieldError(
         "model", "model has no chat template: GPT-2 is a base model; use POST /v1/completions"));
   }
   if (path == "/v1/load_lora_adapter") {
-    if (request.method != "POST") return MethodNotAllowed("POST");
+    if (request.method != "POST") return MethodNotAllowed("POST", "POST");
     return LoadLoraAdapter(request);
   }
   if (path == "/v1/unload_lora_adapter") {
-    if (request.method != "POST") return MethodNotAllowed("POST");
+    if (request.method != "POST") return MethodNotAllowed("POST", "POST");
     return UnloadLoraAdapter(request);
   }
   if (path == "/tokenize") {
-    if (request.method != "POST") return MethodNotAllowed("POST");
+    if (request.method != "POST") return MethodNotAllowed("POST", "POST");
     return Tokenize(request);
   }
   if (path == "/detokenize") {
-    if (request.method != "POST") return MethodNotAllowed("POST");
+    if (request.method != "POST") return MethodNotAllowed("POST", "POST");
     return Detokenize(request);
   }
   return ErrorReply(absl::NotFoundError(absl::StrCat(

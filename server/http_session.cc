@@ -334,6 +334,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void Reply(HttpReply reply) {
     auto res = MakeResponse(reply.status, std::move(reply.body), reply.content_type);
+    if (!reply.allow.empty()) res->set(http::field::allow, reply.allow);
     http::async_write(stream_, *res,
                       [self = shared_from_this(), res](beast::error_code ec, size_t) {
                         if (ec || res->need_eof()) return self->Close();

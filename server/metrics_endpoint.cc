@@ -13,7 +13,9 @@ HttpRouted MetricsEndpoint::Route(const HttpRequestView& request) {
                      " (the metrics listener serves GET /metrics only)")));
   }
   if (request.method != "GET" && request.method != "HEAD") {
-    return HttpReply{405, ErrorJson(absl::InvalidArgumentError("use GET /metrics"))};
+    return HttpReply{.status = 405,
+                     .body = ErrorJson(absl::InvalidArgumentError("use GET /metrics")),
+                     .allow = "GET, HEAD"};
   }
   return HttpReply{200, metrics_.ExpositionText(), kMetricsContentType};
 }

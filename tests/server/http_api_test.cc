@@ -634,6 +634,11 @@ TEST_F(HttpApiTest, ErrorsSayWhatToFix) {
   r = HttpFetch(server_->http_port(), "GET", "/v1/completions");
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->status, 405);
+  EXPECT_EQ(r->headers["allow"], "POST");  // a 405 says which methods the path takes
+  r = HttpFetch(server_->http_port(), "POST", "/v1/models", "{}");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->status, 405);
+  EXPECT_EQ(r->headers["allow"], "GET");
   // A body over the limit is refused before it is read.
   r = HttpFetch(server_->http_port(), "POST", "/v1/completions", std::string(9 << 20, ' '));
   ASSERT_TRUE(r.ok()) << r.status();
