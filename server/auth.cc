@@ -135,12 +135,13 @@ absl::StatusOr<Caller> Authenticator::Identify(
     std::optional<std::string_view> authorization) const {
   if (!enabled_) return Caller{std::string(kDefaultTenant), true};
   if (!authorization.has_value()) {
-    return absl::UnauthenticatedError("missing \"authorization: Bearer <token>\" metadata");
+    return absl::UnauthenticatedError(
+        "missing \"authorization: Bearer <token>\" (gRPC metadata, or the HTTP header)");
   }
   constexpr std::string_view kBearer = "Bearer ";
   if (!absl::StartsWithIgnoreCase(absl::string_view(authorization->data(), authorization->size()),
                                   absl::string_view(kBearer.data(), kBearer.size()))) {
-    return absl::UnauthenticatedError("authorization metadata must be \"Bearer <token>\"");
+    return absl::UnauthenticatedError("authorization must be \"Bearer <token>\"");
   }
   const auto presented = Digest(authorization->substr(kBearer.size()));
   const Entry* match = nullptr;
