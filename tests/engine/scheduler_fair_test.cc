@@ -94,20 +94,23 @@ class SchedulerFairTest : public ::testing::Test {
   // Steps until idle; the labels in the order the requests ended (ties: order added).
   std::string RunToEnd() {
     std::string order;
-    for (int steps = 0; !scheduler_->idle() && steps < 1000; ++steps) {
-      scheduler_->Step();
-      scheduler_->FlushEvents();
-      cache_->CheckInvariants();
-      for (Pending& p : pending_) {
-        if (p.done) continue;
-        std::vector<RequestEvent> events;
-        p.stream->Poll(&events);
-        for (const RequestEvent& e : events) p.done |= !ApplyEvent(e, &p.result);
-        if (p.done) order.push_back(p.label);
-      }
-    }
+    for (int steps = 0; !scheduler_->idle() && steps < 1000; ++steps) StepOnce(&order);
     EXPECT_TRUE(scheduler_->idle());
     return order;
+  }
+
+  // One step; the labels of the requests it ended are appended to *order.
+  void StepOnce(std::string* order) {
+    scheduler_->Step();
+    scheduler_->FlushEvents();
+    cache_->CheckInvariants();
+    for (Pending& p : pending_) {
+      if (p.done) continue;
+      std::vector<RequestEvent> events;
+      p.stream->Poll(&events);
+      for (const RequestEvent& e : events) p.done |= !ApplyEvent(e, &p.result);
+      if (p.done) order->push_back(p.label);
+    }
   }
 
   // Each request's output equals the same request run alone in a fresh scheduler.
@@ -216,16 +219,8 @@ TEST_F(SchedulerFairTest, ACachedRequestSetsAsideOnlyWhatItComputes) {
   std::string order;
   while (!pending_[b].done && steps < 20) {
     Add("a", 16, 1, 'a');
-    scheduler_->Step();
-    scheduler_->FlushEvents();
+    StepOnce(&order);
     ++steps;
-    for (Pending& p : pending_) {
-      if (p.done) continue;
-      std::vector<RequestEvent> events;
-      p.stream->Poll(&events);
-      for (const RequestEvent& e : events) p.done |= !ApplyEvent(e, &p.result);
-      if (p.done) order.push_back(p.label);
-    }
   }
   EXPECT_EQ(steps, 5) << order;
   // From b's first step on: b's chunks and a's one-token admissions (two in the second step:
