@@ -359,7 +359,9 @@ TEST_F(HttpSessionTest, TheMetricsListenerServesMetricsOnly) {
     r = HttpFetch(port, method, path, method == "POST" ? "{}" : "");
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->status, status) << method << " " << path << ": " << r->body;
-    if (status == 405) EXPECT_EQ(r->headers["allow"], "GET, HEAD");
+    if (status == 405) {
+      EXPECT_EQ(r->headers["allow"], "GET, HEAD");
+    }
   }
   RawConnection head(port);
   ASSERT_TRUE(head.connected());
