@@ -49,7 +49,7 @@ class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket&& socket, const HttpSessionContext* context, HttpSessionKind kind)
       : stream_(std::move(socket)),
-        header_timer_(stream_.get_executor()),
+        read_timer_(stream_.get_executor()),
         context_(*context),
         kind_(kind) {
     context_.counts->ConnectionOpened();
@@ -88,29 +88,33 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_.emplace();
     parser_->header_limit(kHeaderLimit);
     parser_->body_limit(context_.max_body_bytes);
-    // The header deadline is a timer of its own, not the stream's expiry (which closes the
-    // socket): when it passes, the read is cancelled and OnHeader answers 408.
-    stream_.expires_never();
-    header_timed_out_ = false;
-    header_timer_.expires_after(
-        std::chrono::milliseconds(absl::ToInt64Milliseconds(context_.header_timeout)));
-    header_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
-      if (ec) return;  // cancelled: the header arrived, or the connection ended, in time
-      self->header_timed_out_ = true;
-      self->stream_.cancel();
-    });
+    StartReadDeadline(context_.header_timeout);
     http::async_read_header(stream_, buffer_, *parser_,
                             beast::bind_front_handler(&Session::OnHeader, shared_from_this()));
   }
 
+  // The header's and the body's deadlines are a timer of their own, not the stream's expiry
+  // (which closes the socket): when one passes, the read is cancelled and OnHeader or OnBody
+  // answers 408.
+  void StartReadDeadline(absl::Duration limit) {
+    stream_.expires_never();
+    read_timed_out_ = false;
+    read_timer_.expires_after(std::chrono::milliseconds(absl::ToInt64Milliseconds(limit)));
+    read_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (ec) return;  // cancelled: the read ended, or the connection did, in time
+      self->read_timed_out_ = true;
+      self->stream_.cancel();
+    });
+  }
+
   void OnHeader(beast::error_code ec, size_t) {
-    header_timer_.cancel();
+    read_timer_.cancel();
     // A Content-Length past the limit is refused while the header is parsed.
     if (ec == http::error::body_limit) return SendTooLarge();
     if (ec) {
       head_ = false;
       version_ = 11;
-      if (header_timed_out_) {
+      if (read_timed_out_) {
         return Refuse(408,
                       absl::StrCat("the request's header was not complete ",
                                    absl::FormatDuration(context_.header_timeout),
@@ -141,8 +145,7 @@ class Session : public std::enable_shared_from_this<Session> {
         *parser_->content_length() > context_.max_body_bytes) {
       return SendTooLarge();
     }
-    // A generous time for the body; a client that stalls mid-body is cut off.
-    stream_.expires_after(std::chrono::seconds(60));
+    StartReadDeadline(context_.body_timeout);
     if (beast::iequals(req[http::field::expect], "100-continue")) {
       auto cont =
           std::make_shared<http::response<http::empty_body>>(http::status::continue_, version_);
@@ -162,8 +165,17 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void OnBody(beast::error_code ec, size_t) {
+    read_timer_.cancel();
     if (ec == http::error::body_limit) return SendTooLarge();
     if (ec) {
+      if (read_timed_out_) {
+        return Refuse(408,
+                      absl::StrCat("the request's body was not complete ",
+                                   absl::FormatDuration(context_.body_timeout),
+                                   " after its header (--request-body-timeout): send the whole "
+                                   "body without pausing"),
+                      absl::StatusCode::kDeadlineExceeded);
+      }
       if (std::optional<Refusal> r = FramingRefusal(ec)) return Refuse(r->status, r->message);
       return Close();
     }
@@ -486,15 +498,15 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   void Close() {
-    header_timer_.cancel();
+    read_timer_.cancel();
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
     stream_.close();
   }
 
   beast::tcp_stream stream_;
-  net::steady_timer header_timer_;  // the header deadline; on the stream's strand
-  bool header_timed_out_ = false;   // it passed while the header was being read
+  net::steady_timer read_timer_;  // the header's or the body's deadline; on the stream's strand
+  bool read_timed_out_ = false;   // it passed while the header or the body was being read
   const HttpSessionContext& context_;
   const HttpSessionKind kind_;
   beast::flat_buffer buffer_;

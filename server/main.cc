@@ -99,6 +99,9 @@ ABSL_FLAG(absl::Duration, connection_idle_timeout, absl::Seconds(300),
 ABSL_FLAG(absl::Duration, request_header_timeout, absl::Seconds(2),
           "HTTP and metrics listeners: answer 408 and close a connection whose request header "
           "is not complete this long after its first byte (slowloris)");
+ABSL_FLAG(absl::Duration, request_body_timeout, absl::Seconds(60),
+          "HTTP and metrics listeners: answer 408 and close a connection whose request body "
+          "is not complete this long after its header");
 
 namespace prefixd {
 namespace {
@@ -260,6 +263,7 @@ ServerOptions OptionsFromFlags() {
   o.max_connections = absl::GetFlag(FLAGS_max_connections);
   o.connection_idle_timeout = absl::GetFlag(FLAGS_connection_idle_timeout);
   o.request_header_timeout = absl::GetFlag(FLAGS_request_header_timeout);
+  o.request_body_timeout = absl::GetFlag(FLAGS_request_body_timeout);
   return o;
 }
 

@@ -169,6 +169,12 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
         StrCat("--request-header-timeout must be above 0 and at most 10m, got ",
                absl::FormatDuration(o.request_header_timeout)));
   }
+  if (o.request_body_timeout <= absl::ZeroDuration() ||
+      o.request_body_timeout > absl::Minutes(10)) {
+    return InvalidArgumentError(
+        StrCat("--request-body-timeout must be above 0 and at most 10m, got ",
+               absl::FormatDuration(o.request_body_timeout)));
+  }
   if (absl::Status s = ValidateKvEventsOptions(o.kv_events); !s.ok()) return s;
   if (o.connection_idle_timeout <= absl::ZeroDuration()) {
     return InvalidArgumentError(StrCat("--connection-idle-timeout must be positive, got ",
@@ -476,6 +482,7 @@ absl::Status Server::Parts::StartHttp() {
   hopt.handler = std::make_unique<HttpRouter>(path.get(), absl::ToUnixSeconds(absl::Now()));
   hopt.idle_timeout = options.connection_idle_timeout;
   hopt.header_timeout = options.request_header_timeout;
+  hopt.body_timeout = options.request_body_timeout;
   hopt.threads = options.http_threads;
   // The same limit as gRPC's, for each front end; a descriptor shortage in between only
   // delays accepts (both loops retry).
@@ -541,6 +548,7 @@ absl::Status Server::Parts::StartMetrics() {
   mopt.max_body_bytes = kMetricsMaxBodyBytes;
   mopt.idle_timeout = options.connection_idle_timeout;
   mopt.header_timeout = options.request_header_timeout;
+  mopt.body_timeout = options.request_body_timeout;
   mopt.max_connections = kMetricsMaxConnections;
   mopt.reserved_path = "/metrics";
   mopt.limit_name = absl::StrCat(kMetricsMaxConnections, " metrics connections");

@@ -87,6 +87,8 @@ struct ServerOptions {
   int32_t http_threads = 2;
   // HTTP and metrics: from a request's first byte to the end of its header (slowloris).
   absl::Duration request_header_timeout = absl::Seconds(2);
+  // HTTP and metrics: from the end of a request's header to the end of its body.
+  absl::Duration request_body_timeout = absl::Seconds(60);
   // The grace of a drain the server starts itself (after a fatal backend error).
   absl::Duration shutdown_grace = absl::Seconds(30);
   // Start-up and shutdown log lines; unset = stderr, prefixed "prefixd: ".

@@ -317,6 +317,33 @@ TEST_F(HttpSessionTest, AHeaderNotCompleteInTimeGets408ButAnIdleConnectionStays)
   }
 }
 
+// A client that sends a header and then stalls mid-body (on either listener) gets 408 once
+// --request-body-timeout has passed since the header, then the connection closes.
+TEST_F(HttpSessionTest, ABodyNotCompleteInTimeGets408) {
+  StartServer([](ServerOptions& o) {
+    o.connection_idle_timeout = absl::Minutes(10);
+    o.request_body_timeout = absl::Milliseconds(300);
+  });
+  gate_.Notify();
+  for (const auto& [port, path] :
+       {std::pair<int, std::string>{server_->http_port(), "/v1/completions"},
+        {server_->metrics_port(), "/metrics"}}) {
+    SCOPED_TRACE(path);
+    RawConnection slow(port);
+    ASSERT_TRUE(slow.connected());
+    ASSERT_TRUE(slow.Send(absl::StrCat("POST ", path,
+                                       " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                       "Content-Length: 40\r\n\r\n{\"prompt\": ")));
+    bool reset = false, gave_up = false;
+    const std::string got = slow.ReadToEnd(&reset, &gave_up);
+    EXPECT_FALSE(gave_up) << "a connection stalled mid-body was left open";
+    EXPECT_FALSE(reset) << "the connection was reset";
+    EXPECT_THAT(got, StartsWith("HTTP/1.1 408 "));
+    EXPECT_THAT(got, HasSubstr("Connection: close\r\n"));
+    EXPECT_THAT(got, HasSubstr("--request-body-timeout"));
+  }
+}
+
 // Connections trickling their headers on the metrics port (here under a header deadline
 // longer than the test) do not keep a scrape out: it is answered.
 TEST_F(HttpSessionTest, FortyTricklingConnectionsDoNotKeepAScrapeOut) {
