@@ -81,12 +81,21 @@ void GenerateOutput::EndSample(Sample& s, uint32_t index, FinishReason reason) {
 }
 
 void GenerateOutput::Release(Sample& s, uint32_t index, bool at_end) {
-  // The earliest stop string that occurs in the text not yet handed out. None can start
-  // before `sent`: a complete one would have matched earlier, and the start of one is held.
+  // The stop string that ends first in the text not yet handed out (at the same end, the
+  // longer): the one a reader of the text character by character meets first, so the cut
+  // depends on the text alone, not on how tokens split it ("bc" within "abcd" ends first
+  // whether "abcd" came as one token or as "ab", "c", "d"). None can start before `sent`: a
+  // complete one would have matched earlier, and the start of one is held.
   size_t stop_at = std::string::npos;
+  size_t stop_end = std::string::npos;
   for (const std::string& stop : stops_) {
     const size_t k = s.text.find(stop, s.sent);
-    if (k != std::string::npos) stop_at = std::min(stop_at, k);
+    if (k == std::string::npos) continue;
+    const size_t end = k + stop.size();
+    if (end < stop_end || (end == stop_end && k < stop_at)) {
+      stop_at = k;
+      stop_end = end;
+    }
   }
   size_t safe = s.text.size();
   if (stop_at != std::string::npos) {

@@ -6,10 +6,12 @@
 // that complete it; what is still incomplete at the end becomes U+FFFD). Stop strings:
 //  - text that might be the start of a stop string is held back until it is decided, so no
 //    client ever sees part of a stop string;
-//  - at a match, the sample ends with FinishReason::kStop: tokens whose text lies wholly
-//    before the stop string are sent as usual; a token whose text straddles the stop
-//    string's start is sent with its id and log-probability and only the part of its text
-//    before the stop string; nothing after (the stop string is never sent);
+//  - at a match (of overlapping ones, the one that ends first, so the cut does not depend
+//    on where tokens split the text), the sample ends with FinishReason::kStop: tokens
+//    whose text lies wholly before the stop string are sent as usual; a token whose text
+//    straddles the stop string's start is sent with its id and log-probability and only
+//    the part of its text before the stop string; nothing after (the stop string is never
+//    sent);
 //  - the caller must then tell the engine to stop the sample (StoppedSamples()), and
 //    completion_tokens counts the ids sent, not those the engine produced.
 // Not thread-safe: one front end call owns one GenerateOutput.

@@ -399,15 +399,29 @@ std::string TokenName(const Tokenizer& tokenizer, uint32_t token_id) {
 
 namespace {
 
+// A token's `top_logprobs` entry: the most likely entries, then the token itself when it is
+// not among them. OpenAI's API "will always return the logprob of the sampled token, so
+// there may be up to logprobs+1 elements" (vLLM does the same, for prompt tokens too).
+std::vector<std::pair<std::string, float>> TopEntries(const Tokenizer& tokenizer, uint32_t token_id,
+                                                      float logprob,
+                                                      const std::vector<TokenLogprob>& entries) {
+  std::vector<std::pair<std::string, float>> top;
+  bool listed = false;
+  for (const TokenLogprob& e : entries) {
+    top.emplace_back(TokenName(tokenizer, e.token_id), e.logprob);
+    listed = listed || e.token_id == token_id;
+  }
+  if (!listed) top.emplace_back(TokenName(tokenizer, token_id), logprob);
+  return top;
+}
+
 // One token's logprobs entry at the end of the choice's text, when logprobs were asked for.
 void AppendLogprobs(const Tokenizer& tokenizer, const OutputToken& t, Choice* choice) {
   if (!choice->logprobs.has_value()) return;
   ChoiceLogprobs& lp = *choice->logprobs;
   lp.tokens.push_back(TokenName(tokenizer, t.token_id));
   lp.token_logprobs.push_back(t.logprob);
-  std::vector<std::pair<std::string, float>> top;
-  for (const TokenLogprob& e : t.top) top.emplace_back(TokenName(tokenizer, e.token_id), e.logprob);
-  lp.top_logprobs.push_back(std::move(top));
+  lp.top_logprobs.push_back(TopEntries(tokenizer, t.token_id, t.logprob, t.top));
   lp.text_offset.push_back(static_cast<uint32_t>(choice->text.size()));
 }
 
@@ -435,10 +449,9 @@ void AppendPromptToChoice(const Tokenizer& tokenizer, const std::vector<PromptTo
       lp.tokens.push_back(TokenName(tokenizer, t.token_id));
       lp.token_logprobs.push_back(t.has_logprob ? t.logprob
                                                 : std::numeric_limits<float>::quiet_NaN());
-      std::vector<std::pair<std::string, float>> top;
-      for (const TokenLogprob& e : t.top)
-        top.emplace_back(TokenName(tokenizer, e.token_id), e.logprob);
-      lp.top_logprobs.push_back(std::move(top));
+      // The first token has none (null in the JSON).
+      lp.top_logprobs.push_back(t.has_logprob ? TopEntries(tokenizer, t.token_id, t.logprob, t.top)
+                                              : std::vector<std::pair<std::string, float>>());
       lp.text_offset.push_back(static_cast<uint32_t>(choice->text.size()));
     }
     choice->text += decoder.Push(tokenizer.TokenBytes(t.token_id));

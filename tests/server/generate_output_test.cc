@@ -174,6 +174,21 @@ TEST(GenerateOutputTest, TheEarliestOfSeveralStopStringsWins) {
   EXPECT_EQ(Take(out).text, "a");
 }
 
+// Overlapping stop strings: "bc" is complete one character before "abcd", which contains
+// it, so the text is cut at "bc" however the tokens split "abcd" (the cut is a function of
+// the text alone, as it is when tokens arrive one character at a time).
+TEST(GenerateOutputTest, TheStopStringThatEndsFirstWinsWhateverTheTokenBoundaries) {
+  FakeTokenizer tok({{1, "ab"}, {2, "c"}, {3, "d"}, {4, "abcd"}, {5, "a"}, {6, "bcd"}});
+  for (const std::vector<uint32_t>& ids :
+       std::vector<std::vector<uint32_t>>{{1, 2, 3}, {4}, {5, 6}}) {
+    GenerateOutput out(tok, 1, {"abcd", "bc"});
+    for (uint32_t id : ids) out.Add({Token(id)});
+    const Taken t = Take(out);
+    EXPECT_EQ(t.text, "a") << "tokens " << ::testing::PrintToString(ids);
+    EXPECT_EQ(t.finish, FinishReason::kStop);
+  }
+}
+
 TEST(GenerateOutputTest, MultiByteCharactersSplitAcrossTokens) {
   // "é" is C3 A9; "€" is E2 82 AC. Tokens split both characters.
   FakeTokenizer tok({{1, "caf\xC3"}, {2, "\xA9 \xE2\x82"}, {3, "\xAC"}, {4, "5"}});

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/request_validation.h"
+#include "engine/tokenizer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -367,6 +368,47 @@ TEST(OpenAiApiTest, ResponseAndChunkShapes) {
   EXPECT_TRUE(uj["choices"].empty());
   EXPECT_EQ(uj["usage"]["total_tokens"], 5);
   EXPECT_EQ(kDoneEvent, "data: [DONE]\n\n");
+}
+
+class FakeTokenizer final : public Tokenizer {
+ public:
+  std::vector<uint32_t> Encode(std::string_view) const override { return {}; }
+  std::vector<uint32_t> EncodeAtMost(std::string_view, size_t) const override { return {}; }
+  size_t max_token_bytes() const override { return 1; }
+  absl::StatusOr<std::string> Decode(absl::Span<const uint32_t>) const override { return ""; }
+  // Token i is the letter 'a' + i.
+  std::string_view TokenBytes(uint32_t id) const override {
+    return std::string_view(kLetters).substr(id, 1);
+  }
+  size_t vocab_size() const override { return 26; }
+
+ private:
+  static constexpr char kLetters[] = "abcdefghijklmnopqrstuvwxyz";
+};
+
+// OpenAI: "the API will always return the logprob of the sampled token, so there may be up
+// to logprobs+1 elements" in each top_logprobs object (vLLM's too, prompt tokens included).
+TEST(OpenAiApiTest, TopLogprobsAlwaysListTheTokenItself) {
+  const FakeTokenizer tok;
+  Choice c;
+  c.logprobs.emplace();
+  std::vector<PromptToken> prompt(2);
+  prompt[0].token_id = 0;  // "a": no logprob
+  prompt[1] = {.token_id = 1, .has_logprob = true, .logprob = -3.0f, .top = {{2, -0.5f}}};
+  AppendPromptToChoice(tok, prompt, &c);
+  SampleOutput out;
+  out.tokens.push_back({.token_id = 3, .logprob = -4.0f, .top = {{2, -0.25f}, {4, -1.0f}}});
+  out.tokens.push_back({.token_id = 2, .logprob = -0.25f, .top = {{2, -0.25f}, {4, -1.0f}}});
+  out.stop_token = OutputToken{.token_id = 5, .logprob = -6.0f, .top = {{4, -0.75f}}};
+  out.finish_reason = FinishReason::kStop;
+  AppendToChoice(tok, out, &c);
+  const nlohmann::ordered_json top = ChoiceJson(c)["logprobs"]["top_logprobs"];
+  ASSERT_EQ(top.size(), 5u);
+  EXPECT_TRUE(top[0].is_null()) << "the prompt's first token";
+  EXPECT_EQ(top[1].dump(), R"({"c":-0.5,"b":-3.0})") << "a prompt token, most likely first";
+  EXPECT_EQ(top[2].dump(), R"({"c":-0.25,"e":-1.0,"d":-4.0})") << "a sampled token";
+  EXPECT_EQ(top[3].dump(), R"({"c":-0.25,"e":-1.0})") << "already listed: once";
+  EXPECT_EQ(top[4].dump(), R"({"e":-0.75,"f":-6.0})") << "the stop token";
 }
 
 TEST(OpenAiApiTest, TokenizeBodies) {
