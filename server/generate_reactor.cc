@@ -159,13 +159,17 @@ void GenerateReactor::Pump() {
   grpc::Status finish_status;
   {
     absl::MutexLock l(&mu_);
-    if (finished_ || write_in_flight_) return;
+    if (finished_) return;
+    // Taken in even while a write is in flight (a slow reader's may stay so): a sample that
+    // met a stop string meanwhile must not be computed on to max_new_tokens. msg_ is not
+    // touched here.
     if (!output_->done()) {
       std::vector<RequestEvent> events;
       if (stream_->Poll(&events)) output_->Add(std::move(events));
       // A sample that met a stop string: the engine stops computing it.
       for (uint32_t sample : output_->StoppedSamples()) stream_->StopSample(sample);
     }
+    if (write_in_flight_) return;
     if (cancelled_) {
       finished_ = true;
       action = Action::kFinish;

@@ -2,8 +2,10 @@
 //
 // Flow control: at most one write is in flight; events that arrive meanwhile queue up and
 // are coalesced into the next message (all ready tokens of one sample, with its
-// finish_reason when the sample ended; text and stop strings by server/generate_output.h). A slow client therefore gets fewer, larger messages
-// instead of an unbounded send buffer.
+// finish_reason when the sample ended; text and stop strings by server/generate_output.h). A slow
+// client therefore gets fewer, larger messages instead of an unbounded send buffer. Events are
+// taken in, and stop strings applied, while a write is in flight too, so a sample whose text meets
+// a stop string stops in the engine even while its client is not reading.
 //
 // Threads: the engine thread's notify only posts a pump to the front end's executor
 // (server/executor.h), at most one queued per call; the pump (polling the engine stream,

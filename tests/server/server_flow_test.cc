@@ -4,6 +4,7 @@
 // is certainly running, however fast or slow the machine.
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <string>
@@ -306,6 +307,71 @@ TEST_F(ServerFlowTest, AStuckGrpcPumpDoesNotStallTheEngine) {
   a_client.join();
   EXPECT_TRUE(reader->Finish().ok());
   EXPECT_EQ(a_tokens, kTokens);
+}
+
+// A client that stops reading holds one write in flight (HTTP/2 flow control). The call's
+// stop strings must still be applied to the tokens that arrive meanwhile, so that the engine
+// stops the samples there instead of computing (and holding blocks for) them to max_new_tokens.
+TEST_F(ServerFlowTest, AStopStringEndsTheSamplesOfAClientThatStoppedReading) {
+  StartServer({.gate_first_step = false});
+  constexpr uint32_t kTokens = 200;
+  constexpr uint32_t kSamples = 4;
+  v1::GenerateRequest req = IdsRequest(RandomIds(21, 8), kTokens);
+  req.set_num_samples(kSamples);  // greedy: every sample the same text
+  req.set_top_logprobs(20);       // large messages: the client's window fills early
+  const GenerateResult reference = Generate(*stub_, req);
+  ASSERT_TRUE(reference.status.ok()) << reference.status.error_message();
+  // The stop string: the text of one of sample 0's messages past its 40th token, printable
+  // ASCII and found there first; `stop_tokens` of the sample's tokens carry it.
+  const std::string& text = reference.samples.at(0).text;
+  std::string stop;
+  uint32_t stop_tokens = 0;
+  size_t at = 0;
+  for (const v1::GenerateResponse& m : reference.messages) {
+    if (m.sample_index() != 0 || m.token_ids_size() == 0) continue;
+    stop_tokens += static_cast<uint32_t>(m.token_ids_size());
+    const std::string& t = m.text();
+    if (stop_tokens > 40 && t.size() >= 3 && t.size() <= 64 && text.find(t) == at &&
+        std::all_of(t.begin(), t.end(), [](char c) { return c >= 0x20 && c < 0x7f; })) {
+      stop = t;
+      break;
+    }
+    at += t.size();
+  }
+  ASSERT_FALSE(stop.empty()) << text;
+  ASSERT_LT(stop_tokens, kTokens / 2);
+  // Forward calls: the prefill emits every sample's first token, each later call one more.
+  // The call after the one that emits the stop string's last token waits for the test.
+  const int64_t gate_call = backend_->forward_calls() + stop_tokens;
+  backend_->set_gate(&gate_, gate_call);
+  const uint64_t before = server_->engine().Stats().scheduler.generated_tokens;
+
+  // A client with a small flow-control window that never reads.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 4096);
+  auto stub = v1::Inference::NewStub(
+      grpc::CreateCustomChannel(server_->grpc_address(), grpc::InsecureChannelCredentials(), args));
+  req.add_stop(stop);
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, req);
+  auto ended = [&] {
+    const EngineStats s = server_->engine().Stats();
+    return s.scheduler.generated_tokens > before && s.scheduler.running_requests == 0 &&
+           s.scheduler.waiting_requests == 0;
+  };
+  // The samples end before the gated call when the call's pump was quick to see the stop.
+  ASSERT_TRUE(PollUntil([&] { return backend_->entered().HasBeenNotified() || ended(); },
+                        absl::Seconds(60)));
+  // Every pump posted before now has run: the call has seen the stop string.
+  { ServerTestPeer::PumpBlocker every_pump_ran(*server_); }
+  OpenGate();
+  ASSERT_TRUE(PollUntil(ended, absl::Seconds(60)));
+  // The gated call was the samples' last.
+  EXPECT_LE(server_->engine().Stats().scheduler.generated_tokens - before,
+            kSamples * (stop_tokens + 1))
+      << "the samples ran on past their stop string";
+  ctx.TryCancel();
 }
 
 }  // namespace
