@@ -107,6 +107,7 @@ absl::StatusOr<std::unique_ptr<HttpFrontEnd>> HttpFrontEnd::Start(HttpFrontEndOp
   impl->context.idle_timeout = impl->options.idle_timeout;
   impl->context.header_timeout = impl->options.header_timeout;
   impl->context.body_timeout = impl->options.body_timeout;
+  impl->context.write_timeout = impl->options.write_timeout;
   impl->context.reserved_path = impl->options.reserved_path;
   impl->context.limit_name = impl->options.limit_name.empty()
                                  ? absl::StrCat("--max-connections ", impl->options.max_connections)

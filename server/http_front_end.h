@@ -39,6 +39,9 @@ struct HttpFrontEndOptions {
   // Once the header is in, the body must be in within this; a client that stalls mid-body
   // gets 408 and is closed.
   absl::Duration body_timeout = absl::Seconds(60);
+  // A client that takes none of a response's bytes for this long is cut off (its completion
+  // cancelled, the connection closed).
+  absl::Duration write_timeout = absl::Seconds(60);
   // Open connections at once; more wait in the kernel's listen queue until one closes.
   // 0: no limit. Past it, ReservedConnections(max_connections) more are accepted that serve
   // only `reserved_path` (anything else is 503 naming `limit_name`) and close after one

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cerrno>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -347,11 +348,50 @@ class Session : public std::enable_shared_from_this<Session> {
   void Reply(HttpReply reply) {
     auto res = MakeResponse(reply.status, std::move(reply.body), reply.content_type);
     if (!reply.allow.empty()) res->set(http::field::allow, reply.allow);
-    http::async_write(stream_, *res,
-                      [self = shared_from_this(), res](beast::error_code ec, size_t) {
-                        if (ec || res->need_eof()) return self->Close();
-                        self->ReadHeader();
-                      });
+    auto sr = std::make_shared<http::response_serializer<http::string_body>>(*res);
+    WriteReply(sr, [self = shared_from_this(), res](beast::error_code ec) {
+      if (ec || res->need_eof()) return self->Close();
+      self->ReadHeader();
+    });
+  }
+
+  // ---- writes: a client that stops reading is cut off ----
+
+  // The stream's expiry, armed before each write and disarmed when it is done: when it passes
+  // the socket closes and the write fails. Every write of a response goes out in the pieces
+  // the socket takes, the deadline re-armed for each, so that it ends a client that takes
+  // nothing for write_timeout and not one that reads slowly.
+  void ArmWriteDeadline() {
+    stream_.expires_after(
+        std::chrono::milliseconds(absl::ToInt64Milliseconds(context_.write_timeout)));
+  }
+
+  void WriteReply(std::shared_ptr<http::response_serializer<http::string_body>> sr,
+                  std::function<void(beast::error_code)> done) {
+    ArmWriteDeadline();
+    http::async_write_some(stream_, *sr,
+                           [self = shared_from_this(), sr, done = std::move(done)](
+                               beast::error_code ec, size_t) mutable {
+                             if (!ec && !sr->is_done())
+                               return self->WriteReply(std::move(sr), std::move(done));
+                             if (!ec) self->stream_.expires_never();
+                             done(ec);
+                           });
+  }
+
+  void WriteBytes(std::shared_ptr<std::string> bytes, size_t from,
+                  std::function<void(beast::error_code)> done) {
+    ArmWriteDeadline();
+    stream_.async_write_some(net::buffer(*bytes) + from,
+                             [self = shared_from_this(), bytes, from, done = std::move(done)](
+                                 beast::error_code ec, size_t n) mutable {
+                               if (!ec && from + n < bytes->size()) {
+                                 return self->WriteBytes(std::move(bytes), from + n,
+                                                         std::move(done));
+                               }
+                               if (!ec) self->stream_.expires_never();
+                               done(ec);
+                             });
   }
 
   // ---- completions ----
@@ -394,9 +434,11 @@ class Session : public std::enable_shared_from_this<Session> {
     res->chunked(chunked_);
     auto sr = std::make_shared<http::response_serializer<http::empty_body>>(*res);
     write_in_flight_ = true;
+    ArmWriteDeadline();  // a few hundred bytes: one write
     http::async_write_header(stream_, *sr,
                              [self = shared_from_this(), res, sr](beast::error_code ec, size_t) {
                                if (ec) return self->ClientGone();
+                               self->stream_.expires_never();
                                if (self->completion_ == nullptr) return;
                                self->headers_sent_ = true;
                                self->write_in_flight_ = false;
@@ -407,21 +449,20 @@ class Session : public std::enable_shared_from_this<Session> {
   void PumpStream() {
     if (completion_ == nullptr || !headers_sent_ || write_in_flight_) return;
     bool last = false;
-    auto data = std::make_shared<std::string>(completion_->TakeStreamBytes(&last));
-    if (data->empty()) return;
+    std::string events = completion_->TakeStreamBytes(&last);
+    if (events.empty()) return;
+    // A chunk: its size in hex, CRLF, the bytes, CRLF (RFC 9112 7.1).
+    auto data = std::make_shared<std::string>(
+        chunked_ ? absl::StrCat(absl::Hex(events.size()), "\r\n", events, "\r\n")
+                 : std::move(events));
     write_in_flight_ = true;
-    auto written = [self = shared_from_this(), data, last](beast::error_code ec, size_t) {
+    WriteBytes(data, 0, [self = shared_from_this(), last](beast::error_code ec) {
       if (ec) return self->ClientGone();
       if (last) return self->EndStream();
       if (self->completion_ == nullptr) return;
       self->write_in_flight_ = false;
       self->PumpStream();
-    };
-    if (chunked_) {
-      net::async_write(stream_, http::make_chunk(net::buffer(*data)), std::move(written));
-    } else {
-      net::async_write(stream_, net::buffer(*data), std::move(written));
-    }
+    });
   }
 
   void EndStream() {
@@ -434,11 +475,11 @@ class Session : public std::enable_shared_from_this<Session> {
       stream_.expires_after(std::chrono::seconds(3));
       return Discard();
     }
-    net::async_write(stream_, http::make_chunk_last(),
-                     [self = shared_from_this()](beast::error_code ec, size_t) {
-                       if (ec || !self->keep_alive_) return self->Close();
-                       self->ReadHeader();
-                     });
+    WriteBytes(std::make_shared<std::string>("0\r\n\r\n"), 0,
+               [self = shared_from_this()](beast::error_code ec) {
+                 if (ec || !self->keep_alive_) return self->Close();
+                 self->ReadHeader();
+               });
   }
 
   // While a completion runs nothing is parsed, so a closed connection would go unnoticed until

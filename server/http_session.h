@@ -61,6 +61,7 @@ struct HttpSessionContext {
   absl::Duration idle_timeout;    // between requests, until a request's first byte
   absl::Duration header_timeout;  // from a request's first byte to the end of its header
   absl::Duration body_timeout;    // from the end of a request's header to the end of its body
+  absl::Duration write_timeout;   // a response write that makes no progress this long fails
   // What a session past the front end's connection limit serves ("/health", "/metrics"), and
   // the limit as its 503 names it ("--max-connections 20").
   std::string reserved_path;

@@ -102,6 +102,9 @@ ABSL_FLAG(absl::Duration, request_header_timeout, absl::Seconds(2),
 ABSL_FLAG(absl::Duration, request_body_timeout, absl::Seconds(60),
           "HTTP and metrics listeners: answer 408 and close a connection whose request body "
           "is not complete this long after its header");
+ABSL_FLAG(absl::Duration, response_write_timeout, absl::Seconds(60),
+          "HTTP and metrics listeners: end the response (cancelling its completion) and close "
+          "the connection of a client that takes none of its bytes for this long");
 
 namespace prefixd {
 namespace {
@@ -264,6 +267,7 @@ ServerOptions OptionsFromFlags() {
   o.connection_idle_timeout = absl::GetFlag(FLAGS_connection_idle_timeout);
   o.request_header_timeout = absl::GetFlag(FLAGS_request_header_timeout);
   o.request_body_timeout = absl::GetFlag(FLAGS_request_body_timeout);
+  o.response_write_timeout = absl::GetFlag(FLAGS_response_write_timeout);
   return o;
 }
 

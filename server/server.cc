@@ -175,6 +175,12 @@ absl::Status ValidateServerOptions(const ServerOptions& o) {
         StrCat("--request-body-timeout must be above 0 and at most 10m, got ",
                absl::FormatDuration(o.request_body_timeout)));
   }
+  if (o.response_write_timeout <= absl::ZeroDuration() ||
+      o.response_write_timeout > absl::Minutes(10)) {
+    return InvalidArgumentError(
+        StrCat("--response-write-timeout must be above 0 and at most 10m, got ",
+               absl::FormatDuration(o.response_write_timeout)));
+  }
   if (absl::Status s = ValidateKvEventsOptions(o.kv_events); !s.ok()) return s;
   if (o.connection_idle_timeout <= absl::ZeroDuration()) {
     return InvalidArgumentError(StrCat("--connection-idle-timeout must be positive, got ",
@@ -483,6 +489,7 @@ absl::Status Server::Parts::StartHttp() {
   hopt.idle_timeout = options.connection_idle_timeout;
   hopt.header_timeout = options.request_header_timeout;
   hopt.body_timeout = options.request_body_timeout;
+  hopt.write_timeout = options.response_write_timeout;
   hopt.threads = options.http_threads;
   // The same limit as gRPC's, for each front end; a descriptor shortage in between only
   // delays accepts (both loops retry).
@@ -549,6 +556,7 @@ absl::Status Server::Parts::StartMetrics() {
   mopt.idle_timeout = options.connection_idle_timeout;
   mopt.header_timeout = options.request_header_timeout;
   mopt.body_timeout = options.request_body_timeout;
+  mopt.write_timeout = options.response_write_timeout;
   mopt.max_connections = kMetricsMaxConnections;
   mopt.reserved_path = "/metrics";
   mopt.limit_name = absl::StrCat(kMetricsMaxConnections, " metrics connections");

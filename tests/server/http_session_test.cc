@@ -49,11 +49,15 @@ using nlohmann::json;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-// A blocking client socket connected to 127.0.0.1:port.
+// A blocking client socket connected to 127.0.0.1:port (with a receive buffer of
+// `receive_buffer` bytes when it is positive).
 class RawConnection {
  public:
-  explicit RawConnection(int port) {
+  explicit RawConnection(int port, int receive_buffer = 0) {
     fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (receive_buffer > 0) {
+      setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof(receive_buffer));
+    }
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_port = htons(static_cast<uint16_t>(port));
@@ -342,6 +346,43 @@ TEST_F(HttpSessionTest, ABodyNotCompleteInTimeGets408) {
     EXPECT_THAT(got, HasSubstr("Connection: close\r\n"));
     EXPECT_THAT(got, HasSubstr("--request-body-timeout"));
   }
+}
+
+// A client that stops reading its answers holds its connection only until
+// --response-write-timeout passes with none of a response's bytes taken: the response ends
+// and the connection closes, so that such clients cannot keep the connection limit's slots.
+// Here one client pipelines answers of several MB (far more than the sockets' buffers) and
+// never reads; the one slot of --max-connections 1 is free again once the timeout has cut it
+// off (before, only /health was served past the limit, for as long as the client lived).
+TEST_F(HttpSessionTest, AClientThatStopsReadingIsCutOffAfterTheWriteTimeout) {
+  StartServer([](ServerOptions& o) {
+    o.max_connections = 1;
+    o.response_write_timeout = absl::Milliseconds(300);
+  });
+  gate_.Notify();
+  // Each answer streams 16 samples of 24 tokens, with 5 alternatives for each token.
+  const std::string body = json{{"prompt", {1, 2, 3}}, {"max_tokens", 24}, {"n", 16},
+                                {"logprobs", 5},       {"stream", true},   {"seed", 1}}
+                               .dump();
+  const std::string request = absl::StrCat(
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: ",
+      body.size(), "\r\n\r\n", body);
+  RawConnection stuck(server_->http_port(), /*receive_buffer=*/4096);
+  ASSERT_TRUE(stuck.connected());
+  std::string pipelined;
+  for (int i = 0; i < 48; ++i) pipelined += request;
+  ASSERT_TRUE(stuck.Send(pipelined));
+  bool served = false;
+  for (int attempt = 0; attempt < 300 && !served; ++attempt) {
+    absl::SleepFor(absl::Milliseconds(100));
+    RawConnection probe(server_->http_port());
+    ASSERT_TRUE(probe.connected());
+    ASSERT_TRUE(probe.Send("GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+    bool reset = false;
+    served = absl::StartsWith(probe.ReadToEnd(&reset), "HTTP/1.1 200 ");
+  }
+  EXPECT_TRUE(served) << "the client that stopped reading still holds the only connection";
 }
 
 // Connections trickling their headers on the metrics port (here under a header deadline

@@ -65,6 +65,7 @@ TEST_F(LifecycleTest, BadStartupsExitNonZeroWithAMessage) {
       {"--connection-idle-timeout=0s", "--connection-idle-timeout must be positive, got 0"},
       {"--request-header-timeout=0s", "--request-header-timeout must be above 0 and at most 10m"},
       {"--request-body-timeout=11m", "--request-body-timeout must be above 0 and at most 10m"},
+      {"--response-write-timeout=0s", "--response-write-timeout must be above 0 and at most 10m"},
       {"--reflection=maybe", "--reflection must be on or off, got maybe"},
       // More than any machine's memory: refused before the pool is allocated.
       {"--kv-cache-bytes=1000000000000000000", "is more than this machine's"},
