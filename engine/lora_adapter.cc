@@ -244,6 +244,21 @@ absl::StatusOr<ParsedConfig> ParseAdapterConfig(const std::string& text, const s
     return bad(absl::StrCat("\"bias\" is ", it->dump(),
                             "; only \"none\" is supported (adapters that train biases are not)"));
   }
+  // PiSSA, OLoRA and CorDA start by moving part of each targeted weight into A and B, LoftQ by
+  // quantizing it: the adapter is trained against that changed base, not this one. PEFT saves
+  // it as a plain LoRA of the original base only when asked to convert it, and then writes
+  // init_lora_weights true. The initialisations accepted leave the base's weights alone.
+  if (auto it = j.find("init_lora_weights"); it != j.end() && it->is_string()) {
+    const std::string init = it->get<std::string>();
+    if (init != "gaussian" && init != "eva" && init != "orthogonal") {
+      return bad(absl::StrCat(
+          "\"init_lora_weights\" is \"", EscapeBytes(init),
+          "\": an adapter so initialised (PiSSA, OLoRA, CorDA, LoftQ) was trained against base "
+          "weights that its initialisation changed, so added to the original weights it computes "
+          "another model; save it converted to plain LoRA (PEFT's save_pretrained with "
+          "path_initial_model_for_weight_conversion, which writes init_lora_weights true)"));
+    }
+  }
   for (const char* key : {"modules_to_save", "use_dora", "rank_pattern", "alpha_pattern",
                           "layers_to_transform", "layers_pattern", "megatron_config"}) {
     if (!IsUnset(j, key)) {

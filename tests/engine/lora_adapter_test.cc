@@ -306,6 +306,27 @@ TEST_F(LoraAdapterTest, RefusesModulesToSaveAndOtherVariants) {
   }
 }
 
+// PiSSA, OLoRA and CorDA initialise by moving part of each targeted weight into A and B, and
+// LoftQ by quantizing it: the adapter is trained against that changed base. PEFT writes such an
+// adapter as a plain LoRA of the original base (init_lora_weights true) only when asked to
+// convert it; saved unconverted, added to the original weights it serves another model.
+TEST_F(LoraAdapterTest, RefusesAnAdapterTrainedAgainstABaseItsInitChanged) {
+  for (const char* init : {"pissa", "pissa_niter_4", "olora", "corda", "loftq"}) {
+    SCOPED_TRACE(init);
+    config_["init_lora_weights"] = init;
+    ExpectRefused("adapter_config.json",
+                  {"init_lora_weights", init, "path_initial_model_for_weight_conversion"});
+  }
+  // Initialisations that leave the base alone load.
+  for (const json& init : {json(true), json(false), json("gaussian"), json("eva"),
+                           json("orthogonal"), json(nullptr)}) {
+    SCOPED_TRACE(init.dump());
+    config_["init_lora_weights"] = init;
+    Write();
+    EXPECT_TRUE(Load().ok()) << Load().status();
+  }
+}
+
 TEST_F(LoraAdapterTest, RefusesTensorsNotOfAnAdapter) {
   tensors_.push_back({"base_model.model.lm_head.weight", {50257, 64}, {}});
   tensors_.back().values.assign(50257 * 64, 0.0f);
