@@ -259,8 +259,13 @@ absl::StatusOr<ParsedConfig> ParseAdapterConfig(const std::string& text, const s
           "path_initial_model_for_weight_conversion, which writes init_lora_weights true)"));
     }
   }
-  for (const char* key : {"modules_to_save", "use_dora", "rank_pattern", "alpha_pattern",
-                          "layers_to_transform", "layers_pattern", "megatron_config"}) {
+  // Each, set, computes something other than plain LoRA, some with the very tensors plain LoRA
+  // has: aLoRA acts only after its invocation tokens, layer_replication reorders the layers,
+  // QA-LoRA pools the inputs, BD-LoRA's blocks and Arrow's routing are not plain products.
+  for (const char* key :
+       {"modules_to_save", "use_dora", "rank_pattern", "alpha_pattern", "layers_to_transform",
+        "layers_pattern", "megatron_config", "alora_invocation_tokens", "layer_replication",
+        "use_qalora", "use_bdlora", "arrow_config"}) {
     if (!IsUnset(j, key)) {
       return bad(absl::StrCat("\"", key, "\" is set (", j[key].dump(),
                               "); prefixd serves plain LoRA only, without it"));

@@ -18,12 +18,13 @@
 // change to a weight (|scaling|·r·max|A|·max|B|) at most 1e4, so the forward pass's products stay
 // far inside float's range; each module's A and B come in pairs of rank r, and nothing is
 // there that changes the computation in a way prefixd does not implement (other peft types,
-// modules_to_save, DoRA, rank or alpha patterns, layers_to_transform, biases, an
-// init_lora_weights that changes the base's weights: PiSSA, OLoRA, CorDA, LoftQ). Each error is
-// INVALID_ARGUMENT (NOT_FOUND for a missing file) and names the file, the tensor or field,
-// and what is wrong. CheckLoraAdapterFits() then refuses an adapter made for another base:
-// every layer of the base must have both tensors of every targeted module, with the base's
-// widths. LoadLoraAdapter() is both.
+// modules_to_save, DoRA, rank or alpha patterns, layers_to_transform, aLoRA,
+// layer_replication, QA-LoRA, BD-LoRA, Arrow, biases, an init_lora_weights that changes the
+// base's weights: PiSSA, OLoRA, CorDA, LoftQ). Each error is INVALID_ARGUMENT (NOT_FOUND
+// for a missing file) and names the file, the tensor or field, and what is wrong.
+// CheckLoraAdapterFits() then refuses an adapter made for another base: every layer of the
+// base must have both tensors of every targeted module, with the base's widths.
+// LoadLoraAdapter() is both.
 //
 // Identity: `digest` = SHA-256 over, for adapter_config.json then adapter_model.safetensors,
 // the file's name (length-prefixed) and the SHA-256 of its content, exactly as the model

@@ -292,12 +292,20 @@ TEST_F(LoraAdapterTest, RefusesFanInFanOutFalseAndBiases) {
 }
 
 TEST_F(LoraAdapterTest, RefusesModulesToSaveAndOtherVariants) {
-  for (const auto& [key, value] :
-       std::vector<std::pair<std::string, json>>{{"modules_to_save", json::array({"lm_head"})},
-                                                 {"use_dora", true},
-                                                 {"rank_pattern", {{"c_attn", 8}}},
-                                                 {"alpha_pattern", {{"c_fc", 2}}},
-                                                 {"layers_to_transform", json::array({0})}}) {
+  for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{
+           {"modules_to_save", json::array({"lm_head"})},
+           {"use_dora", true},
+           {"rank_pattern", {{"c_attn", 8}}},
+           {"alpha_pattern", {{"c_fc", 2}}},
+           {"layers_to_transform", json::array({0})},
+           // Same tensors, other computations: aLoRA
+           // acts only after its invocation tokens,
+           // layer_replication reorders the layers.
+           {"alora_invocation_tokens", json::array({198})},
+           {"layer_replication", {{0, 2}}},
+           {"use_qalora", true},
+           {"use_bdlora", {{"target_modules_bd_a", {"c_fc"}}}},
+           {"arrow_config", {{"top_k", 2}}}}) {
     SCOPED_TRACE(key);
     json saved = config_;
     config_[key] = value;
