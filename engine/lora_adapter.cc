@@ -9,7 +9,6 @@
 #include <cstring>
 #include <map>
 #include <optional>
-#include <set>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -81,18 +80,58 @@ std::optional<TensorName> ParseTensorName(std::string_view name) {
   return std::nullopt;
 }
 
-// The module name PEFT's target_modules uses for a target ("c_proj" covers two).
-std::string_view TargetModuleName(LoraTarget t) {
-  switch (t) {
-    case LoraTarget::kAttnCAttn:
-      return "c_attn";
-    case LoraTarget::kMlpCFc:
-      return "c_fc";
-    case LoraTarget::kAttnCProj:
-    case LoraTarget::kMlpCProj:
-      return "c_proj";
+// The module's name in the model PEFT wraps (GPT2LMHeadModel): "transformer.h.3.attn.c_attn".
+std::string ModuleNameOf(int32_t layer, LoraTarget t) {
+  return absl::StrCat("transformer.h.", layer, ".", ToAbsl(LoraTargetPath(t)));
+}
+
+// PEFT's check_target_module_exists for a list of names: a module is matched when its name
+// equals an entry or ends with "." + the entry ("c_proj" matches both attn.c_proj and
+// mlp.c_proj, "attn.c_proj" only the first, "h.3.mlp.c_fc" one layer's).
+bool PeftNameMatches(std::string_view module_name, std::string_view entry) {
+  if (module_name == entry) return true;
+  return module_name.size() > entry.size() &&
+         module_name.substr(module_name.size() - entry.size()) == entry &&
+         module_name[module_name.size() - entry.size() - 1] == '.';
+}
+
+bool AnyMatches(const std::vector<std::string>& entries, std::string_view module_name) {
+  return std::any_of(entries.begin(), entries.end(),
+                     [&](const std::string& entry) { return PeftNameMatches(module_name, entry); });
+}
+
+// Whether `entry` matches a Conv1D module of some layer: it ends with one of the four paths'
+// dotted suffixes ("c_attn", "attn.c_attn", ...), and anything before that is a dotted
+// suffix of "transformer.h.{i}" for a layer i written as PEFT writes it ("3", "h.3", ...).
+bool NamesSomeModule(std::string_view entry) {
+  for (int t = 0; t < kNumLoraTargets; ++t) {
+    const std::string_view path = LoraTargetPath(static_cast<LoraTarget>(t));
+    if (PeftNameMatches(path, entry)) return true;
+    if (entry.size() <= path.size() + 1 || entry.substr(entry.size() - path.size()) != path ||
+        entry[entry.size() - path.size() - 1] != '.') {
+      continue;
+    }
+    std::string_view layer = entry.substr(0, entry.size() - path.size() - 1);
+    for (std::string_view prefix : {"transformer.h.", "h."}) {
+      if (layer.substr(0, prefix.size()) == prefix) {
+        layer.remove_prefix(prefix.size());
+        break;
+      }
+    }
+    if (layer.empty() || layer.size() > 6 || (layer.size() > 1 && layer[0] == '0')) continue;
+    if (std::all_of(layer.begin(), layer.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      return true;
+    }
   }
-  return "";
+  return false;
+}
+
+// Whether PEFT gave the module a LoRA update: target_modules matches it and exclude_modules
+// does not.
+bool Targeted(const std::vector<std::string>& targets, const std::vector<std::string>& excluded,
+              int32_t layer, LoraTarget t) {
+  const std::string name = ModuleNameOf(layer, t);
+  return AnyMatches(targets, name) && !AnyMatches(excluded, name);
 }
 
 std::string TensorNameOf(int32_t layer, LoraTarget t, bool is_a) {
@@ -126,6 +165,7 @@ struct ParsedConfig {
   float alpha = 0;
   bool use_rslora = false;
   std::vector<std::string> target_modules;
+  std::vector<std::string> exclude_modules;
   std::string base_model;
 };
 
@@ -163,17 +203,35 @@ absl::StatusOr<ParsedConfig> ParseAdapterConfig(const std::string& text, const s
   auto targets = j.find("target_modules");
   if (targets == j.end() || !targets->is_array() || targets->empty()) {
     return bad(
-        "\"target_modules\" must be a non-empty list of module names among \"c_attn\", "
-        "\"c_proj\", \"c_fc\" (a regular expression is not supported)");
+        "\"target_modules\" must be a non-empty list of module names (\"c_attn\", \"c_proj\", "
+        "\"c_fc\", or a longer suffix of a module's name such as \"attn.c_proj\"; a regular "
+        "expression is not supported)");
   }
   for (const nlohmann::json& t : *targets) {
     const std::string name = t.is_string() ? t.get<std::string>() : t.dump();
-    if (name != "c_attn" && name != "c_proj" && name != "c_fc") {
-      return bad(absl::StrCat("target_modules names \"", EscapeBytes(name),
-                              "\"; GPT-2 adapters may target only \"c_attn\", \"c_proj\" and "
-                              "\"c_fc\""));
+    if (!t.is_string() || !NamesSomeModule(name)) {
+      return bad(absl::StrCat(
+          "target_modules names \"", EscapeBytes(name),
+          "\"; GPT-2 adapters may target only its blocks' Conv1D layers, named as PEFT matches "
+          "them: \"c_attn\", \"c_proj\", \"c_fc\", or a longer suffix of "
+          "\"transformer.h.{i}.attn.c_attn\", \"transformer.h.{i}.attn.c_proj\", "
+          "\"transformer.h.{i}.mlp.c_fc\" or \"transformer.h.{i}.mlp.c_proj\""));
     }
     c.target_modules.push_back(name);
+  }
+  // PEFT takes these out of target_modules' matches by the same rule.
+  if (auto it = j.find("exclude_modules"); it != j.end() && !it->is_null()) {
+    if (!it->is_array()) {
+      return bad(absl::StrCat("\"exclude_modules\" is ", it->dump(),
+                              "; only a list of module names is supported (a regular expression "
+                              "is not)"));
+    }
+    for (const nlohmann::json& t : *it) {
+      if (!t.is_string()) {
+        return bad(absl::StrCat("exclude_modules holds ", t.dump(), ", not a module name"));
+      }
+      c.exclude_modules.push_back(t.get<std::string>());
+    }
   }
   auto fifo = j.find("fan_in_fan_out");
   if (fifo == j.end() || !fifo->is_boolean() || !fifo->get<bool>()) {
@@ -186,8 +244,28 @@ absl::StatusOr<ParsedConfig> ParseAdapterConfig(const std::string& text, const s
     return bad(absl::StrCat("\"bias\" is ", it->dump(),
                             "; only \"none\" is supported (adapters that train biases are not)"));
   }
-  for (const char* key : {"modules_to_save", "use_dora", "rank_pattern", "alpha_pattern",
-                          "layers_to_transform", "layers_pattern", "megatron_config"}) {
+  // PiSSA, OLoRA and CorDA start by moving part of each targeted weight into A and B, LoftQ by
+  // quantizing it: the adapter is trained against that changed base, not this one. PEFT saves
+  // it as a plain LoRA of the original base only when asked to convert it, and then writes
+  // init_lora_weights true. The initialisations accepted leave the base's weights alone.
+  if (auto it = j.find("init_lora_weights"); it != j.end() && it->is_string()) {
+    const std::string init = it->get<std::string>();
+    if (init != "gaussian" && init != "eva" && init != "orthogonal") {
+      return bad(absl::StrCat(
+          "\"init_lora_weights\" is \"", EscapeBytes(init),
+          "\": an adapter so initialised (PiSSA, OLoRA, CorDA, LoftQ) was trained against base "
+          "weights that its initialisation changed, so added to the original weights it computes "
+          "another model; save it converted to plain LoRA (PEFT's save_pretrained with "
+          "path_initial_model_for_weight_conversion, which writes init_lora_weights true)"));
+    }
+  }
+  // Each, set, computes something other than plain LoRA, some with the very tensors plain LoRA
+  // has: aLoRA acts only after its invocation tokens, layer_replication reorders the layers,
+  // QA-LoRA pools the inputs, BD-LoRA's blocks and Arrow's routing are not plain products.
+  for (const char* key :
+       {"modules_to_save", "use_dora", "rank_pattern", "alpha_pattern", "layers_to_transform",
+        "layers_pattern", "megatron_config", "alora_invocation_tokens", "layer_replication",
+        "use_qalora", "use_bdlora", "arrow_config"}) {
     if (!IsUnset(j, key)) {
       return bad(absl::StrCat("\"", key, "\" is set (", j[key].dump(),
                               "); prefixd serves plain LoRA only, without it"));
@@ -296,9 +374,10 @@ absl::StatusOr<SafetensorsFile> ReadSafetensorsHeader(const std::string& path,
 }
 
 // What one tensor entry says, or INVALID_ARGUMENT naming it: its name must be an adapter's, of
-// a module target_modules lists, of a float dtype, with a shape of rank r.
-absl::StatusOr<TensorName> CheckEntry(const SafetensorsEntry& e, const std::set<std::string>& targets,
-                                      int64_t r, const std::string& weights_path) {
+// a module the config targets, of a float dtype, with a shape of rank r.
+absl::StatusOr<TensorName> CheckEntry(const SafetensorsEntry& e, const ParsedConfig& config,
+                                      const std::string& weights_path) {
+  const int64_t r = config.rank;
   const std::string quoted = absl::StrCat("tensor \"", EscapeBytes(e.name), "\"");
   auto bad = [&](std::string_view what) {
     return absl::InvalidArgumentError(absl::StrCat(weights_path, ": ", quoted, " ", ToAbsl(what)));
@@ -310,9 +389,12 @@ absl::StatusOr<TensorName> CheckEntry(const SafetensorsEntry& e, const std::set<
         "{i}.{attn.c_attn|attn.c_proj|mlp.c_fc|mlp.c_proj}.lora_A.weight and .lora_B.weight; "
         "modules_to_save, embeddings and biases are not supported)"));
   }
-  if (!targets.contains(std::string(TargetModuleName(n->target)))) {
-    return bad(absl::StrCat("belongs to module \"", ToAbsl(TargetModuleName(n->target)),
-                            "\", which target_modules does not list"));
+  if (!Targeted(config.target_modules, config.exclude_modules, n->layer, n->target)) {
+    const std::string module = ModuleNameOf(n->layer, n->target);
+    return bad(absl::StrCat("belongs to module \"", module, "\", which ",
+                            AnyMatches(config.target_modules, module)
+                                ? "exclude_modules names"
+                                : "target_modules does not name"));
   }
   if (!e.float_dtype) {
     return bad(absl::StrCat("has dtype ", EscapeBytes(e.dtype_name),
@@ -334,15 +416,15 @@ absl::StatusOr<TensorName> CheckEntry(const SafetensorsEntry& e, const std::set<
 absl::Status CheckHeader(const SafetensorsFile& st, const ParsedConfig& config,
                          const ModelConfig* base, const std::string& dir,
                          const std::string& weights_path) {
-  const std::set<std::string> targets(config.target_modules.begin(), config.target_modules.end());
   const int32_t max_layers = base != nullptr ? base->n_layer : kMaxAdapterLayers;
   LoraAdapter shape;
   shape.dir = dir;
   shape.rank = config.rank;
   shape.target_modules = config.target_modules;
+  shape.exclude_modules = config.exclude_modules;
   std::map<std::pair<int32_t, int>, std::pair<int64_t, int64_t>> widths;  // (in, out), 0: absent
   for (const SafetensorsEntry& e : st.tensors) {
-    absl::StatusOr<TensorName> n = CheckEntry(e, targets, config.rank, weights_path);
+    absl::StatusOr<TensorName> n = CheckEntry(e, config, weights_path);
     if (!n.ok()) return n.status();
     if (n->layer >= max_layers) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -421,9 +503,8 @@ absl::StatusOr<std::unique_ptr<LoraAdapter>> ParseLoraAdapterFor(const std::stri
                          ? config->alpha / std::sqrt(static_cast<float>(config->rank))
                          : config->alpha / static_cast<float>(config->rank);
   adapter->target_modules = config->target_modules;
+  adapter->exclude_modules = config->exclude_modules;
   adapter->base_model_name_or_path = config->base_model;
-  const std::set<std::string> targets(config->target_modules.begin(),
-                                      config->target_modules.end());
   const int64_t r = config->rank;
 
   // Each (layer, target)'s A and B as found; pairs are checked after the loop.
@@ -441,7 +522,7 @@ absl::StatusOr<std::unique_ptr<LoraAdapter>> ParseLoraAdapterFor(const std::stri
           absl::StrCat(weights_path, ": ", quoted, " ", ToAbsl(what)));
     };
     // Checked from the header already; the file is read again, so once more.
-    absl::StatusOr<TensorName> n = CheckEntry(e, targets, r, weights_path);
+    absl::StatusOr<TensorName> n = CheckEntry(e, *config, weights_path);
     if (!n.ok()) return n.status();
     if (n->layer >= kMaxAdapterLayers) return bad("is of a layer past any GPT-2's");
     const std::byte* data = bytes + st->data_start + e.begin;
@@ -532,18 +613,16 @@ absl::Status CheckLoraAdapterFits(const LoraAdapter& adapter, const ModelConfig&
   const int64_t e = base.n_embd;
   const std::array<std::pair<int64_t, int64_t>, kNumLoraTargets> widths = {
       std::pair<int64_t, int64_t>{e, 3 * e}, {e, e}, {e, 4 * e}, {4 * e, e}};
-  const std::set<std::string> targets(adapter.target_modules.begin(),
-                                      adapter.target_modules.end());
   for (int32_t i = 0; i < base.n_layer; ++i) {
     for (int t = 0; t < kNumLoraTargets; ++t) {
       const LoraTarget target = static_cast<LoraTarget>(t);
       const LoraModule* m = adapter.module(i, target);
       if (m == nullptr) {
-        if (!targets.contains(std::string(TargetModuleName(target)))) continue;
-        return absl::InvalidArgumentError(absl::StrCat(
-            weights_path, ": missing tensor \"", TensorNameOf(i, target, true),
-            "\" (target_modules lists \"", ToAbsl(TargetModuleName(target)),
-            "\", so every one of the base's ", base.n_layer, " layers needs it)"));
+        if (!Targeted(adapter.target_modules, adapter.exclude_modules, i, target)) continue;
+        return absl::InvalidArgumentError(
+            absl::StrCat(weights_path, ": missing tensor \"", TensorNameOf(i, target, true),
+                         "\" (target_modules names the base's module \"", ModuleNameOf(i, target),
+                         "\", so PEFT gives it a lora_A and a lora_B)"));
       }
       const auto [in, out] = widths[t];
       if (m->in != in || m->out != out) {

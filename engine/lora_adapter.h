@@ -1,8 +1,12 @@
 // A validated PEFT LoRA adapter for GPT-2, as Hugging Face's `peft` writes it:
-//   adapter_config.json        peft_type "LORA", r, lora_alpha, target_modules among c_attn,
-//                              c_proj (both attn.c_proj and mlp.c_proj, as PEFT matches
-//                              names by suffix), c_fc; fan_in_fan_out true (GPT-2's Conv1D);
-//                              bias "none"; optional use_rslora
+//   adapter_config.json        peft_type "LORA", r, lora_alpha, target_modules (a list, matched
+//                              as PEFT does: a module "transformer.h.{i}.attn.c_proj" is
+//                              targeted when it equals an entry or ends with "." + an entry,
+//                              so "c_proj" covers attn.c_proj and mlp.c_proj, "attn.c_proj"
+//                              the first alone, "h.3.mlp.c_fc" one layer's; every entry must
+//                              match one of c_attn, c_proj, c_fc), optional exclude_modules
+//                              (a list, the same rule, taken out); fan_in_fan_out true
+//                              (GPT-2's Conv1D); bias "none"; optional use_rslora
 //   adapter_model.safetensors  base_model.model.transformer.h.{i}.{attn|mlp}.{module}
 //                              .lora_A.weight [r, in] and .lora_B.weight [out, r]
 // The update of a targeted Conv1D weight W [in, out] is W + scaling · (B·A)ᵀ, with scaling
@@ -14,11 +18,13 @@
 // change to a weight (|scaling|·r·max|A|·max|B|) at most 1e4, so the forward pass's products stay
 // far inside float's range; each module's A and B come in pairs of rank r, and nothing is
 // there that changes the computation in a way prefixd does not implement (other peft types,
-// modules_to_save, DoRA, rank or alpha patterns, layers_to_transform, biases). Each error is
-// INVALID_ARGUMENT (NOT_FOUND for a missing file) and names the file, the tensor or field,
-// and what is wrong. CheckLoraAdapterFits() then refuses an adapter made for another base:
-// every layer of the base must have both tensors of every targeted module, with the base's
-// widths. LoadLoraAdapter() is both.
+// modules_to_save, DoRA, rank or alpha patterns, layers_to_transform, aLoRA,
+// layer_replication, QA-LoRA, BD-LoRA, Arrow, biases, an init_lora_weights that changes the
+// base's weights: PiSSA, OLoRA, CorDA, LoftQ). Each error is INVALID_ARGUMENT (NOT_FOUND
+// for a missing file) and names the file, the tensor or field, and what is wrong.
+// CheckLoraAdapterFits() then refuses an adapter made for another base: every layer of the
+// base must have both tensors of every targeted module, with the base's widths.
+// LoadLoraAdapter() is both.
 //
 // Identity: `digest` = SHA-256 over, for adapter_config.json then adapter_model.safetensors,
 // the file's name (length-prefixed) and the SHA-256 of its content, exactly as the model
@@ -67,7 +73,8 @@ struct LoraAdapter {
   float lora_alpha = 0.0f;
   bool use_rslora = false;
   float scaling = 0.0f;  // lora_alpha / rank, or lora_alpha / sqrt(rank) with use_rslora
-  std::vector<std::string> target_modules;  // as adapter_config.json lists them
+  std::vector<std::string> target_modules;   // as adapter_config.json lists them
+  std::vector<std::string> exclude_modules;  // likewise; empty when absent
   std::string base_model_name_or_path;      // as written; "" when absent
   // Layers 0..layers.size()-1; an entry with in == 0 is a module the adapter leaves alone.
   std::vector<std::array<LoraModule, kNumLoraTargets>> layers;

@@ -123,6 +123,26 @@ std::string NonFiniteName(DType dtype, const std::byte* data, int64_t i) {
   return f > 0 ? "+Inf" : "-Inf";
 }
 
+// What to add to "missing" for `file` of `dir`: the weights in another form Hugging Face
+// writes (transformers shards a checkpoint above max_shard_size, 5 GB by default, so a gpt2-xl
+// in fp32 comes in two files) say how to make the one file loaded, else the files it needs.
+std::string MissingFileHint(const std::string& dir, std::string_view file) {
+  if (file == "model.safetensors") {
+    if (CheckRegularFile(absl::StrCat(dir, "/model.safetensors.index.json")).ok()) {
+      return " (the directory holds a sharded checkpoint, model.safetensors.index.json and its "
+             "shards, which prefixd does not load: save the model as one file, with "
+             "save_pretrained(..., max_shard_size=\"100GB\"))";
+    }
+    if (CheckRegularFile(absl::StrCat(dir, "/pytorch_model.bin")).ok()) {
+      return " (the directory holds only pytorch_model.bin, PyTorch's pickle, which prefixd "
+             "does not load: save the model with save_pretrained(..., "
+             "safe_serialization=True))";
+    }
+  }
+  return " (a model directory holds config.json, model.safetensors, vocab.json and "
+         "merges.txt)";
+}
+
 class LoadedModel : public Model {};
 
 }  // namespace
@@ -133,10 +153,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir) {
     const std::string path = absl::StrCat(dir, "/", ToAbsl(file));
     if (absl::Status s = CheckRegularFile(path); !s.ok()) {
       if (s.code() != absl::StatusCode::kNotFound) return s;  // says what is there instead
-      return absl::NotFoundError(
-          absl::StrCat(s.message(),
-                       " (a model directory holds config.json, model.safetensors, "
-                       "vocab.json and merges.txt)"));
+      return absl::NotFoundError(absl::StrCat(s.message(), MissingFileHint(dir, file)));
     }
   }
   auto model = std::make_unique<LoadedModel>();

@@ -4,7 +4,10 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <set>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -162,9 +165,30 @@ absl::StatusOr<SafetensorsFile> ParseSafetensorsHeader(absl::Span<const std::byt
                                 file_size, " bytes)"));
   }
   const char* header_begin = reinterpret_cast<const char*>(file.data() + 8);
-  json header = json::parse(header_begin, header_begin + header_len, /*cb=*/nullptr,
+  // nlohmann keeps the last of a repeated key, where the reference parser (serde) refuses the
+  // file: a tensor or a field spelled twice would be read as one of its two meanings. So each
+  // object's keys are collected while it is parsed.
+  std::vector<std::set<std::string>> keys_by_object;
+  std::optional<std::string> repeated_key;
+  const json::parser_callback_t on_event = [&](int /*depth*/, json::parse_event_t event,
+                                               json& parsed) {
+    if (event == json::parse_event_t::object_start) {
+      keys_by_object.emplace_back();
+    } else if (event == json::parse_event_t::object_end) {
+      keys_by_object.pop_back();
+    } else if (event == json::parse_event_t::key && !keys_by_object.empty() &&
+               !keys_by_object.back().insert(parsed.get<std::string>()).second && !repeated_key) {
+      repeated_key = parsed.get<std::string>();
+    }
+    return true;
+  };
+  json header = json::parse(header_begin, header_begin + header_len, on_event,
                             /*allow_exceptions=*/false);
   if (header.is_discarded()) return Invalid(file_label, "header is not valid JSON");
+  if (repeated_key) {
+    return Invalid(file_label, absl::StrCat("key \"", EscapeBytes(*repeated_key),
+                                            "\" appears twice in an object of the header"));
+  }
   if (!header.is_object()) return Invalid(file_label, "header is not a JSON object");
 
   SafetensorsFile out;

@@ -5,7 +5,8 @@
 // ParseSafetensors() accepts a file only if, afterwards, every tensor's bytes lie inside the
 // data region and the tensors tile it exactly: sorted by offset they start at 0, each begins
 // where the previous ends (no overlap, no gap) and the last ends at the end of the file (no
-// trailing garbage); each tensor's byte length is its element count times its dtype's size.
+// trailing garbage); each tensor's byte length is its element count times its dtype's size;
+// and no object of the header repeats a key (the reference parser refuses that too).
 // So a caller may read any tensor's [begin, end) without further checks.
 #ifndef PREFIXD_ENGINE_SAFETENSORS_H_
 #define PREFIXD_ENGINE_SAFETENSORS_H_

@@ -136,6 +136,72 @@ TEST_F(LoraAdapterTest, UntargetedModulesAreLeftAlone) {
   EXPECT_EQ((*a)->module(0, LoraTarget::kMlpCProj), nullptr);
 }
 
+// PEFT targets a module when its name ("transformer.h.1.mlp.c_fc") equals an entry of
+// target_modules or ends with "." + the entry: "attn.c_proj" is the attention's c_proj alone,
+// "h.1.mlp.c_fc" one layer's c_fc. Such adapters were refused as naming an unknown module.
+TEST_F(LoraAdapterTest, TargetModulesMatchModulesAsPeftDoes) {
+  options_.target_modules = {"c_attn", "c_proj", "c_fc"};
+  tensors_ = RandomAdapterTensors(base_, options_);
+  std::erase_if(tensors_, [](const AdapterTensor& t) {
+    return t.name.find(".attn.c_proj.") == std::string::npos &&
+           t.name.find(".h.1.mlp.c_fc.") == std::string::npos &&
+           t.name.find(".h.0.attn.c_attn.") == std::string::npos;
+  });
+  config_["target_modules"] = {"attn.c_proj", "h.1.mlp.c_fc", "transformer.h.0.attn.c_attn"};
+  Write();
+  absl::StatusOr<std::shared_ptr<const LoraAdapter>> a = Load();
+  ASSERT_TRUE(a.ok()) << a.status();
+  for (int32_t i : {0, 1}) {
+    EXPECT_NE((*a)->module(i, LoraTarget::kAttnCProj), nullptr);
+    EXPECT_EQ((*a)->module(i, LoraTarget::kMlpCProj), nullptr);
+  }
+  EXPECT_NE((*a)->module(0, LoraTarget::kAttnCAttn), nullptr);
+  EXPECT_EQ((*a)->module(1, LoraTarget::kAttnCAttn), nullptr);
+  EXPECT_EQ((*a)->module(0, LoraTarget::kMlpCFc), nullptr);
+  EXPECT_NE((*a)->module(1, LoraTarget::kMlpCFc), nullptr);
+  EXPECT_EQ((*a)->num_parameters, 2 * (64 + 64) * 4 + (64 + 192) * 4 + (64 + 256) * 4);
+
+  // A module an entry names must have its tensors, and one no entry names must not.
+  const std::vector<AdapterTensor> saved = tensors_;
+  std::erase_if(tensors_, [](const AdapterTensor& t) {
+    return t.name.find(".h.1.attn.c_proj.") != std::string::npos;
+  });
+  ExpectRefused("adapter_model.safetensors",
+                {"missing tensor \"base_model.model.transformer.h.1.attn.c_proj.lora_A.weight\"",
+                 "transformer.h.1.attn.c_proj"});
+  tensors_ = saved;
+  config_["target_modules"] = {"attn.c_proj", "h.1.mlp.c_fc"};
+  ExpectRefused("adapter_model.safetensors", {kA0, "target_modules"});
+  // An entry that names no module of GPT-2's blocks is refused by the config.
+  config_["target_modules"] = {"attn.c_proj", "h.1.attn"};
+  ExpectRefused("adapter_config.json", {"target_modules", "h.1.attn"});
+  config_["target_modules"] = {"attn.c_proj", "h.01.mlp.c_fc"};
+  ExpectRefused("adapter_config.json", {"target_modules", "h.01.mlp.c_fc"});
+}
+
+// exclude_modules (PEFT 0.14) takes modules out by the same rule; an adapter saved with it
+// lacks those modules' tensors and was refused as incomplete.
+TEST_F(LoraAdapterTest, ExcludeModulesLeaveModulesAlone) {
+  options_.target_modules = {"c_attn"};
+  config_ = AdapterConfigJson(options_);
+  tensors_ = RandomAdapterTensors(base_, options_);
+  std::erase_if(tensors_, [](const AdapterTensor& t) {
+    return t.name.find(".h.0.attn.c_attn.") != std::string::npos;
+  });
+  config_["exclude_modules"] = {"h.0.attn.c_attn"};
+  Write();
+  absl::StatusOr<std::shared_ptr<const LoraAdapter>> a = Load();
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ((*a)->module(0, LoraTarget::kAttnCAttn), nullptr);
+  EXPECT_NE((*a)->module(1, LoraTarget::kAttnCAttn), nullptr);
+  // A tensor of an excluded module is not one PEFT writes.
+  tensors_ = RandomAdapterTensors(base_, options_);
+  ExpectRefused("adapter_model.safetensors", {kA0, "exclude_modules"});
+  // As a string it is a regular expression, which is not supported.
+  config_["exclude_modules"] = ".*h\\.0\\..*";
+  ExpectRefused("adapter_config.json", {"exclude_modules", "regular expression"});
+}
+
 TEST_F(LoraAdapterTest, HalfPrecisionTensorsAreWidened) {
   Write(DType::kBF16);
   absl::StatusOr<std::shared_ptr<const LoraAdapter>> a = Load();
@@ -226,17 +292,46 @@ TEST_F(LoraAdapterTest, RefusesFanInFanOutFalseAndBiases) {
 }
 
 TEST_F(LoraAdapterTest, RefusesModulesToSaveAndOtherVariants) {
-  for (const auto& [key, value] :
-       std::vector<std::pair<std::string, json>>{{"modules_to_save", json::array({"lm_head"})},
-                                                 {"use_dora", true},
-                                                 {"rank_pattern", {{"c_attn", 8}}},
-                                                 {"alpha_pattern", {{"c_fc", 2}}},
-                                                 {"layers_to_transform", json::array({0})}}) {
+  for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{
+           {"modules_to_save", json::array({"lm_head"})},
+           {"use_dora", true},
+           {"rank_pattern", {{"c_attn", 8}}},
+           {"alpha_pattern", {{"c_fc", 2}}},
+           {"layers_to_transform", json::array({0})},
+           // Same tensors, other computations: aLoRA
+           // acts only after its invocation tokens,
+           // layer_replication reorders the layers.
+           {"alora_invocation_tokens", json::array({198})},
+           {"layer_replication", {{0, 2}}},
+           {"use_qalora", true},
+           {"use_bdlora", {{"target_modules_bd_a", {"c_fc"}}}},
+           {"arrow_config", {{"top_k", 2}}}}) {
     SCOPED_TRACE(key);
     json saved = config_;
     config_[key] = value;
     ExpectRefused("adapter_config.json", {key});
     config_ = saved;
+  }
+}
+
+// PiSSA, OLoRA and CorDA initialise by moving part of each targeted weight into A and B, and
+// LoftQ by quantizing it: the adapter is trained against that changed base. PEFT writes such an
+// adapter as a plain LoRA of the original base (init_lora_weights true) only when asked to
+// convert it; saved unconverted, added to the original weights it serves another model.
+TEST_F(LoraAdapterTest, RefusesAnAdapterTrainedAgainstABaseItsInitChanged) {
+  for (const char* init : {"pissa", "pissa_niter_4", "olora", "corda", "loftq"}) {
+    SCOPED_TRACE(init);
+    config_["init_lora_weights"] = init;
+    ExpectRefused("adapter_config.json",
+                  {"init_lora_weights", init, "path_initial_model_for_weight_conversion"});
+  }
+  // Initialisations that leave the base alone load.
+  for (const json& init : {json(true), json(false), json("gaussian"), json("eva"),
+                           json("orthogonal"), json(nullptr)}) {
+    SCOPED_TRACE(init.dump());
+    config_["init_lora_weights"] = init;
+    Write();
+    EXPECT_TRUE(Load().ok()) << Load().status();
   }
 }
 

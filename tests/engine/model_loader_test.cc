@@ -283,6 +283,28 @@ TEST_F(ModelLoaderTest, RefusesMissingFiles) {
   EXPECT_FALSE(Model::Load((dir_ / "nonexistent").string()).ok());
 }
 
+// A sharded checkpoint (transformers' save_pretrained splits one above max_shard_size, 5 GB by
+// default, e.g. a gpt2-xl in fp32) or a PyTorch-only one has no model.safetensors: the refusal
+// says which it is and how to make the one file prefixd loads.
+TEST_F(ModelLoaderTest, RefusesShardedOrPickleCheckpointsSayingHowToConvert) {
+  fs::remove(Weights());
+  WriteFile(dir_ / "model.safetensors.index.json",
+            R"({"metadata": {"total_size": 1}, "weight_map": {"wte.weight": )"
+            R"("model-00001-of-00002.safetensors"}})");
+  absl::StatusOr<std::unique_ptr<Model>> m = Model::Load(dir_.string());
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(m.status().message(), HasSubstr(Weights().string() + ": missing"));
+  EXPECT_THAT(m.status().message(), HasSubstr("sharded"));
+  EXPECT_THAT(m.status().message(), HasSubstr("max_shard_size"));
+  fs::remove(dir_ / "model.safetensors.index.json");
+  WriteFile(dir_ / "pytorch_model.bin", "PK");
+  m = Model::Load(dir_.string());
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(m.status().message(), HasSubstr("pytorch_model.bin"));
+  EXPECT_THAT(m.status().message(), HasSubstr("safe_serialization"));
+}
+
 TEST_F(ModelLoaderTest, RefusesConfigThatIsNotJson) {
   WriteFile(dir_ / "config.json", "{\"n_layer\": 2,");
   ExpectRefused("config.json", "not valid JSON");

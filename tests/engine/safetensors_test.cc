@@ -145,6 +145,33 @@ TEST(SafetensorsTest, RefusesMalformedEntries) {
   }
 }
 
+// The reference parser (serde) refuses a JSON object with a key twice; nlohmann keeps the
+// last, so a tensor spelled twice with the same bytes was read as whichever came last: another
+// dtype or shape than the one a PyTorch loader refusing the file would have.
+TEST(SafetensorsTest, RefusesAKeyThatAppearsTwice) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+       R"("w":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}})",
+       "\"w\" appears twice"},
+      {R"({"w":{"dtype":"F32","dtype":"I32","shape":[1],"data_offsets":[0,4]}})",
+       "\"dtype\" appears twice"},
+      {R"({"__metadata__":{"format":"pt","format":"np"},)"
+       R"("w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+       "\"format\" appears twice"},
+  };
+  for (const auto& [json, problem] : cases) {
+    const absl::Status s = ParseStatus(RawFile(json, 4));
+    EXPECT_FALSE(s.ok()) << json;
+    EXPECT_THAT(s.message(), HasSubstr(problem)) << json;
+    EXPECT_THAT(s.message(), HasSubstr("m.safetensors")) << json;
+  }
+  // Nested objects of their own may reuse their keys.
+  EXPECT_TRUE(ParseStatus(RawFile(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                                  R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                                  8))
+                  .ok());
+}
+
 TEST(SafetensorsTest, RefusesOffsetsOutOfRange) {
   std::vector<SafetensorsEntry> e = TwoTensors();
   e[1].begin = 12;
