@@ -47,6 +47,7 @@ void GenerateReactor::FinishCall(const grpc::Status& status) {
 }
 
 void GenerateReactor::Begin(grpc::CallbackServerContext* context) {
+  context_ = context;
   deadline_ = context->deadline();
   GenerateCall call = ToGenerateCall(*request_);
   call.authorization = AuthorizationOf(*context);
@@ -184,6 +185,7 @@ void GenerateReactor::Pump() {
               : grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled");
     } else if (BuildMessageLocked()) {
       write_in_flight_ = true;
+      ArmWriteTimeoutLocked(++writes_);
       action = Action::kWrite;
     } else if (output_->done()) {
       finished_ = true;
@@ -201,10 +203,39 @@ void GenerateReactor::Pump() {
   }
 }
 
+void GenerateReactor::ArmWriteTimeoutLocked(uint64_t write) {
+  // Replacing the last write's alarm cancels it if it has not fired; its callback then sees
+  // `fired` false. The callback holds no pointer to this reactor, only the Link.
+  write_alarm_ = std::make_unique<grpc::Alarm>();
+  // It runs on a gRPC thread and reaches the reactor as a pump does, through the Link.
+  std::weak_ptr<Link> weak = link_;
+  write_alarm_->Set(
+      std::chrono::system_clock::now() +
+          std::chrono::milliseconds(absl::ToInt64Milliseconds(service_->write_timeout())),
+      [weak, write](bool fired) {
+        if (!fired) return;
+        std::shared_ptr<Link> link = weak.lock();
+        if (!link) return;
+        absl::MutexLock l(&link->mu);
+        if (link->reactor != nullptr) link->reactor->OnWriteTimeout(write);
+      });
+}
+
+void GenerateReactor::OnWriteTimeout(uint64_t write) {
+  {
+    absl::MutexLock l(&mu_);
+    if (finished_ || !write_in_flight_ || writes_ != write) return;
+  }
+  // The write in flight then fails (OnWriteDone(false)), which cancels the engine stream and
+  // finishes the call as cancelled; OnCancel follows.
+  context_->TryCancel();
+}
+
 void GenerateReactor::OnWriteDone(bool ok) {
   {
     absl::MutexLock l(&mu_);
     write_in_flight_ = false;
+    write_alarm_.reset();  // cancels it
     if (!ok) cancelled_ = true;
   }
   if (!ok) stream_->Cancel();

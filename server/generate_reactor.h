@@ -19,6 +19,10 @@
 //
 // Cancellation: OnCancel (client cancel, disconnect, deadline) and a failed write cancel the
 // engine stream at once, so the sequence's blocks are released before the engine's next step.
+// A write the client takes none of for the service's write timeout (--response-write-timeout:
+// the client stopped reading) cancels the call, so that it cannot hold its connection and the
+// request's output for as long as the client lives: an alarm armed with each write reaches the
+// reactor through the Link, as a pump does.
 #ifndef PREFIXD_SERVER_GENERATE_REACTOR_H_
 #define PREFIXD_SERVER_GENERATE_REACTOR_H_
 
@@ -29,11 +33,13 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "engine/request_stream.h"
 #include "engine/tokenizer.h"
-#include "server/generate_output.h"
+#include "grpcpp/alarm.h"
 #include "grpcpp/grpcpp.h"
 #include "prefixd/v1/inference.grpc.pb.h"
+#include "server/generate_output.h"
 
 namespace prefixd {
 
@@ -66,8 +72,13 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   bool BuildMessageLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SetUsageLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishCall(const grpc::Status& status);
+  // Arms the write alarm for write number `write`.
+  void ArmWriteTimeoutLocked(uint64_t write) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The alarm of write number `write` fired: cancels the call if that write is still in flight.
+  void OnWriteTimeout(uint64_t write);
 
   InferenceService* const service_;
+  grpc::CallbackServerContext* context_ = nullptr;  // set in Begin; valid until OnDone
   const v1::GenerateRequest* const request_;
   // The client's deadline (time_point::max() without one): a cancellation at or past it is
   // reported, and counted in the metrics, as DEADLINE_EXCEEDED rather than CANCELLED.
@@ -83,6 +94,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   std::optional<GenerateOutput> output_ ABSL_GUARDED_BY(mu_);
   v1::GenerateResponse msg_ ABSL_GUARDED_BY(mu_);  // the message being written
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t writes_ ABSL_GUARDED_BY(mu_) = 0;  // writes started; names the one in flight
+  std::unique_ptr<grpc::Alarm> write_alarm_ ABSL_GUARDED_BY(mu_);  // the last write's
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool usage_sent_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish called or decided

@@ -23,8 +23,11 @@ class Executor;
 class InferenceService final : public v1::Inference::CallbackService {
  public:
   // `pumps` runs the Generate reactors' pumps (server/generate_reactor.h); both outlive every
-  // call.
-  InferenceService(RequestPath* path, Executor* pumps) : path_(path), pumps_(pumps) {}
+  // call. A Generate call whose client takes none of a message for `write_timeout` is
+  // cancelled.
+  InferenceService(RequestPath* path, Executor* pumps,
+                   absl::Duration write_timeout = absl::Seconds(60))
+      : path_(path), pumps_(pumps), write_timeout_(write_timeout) {}
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
@@ -52,6 +55,7 @@ class InferenceService final : public v1::Inference::CallbackService {
 
   RequestPath& path() { return *path_; }
   Executor* pumps() { return pumps_; }
+  absl::Duration write_timeout() const { return write_timeout_; }
 
  private:
   friend class ServerTestPeer;  // tests/server/server_test_peer.h
@@ -59,6 +63,7 @@ class InferenceService final : public v1::Inference::CallbackService {
 
   RequestPath* const path_;  // not owned
   Executor* const pumps_;    // not owned
+  const absl::Duration write_timeout_;
   mutable absl::Mutex calls_mu_;
   int64_t live_generates_ ABSL_GUARDED_BY(calls_mu_) = 0;
 };

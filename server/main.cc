@@ -103,8 +103,8 @@ ABSL_FLAG(absl::Duration, request_body_timeout, absl::Seconds(60),
           "HTTP and metrics listeners: answer 408 and close a connection whose request body "
           "is not complete this long after its header");
 ABSL_FLAG(absl::Duration, response_write_timeout, absl::Seconds(60),
-          "HTTP and metrics listeners: end the response (cancelling its completion) and close "
-          "the connection of a client that takes none of its bytes for this long");
+          "Cut off a client that takes none of an answer's bytes for this long: cancel its "
+          "completion and close its HTTP connection, or cancel its gRPC Generate call");
 
 namespace prefixd {
 namespace {

@@ -476,7 +476,8 @@ absl::Status Server::Parts::Build() {
                            .device = backend->device_name(),
                            .kv_pool = backend->kv_pool()};
   path = std::make_unique<RequestPath>(std::move(popt));
-  service = std::make_unique<InferenceService>(path.get(), grpc_pumps.get());
+  service = std::make_unique<InferenceService>(path.get(), grpc_pumps.get(),
+                                               options.response_write_timeout);
   if (absl::Status s = StartGrpc(creds); !s.ok()) return s;
   return StartHttp();
 }

@@ -89,8 +89,9 @@ struct ServerOptions {
   absl::Duration request_header_timeout = absl::Seconds(2);
   // HTTP and metrics: from the end of a request's header to the end of its body.
   absl::Duration request_body_timeout = absl::Seconds(60);
-  // HTTP and metrics: a client that takes none of a response's bytes for this long (it stopped
-  // reading) is cut off: the response ends, its completion is cancelled, the connection closes.
+  // A client that takes none of an answer's bytes for this long (it stopped reading) is cut
+  // off: over HTTP (and metrics) the completion is cancelled and the connection closed; a gRPC
+  // Generate call is cancelled.
   absl::Duration response_write_timeout = absl::Seconds(60);
   // The grace of a drain the server starts itself (after a fatal backend error).
   absl::Duration shutdown_grace = absl::Seconds(30);

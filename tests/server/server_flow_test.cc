@@ -28,10 +28,11 @@ namespace {
 using ::testing::HasSubstr;
 
 struct FlowSetup {
-  int64_t blocks = 64;      // of 16 tokens: 1024 tokens, more than the 256-token context
+  int64_t blocks = 64;  // of 16 tokens: 1024 tokens, more than the 256-token context
   bool gate_first_step = true;
   bool fail_first_step = false;  // with a fatal device error
   int32_t max_queue = 1024;
+  absl::Duration write_timeout = absl::Seconds(60);  // --response-write-timeout
 };
 
 class ServerFlowTest : public ::testing::Test {
@@ -47,6 +48,7 @@ class ServerFlowTest : public ::testing::Test {
     ServerOptions o = TestServerOptions(model_dir_, log_.Writer());
     o.metrics_listen = "127.0.0.1:0";
     o.engine.max_queue = setup.max_queue;
+    o.response_write_timeout = setup.write_timeout;
     o.backend_factory = [this, setup](const Model& m) -> absl::StatusOr<std::unique_ptr<Backend>> {
       auto b = std::make_unique<FakeBackend>(setup.blocks, 16, m.config().vocab_size);
       if (setup.gate_first_step) b->set_gate(&gate_, 0);
@@ -117,8 +119,9 @@ TEST_F(ServerFlowTest, CancelReleasesTheBlocksAndIsCounted) {
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
   OpenGate();
   EXPECT_TRUE(PollUntil([&] { return BlocksReleased(); }, absl::Seconds(10)));
-  EXPECT_TRUE(PollUntil([&] { return Metric("prefixd_requests_total{api=\"grpc\",code=\"CANCELLED\"}") == 1; },
-                        absl::Seconds(10)));
+  EXPECT_TRUE(PollUntil(
+      [&] { return Metric("prefixd_requests_total{api=\"grpc\",code=\"CANCELLED\"}") == 1; },
+      absl::Seconds(10)));
   // The server goes on serving.
   EXPECT_TRUE(Generate(*stub_, IdsRequest({1, 2, 3}, 2)).status.ok());
 }
@@ -137,7 +140,9 @@ TEST_F(ServerFlowTest, ADeadlineThatPassesMidRequestIsDeadlineExceeded) {
   EXPECT_TRUE(PollUntil([&] { return BlocksReleased(); }, absl::Seconds(10)));
   // Counted as a passed deadline, not as a cancellation.
   EXPECT_TRUE(PollUntil(
-      [&] { return Metric("prefixd_requests_total{api=\"grpc\",code=\"DEADLINE_EXCEEDED\"}") == 1; },
+      [&] {
+        return Metric("prefixd_requests_total{api=\"grpc\",code=\"DEADLINE_EXCEEDED\"}") == 1;
+      },
       absl::Seconds(10)));
   EXPECT_EQ(Metric("prefixd_requests_total{api=\"grpc\",code=\"CANCELLED\"}"), -1);
 }
@@ -152,11 +157,13 @@ TEST_F(ServerFlowTest, AClientThatDisconnectsIsCancelled) {
   WaitUntilRunning();
   (*client)->Signal(SIGKILL);
   (*client)->Wait(absl::Seconds(10));
-  EXPECT_TRUE(PollUntil([&] { return ServerTestPeer::live_generate_calls(*server_) == 0; }, absl::Seconds(10)));
+  EXPECT_TRUE(PollUntil([&] { return ServerTestPeer::live_generate_calls(*server_) == 0; },
+                        absl::Seconds(10)));
   OpenGate();
   EXPECT_TRUE(PollUntil([&] { return BlocksReleased(); }, absl::Seconds(10)));
-  EXPECT_TRUE(PollUntil([&] { return Metric("prefixd_requests_total{api=\"grpc\",code=\"CANCELLED\"}") == 1; },
-                        absl::Seconds(10)));
+  EXPECT_TRUE(PollUntil(
+      [&] { return Metric("prefixd_requests_total{api=\"grpc\",code=\"CANCELLED\"}") == 1; },
+      absl::Seconds(10)));
 }
 
 TEST_F(ServerFlowTest, AFullQueueRefusesWithResourceExhausted) {
@@ -167,7 +174,8 @@ TEST_F(ServerFlowTest, AFullQueueRefusesWithResourceExhausted) {
   grpc::ClientContext bctx;
   auto b = stub_->Generate(&bctx, IdsRequest(RandomIds(4, 8), 20));
   // B waits behind A (the one queue slot) once the server has accepted it.
-  ASSERT_TRUE(PollUntil([&] { return ServerTestPeer::accepted_generates(*server_) == 2; }, absl::Seconds(10)));
+  ASSERT_TRUE(PollUntil([&] { return ServerTestPeer::accepted_generates(*server_) == 2; },
+                        absl::Seconds(10)));
   GenerateResult c = Generate(*stub_, IdsRequest(RandomIds(5, 8), 20));
   EXPECT_EQ(c.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(c.status.error_message(), HasSubstr("request queue is full (1 requests waiting)"));
@@ -252,7 +260,6 @@ TEST_F(ServerFlowTest, AFatalBackendErrorDrainsTheServerAndWaitReportsIt) {
   EXPECT_TRUE(server_->draining());
   EXPECT_THAT(log_.Text(), HasSubstr("fatal backend error, shutting down"));
 }
-
 
 // The engine thread only schedules a Generate call's pump (server/generate_reactor.h): with
 // every pump thread stuck, the engine still runs every decode step of a call that cannot
@@ -371,6 +378,28 @@ TEST_F(ServerFlowTest, AStopStringEndsTheSamplesOfAClientThatStoppedReading) {
   EXPECT_LE(server_->engine().Stats().scheduler.generated_tokens - before,
             kSamples * (stop_tokens + 1))
       << "the samples ran on past their stop string";
+  ctx.TryCancel();
+}
+
+// A client that stops reading (its window full, a write in flight) is cancelled once it has
+// taken none of a message for --response-write-timeout: its request ends as CANCELLED and
+// gives back its blocks, instead of holding its call and output for as long as it lives.
+TEST_F(ServerFlowTest, AClientThatStopsReadingIsCancelledAfterTheWriteTimeout) {
+  StartServer({.gate_first_step = false, .write_timeout = absl::Milliseconds(300)});
+  v1::GenerateRequest req = Long(7, /*samples=*/4);
+  req.set_top_logprobs(20);  // large messages: the client's window fills early
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 4096);
+  auto stub = v1::Inference::NewStub(
+      grpc::CreateCustomChannel(server_->grpc_address(), grpc::InsecureChannelCredentials(), args));
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, req);
+  EXPECT_TRUE(PollUntil(
+      [&] { return Metric("prefixd_requests_total{api=\"grpc\",code=\"CANCELLED\"}") == 1; },
+      absl::Seconds(30)))
+      << "the call of a client that stopped reading was not ended";
+  EXPECT_TRUE(PollUntil([&] { return BlocksReleased(); }, absl::Seconds(10)));
   ctx.TryCancel();
 }
 
