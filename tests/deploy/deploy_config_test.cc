@@ -280,6 +280,45 @@ TEST(DeployConfigTest, HaproxyAcceptsTheConfiguration) {
                          "PREFIXD_REPLICA_CHECK_PORT=8000" + check).c_str()), 0);
 }
 
+// The environment variables a name in haproxy.cfg matches: PREFIXD_ names, with a listed
+// replica's number (PREFIXD_REPLICA_3_GRPC_PORT) written as <n> (PREFIXD_REPLICA_<n>_GRPC_PORT).
+std::set<std::string> HaproxyVariablesIn(const std::string& text) {
+  static const std::regex kName(R"(PREFIXD_REPLICA_<n>_[A-Z_]*[A-Z]|PREFIXD_[A-Z0-9_]*[A-Z0-9])");
+  static const std::regex kNumbered(R"(^PREFIXD_REPLICA_[0-9]+_)");
+  std::set<std::string> names;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), kName);
+       it != std::sregex_iterator(); ++it) {
+    names.insert(std::regex_replace(it->str(), kNumbered, "PREFIXD_REPLICA_<n>_"));
+  }
+  return names;
+}
+
+// haproxy.cfg's header is where operators (and docs/SCALING.md, which points there) learn
+// which variables configure it: it must name exactly the variables the configuration reads.
+TEST(DeployConfigTest, HaproxyConfigHeaderNamesEveryVariableItReads) {
+  std::istringstream in(ReadFile("deploy/haproxy/haproxy.cfg"));
+  std::string header, body, line;
+  bool in_header = true;
+  while (std::getline(in, line)) {
+    in_header = in_header && (line.empty() || line[0] == '#');
+    if (in_header) {
+      header += line + "\n";
+    } else if (line.find_first_not_of(' ') != std::string::npos &&
+               line[line.find_first_not_of(' ')] != '#') {
+      body += line + "\n";  // directives only: comments in the body are not the interface
+    }
+  }
+  const std::set<std::string> documented = HaproxyVariablesIn(header);
+  const std::set<std::string> read = HaproxyVariablesIn(body);
+  ASSERT_FALSE(read.empty());
+  for (const std::string& name : read) {
+    EXPECT_TRUE(documented.count(name)) << name << " is read but not listed in the header";
+  }
+  for (const std::string& name : documented) {
+    EXPECT_TRUE(read.count(name)) << name << " is listed in the header but never read";
+  }
+}
+
 TEST(DeployConfigTest, KubernetesProbesTheGrpcHealthServiceAndAsksForAGpu) {
   const YAML::Node dep = YAML::LoadFile(Path("deploy/k8s/deployment.yaml"));
   EXPECT_EQ(dep["kind"].as<std::string>(), "Deployment");
