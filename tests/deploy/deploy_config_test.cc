@@ -832,5 +832,30 @@ TEST(DeployConfigTest, EveryPrefixctlAndPrefixdModelCommandLineUsesFlagsTheyHave
   }
 }
 
+// README's table of programs names every command each tool has (and only those), so a reader
+// learns of each one there.
+TEST(DeployConfigTest, ReadmeProgramsTableListsEveryCommand) {
+  const std::string readme = ReadFile("README.md");
+  for (const auto& [program, rel] :
+       {std::pair<std::string, std::string>{"prefixctl", "client/prefixctl"},
+        {"prefixd-model", "tools/prefixd-model"}}) {
+    std::set<std::string> commands;
+    for (const auto& [command, flags] :
+         UsageFlags(RunArgv({Built(rel), "--help"}).output, program)) {
+      if (!command.empty()) commands.insert(command);
+    }
+    ASSERT_GE(commands.size(), 4u) << program;
+    const size_t row = readme.find("| `build/" + rel + "` | ");
+    ASSERT_NE(row, std::string::npos) << program << " has no row in README's table";
+    const std::string line = readme.substr(row, readme.find('\n', row) - row);
+    const std::vector<std::string> cells = absl::StrSplit(line, " | ");
+    ASSERT_GE(cells.size(), 2u) << line;
+    std::set<std::string> listed;
+    const std::vector<std::string> parts = absl::StrSplit(cells[1], '`');
+    for (size_t i = 1; i < parts.size(); i += 2) listed.insert(parts[i]);
+    EXPECT_EQ(listed, commands) << program << ": README's table against its usage";
+  }
+}
+
 }  // namespace
 }  // namespace prefixd
