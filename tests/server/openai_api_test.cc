@@ -2,9 +2,14 @@
 // refusal (with the field it names), and the shapes of responses, chunks and errors.
 #include "server/openai_api.h"
 
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "engine/request_validation.h"
 #include "engine/tokenizer.h"
 #include "gmock/gmock.h"
@@ -49,6 +54,86 @@ TEST(OpenAiApiTest, DefaultsAreOpenAis) {
   EXPECT_FALSE(r->stream);
   EXPECT_FALSE(r->include_usage);
   EXPECT_FALSE(r->logprobs.has_value());
+}
+
+// The field names of docs/SERVER.md's `POST /v1/completions` table (each row's first cell).
+std::set<std::string> DocumentedCompletionFields() {
+  std::ifstream in(std::string(PREFIXD_SOURCE_DIR) + "/docs/SERVER.md");
+  EXPECT_TRUE(in.good());
+  std::set<std::string> fields;
+  bool in_table = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("**`POST /v1/completions` fields.**", 0) == 0) in_table = true;
+    if (!in_table || line.rfind("| `", 0) != 0) {
+      if (in_table && !fields.empty() && line.rfind("|", 0) != 0) break;  // the table ended
+      continue;
+    }
+    const std::string first_cell = line.substr(2, line.find(" | ") - 2);
+    const std::vector<std::string> parts = absl::StrSplit(first_cell, '`');
+    for (size_t i = 1; i < parts.size(); i += 2) fields.insert(parts[i]);
+  }
+  return fields;
+}
+
+// An unknown field's refusal sends clients to docs/SERVER.md's table of completion fields,
+// which then says any other field is refused: it must name exactly the fields the parser
+// takes. Checked over the names clients send (OpenAI's completions fields and caching
+// fields, vLLM's extras), each given as null, which is the same as leaving it out.
+TEST(OpenAiApiTest, TheDocumentedFieldTableIsWhatTheParserAccepts) {
+  const std::set<std::string> documented = DocumentedCompletionFields();
+  ASSERT_GE(documented.size(), 20u);
+  std::set<std::string> names = documented;
+  for (const char* name : {"model",
+                           "prompt",
+                           "best_of",
+                           "echo",
+                           "frequency_penalty",
+                           "logit_bias",
+                           "logprobs",
+                           "max_tokens",
+                           "n",
+                           "presence_penalty",
+                           "seed",
+                           "stop",
+                           "stream",
+                           "stream_options",
+                           "suffix",
+                           "temperature",
+                           "top_p",
+                           "user",
+                           "prompt_cache_key",
+                           "prompt_cache_retention",
+                           "top_k",
+                           "min_p",
+                           "repetition_penalty",
+                           "ignore_eos",
+                           "stop_token_ids",
+                           "cache_salt",
+                           "min_tokens",
+                           "include_stop_str_in_output",
+                           "skip_special_tokens",
+                           "prompt_logprobs",
+                           "add_special_tokens",
+                           "allowed_token_ids",
+                           "truncate_prompt_tokens",
+                           "response_format",
+                           "priority",
+                           "use_beam_search",
+                           "length_penalty",
+                           "return_tokens_as_token_ids",
+                           "max_completion_tokens",
+                           "metadata",
+                           "store",
+                           "service_tier"}) {
+    names.insert(name);
+  }
+  for (const std::string& name : names) {
+    if (name == "prompt") continue;  // required
+    const bool accepted = Parse(json{{"prompt", "a"}, {name, nullptr}}).ok();
+    EXPECT_EQ(accepted, documented.count(name) > 0)
+        << name << (accepted ? " is accepted but not in" : " is refused but listed in")
+        << " docs/SERVER.md's POST /v1/completions fields";
+  }
 }
 
 TEST(OpenAiApiTest, EveryFieldIsCarried) {
