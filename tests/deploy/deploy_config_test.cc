@@ -117,6 +117,21 @@ TEST(DeployConfigTest, DashboardPanelsQueryExportedMetrics) {
   }
 }
 
+// Every metric the prose and the scripts name (queries in the docs, the metrics an endpoint
+// picker reads, what scripts/demo and scripts/container-test grep for) is in the table.
+TEST(DeployConfigTest, DocsAndScriptsNameExportedMetrics) {
+  const std::set<std::string> documented = DocumentedMetrics();
+  ASSERT_FALSE(documented.empty());
+  for (const char* file : {"README.md", "docs/SERVER.md", "docs/SCALING.md", "docs/BENCHMARKS.md",
+                           "deploy/k8s/README.md", "deploy/compose.yaml", "deploy/prometheus.yml",
+                           "scripts/demo", "scripts/container-test"}) {
+    for (const std::string& name : MetricsIn(ReadFile(file))) {
+      EXPECT_TRUE(documented.count(name))
+          << file << " names " << name << ", which the server does not export";
+    }
+  }
+}
+
 TEST(DeployConfigTest, ComposeRunsReplicasBehindHaproxyWithPrometheusAndGrafana) {
   const YAML::Node compose = YAML::LoadFile(Path("deploy/compose.yaml"));
   const YAML::Node services = compose["services"];
