@@ -136,6 +136,31 @@ TEST(OpenAiApiTest, TheDocumentedFieldTableIsWhatTheParserAccepts) {
   }
 }
 
+// The README's curl examples (copied as they are by readers trying the HTTP API) send
+// completion requests the parser accepts.
+TEST(OpenAiApiTest, TheReadmesCurlExamplesAreAccepted) {
+  std::ifstream in(std::string(PREFIXD_SOURCE_DIR) + "/README.md");
+  ASSERT_TRUE(in.good());
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string readme = text.str();
+  int examples = 0;
+  for (size_t at = readme.find("curl "); at != std::string::npos;
+       at = readme.find("curl ", at + 1)) {
+    const size_t eol = readme.find('\n', at);
+    if (readme.substr(at, eol - at).find("/v1/completions") == std::string::npos) continue;
+    const size_t body = readme.find("-d '", at);
+    ASSERT_NE(body, std::string::npos) << readme.substr(at, eol - at);
+    const size_t end = readme.find('\'', body + 4);
+    ASSERT_NE(end, std::string::npos);
+    const std::string json_body = readme.substr(body + 4, end - body - 4);
+    absl::StatusOr<CompletionRequest> r = ParseCompletionRequest(json_body, "gpt2");
+    EXPECT_TRUE(r.ok()) << json_body << ": " << r.status();
+    ++examples;
+  }
+  EXPECT_GE(examples, 3);
+}
+
 TEST(OpenAiApiTest, EveryFieldIsCarried) {
   absl::StatusOr<CompletionRequest> r =
       Parse({{"model", "gpt2"},
