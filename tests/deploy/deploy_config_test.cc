@@ -614,9 +614,12 @@ std::vector<Invocation> InvocationsOf(const std::string& program, const std::str
     std::vector<std::string> words;
     for (std::string w : ShellWords(line)) {
       if (!markdown && w[0] == '#') break;  // a comment
-      // Usage notation: [--flag VALUE] is --flag VALUE.
+      // Usage notation: [--flag VALUE] is --flag VALUE; a Dockerfile's exec form
+      // ["prefixctl", "health"] is prefixctl health.
       if (w.rfind("[", 0) == 0 && w.size() > 1) w.erase(0, 1);
-      while (w.size() > 1 && w.back() == ']') w.pop_back();
+      while (w.size() > 1 && (w.back() == ']' || (file == "Dockerfile" && w.back() == ','))) {
+        w.pop_back();
+      }
       if (!(image && w == "--demo")) words.push_back(w);
     }
     for (size_t i = 0; i < words.size(); ++i) {
@@ -624,13 +627,16 @@ std::vector<Invocation> InvocationsOf(const std::string& program, const std::str
       const bool named = w == program || (w.size() > program.size() &&
                                           w.compare(w.size() - program.size() - 1,
                                                     program.size() + 1, "/" + program) == 0);
+      // scripts/cluster's argument arrays, and the Dockerfile's CMD (the entrypoint's
+      // arguments, which it passes on to prefixd).
       const bool array =
-          program == "prefixd" && (w.rfind("args=(", 0) == 0 || w.rfind("args+=(", 0) == 0);
+          program == "prefixd" && (w.rfind("args=(", 0) == 0 || w.rfind("args+=(", 0) == 0 ||
+                                   (file == "Dockerfile" && i == 0 && w == "CMD"));
       // `--target prefixd` (cmake) and `--build-dir` are not runs of it.
       if (!array && (!named || (i > 0 && words[i - 1].rfind("--", 0) == 0))) continue;
       Invocation inv{file + ":" + std::to_string(line_no), {}};
       std::vector<std::string> rest(words.begin() + i + 1, words.end());
-      if (array) rest.insert(rest.begin(), w.substr(w.find('(') + 1));
+      if (array && w != "CMD") rest.insert(rest.begin(), w.substr(w.find('(') + 1));
       for (std::string arg : rest) {
         if (arg.empty()) continue;
         const bool closes = arg.back() == ')' && arg.find('(') == std::string::npos;
