@@ -3,7 +3,9 @@
 // same ids and seed; every endpoint and error is exercised. (Requests held in flight:
 // http_flow_test.cc.)
 #include <algorithm>
+#include <fstream>
 #include <map>
+#include <regex>
 #include <set>
 #include <string>
 #include <vector>
@@ -713,6 +715,39 @@ TEST_F(HttpApiTest, ModelsHealthTokenizeDetokenize) {
   EXPECT_EQ(d["prompt"], "Hello world");
   const json bad = Post("/detokenize", {{"tokens", json::array({60000})}}, 400);
   EXPECT_EQ(bad["error"]["param"], "tokens");
+}
+
+// docs/SERVER.md's endpoint table is the API's list: each endpoint it names answers its
+// method (an empty body may be refused, but not as an unknown path or method), and each
+// endpoint the server's unknown-path answer lists is in the table.
+TEST_F(HttpApiTest, TheDocumentedEndpointsAreTheServedOnes) {
+  std::ifstream in(std::string(PREFIXD_SOURCE_DIR) + "/docs/SERVER.md");
+  ASSERT_TRUE(in.good());
+  static const std::regex kRow(R"(^\| `(GET|POST|HEAD) (/[a-z0-9_/]*)`)");
+  std::set<std::string> documented;
+  std::smatch m;
+  for (std::string line; std::getline(in, line);) {
+    if (!std::regex_search(line, m, kRow)) continue;
+    const std::string method = m[1], path = m[2];
+    documented.insert(method + " " + path);
+    absl::StatusOr<HttpResponse> r =
+        HttpFetch(server_->http_port(), method, path, method == "POST" ? "{}" : "");
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_NE(r->status, 405) << method << " " << path << ": " << r->body;
+    EXPECT_EQ(r->body.find("no such endpoint"), std::string::npos) << method << " " << path;
+  }
+  ASSERT_GE(documented.size(), 8u);
+  absl::StatusOr<HttpResponse> unknown = HttpFetch(server_->http_port(), "GET", "/no-such-path");
+  ASSERT_TRUE(unknown.ok());
+  EXPECT_EQ(unknown->status, 404);
+  const std::string served = json::parse(unknown->body)["error"]["message"];
+  static const std::regex kServed(R"((GET|POST|HEAD) (/[a-z0-9_/]*))");
+  int listed = 0;
+  for (auto it = std::sregex_iterator(served.begin(), served.end(), kServed);
+       it != std::sregex_iterator(); ++it, ++listed) {
+    EXPECT_TRUE(documented.count(it->str())) << it->str() << " is served but not documented";
+  }
+  EXPECT_GE(listed, 7) << served;
 }
 
 TEST_F(HttpApiTest, CompletionsAreCountedUnderTheHttpLabel) {
