@@ -19,8 +19,10 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "google/protobuf/descriptor.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "prefixd/v1/inference.pb.h"
 #include "yaml-cpp/yaml.h"
 
 namespace prefixd {
@@ -341,6 +343,43 @@ TEST(DeployConfigTest, HaproxyConfigHeaderNamesEveryVariableItReads) {
   for (const std::string& name : documented) {
     EXPECT_TRUE(read.count(name)) << name << " is listed in the header but never read";
   }
+}
+
+// HAProxy reads gRPC requests by path and field number: the path must be a method of the
+// service, and the fields it keys on must be GenerateRequest's prompt_cache_key, text and
+// token_ids' ids, as its comments and docs/SCALING.md say.
+TEST(DeployConfigTest, HaproxyKeysOnGenerateRequestsFields) {
+  const std::string cfg = ReadFile("deploy/haproxy/haproxy.cfg");
+  const google::protobuf::Descriptor* request = v1::GenerateRequest::descriptor();
+  const google::protobuf::ServiceDescriptor* service =
+      request->file()->FindServiceByName("Inference");
+  ASSERT_NE(service, nullptr);
+  static const std::regex kPath(R"(path /([a-z0-9.]+)\.([A-Za-z]+)/([A-Za-z]+))");
+  int paths = 0;
+  for (auto it = std::sregex_iterator(cfg.begin(), cfg.end(), kPath); it != std::sregex_iterator();
+       ++it, ++paths) {
+    EXPECT_EQ((*it)[1].str() + "." + (*it)[2].str(), service->full_name());
+    EXPECT_NE(service->FindMethodByName((*it)[3].str()), nullptr) << it->str();
+  }
+  EXPECT_GE(paths, 1);
+  static const std::regex kField(R"(ungrpc\(([0-9]+)(\.([0-9]+))?\))");
+  std::set<std::string> keyed;
+  for (auto it = std::sregex_iterator(cfg.begin(), cfg.end(), kField); it != std::sregex_iterator();
+       ++it) {
+    const google::protobuf::FieldDescriptor* f =
+        request->FindFieldByNumber(std::stoi((*it)[1].str()));
+    ASSERT_NE(f, nullptr) << it->str();
+    std::string name = f->name();
+    if ((*it)[3].matched) {
+      ASSERT_NE(f->message_type(), nullptr) << it->str();
+      const google::protobuf::FieldDescriptor* inner =
+          f->message_type()->FindFieldByNumber(std::stoi((*it)[3].str()));
+      ASSERT_NE(inner, nullptr) << it->str();
+      name += "." + inner->name();
+    }
+    keyed.insert(name);
+  }
+  EXPECT_EQ(keyed, (std::set<std::string>{"prompt_cache_key", "text", "token_ids.ids"}));
 }
 
 TEST(DeployConfigTest, KubernetesProbesTheGrpcHealthServiceAndAsksForAGpu) {
