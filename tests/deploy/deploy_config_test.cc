@@ -428,6 +428,33 @@ TEST(DeployConfigTest, KubernetesExposesTheKvEventsPorts) {
   EXPECT_TRUE(headless);
 }
 
+// The `docker run` examples (README's and the Dockerfile's header) publish every port the
+// image exposes: gRPC, the HTTP API and metrics.
+TEST(DeployConfigTest, DockerRunExamplesPublishEveryExposedPort) {
+  std::set<std::string> exposed;
+  std::istringstream dockerfile(ReadFile("Dockerfile"));
+  for (std::string line; std::getline(dockerfile, line);) {
+    if (line.rfind("EXPOSE ", 0) != 0) continue;
+    for (absl::string_view port : absl::StrSplit(line.substr(7), ' ', absl::SkipEmpty())) {
+      exposed.insert(std::string(port));
+    }
+  }
+  ASSERT_EQ(exposed, (std::set<std::string>{"50051", "8000", "9464"}));
+  int runs = 0;
+  for (const char* file : {"README.md", "Dockerfile"}) {
+    std::istringstream in(ReadFile(file));
+    for (std::string line; std::getline(in, line);) {
+      if (line.find("docker run") == std::string::npos) continue;
+      ++runs;
+      for (const std::string& port : exposed) {
+        EXPECT_NE(line.find("-p " + port + ":" + port), std::string::npos)
+            << file << ": " << line << " does not publish " << port;
+      }
+    }
+  }
+  EXPECT_GE(runs, 5);
+}
+
 // The image's entrypoint serves the HTTP API on 8000, and compose and Kubernetes expose it:
 // the replicas' containers and Services, and HAProxy's front door with /health checks.
 TEST(DeployConfigTest, TheHttpApiIsExposedOnPort8000) {
