@@ -3,9 +3,10 @@
 # GPU (default):  docker build -t prefixd .
 # CPU only:       docker build -t prefixd-cpu --build-arg BUILD_IMAGE=debian:12 \
 #                   --build-arg RUNTIME_IMAGE=debian:12-slim --build-arg PREFIXD_CUDA=OFF .
-# Run:            docker run --gpus all -p 50051:50051 -p 8000:8000 -p 9464:9464 \
+# Run:            docker run --gpus all --stop-timeout 40 -p 50051:50051 -p 8000:8000 -p 9464:9464 \
 #                   -v ~/models/gpt2:/models/gpt2:ro prefixd
-# Demo model:     docker run -p 50051:50051 -p 8000:8000 -p 9464:9464 prefixd --demo
+# Demo model:     docker run --stop-timeout 40 -p 50051:50051 -p 8000:8000 -p 9464:9464 prefixd --demo
+# (--stop-timeout 40: the 30 s drain and 5 s to flush streams, before Docker's SIGKILL)
 #
 # The CUDA 13 images are Ubuntu 24.04 based; it ships the same gRPC/protobuf/absl versions as
 # Debian 12, so scripts/setup works unchanged on both.

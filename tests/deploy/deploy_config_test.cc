@@ -428,6 +428,26 @@ TEST(DeployConfigTest, KubernetesExposesTheKvEventsPorts) {
   EXPECT_TRUE(headless);
 }
 
+// Docker stops a container with SIGKILL 10 s after SIGTERM unless told otherwise: each
+// `docker run` example gives the drain (--shutdown-grace, 30 s by default, plus up to 5 s to
+// flush streams) the time to finish, as compose's stop_grace_period and Kubernetes'
+// terminationGracePeriodSeconds do.
+TEST(DeployConfigTest, DockerRunExamplesLetTheDrainFinish) {
+  static const std::regex kStopTimeout(R"(--stop-timeout ([0-9]+))");
+  int runs = 0;
+  for (const char* file : {"README.md", "Dockerfile"}) {
+    std::istringstream in(ReadFile(file));
+    for (std::string line; std::getline(in, line);) {
+      if (line.find("docker run") == std::string::npos) continue;
+      ++runs;
+      std::smatch m;
+      EXPECT_TRUE(std::regex_search(line, m, kStopTimeout) && std::stoi(m[1]) > 35)
+          << file << ": " << line;
+    }
+  }
+  EXPECT_GE(runs, 5);
+}
+
 // The `docker run` examples (README's and the Dockerfile's header) publish every port the
 // image exposes: gRPC, the HTTP API and metrics.
 TEST(DeployConfigTest, DockerRunExamplesPublishEveryExposedPort) {
