@@ -860,6 +860,34 @@ TEST(DeployConfigTest, EveryPrefixdCommandLineUsesFlagsItAccepts) {
   }
 }
 
+// The docs' scripts/cluster and scripts/cluster-bench command lines use options the scripts
+// parse (the words of their `case` patterns), up to the `--` after which the rest goes on to
+// prefixd or cluster_bench.
+TEST(DeployConfigTest, ClusterScriptCommandLinesUseOptionsTheScriptsTake) {
+  static const std::regex kPattern(R"((--[a-z-]+)(?=[|)]))");
+  for (const std::string script : {"cluster", "cluster-bench"}) {
+    const std::string source = ReadFile("scripts/" + script);
+    std::set<std::string> options;
+    for (auto it = std::sregex_iterator(source.begin(), source.end(), kPattern);
+         it != std::sregex_iterator(); ++it) {
+      options.insert((*it)[1]);
+    }
+    ASSERT_GE(options.size(), 8u) << script;
+    int checked = 0;
+    for (const std::string& file : DocumentedFiles()) {
+      for (const Invocation& inv : InvocationsOf(script, file)) {
+        for (const std::string& w : inv.words) {
+          if (w == "--") break;
+          if (w.rfind("--", 0) != 0) continue;
+          EXPECT_TRUE(options.count(w)) << inv.where << ": scripts/" << script << " takes no " << w;
+          ++checked;
+        }
+      }
+    }
+    EXPECT_GE(checked, 5) << "no scripts/" << script << " command lines found";
+  }
+}
+
 // The flags prefixctl's or prefixd-model's usage lists for each command (and, under "", the
 // ones before the command): `--name` words on the command's lines of `usage`.
 std::map<std::string, std::set<std::string>> UsageFlags(const std::string& usage,
