@@ -382,6 +382,34 @@ TEST(DeployConfigTest, HaproxyKeysOnGenerateRequestsFields) {
   EXPECT_EQ(keyed, (std::set<std::string>{"prompt_cache_key", "text", "token_ids.ids"}));
 }
 
+// docs/SERVER.md describes each method of prefixd.v1.Inference in bold (**Generate**), and
+// every method the docs name as gRPC's (gRPC `Tokenize`, prefixd.v1.Inference/Generate)
+// is one the service has.
+TEST(DeployConfigTest, TheDocsNameTheServicesMethods) {
+  const google::protobuf::ServiceDescriptor* service =
+      v1::GenerateRequest::descriptor()->file()->FindServiceByName("Inference");
+  ASSERT_NE(service, nullptr);
+  const std::string server_md = ReadFile("docs/SERVER.md");
+  for (int i = 0; i < service->method_count(); ++i) {
+    const std::string& name = service->method(i)->name();
+    EXPECT_NE(server_md.find("**" + name + "**"), std::string::npos)
+        << name << " is not described in docs/SERVER.md";
+  }
+  static const std::regex kNamed(R"(gRPC `([A-Z][A-Za-z]+)`|prefixd\.v1\.Inference/([A-Za-z]+))");
+  int named = 0;
+  for (const char* file : {"README.md", "docs/SERVER.md", "docs/SCALING.md", "docs/BENCHMARKS.md",
+                           "deploy/k8s/README.md"}) {
+    const std::string text = ReadFile(file);
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), kNamed);
+         it != std::sregex_iterator(); ++it, ++named) {
+      const std::string method = (*it)[1].matched ? (*it)[1].str() : (*it)[2].str();
+      EXPECT_NE(service->FindMethodByName(method), nullptr)
+          << file << " names " << it->str() << ", which prefixd.v1.Inference does not have";
+    }
+  }
+  EXPECT_GE(named, 3);
+}
+
 TEST(DeployConfigTest, KubernetesProbesTheGrpcHealthServiceAndAsksForAGpu) {
   const YAML::Node dep = YAML::LoadFile(Path("deploy/k8s/deployment.yaml"));
   EXPECT_EQ(dep["kind"].as<std::string>(), "Deployment");
