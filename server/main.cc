@@ -87,15 +87,17 @@ ABSL_FLAG(std::string, auth_tokens, "",
           "token (SIGHUP re-reads it)");
 ABSL_FLAG(std::string, reflection, "on", "gRPC server reflection: on | off");
 ABSL_FLAG(int32_t, max_connections, 0,
-          "Open gRPC connections at once (more wait to be accepted); 0 = derived from the "
-          "descriptor limit (RLIMIT_NOFILE, raised to its hard limit at start-up)");
+          "Open gRPC connections at once, and HTTP API connections likewise (more wait to be "
+          "accepted); 0 = derived from the descriptor limit (RLIMIT_NOFILE, raised to its hard "
+          "limit at start-up)");
 ABSL_FLAG(std::vector<std::string>, adapter, {},
           "A LoRA adapter to serve, as NAME=DIR (a PEFT directory: adapter_config.json and "
           "adapter_model.safetensors); repeatable. Requests name it in GenerateRequest.adapter "
           "or HTTP `model`");
 ABSL_FLAG(int32_t, max_adapters, 8, "Most LoRA adapters loaded at once");
 ABSL_FLAG(absl::Duration, connection_idle_timeout, absl::Seconds(300),
-          "Close a gRPC connection that has had no call for this long");
+          "Close a gRPC connection that has had no call, or an HTTP connection no request, for "
+          "this long");
 ABSL_FLAG(absl::Duration, request_header_timeout, absl::Seconds(2),
           "HTTP and metrics listeners: answer 408 and close a connection whose request header "
           "is not complete this long after its first byte (slowloris)");

@@ -649,6 +649,18 @@ TEST(DeployConfigTest, ServerMdFlagTableMatchesPrefixdHelp) {
   }
 }
 
+// --max-connections and --connection-idle-timeout govern the HTTP front end's connections as
+// well as gRPC's (docs/SERVER.md): prefixd --help must not present them as gRPC's alone.
+TEST(DeployConfigTest, HelpSaysTheConnectionFlagsCoverHttpToo) {
+  const std::string help = RunArgv({Built("server/prefixd"), "--help"}).output;
+  for (const char* flag : {"--max_connections (", "--connection_idle_timeout ("}) {
+    const size_t at = help.find(flag);
+    ASSERT_NE(at, std::string::npos) << flag;
+    const std::string entry = help.substr(at, help.find("; default:", at) - at);
+    EXPECT_NE(entry.find("HTTP"), std::string::npos) << entry;
+  }
+}
+
 // Shell-like words of one command line: quotes removed, a quoted word kept whole.
 std::vector<std::string> ShellWords(const std::string& line) {
   std::vector<std::string> words;
