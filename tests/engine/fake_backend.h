@@ -100,9 +100,10 @@ class FakeBackend final : public Backend {
                           std::vector<float>* logits) override {
     const int64_t call = forward_calls_.fetch_add(1);
     if (call == hook_call_ && hook_) hook_();
-    if (call == pause_call_ && gate_ != nullptr) {
+    absl::Notification* gate = gate_.load(std::memory_order_acquire);
+    if (gate != nullptr && call == pause_call_.load(std::memory_order_relaxed)) {
       entered_.Notify();
-      gate_->WaitForNotification();
+      gate->WaitForNotification();
     }
     if (fail_at_call_ >= 0 && call == fail_at_call_) {
       absl::Status failure = absl::InternalError("fake backend: injected failure");
@@ -138,10 +139,11 @@ class FakeBackend final : public Backend {
   }
 
   // Forward() call number `call` (0-based) blocks until `gate` is notified; entered() fires
-  // when it is reached. Set before the engine can call Forward.
+  // when it is reached. Set before the engine can call Forward, or (to gate a later call)
+  // while no Forward call is in flight: the engine thread reads both.
   void set_gate(absl::Notification* gate, int64_t call = 0) {
-    gate_ = gate;
-    pause_call_ = call;
+    pause_call_.store(call, std::memory_order_relaxed);
+    gate_.store(gate, std::memory_order_release);
   }
   // Runs `hook` on the engine thread at the start of Forward() call number `call`.
   void set_hook(int64_t call, std::function<void()> hook) {
@@ -180,8 +182,8 @@ class FakeBackend final : public Backend {
   std::atomic<int64_t> forward_calls_{0};
   int64_t fail_at_call_ = -1;
   bool fail_fatally_ = false;
-  absl::Notification* gate_ = nullptr;
-  int64_t pause_call_ = 0;
+  std::atomic<absl::Notification*> gate_{nullptr};
+  std::atomic<int64_t> pause_call_{0};
   int64_t hook_call_ = -1;
   std::function<void()> hook_;
   absl::Notification entered_;
